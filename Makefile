@@ -1,0 +1,28 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+.PHONY: install test test-fast bench bench-smoke fidelity lint
+
+install:
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[dev,torch]'
+
+test:
+	$(PY) -m pytest -q
+
+test-fast:
+	$(PY) -m pytest -q -m "not slow"
+
+bench:
+	$(PY) -m planner.bench
+
+bench-smoke:
+	$(PY) -m planner.bench --smoke
+
+fidelity:
+	$(PY) -m planner.cost.fidelity
+
+lint:
+	$(VENV)/bin/ruff check planner tests

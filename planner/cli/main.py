@@ -1,0 +1,65 @@
+"""Entry point: the ``planner`` command group.  Each command group lives in its own module;
+the logic lives in ``planner.api``.  Errors become one message and an exit code, never a
+traceback (DESIGN §8)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from planner.errors import PlannerError
+
+# command name -> module under planner.cli holding a click command of the same name
+COMMANDS = {
+    "validate": "validate", "catalog": "catalog", "evaluate": "evaluate", "plan": "plan",
+    "simulate": "simulate", "launch": "launch", "run": "run", "profile": "profile",
+    "replan": "replan",
+}
+
+
+class LazyGroup(click.Group):
+    """Imports a command's module only when it runs, so ``planner validate`` stays light."""
+
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        module_name = COMMANDS.get(name)
+        if module_name is None:
+            return None
+        try:
+            module = importlib.import_module(f"planner.cli.{module_name}")
+        except ModuleNotFoundError:
+            return None
+        return getattr(module, name.replace("-", "_"), None)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="planner")
+def cli():
+    """Heterogeneity-aware placement optimizer for distributed training."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cli.main(args=argv, prog_name="planner", standalone_mode=False)
+    except PlannerError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return 2
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def run() -> None:  # pragma: no cover - console script shim
+    sys.exit(main())

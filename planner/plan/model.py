@@ -1,0 +1,175 @@
+"""The plan (DESIGN §3, §4): one logical pipeline, stages of replicas, global knobs.
+
+``Plan.from_json`` accepts any plan of the documented form, hand-written ones included;
+``predicted``, ``solver``, ``launch`` and the hashes are outputs and may be absent.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.spec.quantities import PositiveInt
+
+SCHEMA_ID = "planner.plan/v1"
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class Replica(BaseModel):
+    """``tp`` GPUs of one type inside one node, taking ``micro_batch_share`` sequences."""
+
+    model_config = _FROZEN
+
+    gpu_type: str
+    tp: PositiveInt
+    micro_batch_share: PositiveInt
+    devices: tuple[str, ...] = Field(description="'<node>:<local index>', tp of them")
+
+    @model_validator(mode="after")
+    def _devices_match_tp(self):
+        if len(self.devices) != self.tp:
+            raise ValueError(f"a replica with tp={self.tp} needs {self.tp} devices, "
+                             f"got {len(self.devices)}")
+        for d in self.devices:
+            node, _, idx = d.rpartition(":")
+            if not node or not idx.isdigit():
+                raise ValueError(f"device id {d!r} is not '<node name>:<local GPU index>'")
+        return self
+
+    @property
+    def node(self) -> str:
+        return self.devices[0].rpartition(":")[0]
+
+
+class Stage(BaseModel):
+    model_config = _FROZEN
+
+    index: int = Field(ge=0)
+    blocks: tuple[int, int] = Field(description="[first, last) transformer blocks")
+    embedding: bool = False
+    head: bool = False
+    replicas: tuple[Replica, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self):
+        first, last = self.blocks
+        if first < 0 or last < first:
+            raise ValueError(f"blocks must be [first, last) with 0 <= first <= last, got {list(self.blocks)}")
+        return self
+
+    @property
+    def num_blocks(self) -> int:
+        return self.blocks[1] - self.blocks[0]
+
+
+class Objective(BaseModel):
+    model_config = _FROZEN
+
+    kind: Literal["throughput", "cost", "throughput-under-budget", "cost-above-floor"] = "throughput"
+    budget_usd_per_hour: float | None = None
+    min_tokens_per_s: float | None = None
+
+
+class PlanInputs(BaseModel):
+    model_config = _FROZEN
+
+    cluster: str
+    cluster_sha256: str | None = None
+    model: dict[str, Any] | str
+    training: dict[str, Any]
+    profiles: dict[str, Any] | None = Field(
+        default=None, description="which cost entries were measured and which estimated")
+
+
+class Predicted(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    iteration_time_s: float
+    tokens_per_s: float
+    samples_per_s: float
+    mfu: float
+    usd_per_hour: float | None = None
+    usd_per_million_tokens: float | None = None
+    breakdown_s: dict[str, float]
+    peak_memory_bytes: dict[str, float]
+
+
+class SolverReport(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    method: str
+    status: Literal["optimal", "feasible", "infeasible"]
+    objective: float | None = None
+    bound: float | None = None
+    gap: float | None = None
+    wall_s: float | None = None
+    space: str | None = None
+    candidates: int | None = None
+
+
+class LaunchNode(BaseModel):
+    model_config = _FROZEN
+
+    node: str
+    node_rank: int
+    nproc_per_node: int
+
+
+class LaunchRank(BaseModel):
+    model_config = _FROZEN
+
+    rank: int
+    device: str
+    stage: int
+    replica: int
+    tp_rank: int
+
+
+class LaunchInfo(BaseModel):
+    model_config = _FROZEN
+
+    nodes: tuple[LaunchNode, ...]
+    ranks: tuple[LaunchRank, ...]
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    schema_id: Literal["planner.plan/v1"] = Field(default=SCHEMA_ID, alias="schema")
+    inputs: PlanInputs
+    objective: Objective = Field(default_factory=Objective)
+    micro_batch_size: PositiveInt
+    num_micro_batches: PositiveInt
+    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = "1f1b"
+    virtual_stages: PositiveInt = 1
+    recompute: Literal["none", "selective", "full"] = "none"
+    zero_stage: Literal[0, 1] = 0
+    sequence_parallel: bool = False
+    stages: tuple[Stage, ...] = Field(min_length=1)
+    predicted: Predicted | None = None
+    solver: SolverReport | None = None
+    launch: LaunchInfo | None = None
+
+    # -- (de)serialisation ---------------------------------------------------------------
+    @classmethod
+    def from_json(cls, data: dict) -> "Plan":
+        return cls.model_validate(data)
+
+    def to_json(self) -> dict:
+        return json.loads(self.dumps())
+
+    def dumps(self) -> str:
+        """Canonical bytes: sorted keys, so the same plan gives the same file."""
+        data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return json.dumps(data, sort_keys=True, indent=2) + "\n"
+
+    # -- convenience ---------------------------------------------------------------------
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    def devices(self) -> list[str]:
+        return [d for s in self.stages for r in s.replicas for d in r.devices]

@@ -1,0 +1,150 @@
+"""The cluster a user owns or rents (DESIGN §2: Cluster)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cached_property
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.spec.gpu import GpuType
+from planner.spec.quantities import BandwidthBps, NonNegativeFloat, PositiveInt, TimeS
+
+DEFAULT_ZONE = "default"
+
+
+class ZoneSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    region: str | None = None
+
+
+class NodeGroupSpec(BaseModel):
+    """``count`` identical nodes: ``name-0 … name-{count-1}`` (or ``name`` when count is absent)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    count: PositiveInt | None = None
+    zone: str | None = None
+    gpu: GpuType = Field(description="catalog id, or a mapping of the GPU's own figures")
+    gpus_per_node: PositiveInt
+    intra_node_bandwidth_Bps: BandwidthBps | None = Field(default=None, alias="intra_node_bandwidth")
+    network_bandwidth_Bps: BandwidthBps | None = Field(
+        default=None, alias="network_bandwidth", description="the node's NICs together")
+    price_per_hour_usd: NonNegativeFloat | None = Field(
+        default=None, alias="price_per_hour", description="USD per node-hour")
+
+    @property
+    def gpu_type(self) -> GpuType:
+        return self.gpu
+
+    @property
+    def intra_Bps(self) -> float:
+        """Per-GPU, per-direction bandwidth inside the node (spec, else the GPU's default)."""
+        return self.intra_node_bandwidth_Bps or self.gpu.intra_node_bandwidth_Bps
+
+    @property
+    def network_Bps(self) -> float:
+        """The node's NICs together (filled from the catalog at load when absent)."""
+        assert self.network_bandwidth_Bps is not None, "load the cluster through planner.spec"
+        return self.network_bandwidth_Bps
+
+    @property
+    def price_usd_per_hour(self) -> float | None:
+        """USD per node-hour: the spec's, else the catalog's per-GPU price times GPUs."""
+        if self.price_per_hour_usd is not None:
+            return self.price_per_hour_usd
+        if self.gpu.price_per_hour_usd is not None:
+            return self.gpu.price_per_hour_usd * self.gpus_per_node
+        return None
+
+    @property
+    def node_names(self) -> list[str]:
+        if self.count is None:
+            return [self.name]
+        return [f"{self.name}-{i}" for i in range(self.count)]
+
+
+class LinkSpec(BaseModel):
+    """A symmetric link between two zones (or regions)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    between: tuple[str, str]
+    bandwidth_Bps: BandwidthBps = Field(alias="bandwidth", description="one node-to-node flow")
+    aggregate_bandwidth_Bps: BandwidthBps | None = Field(
+        default=None, alias="aggregate_bandwidth", description="cap on all flows together")
+    latency_s: TimeS = Field(default=0.0, alias="latency")
+    egress_price_per_gb_usd: NonNegativeFloat = Field(default=0.0, alias="egress_price_per_gb")
+
+
+class Cluster(BaseModel):
+    """A validated cluster: GPU types resolved, zones and links checked (see ``spec.load``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    zones: tuple[ZoneSpec, ...] = ()
+    nodes: tuple[NodeGroupSpec, ...] = Field(min_length=1)
+    links: tuple[LinkSpec, ...] = ()
+    profiles: dict[str, str] = Field(
+        default_factory=dict, description="GPU type -> profile file (measured per-layer costs)")
+    source_sha256: str | None = Field(default=None, exclude=True)
+
+    @property
+    def zone_names(self) -> list[str]:
+        return [z.name for z in self.zones] if self.zones else [DEFAULT_ZONE]
+
+    def zone_of(self, group: NodeGroupSpec) -> str:
+        return group.zone or (self.zones[0].name if self.zones else DEFAULT_ZONE)
+
+    @cached_property
+    def node_list(self) -> list["Node"]:
+        out = []
+        for group in self.nodes:
+            for name in group.node_names:
+                out.append(Node(name=name, group=group, zone=self.zone_of(group)))
+        return out
+
+    @cached_property
+    def node_by_name(self) -> dict[str, "Node"]:
+        return {n.name: n for n in self.node_list}
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(n.group.gpus_per_node for n in self.node_list)
+
+    def link(self, zone_a: str, zone_b: str) -> LinkSpec | None:
+        for link in self.links:
+            if set(link.between) == {zone_a, zone_b} or (zone_a == zone_b == link.between[0] ==
+                                                          link.between[1]):
+                return link
+        return None
+
+    def sha256(self) -> str:
+        if self.source_sha256:
+            return self.source_sha256
+        return hashlib.sha256(self.model_dump_json(by_alias=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Node:
+    """One physical node of a group."""
+
+    name: str
+    group: NodeGroupSpec
+    zone: str
+
+    @property
+    def gpu(self) -> GpuType:
+        return self.group.gpu_type
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.group.gpus_per_node
+
+    def device_ids(self) -> list[str]:
+        return [f"{self.name}:{i}" for i in range(self.gpus_per_node)]

@@ -1,0 +1,165 @@
+"""Reading cluster, model and training specs from files into frozen, cross-checked models."""
+
+from __future__ import annotations
+
+import hashlib
+from itertools import combinations
+from pathlib import Path
+
+from planner import catalog
+from planner.errors import InputError, InputErrors
+from planner.spec.cluster import Cluster, DEFAULT_ZONE
+from planner.spec.gpu import GpuType
+from planner.spec.model import ModelSpec
+from planner.spec.source import Document, document_from_data, load_yaml, validate_model
+from planner.spec.training import Training
+
+# A node whose GPU type has no catalog NIC figure and whose spec gives none: we refuse to
+# guess, since the inter-node bandwidth decides data- and pipeline-parallel costs.
+
+
+def _resolve_gpus(doc: Document, errors: list[InputError]) -> None:
+    nodes = doc.data.get("nodes") if isinstance(doc.data, dict) else None
+    if not isinstance(nodes, list):
+        return
+    for i, node in enumerate(nodes):
+        if not isinstance(node, dict) or "gpu" not in node:
+            continue
+        value = node["gpu"]
+        path = ("nodes", i, "gpu")
+        if isinstance(value, str):
+            found = catalog.find_gpu(value)
+            if found is None:
+                errors.append(doc.error(path, f"unknown GPU type {value!r}; use a catalog id "
+                                        f"({', '.join(catalog.gpus())}) or a mapping with name, "
+                                        "memory, peak_tflops, memory_bandwidth, intra_node_bandwidth"))
+            else:
+                node["gpu"] = found
+        elif isinstance(value, dict):
+            try:
+                node["gpu"] = validate_model(GpuType, doc, path, data=value)
+            except InputErrors as exc:
+                errors.extend(exc.errors)
+        else:
+            errors.append(doc.error(path, "gpu must be a catalog id or a mapping"))
+
+
+def _fill_defaults(cluster: Cluster, doc: Document, errors: list[InputError]) -> Cluster:
+    groups = []
+    for i, group in enumerate(cluster.nodes):
+        update = {}
+        if group.network_bandwidth_Bps is None:
+            nic = group.gpu.nic_bandwidth_per_gpu_Bps
+            if nic is None:
+                errors.append(doc.error(("nodes", i), f"network_bandwidth is missing and GPU type "
+                                        f"{group.gpu.name!r} has no catalog default; give it, "
+                                        "e.g. 'network_bandwidth: 100 Gbit/s'"))
+                nic = 0.0
+            update["network_bandwidth_Bps"] = nic * group.gpus_per_node
+        groups.append(group.model_copy(update=update) if update else group)
+    return cluster.model_copy(update={"nodes": tuple(groups)})
+
+
+def _cross_check(cluster: Cluster, doc: Document, errors: list[InputError]) -> None:
+    zone_names = [z.name for z in cluster.zones]
+    seen: dict[str, int] = {}
+    for i, zone in enumerate(cluster.zones):
+        if zone.name in seen:
+            errors.append(doc.error(("zones", i, "name"), f"duplicate zone name {zone.name!r}"))
+        seen[zone.name] = i
+    valid_zones = zone_names or [DEFAULT_ZONE]
+    node_names: dict[str, tuple] = {}
+    for i, group in enumerate(cluster.nodes):
+        if group.zone is not None and group.zone not in valid_zones:
+            errors.append(doc.error(("nodes", i, "zone"), f"unknown zone {group.zone!r}; "
+                                    f"zones: {', '.join(valid_zones)}"))
+        if group.zone is None and len(zone_names) > 1:
+            errors.append(doc.error(("nodes", i), "zone is required when the cluster has "
+                                    f"several zones ({', '.join(zone_names)})"))
+        for name in [group.name, *group.node_names]:
+            if name in node_names and node_names[name] != ("nodes", i):
+                errors.append(doc.error(("nodes", i, "name"),
+                                        f"duplicate node name {name!r} (also at "
+                                        f"{doc.locate(node_names[name])})"))
+                break
+            node_names[name] = ("nodes", i)
+    pairs: set[frozenset] = set()
+    for i, link in enumerate(cluster.links):
+        for j, zone in enumerate(link.between):
+            if zone not in zone_names:
+                errors.append(doc.error(("links", i, "between", j), f"link to unknown zone "
+                                        f"{zone!r}; zones: {', '.join(zone_names) or '(none)'}"))
+        key = frozenset(link.between)
+        if key in pairs:
+            errors.append(doc.error(("links", i, "between"), "duplicate link between "
+                                    f"{link.between[0]} and {link.between[1]}"))
+        pairs.add(key)
+        if link.aggregate_bandwidth_Bps is not None and link.aggregate_bandwidth_Bps < link.bandwidth_Bps:
+            errors.append(doc.error(("links", i, "aggregate_bandwidth"),
+                                    "aggregate_bandwidth must be at least the per-flow bandwidth"))
+    used = sorted({cluster.zone_of(g) for g in cluster.nodes})
+    for a, b in combinations(used, 2):
+        if frozenset((a, b)) not in pairs and a in zone_names and b in zone_names:
+            errors.append(doc.error(("links",), f"zones {a!r} and {b!r} both hold nodes but no link "
+                                    f"joins them; add e.g. '- {{between: [{a}, {b}], bandwidth: "
+                                    "10 Gbit/s, latency: 20 ms}'"))
+
+
+def cluster_from_document(doc: Document) -> Cluster:
+    if not isinstance(doc.data, dict):
+        raise doc.error((), "a cluster spec is a mapping with name, nodes and optionally zones, links")
+    errors: list[InputError] = []
+    _resolve_gpus(doc, errors)
+    try:
+        cluster = validate_model(Cluster, doc)
+    except InputErrors as exc:
+        raise InputErrors(errors + exc.errors) from None
+    _cross_check(cluster, doc, errors)
+    cluster = _fill_defaults(cluster, doc, errors)
+    if errors:
+        raise InputErrors(errors)
+    if doc.text:
+        cluster = cluster.model_copy(update={"source_sha256": hashlib.sha256(doc.text.encode()).hexdigest()})
+    return cluster
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read and check a cluster spec; every problem names file:line:column and the field."""
+    return cluster_from_document(load_yaml(path))
+
+
+def cluster_from_dict(data: dict, file: str = "<cluster>") -> Cluster:
+    import copy
+    return cluster_from_document(document_from_data(copy.deepcopy(data), file))
+
+
+def load_model(name_or_path: str | Path | dict) -> ModelSpec:
+    """A catalog model name, a YAML file with the model mapping, or the mapping itself."""
+    if isinstance(name_or_path, ModelSpec):
+        return name_or_path
+    if isinstance(name_or_path, dict):
+        data = dict(name_or_path)
+        if set(data) == {"name"} or (isinstance(data.get("name"), str) and len(data) == 1):
+            return catalog.model(data["name"])
+        return validate_model(ModelSpec, document_from_data(data, "<model>"))
+    text = str(name_or_path)
+    found = catalog.find_model(text)
+    if found is not None:
+        return found
+    path = Path(text)
+    if not path.exists():
+        raise InputError(f"{text!r} is neither a catalog model ({', '.join(catalog.models())}) "
+                         "nor a model YAML file")
+    doc = load_yaml(path)
+    if not isinstance(doc.data, dict):
+        raise doc.error((), "a model spec is a mapping (num_layers, hidden_size, ...)")
+    data = dict(doc.data)
+    data.setdefault("name", path.stem)
+    return validate_model(ModelSpec, doc, data=data)
+
+
+def load_training(path: str | Path) -> Training:
+    doc = load_yaml(path)
+    if not isinstance(doc.data, dict):
+        raise doc.error((), "a training spec is a mapping (global_batch_size, seq_len, ...)")
+    return validate_model(Training, doc)

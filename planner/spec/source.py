@@ -1,0 +1,175 @@
+"""YAML documents that remember where each value came from.
+
+PyYAML's composer keeps a mark (line, column) on every node; we build plain Python data from
+the node tree and keep a map from field path to mark, so that any later check (pydantic's or
+our own cross-field ones) can name ``file:line:column`` and the field path.  Duplicate keys,
+which PyYAML silently overwrites, are caught here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from planner.errors import InputError, InputErrors, Location
+
+PathKey = tuple[str | int, ...]
+
+
+def format_field_path(path: PathKey) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+@dataclass
+class Document:
+    """Plain data read from one file plus the position of every value in it."""
+
+    file: str
+    data: Any
+    text: str = ""
+    marks: dict[PathKey, tuple[int, int]] = field(default_factory=dict)
+
+    def locate(self, path: PathKey) -> Location:
+        """The location of ``path``, or of its nearest ancestor that the file spells out."""
+        probe = tuple(path)
+        while probe and probe not in self.marks:
+            probe = probe[:-1]
+        line, column = self.marks.get(probe, (None, None))
+        return Location(self.file, line, column, format_field_path(tuple(path)) or None)
+
+    def error(self, path: PathKey, message: str) -> InputError:
+        return InputError(message, self.locate(path))
+
+
+class _Builder:
+    def __init__(self, file: str, loader: yaml.SafeLoader):
+        self.file = file
+        self.loader = loader
+        self.marks: dict[PathKey, tuple[int, int]] = {}
+        self.errors: list[InputError] = []
+
+    def build(self, node: yaml.Node, path: PathKey) -> Any:
+        self.marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+        if isinstance(node, yaml.MappingNode):
+            out: dict[str, Any] = {}
+            key_marks: dict[str, tuple[int, int]] = {}
+            for key_node, value_node in node.value:
+                key = self.loader.construct_object(key_node, deep=True)
+                where = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+                if not isinstance(key, (str, int)) or isinstance(key, bool):
+                    self.errors.append(InputError(
+                        f"keys must be strings, got {key!r}",
+                        Location(self.file, *where, format_field_path(path) or None)))
+                    continue
+                key = str(key)
+                if key in out:
+                    first = key_marks[key]
+                    self.errors.append(InputError(
+                        f"duplicate key {key!r} (first given at line {first[0]})",
+                        Location(self.file, *where, format_field_path(path + (key,)))))
+                    continue
+                key_marks[key] = where
+                out[key] = self.build(value_node, path + (key,))
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(item, path + (i,)) for i, item in enumerate(node.value)]
+        value = self.loader.construct_object(node, deep=True)
+        if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+            self.errors.append(InputError(
+                f"{node.value!r} is not a finite number",
+                Location(self.file, *self.marks[path], format_field_path(path) or None)))
+        return value
+
+
+def load_yaml(path: str | Path, text: str | None = None) -> Document:
+    """Read a YAML file into a ``Document``; syntax errors become ``InputError``."""
+    file = str(path)
+    if text is None:
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            raise InputError(f"file not found: {file}") from None
+        except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+            raise InputError(f"cannot read {file}: {exc}") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            raise InputError("the file is empty", Location(file))
+        builder = _Builder(file, loader)
+        data = builder.build(node, ())
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        loc = Location(file, mark.line + 1, mark.column + 1) if mark else Location(file)
+        raise InputError(f"YAML syntax: {exc.problem or exc.context}", loc) from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"YAML syntax: {exc}", Location(file)) from None
+    finally:
+        loader.dispose()
+    if builder.errors:
+        raise InputErrors(builder.errors)
+    return Document(file=file, data=data, text=text, marks=builder.marks)
+
+
+def document_from_data(data: Any, file: str = "<data>") -> Document:
+    """A ``Document`` for data built in code (no positions, field paths only)."""
+    return Document(file=file, data=data)
+
+
+def _describe(model: type[BaseModel], loc: tuple) -> str:
+    """Names of the fields valid at ``loc`` inside ``model``, for 'unknown key' errors."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int) or current is None:
+            continue
+        fields = getattr(current, "model_fields", {})
+        match = next((f for n, f in fields.items() if (f.alias or n) == part), None)
+        current = _inner_model(match.annotation) if match else None
+    if current is None or not hasattr(current, "model_fields"):
+        return ""
+    names = sorted((f.alias or n) for n, f in current.model_fields.items())
+    return "; valid keys: " + ", ".join(names)
+
+
+def _inner_model(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def validate_model(model: type[BaseModel], doc: Document, path: PathKey = (), data: Any = None,
+                   context: dict | None = None):
+    """Validate ``data`` (default: the document's) into ``model``; errors name file:line:col."""
+    payload = doc.data if data is None else data
+    try:
+        return model.model_validate(payload, context=context)
+    except ValidationError as exc:
+        errors = []
+        for err in exc.errors():
+            loc = path + tuple(err["loc"])
+            msg = err["msg"]
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, "):]
+            if err["type"] == "extra_forbidden":
+                msg = f"unknown key {loc[-1]!r}" + _describe(model, tuple(err["loc"]))
+            elif err["type"] == "missing":
+                msg = f"missing required field {loc[-1]!r}"
+            elif err["type"] in ("literal_error", "enum"):
+                msg = f"{msg}, got {err.get('input')!r}"
+            errors.append(InputError(msg, doc.locate(loc)))
+        raise InputErrors(errors) from None

@@ -1,0 +1,42 @@
+"""What to train and the search's freedoms (DESIGN §2: Training)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.spec.quantities import PositiveInt
+
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+Recompute = Literal["none", "selective", "full"]
+
+
+class Training(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    global_batch_size: PositiveInt = Field(description="sequences per iteration")
+    seq_len: PositiveInt = Field(description="tokens per sequence")
+    precision: Literal["bf16", "fp16"] = "bf16"
+    optimizer: Literal["adam"] = "adam"
+    # The search's freedoms.
+    schedules: tuple[Schedule, ...] = ("1f1b", "gpipe", "interleaved-1f1b")
+    recompute_modes: tuple[Recompute, ...] = ("none", "selective", "full")
+    zero_stages: tuple[Literal[0, 1], ...] = (0, 1)
+    max_tp: PositiveInt = Field(default=8, description="largest tensor-parallel degree")
+    micro_batch_sizes: tuple[PositiveInt, ...] | None = Field(
+        default=None, description="per-replica micro-batch sizes to try; default powers of two")
+    max_stages: PositiveInt | None = None
+    sequence_parallel: bool = Field(default=True, description="use sequence parallelism when tp > 1")
+
+    @model_validator(mode="after")
+    def _non_empty(self):
+        for name in ("schedules", "recompute_modes", "zero_stages"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} must list at least one choice")
+        return self
+
+    def io_mapping(self) -> dict:
+        """The part of the training spec a plan carries in ``inputs.training``."""
+        return {"global_batch_size": self.global_batch_size, "seq_len": self.seq_len,
+                "precision": self.precision}
