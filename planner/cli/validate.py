@@ -1,0 +1,47 @@
+"""``planner validate CLUSTER``: check a cluster spec and summarise it."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from planner import api
+from planner.cli.common import console, echo_json
+from planner.spec.units import format_bandwidth, format_bytes
+
+
+@click.command()
+@click.argument("cluster_file", metavar="CLUSTER", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def validate(cluster_file: str, as_json: bool) -> None:
+    """Check a cluster spec; print GPUs per type and zone, peak PFLOP/s, memory and links."""
+    cluster = api.load_cluster(cluster_file)
+    summary = api.summarize_cluster(cluster)
+    if as_json:
+        echo_json(summary)
+        return
+    out = console()
+    out.print(f"[bold]{cluster.name}[/bold]: {summary['num_gpus']} GPUs in {summary['num_nodes']} nodes, "
+              f"{len(summary['zones'])} zone(s) — valid")
+    table = Table(title="GPUs by type and zone")
+    for col in ("zone", "GPU type", "nodes", "GPUs", "GPUs/node", "peak PFLOP/s", "memory", "NIC/node",
+                "USD/h"):
+        table.add_column(col, justify="right" if col not in ("zone", "GPU type") else "left")
+    for row in summary["groups"]:
+        table.add_row(row["zone"], row["gpu_type"], str(row["nodes"]), str(row["gpus"]),
+                      str(row["gpus_per_node"]), f"{row['peak_pflops']:.2f}",
+                      format_bytes(row["memory_bytes"]), format_bandwidth(row["network_Bps"]),
+                      "-" if row["usd_per_hour"] is None else f"{row['usd_per_hour']:.2f}")
+    out.print(table)
+    out.print(f"total peak {summary['peak_pflops']:.2f} PFLOP/s (dense bf16), "
+              f"GPU memory {format_bytes(summary['memory_bytes'])}")
+    if summary["links"]:
+        links = Table(title="Links between zones")
+        for col in ("between", "bandwidth", "aggregate", "latency", "egress USD/GB"):
+            links.add_column(col)
+        for link in summary["links"]:
+            links.add_row(" <-> ".join(link["between"]), format_bandwidth(link["bandwidth_Bps"]),
+                          "-" if link["aggregate_bandwidth_Bps"] is None
+                          else format_bandwidth(link["aggregate_bandwidth_Bps"]),
+                          f"{link['latency_s'] * 1e3:.3g} ms", f"{link['egress_price_per_gb_usd']:.3g}")
+        out.print(links)
