@@ -7,7 +7,6 @@ from rich.table import Table
 
 from planner import catalog as data
 from planner.cli.common import console, echo_json
-from planner.spec.units import format_bandwidth, format_bytes
 
 
 @click.group()
@@ -27,10 +26,10 @@ def gpus(as_json: bool) -> None:
     for col in ("id", "memory", "TFLOP/s", "HBM", "intra-node", "USD/GPU-h", "aliases"):
         table.add_column(col)
     for gid, g in entries.items():
-        table.add_row(gid, format_bytes(g.memory_bytes), f"{g.peak_tflops:g}",
+        table.add_row(gid, f"{g.memory_bytes / 1e9:.0f} GB", f"{g.peak_tflops:g}",
                       f"{g.memory_bandwidth_Bps / 1e9:.0f} GB/s", f"{g.intra_node_bandwidth_Bps / 1e9:.0f} GB/s",
                       "-" if g.price_per_hour_usd is None else f"{g.price_per_hour_usd:.2f}",
-                      ", ".join(g.aliases))
+                      ", ".join(g.aliases[:2]))
     console().print(table)
     console().print("sources: planner catalog gpus --json")
 

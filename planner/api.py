@@ -1,0 +1,98 @@
+"""The Python API (DESIGN §7).  Everything the CLI does is reachable from here; the CLI is a
+thin layer on these functions.
+
+    from planner import api
+    cluster = api.load_cluster("cluster_specs/lab-mixed.yaml")
+    model = api.load_model("llama3-70b")
+    training = api.Training(global_batch_size=1024, seq_len=4096, precision="bf16")
+    result = api.plan(cluster, model, training, objective="throughput", time_limit_s=60)
+    ev = api.evaluate(cluster, result.plan)
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import InfeasibleError, InputError, PlannerError
+from planner.plan import Plan
+from planner.spec import Cluster, ModelSpec, Training, load_cluster, load_model, load_training
+
+if TYPE_CHECKING:  # pragma: no cover
+    from planner.cost import Evaluation
+
+__all__ = [
+    "Cluster", "InfeasibleError", "InputError", "ModelSpec", "Plan", "PlannerError", "Training",
+    "evaluate", "load_cluster", "load_model", "load_plan", "load_training", "plan", "summarize_cluster",
+]
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan file with errors naming the file and field."""
+    from planner.plan.check import load_plan as _load
+
+    return _load(path)
+
+
+def evaluate(cluster: Cluster, plan: Plan, profiles: Any = None) -> "Evaluation":
+    """Predict a plan's iteration time, throughput, cost and memory, term by term."""
+    from planner.cost import evaluate as _evaluate
+
+    return _evaluate(cluster, plan, profiles=profiles)
+
+
+def plan(cluster: Cluster, model: ModelSpec | str, training: Training, objective: str = "throughput",
+         time_limit_s: float = 60.0, top_k: int = 1, **options: Any):
+    """Search the plan space (DESIGN §6) and return the best plan(s) with a solver report.
+
+    ``result.plan``, ``result.evaluation`` and ``result.solver`` are the best plan, its
+    prediction and how it was proved; ``result.plans`` holds the ``top_k`` best.
+    """
+    from planner.search import solve
+
+    if isinstance(model, str):
+        model = load_model(model)
+    return solve(cluster, model, training, objective=objective, time_limit_s=time_limit_s,
+                 top_k=top_k, **options)
+
+
+def summarize_cluster(cluster: Cluster) -> dict:
+    """GPUs per type and zone, peak PFLOP/s, memory, links: what ``planner validate`` prints."""
+    groups: dict[tuple[str, str, int], dict] = defaultdict(lambda: {
+        "nodes": 0, "gpus": 0, "peak_pflops": 0.0, "memory_bytes": 0.0, "network_Bps": 0.0,
+        "usd_per_hour": None})
+    for node in cluster.node_list:
+        key = (node.zone, node.gpu.name, node.gpus_per_node)
+        row = groups[key]
+        row["nodes"] += 1
+        row["gpus"] += node.gpus_per_node
+        row["peak_pflops"] += node.gpu.peak_tflops * node.gpus_per_node / 1e3
+        row["memory_bytes"] += node.gpu.memory_bytes * node.gpus_per_node
+        row["network_Bps"] = node.group.network_Bps
+        price = node.group.price_usd_per_hour
+        if price is not None:
+            row["usd_per_hour"] = (row["usd_per_hour"] or 0.0) + price
+    rows = [{"zone": z, "gpu_type": g, "gpus_per_node": n, **v} for (z, g, n), v in sorted(groups.items())]
+    return {
+        "name": cluster.name,
+        "num_nodes": len(cluster.node_list),
+        "num_gpus": cluster.num_gpus,
+        "zones": cluster.zone_names,
+        "groups": rows,
+        "peak_pflops": sum(r["peak_pflops"] for r in rows),
+        "memory_bytes": sum(r["memory_bytes"] for r in rows),
+        "links": [
+            {"between": list(link.between), "bandwidth_Bps": link.bandwidth_Bps,
+             "aggregate_bandwidth_Bps": link.aggregate_bandwidth_Bps, "latency_s": link.latency_s,
+             "egress_price_per_gb_usd": link.egress_price_per_gb_usd}
+            for link in cluster.links
+        ],
+        "sha256": cluster.sha256(),
+    }
+
+
+def plan_from_file(path: str | Path) -> Plan:
+    """Alias kept for symmetry with ``Plan.from_json(json.load(...))``."""
+    return Plan.from_json(json.loads(Path(path).read_text()))

@@ -1,0 +1,135 @@
+"""Cluster, model and training specs: good ones load, bad ones give one clear located error."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from planner.cli.main import main
+from planner.errors import InputError
+from planner.spec import load_cluster, load_model, load_training
+from planner.spec.units import parse_bandwidth_Bps, parse_size_bytes, parse_time_s, UnitError
+
+EXAMPLES = sorted(Path(__file__).parent.parent.joinpath("cluster_specs").glob("*.yaml"))
+
+GOOD = """\
+name: t
+zones:
+  - {name: a}
+  - {name: b}
+nodes:
+  - {name: x, count: 2, zone: a, gpu: A100-SXM4-80GB, gpus_per_node: 8, network_bandwidth: 800 Gbit/s}
+  - {name: y, zone: b, gpu: v100-sxm2-32gb, gpus_per_node: 4, network_bandwidth: 100 Gbps}
+links:
+  - {between: [a, b], bandwidth: 10 Gbit/s, latency: 30 ms}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_load(path):
+    cluster = load_cluster(path)
+    assert cluster.num_gpus > 0
+
+
+def test_good_cluster_resolves_defaults(tmp_path):
+    cluster = load_cluster(write(tmp_path, GOOD))
+    assert [n.name for n in cluster.node_list] == ["x-0", "x-1", "y"]
+    assert cluster.num_gpus == 20
+    y = cluster.node_by_name["y"]
+    assert y.gpu.name == "V100-SXM2-32GB"  # case-insensitive catalog match
+    assert y.group.network_Bps == pytest.approx(100e9 / 8)
+    assert cluster.link("b", "a").latency_s == pytest.approx(0.03)
+    assert cluster.node_by_name["x-0"].group.intra_Bps == cluster.node_by_name["x-0"].gpu.intra_node_bandwidth_Bps
+
+
+def test_units():
+    assert parse_bandwidth_Bps("10 Gbit/s") == pytest.approx(1.25e9)
+    assert parse_bandwidth_Bps("10 Gbps") == pytest.approx(1.25e9)
+    assert parse_bandwidth_Bps("300 GB/s") == pytest.approx(3e11)
+    assert parse_size_bytes("96 GiB") == 96 * 2**30
+    assert parse_time_s("30 ms") == pytest.approx(0.03)
+    for bad in ("10", 10, "10 furlongs", "-5 Gbit/s", "0 GB/s", "nan Gbit/s"):
+        with pytest.raises(UnitError):
+            parse_bandwidth_Bps(bad)
+
+
+BAD_CASES = {
+    "missing field": (GOOD.replace(", gpus_per_node: 4", ""), "7:", "gpus_per_node"),
+    "unknown key": (GOOD.replace("count: 2,", "count: 2, colour: red,"), "6:", "unknown key 'colour'"),
+    "duplicate key": (GOOD.replace("name: t\n", "name: t\nname: u\n"), "2:1", "duplicate key 'name'"),
+    "bare number": (GOOD.replace("800 Gbit/s", "800"), "6:", "needs a unit"),
+    "wrong unit": (GOOD.replace("10 Gbit/s", "10 parsecs"), "9:", "unknown bandwidth unit"),
+    "zero bandwidth": (GOOD.replace("10 Gbit/s", "0 Gbit/s"), "9:", "positive"),
+    "negative bandwidth": (GOOD.replace("100 Gbps", "-100 Gbps"), "7:", "positive"),
+    "nan": (GOOD.replace("gpus_per_node: 8", "gpus_per_node: .nan"), "6:", "finite"),
+    "unknown gpu": (GOOD.replace("A100-SXM4-80GB", "B300"), "6:", "unknown GPU type 'B300'"),
+    "unknown link zone": (GOOD.replace("[a, b]", "[a, c]"), "9:", "unknown zone 'c'"),
+    "node in unknown zone": (GOOD.replace("zone: b", "zone: q"), "7:", "unknown zone 'q'"),
+    "no link": (GOOD.replace("links:\n  - {between: [a, b], bandwidth: 10 Gbit/s, latency: 30 ms}\n", ""),
+                "", "no link joins them"),
+    "duplicate node names": (GOOD.replace("name: y", "name: x"), "7:", "duplicate node name"),
+    "inline gpu missing figure": (GOOD.replace("gpu: A100-SXM4-80GB", "gpu: {name: mine, memory: 24 GB}"),
+                                  "6:", "peak_tflops"),
+    "yaml syntax": ("name: [t\n", "", "YAML syntax"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_bad_cluster_is_one_located_error(tmp_path, case, capsys):
+    text, where, needle = BAD_CASES[case]
+    path = write(tmp_path, text)
+    with pytest.raises(InputError) as info:
+        load_cluster(path)
+    message = str(info.value)
+    assert needle in message
+    assert f"{path}:{where}" in message
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and needle in err
+
+
+def test_inline_gpu(tmp_path):
+    text = GOOD.replace("gpu: A100-SXM4-80GB", "gpu: {name: mine, memory: 24 GB, peak_tflops: 100, "
+                        "memory_bandwidth: 900 GB/s, intra_node_bandwidth: 32 GB/s}")
+    cluster = load_cluster(write(tmp_path, text))
+    assert cluster.node_by_name["x-0"].gpu.peak_flops == pytest.approx(1e14)
+
+
+def test_inline_gpu_without_nic_needs_network_bandwidth(tmp_path):
+    text = GOOD.replace("gpu: A100-SXM4-80GB, gpus_per_node: 8, network_bandwidth: 800 Gbit/s",
+                        "gpu: {name: mine, memory: 24 GB, peak_tflops: 100, memory_bandwidth: 900 GB/s, "
+                        "intra_node_bandwidth: 32 GB/s}, gpus_per_node: 8")
+    with pytest.raises(InputError, match="network_bandwidth is missing"):
+        load_cluster(write(tmp_path, text))
+
+
+def test_missing_file_is_input_error(tmp_path):
+    assert main(["validate", str(tmp_path / "nope.yaml")]) == 2
+
+
+def test_models(tmp_path):
+    m = load_model("LLAMA3-70B")
+    assert m.kv_heads == 8 and m.mlp == "swiglu"
+    path = tmp_path / "m.yaml"
+    path.write_text("num_layers: 4\nhidden_size: 64\nnum_attention_heads: 3\nvocab_size: 100\n")
+    with pytest.raises(InputError, match="must divide hidden_size"):
+        load_model(path)
+    with pytest.raises(InputError, match="neither a catalog model"):
+        load_model("no-such-model")
+
+
+def test_training(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("global_batch_size: 64\nseq_len: 2048\nprecision: fp8\n")
+    with pytest.raises(InputError, match="precision"):
+        load_training(path)
+    path.write_text("global_batch_size: 64\nseq_len: 2048\nschedules: [1f1b]\n")
+    assert load_training(path).schedules == ("1f1b",)
