@@ -160,7 +160,12 @@ def validate_model(model: type[BaseModel], doc: Document, path: PathKey = (), da
         return model.model_validate(payload, context=context)
     except ValidationError as exc:
         errors = []
-        for err in exc.errors():
+        raw = exc.errors()
+        for err in raw:
+            # A failed item also makes its container look "too short"; report the item only.
+            if err["type"] == "too_short" and any(
+                    len(o["loc"]) > len(err["loc"]) and o["loc"][:len(err["loc"])] == err["loc"] for o in raw):
+                continue
             loc = path + tuple(err["loc"])
             msg = err["msg"]
             if msg.startswith("Value error, "):
