@@ -1,0 +1,137 @@
+"""The event-driven pipeline simulator against hand-computed schedules."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from planner.simulate import SimStage, simulate_pipeline, stage_orders
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("p,m", [(1, 1), (1, 5), (2, 1), (2, 4), (3, 7), (4, 4), (4, 16), (8, 3)])
+def test_equal_stages_free_sends_match_textbook(schedule, p, m):
+    f, b = 1.5, 3.0
+    res = simulate_pipeline([SimStage(f, b)] * p, m, schedule)
+    assert res.makespan_s == pytest.approx((m + p - 1) * (f + b))
+    assert res.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))
+
+
+def test_unequal_stages_hand_computed():
+    # Stage 0: f=1 b=2; stage 1: f=2 b=4; two micro-batches.
+    #   1F1B stage 1: F0 [1,3] B0 [3,7] F1 [7,9] B1 [9,13]; stage 0: B0 [7,9] B1 [13,15].
+    stages = [SimStage(1, 2), SimStage(2, 4)]
+    one = simulate_pipeline(stages, 2, "1f1b")
+    assert one.makespan_s == pytest.approx(15.0)
+    got = [(e.stage, e.kind, e.micro_batch, e.start_s, e.end_s) for e in one.stage_events(1)]
+    assert got == [(1, "fwd", 0, 1, 3), (1, "bwd", 0, 3, 7), (1, "fwd", 1, 7, 9), (1, "bwd", 1, 9, 13)]
+    assert [(e.kind, e.start_s) for e in one.stage_events(0)] == [
+        ("fwd", 0), ("fwd", 1), ("bwd", 7), ("bwd", 13)]
+    assert simulate_pipeline(stages, 2, "gpipe").makespan_s == pytest.approx(15.0)
+
+
+def test_sends_delay_dependencies():
+    # As above with a 0.5 s activation send 0->1 and a 0.25 s gradient send 1->0:
+    # stage 1 starts at 1.5, its B1 ends at 13.5, stage 0's B1 runs [13.75, 15.75].
+    stages = [SimStage(1, 2, send_forward_s=0.5), SimStage(2, 4, send_backward_s=0.25)]
+    res = simulate_pipeline(stages, 2, "1f1b")
+    assert res.makespan_s == pytest.approx(15.75)
+    kinds = sorted({e.kind for e in res.transfers})
+    assert kinds == ["send-bwd", "send-fwd"]
+    assert len(res.transfers) == 4
+
+
+def test_link_serialization_makes_slow_link_the_bottleneck():
+    # GPipe, f=b=1 on both stages, 3 s per activation send, 3 micro-batches.
+    # Serialized: sends [1,4] [4,7] [7,10]; stage 1 forwards end at 11; backwards
+    # [11,12] [12,13] [13,14]; stage 0's last backward ends at 15.
+    # As pure delays: sends [1,4] [2,5] [3,6]; stage 0 ends at 11.
+    stages = [SimStage(1, 1, send_forward_s=3), SimStage(1, 1)]
+    assert simulate_pipeline(stages, 3, "gpipe").makespan_s == pytest.approx(15.0)
+    assert simulate_pipeline(stages, 3, "gpipe", serialize_links=False).makespan_s == pytest.approx(11.0)
+
+
+@pytest.mark.parametrize("p,k,v", [(2, 1, 2), (2, 4, 2), (4, 2, 2), (4, 3, 4), (3, 2, 3)])
+def test_interleaved_bubble_shrinks_by_v(p, k, v):
+    m = k * p
+    f, b = 2.0, 4.0
+    inter = simulate_pipeline([SimStage(f, b)] * p, m, "interleaved-1f1b", v)
+    plain = simulate_pipeline([SimStage(f, b)] * p, m, "1f1b")
+    # Megatron's interleaved schedule: bubble (p - 1)(f + b) / v.
+    assert inter.makespan_s == pytest.approx(m * (f + b) + (p - 1) * (f + b) / v)
+    bubble_inter = inter.makespan_s - m * (f + b)
+    bubble_plain = plain.makespan_s - m * (f + b)
+    assert bubble_inter == pytest.approx(bubble_plain / v)
+    assert len(inter.timeline) == 2 * m * v * p
+
+
+def test_in_flight_micro_batches_per_schedule():
+    p, m = 4, 8
+    one = simulate_pipeline([SimStage(1, 2)] * p, m, "1f1b")
+    assert one.max_in_flight == [4, 3, 2, 1]
+    gp = simulate_pipeline([SimStage(1, 2)] * p, m, "gpipe")
+    assert gp.max_in_flight == [m] * p
+
+
+def _check_invariants(res, stages, v):
+    p = len(stages)
+    end = {}
+    for e in res.timeline:
+        end[(e.kind, e.virtual_stage, e.micro_batch)] = e.end_s
+    for s in range(p):
+        evs = res.stage_events(s)
+        for a, b in zip(evs, evs[1:]):
+            assert b.start_s >= a.end_s - 1e-12, "a stage runs one op at a time"
+    for e in res.timeline:
+        if e.kind == "fwd" and e.virtual_stage > 0:
+            prev = (e.virtual_stage - 1) % p
+            send = stages[prev].send_forward_s if p > 1 else 0.0  # one stage: no link
+            need = end[("fwd", e.virtual_stage - 1, e.micro_batch)] + send
+            assert e.start_s >= need - 1e-9
+        if e.kind == "bwd":
+            assert e.start_s >= end[("fwd", e.virtual_stage, e.micro_batch)] - 1e-9
+            if e.virtual_stage < p * v - 1:
+                nxt = (e.virtual_stage + 1) % p
+                send = stages[nxt].send_backward_s if p > 1 else 0.0
+                need = end[("bwd", e.virtual_stage + 1, e.micro_batch)] + send
+                assert e.start_s >= need - 1e-9
+    assert res.makespan_s == pytest.approx(max(e.end_s for e in res.timeline))
+
+
+def test_random_schedules_respect_dependencies_and_never_deadlock():
+    rng = random.Random(7)
+    for _ in range(60):
+        p = rng.randint(1, 6)
+        schedule = rng.choice(["gpipe", "1f1b", "interleaved-1f1b"])
+        v = rng.randint(2, 4) if schedule == "interleaved-1f1b" else 1
+        m = p * rng.randint(1, 4) if v > 1 else rng.randint(1, 12)
+        stages = [SimStage(rng.uniform(0.5, 2), rng.uniform(1, 4), rng.choice([0, rng.uniform(0, 1)]),
+                           rng.choice([0, rng.uniform(0, 1)])) for _ in range(p)]
+        res = simulate_pipeline(stages, m, schedule, v)
+        _check_invariants(res, stages, v)
+        # No schedule beats doing the slowest stage's work back to back.
+        assert res.makespan_s >= max(m * (s.forward_s + s.backward_s) for s in stages) - 1e-9
+
+
+def test_accepts_cost_stage_timings_by_duck_typing():
+    timings = [SimpleNamespace(forward_s=1.0, backward_s=2.0, send_forward_s=0.0, send_backward_s=0.0,
+                               dp_sync_s=9.0)] * 3
+    assert simulate_pipeline(timings, 4, "1f1b").makespan_s == pytest.approx(6 * 3.0)
+
+
+def test_schedule_orders_and_bad_knobs():
+    assert stage_orders("1f1b", 3, 4)[0] == [
+        ("fwd", 0, 0), ("fwd", 0, 1), ("fwd", 0, 2), ("bwd", 0, 0), ("fwd", 0, 3), ("bwd", 0, 1),
+        ("bwd", 0, 2), ("bwd", 0, 3)]
+    with pytest.raises(ValueError, match="virtual_stages > 1"):
+        stage_orders("1f1b", 2, 4, 2)
+    with pytest.raises(ValueError, match=">= 2"):
+        stage_orders("interleaved-1f1b", 2, 4, 1)
+    with pytest.raises(ValueError, match="multiple"):
+        stage_orders("interleaved-1f1b", 2, 3, 2)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        stage_orders("zero-bubble", 2, 4)
+    with pytest.raises(ValueError, match="non-negative"):
+        simulate_pipeline([SimStage(-1, 1)], 2)
