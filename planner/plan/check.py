@@ -1,0 +1,212 @@
+"""Reading plan files and checking a plan against its cluster and model.
+
+Pydantic checks each field's own form (``planner.plan.model``); this module checks what
+needs the cluster, the model or several fields at once, and reports every problem it finds
+in one pass, each naming the plan file and the field path (``stages[1].replicas[0].devices[2]``).
+JSON keeps no per-field positions, so errors give the path rather than a line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from planner import catalog
+from planner.errors import InputError, InputErrors, Location
+from planner.plan.model import SCHEMA_ID, Plan
+from planner.spec.cluster import Cluster
+from planner.spec.model import ModelSpec
+from planner.spec.source import PathKey, document_from_data, format_field_path, validate_model
+from planner.spec.training import Training
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan JSON file; bad JSON, a foreign schema or bad fields become InputError."""
+    file = str(path)
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise InputError(f"plan file not found: {file}") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read plan {file}: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON: {exc.msg}", Location(file, exc.lineno, exc.colno)) from None
+    return plan_from_data(data, file)
+
+
+def plan_from_data(data, file: str = "<plan>") -> Plan:
+    """A ``Plan`` from already-parsed JSON, with the same errors as ``load_plan``."""
+    if not isinstance(data, dict):
+        raise InputError(f"a plan is a JSON object with \"schema\": \"{SCHEMA_ID}\", inputs, "
+                         "micro_batch_size, num_micro_batches and stages", Location(file))
+    schema = data.get("schema")
+    if schema != SCHEMA_ID:
+        what = "has no \"schema\" field" if schema is None else f"has schema {schema!r}"
+        raise InputError(f"the plan {what}; this planner reads \"{SCHEMA_ID}\"",
+                         Location(file, field="schema"))
+    return validate_model(Plan, document_from_data(data, file))
+
+
+class _Report:
+    def __init__(self, file: str):
+        self.file = file
+        self.errors: list[InputError] = []
+
+    def add(self, path: PathKey, message: str) -> None:
+        self.errors.append(InputError(message, Location(self.file, field=format_field_path(path) or None)))
+
+
+def _resolve_model(plan: Plan, model, report: _Report) -> ModelSpec | None:
+    from planner.spec.load import load_model  # the loader pulls in the catalog; keep it lazy
+
+    source = model if model is not None else plan.inputs.model
+    try:
+        return load_model(source)
+    except InputErrors as exc:  # before InputError: it is a subclass
+        for err in exc.errors:
+            sub = err.location.field if err.location and err.location.field else ""
+            report.add(("inputs", "model") + ((sub,) if sub else ()), err.message)
+    except InputError as exc:
+        report.add(("inputs", "model"), f"cannot read the model: {exc.message}")
+    return None
+
+
+def _gpu_matches(name: str, node_gpu: str) -> bool:
+    if name.strip().lower() == node_gpu.strip().lower():
+        return True
+    found = catalog.find_gpu(name)
+    return found is not None and found.name == node_gpu
+
+
+def _check_devices(cluster: Cluster, plan: Plan, report: _Report) -> None:
+    nodes = cluster.node_by_name
+    node_names = ", ".join(f"{n.name} ({n.gpus_per_node}x {n.gpu.name})" for n in cluster.node_list[:12])
+    if len(cluster.node_list) > 12:
+        node_names += f", ... {len(cluster.node_list) - 12} more"
+    first_use: dict[str, str] = {}
+    for i, stage in enumerate(plan.stages):
+        for j, rep in enumerate(stage.replicas):
+            rep_path = ("stages", i, "replicas", j)
+            rep_nodes: list[str] = []
+            for k, dev in enumerate(rep.devices):
+                path = rep_path + ("devices", k)
+                name, _, idx = dev.rpartition(":")
+                node = nodes.get(name)
+                if node is None:
+                    report.add(path, f"unknown device {dev!r}: cluster {cluster.name!r} has no node "
+                                     f"{name!r}; nodes: {node_names}")
+                    continue
+                if int(idx) >= node.gpus_per_node:
+                    report.add(path, f"unknown device {dev!r}: node {name!r} has GPUs "
+                                     f"0..{node.gpus_per_node - 1}")
+                    continue
+                where = format_field_path(path)
+                if dev in first_use:
+                    report.add(path, f"device {dev!r} is used twice (also at {first_use[dev]})")
+                else:
+                    first_use[dev] = where
+                if name not in rep_nodes:
+                    rep_nodes.append(name)
+            if len(rep_nodes) > 1:
+                report.add(rep_path + ("devices",), f"a replica lives inside one node, but these "
+                                                    f"devices span {', '.join(rep_nodes)}")
+            if rep_nodes:
+                gpu = nodes[rep_nodes[0]].gpu.name
+                if not _gpu_matches(rep.gpu_type, gpu):
+                    report.add(rep_path + ("gpu_type",), f"gpu_type {rep.gpu_type!r} does not match "
+                                                         f"node {rep_nodes[0]!r}, which holds {gpu}")
+
+
+def _check_stages(plan: Plan, model: ModelSpec | None, report: _Report) -> None:
+    p = len(plan.stages)
+    for i, stage in enumerate(plan.stages):
+        if stage.index != i:
+            report.add(("stages", i, "index"), f"stage indices must be 0..{p - 1} in order; "
+                                               f"position {i} has index {stage.index}")
+        want_first = 0 if i == 0 else plan.stages[i - 1].blocks[1]
+        if stage.blocks[0] != want_first:
+            report.add(("stages", i, "blocks"),
+                       f"blocks must be contiguous: stage {i} should start at block {want_first}, "
+                       f"not {stage.blocks[0]}")
+        if stage.num_blocks == 0 and not stage.embedding and not stage.head:
+            report.add(("stages", i, "blocks"), "the stage holds no blocks, embedding or head")
+        if stage.embedding != (i == 0):
+            report.add(("stages", i, "embedding"), "the embedding belongs to stage 0 only"
+                       if i else "stage 0 must hold the embedding (\"embedding\": true)")
+        if stage.head != (i == p - 1):
+            report.add(("stages", i, "head"), f"the head belongs to the last stage ({p - 1}) only"
+                       if i != p - 1 else "the last stage must hold the head (\"head\": true)")
+        shares = sum(r.micro_batch_share for r in stage.replicas)
+        if shares != plan.micro_batch_size:
+            report.add(("stages", i, "replicas"),
+                       f"micro_batch_share of the replicas sums to {shares}, but micro_batch_size "
+                       f"is {plan.micro_batch_size}; every stage splits each micro-batch whole")
+        if model is not None:
+            for j, rep in enumerate(stage.replicas):
+                for what, heads in (("num_attention_heads", model.num_attention_heads),
+                                    ("num_kv_heads", model.kv_heads)):
+                    if heads % rep.tp:
+                        report.add(("stages", i, "replicas", j, "tp"),
+                                   f"tp={rep.tp} must divide the model's {what} ({heads}); "
+                                   f"valid: {', '.join(str(d) for d in _divisors(heads))}")
+                        break
+    if model is not None and plan.stages[-1].blocks[1] != model.num_layers:
+        report.add(("stages", p - 1, "blocks"),
+                   f"the stages must cover blocks [0, {model.num_layers}) of {model.name}; "
+                   f"they end at {plan.stages[-1].blocks[1]}")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _check_schedule(plan: Plan, report: _Report) -> None:
+    v, p = plan.virtual_stages, len(plan.stages)
+    if plan.schedule == "interleaved-1f1b":
+        if v < 2:
+            report.add(("virtual_stages",), "interleaved-1f1b needs virtual_stages >= 2")
+            return
+        for i, stage in enumerate(plan.stages):
+            if stage.num_blocks % v:
+                report.add(("stages", i, "blocks"),
+                           f"{stage.num_blocks} blocks do not split into virtual_stages={v} equal chunks")
+        if plan.num_micro_batches % p:
+            # Megatron-LM's interleaved schedule asserts this too.
+            report.add(("num_micro_batches",),
+                       f"interleaved-1f1b needs num_micro_batches ({plan.num_micro_batches}) to be "
+                       f"a multiple of the number of stages ({p})")
+    elif v != 1:
+        report.add(("virtual_stages",), f"virtual_stages={v} needs schedule \"interleaved-1f1b\" "
+                                        f"(the schedule is {plan.schedule!r}); use 1")
+
+
+def _check_training(plan: Plan, report: _Report) -> None:
+    doc = document_from_data(plan.inputs.training, report.file)
+    try:
+        training = validate_model(Training, doc, ("inputs", "training"))
+    except InputErrors as exc:
+        report.errors.extend(exc.errors)
+        return
+    total = plan.micro_batch_size * plan.num_micro_batches
+    if total != training.global_batch_size:
+        report.add(("num_micro_batches",),
+                   f"micro_batch_size * num_micro_batches = {plan.micro_batch_size} * "
+                   f"{plan.num_micro_batches} = {total}, but inputs.training.global_batch_size "
+                   f"is {training.global_batch_size}")
+
+
+def check_plan(cluster: Cluster, plan: Plan, model=None, file: str = "<plan>") -> None:
+    """Raise ``InputErrors`` listing every way ``plan`` does not fit ``cluster`` and its model.
+
+    ``model``: a ``ModelSpec``, catalog name or mapping; default the plan's ``inputs.model``.
+    """
+    report = _Report(file)
+    resolved = _resolve_model(plan, model, report)
+    _check_training(plan, report)
+    _check_stages(plan, resolved, report)
+    _check_schedule(plan, report)
+    _check_devices(cluster, plan, report)
+    if report.errors:
+        raise InputErrors(report.errors)

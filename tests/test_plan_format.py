@@ -1,0 +1,280 @@
+"""Plan files: reading, the JSON Schema, cross-checks against cluster and model, rank map."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.errors import InputError, InputErrors
+from planner.plan import Plan
+from planner.plan.check import check_plan, load_plan, plan_from_data
+from planner.plan.rankmap import build_launch
+from planner.plan.schema import plan_schema, validate_plan_json
+from planner.spec import load_cluster
+
+SPECS = Path(__file__).resolve().parent.parent / "cluster_specs"
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    return load_cluster(SPECS / "tiny-mixed.yaml")
+
+
+def hand_plan() -> dict:
+    """A hand-written plan on tiny-mixed: opt-350m (24 layers, 16 heads) in two stages,
+    stage 0 on one A100 pair (tp 2) plus two single V100s with uneven shares."""
+    return {
+        "schema": "planner.plan/v1",
+        "inputs": {"cluster": "tiny-mixed", "model": "opt-350m",
+                   "training": {"global_batch_size": 32, "seq_len": 2048, "precision": "bf16"}},
+        "micro_batch_size": 4, "num_micro_batches": 8, "schedule": "1f1b",
+        "stages": [
+            {"index": 0, "blocks": [0, 14], "embedding": True, "head": False, "replicas": [
+                {"gpu_type": "A100-SXM4-80GB", "tp": 2, "micro_batch_share": 2,
+                 "devices": ["a100:0", "a100:1"]},
+                {"gpu_type": "v100-32gb", "tp": 1, "micro_batch_share": 1, "devices": ["v100:0"]},
+                {"gpu_type": "V100-SXM2-32GB", "tp": 1, "micro_batch_share": 1, "devices": ["v100:1"]}]},
+            {"index": 1, "blocks": [14, 24], "embedding": False, "head": True, "replicas": [
+                {"gpu_type": "a100-sxm4-80gb", "tp": 2, "micro_batch_share": 4,
+                 "devices": ["a100:3", "a100:2"]}]},
+        ],
+    }
+
+
+def errors_of(exc: InputErrors) -> dict[str, str]:
+    return {e.location.field: e.message for e in exc.errors}
+
+
+def check(cluster, data):
+    check_plan(cluster, Plan.from_json(data), file="p.json")
+
+
+def test_hand_plan_is_valid(mixed):
+    data = hand_plan()
+    validate_plan_json(data)
+    check(mixed, data)
+
+
+def test_to_json_passes_schema_with_outputs(mixed):
+    plan = Plan.from_json(hand_plan())
+    plan = plan.model_copy(update={"launch": build_launch(mixed, plan)})
+    full = plan.to_json()
+    full["predicted"] = {"iteration_time_s": 1.5, "tokens_per_s": 4e4, "samples_per_s": 21.3, "mfu": 0.4,
+                         "usd_per_hour": None, "breakdown_s": {"compute": 1.0, "bubble": 0.5},
+                         "peak_memory_bytes": {"a100:0": 3e10}}
+    full["solver"] = {"method": "milp", "status": "optimal", "gap": 0.0, "candidates": 12}
+    validate_plan_json(full)
+    assert Plan.from_json(full).dumps() == Plan.from_json(json.loads(Plan.from_json(full).dumps())).dumps()
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda d: d.pop("stages"), None),
+    (lambda d: d.update(schema="planner.plan/v2"), "schema"),
+    (lambda d: d.update(schedule="zb-v"), "schedule"),
+    (lambda d: d["stages"][0]["replicas"][0].update(tp=0), "stages[0].replicas[0].tp"),
+    (lambda d: d["stages"][1]["replicas"][0]["devices"].append("a100-2"), "stages[1].replicas[0].devices[2]"),
+    (lambda d: d["stages"][0].update(color="red"), "stages[0]"),
+    (lambda d: d["inputs"]["training"].pop("seq_len"), "inputs.training"),
+    (lambda d: d.update(zero_stage=3), "zero_stage"),
+])
+def test_broken_plans_fail_schema(mutate, field):
+    data = hand_plan()
+    mutate(data)
+    with pytest.raises(InputErrors) as exc:
+        validate_plan_json(data, file="p.json")
+    fields = [e.location.field for e in exc.value.errors]
+    assert field in fields
+    assert all(e.location.file == "p.json" for e in exc.value.errors)
+
+
+def test_schema_is_draft_2020_12_and_lists_required():
+    schema = plan_schema()
+    assert schema["$schema"].endswith("2020-12/schema")
+    assert schema["required"] == ["schema", "inputs", "micro_batch_size", "num_micro_batches", "stages"]
+
+
+def test_load_plan_reports_bad_json_position(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text('{\n  "schema": "planner.plan/v1",\n  "stages": [,]\n}\n')
+    with pytest.raises(InputError) as exc:
+        load_plan(path)
+    assert exc.value.location.line == 3 and exc.value.location.column == 14
+    assert str(path) in str(exc.value)
+
+
+def test_load_plan_schema_version_and_missing_file(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({**hand_plan(), "schema": "planner.plan/v0"}))
+    with pytest.raises(InputError, match="reads \"planner.plan/v1\""):
+        load_plan(path)
+    with pytest.raises(InputError, match="not found"):
+        load_plan(tmp_path / "nope.json")
+    with pytest.raises(InputError, match="JSON object"):
+        plan_from_data([1, 2])
+
+
+def test_load_plan_maps_pydantic_errors_to_paths(tmp_path):
+    data = hand_plan()
+    data["stages"][1]["replicas"][0]["tp"] = 3
+    data["recompute"] = "sometimes"
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputErrors) as exc:
+        load_plan(path)
+    fields = errors_of(exc.value)
+    assert "stages[1].replicas[0]" in fields and "needs 3 devices" in fields["stages[1].replicas[0]"]
+    assert "recompute" in fields and "sometimes" in fields["recompute"]
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps(hand_plan()))
+    assert load_plan(ok).num_stages == 2
+
+
+def test_device_problems(mixed):
+    data = hand_plan()
+    reps0 = data["stages"][0]["replicas"]
+    reps0[1]["devices"] = ["h100:0"]                 # no such node
+    reps0[2]["devices"] = ["v100:7"]                 # no such GPU index
+    data["stages"][1]["replicas"][0]["devices"] = ["a100:1", "v100:2"]  # reused, and two nodes
+    with pytest.raises(InputErrors) as exc:
+        check(mixed, data)
+    f = errors_of(exc.value)
+    assert "no node 'h100'" in f["stages[0].replicas[1].devices[0]"]
+    assert "a100 (4x A100-SXM4-80GB)" in f["stages[0].replicas[1].devices[0]"]
+    assert "0..3" in f["stages[0].replicas[2].devices[0]"]
+    assert "used twice" in f["stages[1].replicas[0].devices[0]"]
+    assert "stages[0].replicas[0].devices[1]" in f["stages[1].replicas[0].devices[0]"]
+    assert "a100, v100" in f["stages[1].replicas[0].devices"]
+    assert all(e.location.file == "p.json" for e in exc.value.errors)
+
+
+def test_gpu_type_mismatch_and_aliases(mixed):
+    data = hand_plan()
+    data["stages"][0]["replicas"][1]["gpu_type"] = "A100-80GB"  # an alias, but the node has V100s
+    data["stages"][0]["replicas"][2]["gpu_type"] = "V100-32"     # alias of the right type: fine
+    with pytest.raises(InputErrors) as exc:
+        check(mixed, data)
+    f = errors_of(exc.value)
+    assert list(f) == ["stages[0].replicas[1].gpu_type"]
+    assert "V100-SXM2-32GB" in f["stages[0].replicas[1].gpu_type"]
+
+
+def test_stage_structure_problems(mixed):
+    data = hand_plan()
+    s0, s1 = data["stages"]
+    s0["index"], s1["index"] = 1, 0
+    s1["blocks"] = [15, 23]
+    s0["head"], s1["embedding"] = True, True
+    s1["replicas"][0]["micro_batch_share"] = 3
+    with pytest.raises(InputErrors) as exc:
+        check(mixed, data)
+    f = errors_of(exc.value)
+    assert "0..1 in order" in f["stages[0].index"]
+    assert "start at block 14" in f["stages[1].blocks"] or "[0, 24)" in f["stages[1].blocks"]
+    msgs = [e.message for e in exc.value.errors if e.location.field == "stages[1].blocks"]
+    assert any("start at block 14" in m for m in msgs) and any("[0, 24)" in m for m in msgs)
+    assert "stage 0 only" in f["stages[1].embedding"]
+    assert "last stage (1) only" in f["stages[0].head"]
+    assert "sums to 3" in f["stages[1].replicas"]
+
+
+def test_batch_and_tp_problems(mixed):
+    data = hand_plan()
+    data["num_micro_batches"] = 6
+    data["inputs"]["model"] = {"num_layers": 24, "hidden_size": 1536, "num_attention_heads": 12,
+                               "num_kv_heads": 3, "vocab_size": 50000}
+    data["stages"][1]["replicas"][0]["tp"] = 2  # 2 divides 12 heads but not 3 kv heads
+    with pytest.raises(InputErrors) as exc:
+        check(mixed, data)
+    f = errors_of(exc.value)
+    assert "4 * 6 = 24" in f["num_micro_batches"] and "32" in f["num_micro_batches"]
+    assert "num_kv_heads (3)" in f["stages[1].replicas[0].tp"]
+    assert "valid: 1, 3" in f["stages[1].replicas[0].tp"]
+
+
+def test_bad_model_and_training_are_located(mixed):
+    data = hand_plan()
+    data["inputs"]["model"] = "no-such-model"
+    data["inputs"]["training"] = {"global_batch_size": 32}
+    with pytest.raises(InputErrors) as exc:
+        check(mixed, data)
+    f = errors_of(exc.value)
+    assert "no-such-model" in f["inputs.model"]
+    assert "seq_len" in f["inputs.training.seq_len"]
+
+
+def test_schedule_knobs(mixed):
+    data = hand_plan()
+    data["virtual_stages"] = 2
+    with pytest.raises(InputErrors) as exc:
+        check(mixed, data)
+    assert "interleaved-1f1b" in errors_of(exc.value)["virtual_stages"]
+
+    data = hand_plan()
+    data["schedule"] = "interleaved-1f1b"
+    with pytest.raises(InputErrors) as exc:
+        check(mixed, data)
+    assert ">= 2" in errors_of(exc.value)["virtual_stages"]
+
+    data["virtual_stages"] = 4  # 14 and 10 blocks do not split into 4 chunks
+    with pytest.raises(InputErrors) as exc:
+        check(mixed, data)
+    f = errors_of(exc.value)
+    assert set(f) == {"stages[0].blocks", "stages[1].blocks"}
+
+    data["virtual_stages"] = 2
+    check(mixed, data)  # 14 and 10 blocks split in 2; 8 micro-batches over 2 stages
+    data["num_micro_batches"], data["micro_batch_size"] = 4, 8
+    for stage in data["stages"]:
+        stage["replicas"][0]["micro_batch_share"] += 4
+    check(mixed, data)
+
+
+def test_sequence_parallel_with_tp_one_is_allowed(mixed):
+    data = hand_plan()
+    data["sequence_parallel"] = True
+    for stage in data["stages"]:
+        for rep in stage["replicas"]:
+            rep["tp"], rep["devices"] = 1, rep["devices"][:1]
+    check(mixed, data)
+
+
+def test_explicit_model_overrides_inputs(mixed):
+    plan = Plan.from_json(hand_plan())
+    with pytest.raises(InputErrors) as exc:
+        check_plan(mixed, plan, model="llama3-8b", file="p.json")  # 32 layers
+    assert "[0, 32)" in errors_of(exc.value)["stages[1].blocks"]
+
+
+def test_rank_map(mixed):
+    data = hand_plan()
+    launch = build_launch(mixed, Plan.from_json(data))
+    assert [(n.node, n.node_rank, n.nproc_per_node) for n in launch.nodes] == [("a100", 0, 4), ("v100", 1, 2)]
+    got = [(r.rank, r.device, r.stage, r.replica, r.tp_rank) for r in launch.ranks]
+    assert got == [
+        (0, "a100:0", 0, 0, 0), (1, "a100:1", 0, 0, 1),
+        (2, "a100:2", 1, 0, 1), (3, "a100:3", 1, 0, 0),   # listed as [a100:3, a100:2]
+        (4, "v100:0", 0, 1, 0), (5, "v100:1", 0, 2, 0)]
+    assert build_launch(mixed, Plan.from_json(copy.deepcopy(data))) == launch
+
+
+def test_rank_map_node_order_follows_plan():
+    cluster = load_cluster(SPECS / "tiny-2zone.yaml")
+    data = {**hand_plan(), "micro_batch_size": 2, "num_micro_batches": 16,
+            "inputs": {"cluster": "tiny-2zone", "model": "opt-350m",
+                       "training": {"global_batch_size": 32, "seq_len": 1024}}}
+    data["stages"] = [
+        {"index": 0, "blocks": [0, 12], "embedding": True, "replicas": [
+            {"gpu_type": "L4", "tp": 2, "micro_batch_share": 2, "devices": ["l4-1:0", "l4-1:1"]}]},
+        {"index": 1, "blocks": [12, 24], "head": True, "replicas": [
+            {"gpu_type": "A100-SXM4-80GB", "tp": 1, "micro_batch_share": 1, "devices": ["a100-1:1"]},
+            {"gpu_type": "A100-SXM4-80GB", "tp": 1, "micro_batch_share": 1, "devices": ["a100-0:0"]}]}]
+    plan = Plan.from_json(data)
+    check_plan(cluster, plan)
+    launch = build_launch(cluster, plan)
+    assert [n.node for n in launch.nodes] == ["l4-1", "a100-1", "a100-0"]
+    assert [r.device for r in launch.ranks] == ["l4-1:0", "l4-1:1", "a100-1:1", "a100-0:0"]
+    with pytest.raises(InputError, match="does not have"):
+        build_launch(load_cluster(SPECS / "tiny-2gpu.yaml"), plan)
