@@ -1,0 +1,113 @@
+"""Calibrated constants of the cost model, with provenance, and their fitting.
+
+The roofline of ``compute.py`` needs a few numbers per GPU type that no datasheet gives: how
+close to peak a matmul of a given size runs, and how close to peak bandwidth the elementwise
+kernels run.  They are fitted (``fit_calibration``) on the calibration sets only
+(``vtrain-single`` for A100, ``megatron-core`` for H100) and stored in ``calibration.yaml``
+beside this file with which set, how many rows, the resulting error and the date.
+
+GPU types without fitted values get defaults by architecture (``Calibration.for_gpu``):
+1. an entry for the exact GPU name, else
+2. an entry for its architecture (``ampere``: fitted on A100; ``hopper``: fitted on H100, used
+   for H100 PCIe / H200 / GH200), else
+3. ``fallback``: the ampere entry with the half-saturation sizes scaled by the GPU's peak over
+   the A100's (a faster GPU needs bigger matmuls to fill; a slower one saturates earlier).
+   Volta, Turing, Ada and AMD parts land here; their predictions are unfitted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from planner.spec.gpu import GpuType
+
+CALIBRATION_FILE = Path(__file__).with_name("calibration.yaml")
+A100_PEAK_FLOPS = 312e12  # the GPU the ampere entry was fitted on (A100 datasheet)
+
+
+@dataclass(frozen=True)
+class GpuCalibration:
+    """Efficiency curve of one GPU type (compute.py explains the formula)."""
+
+    eff_max: float = 0.6              # fraction of peak reached by large matmuls
+    tokens_half: float = 512.0        # b*s (matmul rows) at which the row factor is 1/2
+    width_half: float = 256.0         # h/tp (matmul columns per shard) at which the width factor is 1/2
+    mem_eff: float = 0.7              # fraction of peak memory bandwidth of elementwise kernels
+    layer_overhead_s: float = 0.0     # fixed time per block per forward (kernel launches); backward 2x
+    source: str = "default guess (unfitted)"
+
+
+@dataclass(frozen=True)
+class CommCalibration:
+    """Achieved fraction of link bandwidth and per-collective latency (NCCL, not the wire)."""
+
+    intra_eff: float = 0.7            # NVLink/PCIe ring all-reduce bus bandwidth / link bandwidth
+    intra_latency_s: float = 2e-5     # per ring step inside a node
+    inter_eff: float = 0.8            # network ring / p2p
+    inter_latency_s: float = 3e-5     # per ring step or send between nodes (added to the path's)
+    source: str = "default guess (unfitted)"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    gpus: dict[str, GpuCalibration] = field(default_factory=dict)          # by GPU name
+    architectures: dict[str, GpuCalibration] = field(default_factory=dict)  # by architecture
+    comm: CommCalibration = field(default_factory=CommCalibration)
+    provenance: dict = field(default_factory=dict)
+
+    def for_gpu(self, gpu: GpuType) -> GpuCalibration:
+        found = self.gpus.get(gpu.name)
+        if found is not None:
+            return found
+        arch = (gpu.architecture or "").lower()
+        if arch in self.architectures:
+            return self.architectures[arch]
+        base = self.architectures.get("ampere", GpuCalibration())
+        scale = gpu.peak_flops / A100_PEAK_FLOPS
+        return replace(base, tokens_half=base.tokens_half * scale,
+                       width_half=base.width_half * math.sqrt(scale),
+                       source=f"derived from ampere, half sizes scaled by peak ratio {scale:.2f} (unfitted)")
+
+    # -- yaml ---------------------------------------------------------------------------
+    def to_mapping(self) -> dict:
+        def entry(c: GpuCalibration) -> dict:
+            return {k: getattr(c, k) for k in GpuCalibration.__dataclass_fields__}
+        return {
+            "gpus": {k: entry(v) for k, v in sorted(self.gpus.items())},
+            "architectures": {k: entry(v) for k, v in sorted(self.architectures.items())},
+            "comm": {k: getattr(self.comm, k) for k in CommCalibration.__dataclass_fields__},
+            "provenance": self.provenance,
+        }
+
+    @classmethod
+    def from_mapping(cls, data: dict) -> "Calibration":
+        return cls(
+            gpus={k: GpuCalibration(**v) for k, v in (data.get("gpus") or {}).items()},
+            architectures={k: GpuCalibration(**v) for k, v in (data.get("architectures") or {}).items()},
+            comm=CommCalibration(**(data.get("comm") or {})),
+            provenance=dict(data.get("provenance") or {}),
+        )
+
+
+def load_calibration(path: str | Path | None = None) -> Calibration:
+    if path is None:
+        return default_calibration()
+    return Calibration.from_mapping(yaml.safe_load(Path(path).read_text()) or {})
+
+
+@lru_cache(maxsize=1)
+def default_calibration() -> Calibration:
+    """The shipped calibration (``calibration.yaml``); built-in guesses if it is missing."""
+    if CALIBRATION_FILE.exists():
+        return Calibration.from_mapping(yaml.safe_load(CALIBRATION_FILE.read_text()) or {})
+    return Calibration()
+
+
+def save_calibration(cal: Calibration, path: str | Path = CALIBRATION_FILE, header: str = "") -> None:
+    text = yaml.safe_dump(cal.to_mapping(), sort_keys=False, width=100)
+    Path(path).write_text(header + text)

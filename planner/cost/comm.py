@@ -1,0 +1,152 @@
+"""Collective and point-to-point communication times.
+
+Sources:
+- Ring all-reduce of S bytes over n ranks: ``2 (n-1)/n * S / B + 2 (n-1) * alpha``
+  (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations",
+  JPDC 2009; NCCL docs "Performance: algorithm bandwidth vs bus bandwidth" use the same
+  2(n-1)/n factor).  Reduce-scatter and all-gather are each half of it: ``(n-1)/n * S / B``.
+- Tensor parallelism: per block, 2 all-reduces of the b s h activation forward and 2 backward
+  (Shoeybi et al. 2019, Megatron-LM §3; Narayanan et al. SC21 §3.2); with sequence parallel
+  each becomes reduce-scatter + all-gather of the same bytes (Korthikanti et al. 2022 §4.2.2).
+- Pipeline: one b s h activation per micro-batch forward and its gradient backward between
+  adjacent stages (Narayanan et al. SC21 §4.1); Megatron's scatter/gather optimisation splits
+  it over the tp GPUs of the sending replica, which send their slices in parallel.
+
+Every bandwidth is scaled by the calibrated efficiency (``CommCalibration``) and every
+message pays the calibrated NCCL latency on top of the path's wire latency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cost.context import CostContext
+
+
+def ring_allreduce_s(num_bytes: float, n: int, bandwidth_Bps: float, latency_s: float = 0.0) -> float:
+    """Patarasuk & Yuan: 2 (n-1)/n * S / B + 2 (n-1) * alpha."""
+    if n <= 1 or num_bytes <= 0:
+        return 0.0
+    return 2 * (n - 1) / n * num_bytes / bandwidth_Bps + 2 * (n - 1) * latency_s
+
+
+def ring_reduce_scatter_s(num_bytes: float, n: int, bandwidth_Bps: float, latency_s: float = 0.0) -> float:
+    """Reduce-scatter (or all-gather) of an S-byte buffer: (n-1)/n * S / B + (n-1) * alpha."""
+    return ring_allreduce_s(num_bytes, n, bandwidth_Bps, latency_s) / 2
+
+
+def _eff(ctx: CostContext, kind: str) -> tuple[float, float]:
+    c = ctx.calibration.comm
+    if kind in ("nvlink", "same-device"):
+        return c.intra_eff, c.intra_latency_s
+    return c.inter_eff, c.inter_latency_s
+
+
+def tp_collective_s(ctx: CostContext, num_bytes: float, tp: int, intra_Bps: float) -> float:
+    """One TP all-reduce (or RS + AG with sequence parallel: same bytes, same time) of
+    ``num_bytes`` over the replica's ``tp`` GPUs on the intra-node link."""
+    if tp <= 1:
+        return 0.0
+    eff, lat = _eff(ctx, "nvlink")
+    return ring_allreduce_s(num_bytes, tp, intra_Bps * eff, lat)
+
+
+def p2p_time_s(num_bytes: float, path, ctx: CostContext | None = None, parallel_flows: int = 1,
+               cap_Bps: float | None = None) -> float:
+    """One point-to-point message over ``path`` (a topology ``Path``): latency + S / B.
+
+    ``parallel_flows``: the message is split over that many GPU flows on the same path (the
+    scatter/gather of a TP replica's activation), up to ``cap_Bps`` (e.g. the node's NICs).
+    """
+    if num_bytes <= 0 or path.kind == "same-device":
+        return 0.0
+    eff, lat = _eff(ctx, path.kind) if ctx is not None else (1.0, 0.0)
+    bw = path.bandwidth_Bps * max(1, parallel_flows)
+    if cap_Bps is not None:
+        bw = min(bw, cap_Bps)
+    return path.latency_s + lat + num_bytes / (bw * eff)
+
+
+def boundary_bytes(shares_a: list[int], shares_b: list[int], bytes_per_sequence: float) -> list[tuple[int, int, float]]:
+    """Which replica of stage A sends how many bytes to which replica of stage B.
+
+    The sequences of a micro-batch are laid out in replica order on both sides
+    (replica i of A holds sequences [sum(shares_a[:i]), sum(shares_a[:i+1]))); each sequence's
+    activation goes to the replica of B that holds it.  Returns (i, j, bytes) with bytes > 0.
+    """
+    out = []
+    a0 = 0
+    for i, sa in enumerate(shares_a):
+        b0 = 0
+        for j, sb in enumerate(shares_b):
+            overlap = min(a0 + sa, b0 + sb) - max(a0, b0)
+            if overlap > 0:
+                out.append((i, j, overlap * bytes_per_sequence))
+            b0 += sb
+        a0 += sa
+    return out
+
+
+def boundary_time_s(transfer_times: list[tuple[int, int, float]]) -> float:
+    """Bottleneck of a stage boundary: each replica sends (and receives) its transfers one
+    after the other on its own links; different replicas proceed in parallel.
+
+    ``transfer_times``: (sender, receiver, seconds).  Result: the busiest sender or receiver.
+    """
+    send: dict[int, float] = {}
+    recv: dict[int, float] = {}
+    for i, j, t in transfer_times:
+        send[i] = send.get(i, 0.0) + t
+        recv[j] = recv.get(j, 0.0) + t
+    return max([0.0, *send.values(), *recv.values()])
+
+
+@dataclass(frozen=True)
+class DpSync:
+    """A stage's gradient synchronisation over its replicas, per iteration."""
+
+    time_s: float
+    grad_bytes: float      # per ring (each of the concurrent rings carries this)
+    rings: int             # concurrent rings (one per TP rank of the smallest TP in the stage)
+    ring_size: int         # replicas
+    bandwidth_Bps: float   # bottleneck ring bandwidth before efficiency
+    kind: str              # kind of the slowest hop
+
+
+def dp_sync_time_s(ctx: CostContext, stage_params: float, num_replicas: int, min_tp: int,
+                   ring_bandwidth_Bps: float, ring_latency_s: float, kind: str = "network") -> float:
+    """Gradient sync of one stage, per iteration.
+
+    The stage's gradients (``stage_params`` elements, whole stage) are split over ``min_tp``
+    concurrent rings (one per TP rank; replicas with a larger TP are treated as resharding
+    their gradients to ``min_tp`` slices before the exchange, the gather being local over
+    NVLink and not charged), each a ring over the ``num_replicas`` replicas bound by its
+    slowest hop.  Without ZeRO: all-reduce of the grads.  With ZeRO-1 (Megatron distributed
+    optimizer): reduce-scatter of the grads, then all-gather of the updated bf16/fp16 params
+    (docs/source/api-guide/dist_optimizer.md) -- with fp32 grads that is 4 + 2 bytes per
+    parameter against 2 x 4 for the all-reduce.
+    """
+    if num_replicas <= 1 or stage_params <= 0:
+        return 0.0
+    eff, lat = _eff(ctx, kind)
+    bw = ring_bandwidth_Bps * eff
+    latency = ring_latency_s + lat
+    per_ring = stage_params / max(1, min_tp)
+    grad_bytes = per_ring * ctx.grad_bytes_per_param
+    if ctx.zero_stage >= 1:
+        param_bytes = per_ring * ctx.activation_bytes
+        return (ring_reduce_scatter_s(grad_bytes, num_replicas, bw, latency)
+                + ring_reduce_scatter_s(param_bytes, num_replicas, bw, latency))
+    return ring_allreduce_s(grad_bytes, num_replicas, bw, latency)
+
+
+def dp_exposed_s(ctx: CostContext, dp_sync_s: float, last_backward_s: float) -> float:
+    """The part of the gradient sync not hidden behind compute.
+
+    Assumption (Megatron ``--overlap-grad-reduce``): bucketed reductions start during the
+    backward pass of the last micro-batch and can hide behind at most that backward; the rest
+    is exposed.  Without overlap the whole sync is exposed.
+    """
+    if not ctx.grad_reduce_overlap:
+        return dp_sync_s
+    return max(0.0, dp_sync_s - last_backward_s)

@@ -1,0 +1,76 @@
+"""What every cost function needs besides the piece being priced: ``CostContext``.
+
+The search prices pieces (a replica, a stage boundary, a stage's gradient sync) without
+building plans; it builds one ``CostContext`` per (model, training knobs) and calls the pure
+functions of ``compute``, ``comm``, ``memory`` and ``schedule`` with it.  The context also
+holds the caches that keep ``evaluate`` fast (per (GPU, tp, share, blocks) timings, paths).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from planner.cost.calibration import Calibration, default_calibration
+from planner.spec.model import ModelSpec
+
+
+class Profiles(Protocol):
+    """Measured per-layer times (planner.profile.ProfileSet implements this)."""
+
+    def lookup(self, gpu_name: str, layer_kind: str, micro_batch: int, tp: int, seq_len: int,
+               model: ModelSpec) -> tuple[float, float] | None: ...
+
+
+# Bytes of one activation / parameter element in mixed precision (bf16 or fp16).
+ACTIVATION_BYTES = 2
+
+
+@dataclass(frozen=True, eq=False)
+class CostContext:
+    """Model and global training knobs, calibration and profiles; caches ride along.
+
+    ``grad_reduce_overlap``: the data-parallel gradient reduction overlaps the backward pass
+    of the last micro-batch (Megatron ``--overlap-grad-reduce``); when False it is fully
+    exposed (Megatron's default without the flag, and vTrain's measured runs).
+    ``flash_attention``: the softmax/dropout of attention is fused (no s^2 memory traffic,
+    no s^2 activations); the Korthikanti activation formulas assume it off.
+    """
+
+    model: ModelSpec
+    seq_len: int
+    precision: str = "bf16"
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    zero_stage: int = 0
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    calibration: Calibration = field(default_factory=default_calibration)
+    profiles: Any = None
+    grad_reduce_overlap: bool = True
+    flash_attention: bool = False
+    cache: dict = field(default_factory=dict, repr=False)
+    sources: dict = field(default_factory=dict, repr=False)  # cost entry -> measured|estimated
+
+    @classmethod
+    def from_plan(cls, plan, model: ModelSpec, seq_len: int, precision: str = "bf16",
+                  calibration: Calibration | None = None, profiles=None, **extra) -> "CostContext":
+        return cls(model=model, seq_len=seq_len, precision=precision, recompute=plan.recompute,
+                   sequence_parallel=plan.sequence_parallel, zero_stage=plan.zero_stage,
+                   schedule=plan.schedule, virtual_stages=plan.virtual_stages,
+                   calibration=calibration or default_calibration(), profiles=profiles, **extra)
+
+    @property
+    def activation_bytes(self) -> int:
+        return ACTIVATION_BYTES
+
+    @property
+    def grad_bytes_per_param(self) -> int:
+        """Bytes of one gradient element on the wire and in memory.
+
+        Megatron keeps and all-reduces fp32 main grads with bf16 (it sets
+        ``accumulate_allreduce_grads_in_fp32`` for bf16), fp16 grads with fp16; this is the
+        "bf16 param, fp32 grads" / "fp16 param, fp16 grads" rows of the distributed-optimizer
+        docs (docs/source/api-guide/dist_optimizer.md).
+        """
+        return 4 if self.precision == "bf16" else 2

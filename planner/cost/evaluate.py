@@ -1,0 +1,263 @@
+"""``evaluate(cluster, plan)``: a plan's iteration time, throughput, MFU, cost and memory.
+
+Decomposition (what the search may rely on, docs/internals.md):
+    iteration_time = pipeline_time_s(stage timings) + max_s dp_sync_exposed_s + max_s optimizer_s
+where each ``StageTiming`` depends only on the stage's own replicas (GPU type, tp, share,
+blocks, embedding/head) and on the paths to its neighbour stages.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from planner.cost.calibration import Calibration
+from planner.cost.comm import boundary_bytes, boundary_time_s, dp_exposed_s, dp_sync_time_s, p2p_time_s
+from planner.cost.compute import optimizer_time_s, replica_compute
+from planner.cost.context import CostContext
+from planner.cost.flops import model_flops_per_iteration
+from planner.cost.memory import in_flight_micro_batches, replica_memory, stage_params
+from planner.cost.money import plan_money
+from planner.cost.result import Evaluation
+from planner.cost.schedule import StageTiming, bottleneck_stage, pipeline_breakdown, pipeline_time_s
+from planner.errors import InputError
+
+_TOPOLOGIES: dict[int, tuple[object, object]] = {}
+
+
+def topology_for(cluster):
+    """One ``Topology`` per cluster object (building it walks the cluster; paths are cached)."""
+    hit = _TOPOLOGIES.get(id(cluster))
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    from planner.topology import Topology
+    topo = Topology(cluster)
+    if len(_TOPOLOGIES) > 16:
+        _TOPOLOGIES.clear()
+    _TOPOLOGIES[id(cluster)] = (cluster, topo)
+    return topo
+
+
+def _training(plan) -> tuple[int, int, str]:
+    t = plan.inputs.training or {}
+    try:
+        seq_len = int(t["seq_len"])
+    except (KeyError, TypeError, ValueError):
+        raise InputError("plan inputs.training needs seq_len") from None
+    gbs = int(t.get("global_batch_size") or plan.micro_batch_size * plan.num_micro_batches)
+    return seq_len, gbs, str(t.get("precision", "bf16"))
+
+
+def context_for_plan(plan, calibration: Calibration | None = None, profiles=None, model=None,
+                     **extra) -> CostContext:
+    from planner.spec import load_model
+    model = model or load_model(plan.inputs.model)
+    seq_len, _, precision = _training(plan)
+    return CostContext.from_plan(plan, model, seq_len, precision, calibration, profiles, **extra)
+
+
+class _Paths:
+    """Cached path look-ups for one evaluation (the topology is cached per cluster)."""
+
+    def __init__(self, topo):
+        self.topo = topo
+        self.cache: dict = {}
+
+    def send(self, dev_a: str, dev_b: str, flows: int):
+        key = ("send", dev_a, dev_b, flows)
+        hit = self.cache.get(key)
+        if hit is None:
+            path = self.topo.p2p(dev_a, dev_b)
+            na, nb = dev_a.rpartition(":")[0], dev_b.rpartition(":")[0]
+            cap = None if na == nb else self.topo.node_p2p(na, nb).bandwidth_Bps
+            zones = (self.topo.node(na).zone, self.topo.node(nb).zone)
+            hit = self.cache[key] = (path, cap, zones)
+        return hit
+
+    def ring(self, devices: tuple[str, ...], concurrent: int):
+        key = ("ring", devices, concurrent)
+        hit = self.cache.get(key)
+        if hit is None:
+            ring = self.topo.ring(devices, concurrent_rings=concurrent)
+            order = self.topo.sort_devices(devices)
+            zones = [self.topo.node_of(d).zone for d in order]
+            hops = list(zip(zones, zones[1:] + zones[:1])) if len(zones) > 2 else list(zip(zones, zones[1:]))
+            crossings = [tuple(sorted(h)) for h in hops if h[0] != h[1]]
+            hit = self.cache[key] = (ring, crossings)
+        return hit
+
+
+def _boundary(ctx, paths, sa, sb, crossings, m_sends):
+    """Send time between stage ``sa`` and ``sb`` (bottleneck over replicas); records egress."""
+    per_seq = ctx.seq_len * ctx.model.hidden_size * ctx.activation_bytes
+    shares_a = [r.micro_batch_share for r in sa.replicas]
+    shares_b = [r.micro_batch_share for r in sb.replicas]
+    times = []
+    for i, j, nbytes in boundary_bytes(shares_a, shares_b, per_seq):
+        ra, rb = sa.replicas[i], sb.replicas[j]
+        flows = min(ra.tp, rb.tp)
+        path, cap, zones = paths.send(ra.devices[0], rb.devices[0], flows)
+        times.append((i, j, p2p_time_s(nbytes, path, ctx, flows, cap)))
+        if zones[0] != zones[1]:
+            key = tuple(sorted(zones))
+            crossings[key] = crossings.get(key, 0.0) + 2 * nbytes * m_sends  # both directions
+    return boundary_time_s(times)
+
+
+def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = None, *,
+             model=None, check: bool = True, ctx: CostContext | None = None, **ctx_extra) -> Evaluation:
+    """Price ``plan`` on ``cluster``.  Checks the plan first (planner.plan.check when present)."""
+    from planner.spec import load_model
+    model = model or (ctx.model if ctx is not None else load_model(plan.inputs.model))
+    if check:
+        try:
+            from planner.plan.check import check_plan
+        except ImportError:
+            check_plan = None
+        if check_plan is not None:
+            check_plan(cluster, plan, model)
+    if ctx is None:
+        ctx = context_for_plan(plan, calibration, profiles, model=model, **ctx_extra)
+    seq_len, gbs, _ = _training(plan)
+    topo = topology_for(cluster)
+    paths = _Paths(topo)
+    nodes = cluster.node_by_name
+    m, v = plan.num_micro_batches, plan.virtual_stages
+    v_eff = v if plan.schedule == "interleaved-1f1b" else 1
+    p = len(plan.stages)
+    stages = list(plan.stages)
+
+    # -- per stage: compute of its slowest replica ------------------------------------------
+    timings: list[dict] = []
+    gpus_used = []
+    for st in stages:
+        best = None
+        for k, r in enumerate(st.replicas):
+            node = nodes.get(r.node)
+            if node is None:
+                raise InputError(f"stage {st.index} replica {k}: unknown node {r.node!r}")
+            gpus_used.extend([node.gpu] * r.tp)
+            rt = replica_compute(ctx, node.gpu, node.group.intra_Bps, r.tp, r.micro_batch_share,
+                                 st.num_blocks, st.embedding, st.head)
+            if best is None or rt.total_s > best[1].total_s:
+                best = (k, rt)
+        timings.append({"slowest": best[0], "rt": best[1]})
+
+    # -- sends between neighbours (interleaved: the last stage also sends to stage 0) -------
+    crossings: dict[tuple[str, str], float] = {}
+    send_fwd = [0.0] * p
+    send_bwd = [0.0] * p
+    for i in range(p - 1):
+        t = _boundary(ctx, paths, stages[i], stages[i + 1], crossings, m * v_eff)
+        send_fwd[i] = t
+        send_bwd[i + 1] = t
+    if v_eff > 1 and p > 1:
+        t = _boundary(ctx, paths, stages[-1], stages[0], crossings, m * (v_eff - 1))
+        send_fwd[-1] = t
+        send_bwd[0] = max(send_bwd[0], t)
+
+    # -- DP sync and optimizer per stage ---------------------------------------------------
+    stage_timings: list[StageTiming] = []
+    for i, st in enumerate(stages):
+        params = stage_params(ctx, st.num_blocks, st.embedding, st.head)
+        n = len(st.replicas)
+        dp = 0.0
+        if n > 1:
+            min_tp = min(r.tp for r in st.replicas)
+            devs = tuple(r.devices[0] for r in st.replicas)
+            ring, ring_crossings = paths.ring(devs, min_tp)
+            dp = dp_sync_time_s(ctx, params, n, min_tp, ring.bandwidth_Bps, ring.latency_s, ring.kind)
+            if ring_crossings:
+                per_ring = params / min_tp
+                wire = (ctx.grad_bytes_per_param + (ctx.activation_bytes if ctx.zero_stage else ctx.grad_bytes_per_param))
+                hop_bytes = (n - 1) / n * per_ring * wire * min_tp
+                for key in ring_crossings:
+                    crossings[key] = crossings.get(key, 0.0) + hop_bytes * 2  # full duplex ring: each crossing both ways
+        rt = timings[i]["rt"]
+        exposed = dp_exposed_s(ctx, dp, rt.total_backward_s)
+        shard = max(1, n) if ctx.zero_stage >= 1 else 1
+        opt = max(optimizer_time_s(ctx, nodes[r.node].gpu, params / r.tp / shard) for r in st.replicas)
+        stage_timings.append(StageTiming(
+            forward_s=rt.total_forward_s, backward_s=rt.total_backward_s,
+            send_forward_s=send_fwd[i], send_backward_s=send_bwd[i], dp_sync_s=dp,
+            dp_sync_exposed_s=exposed, optimizer_s=opt, compute_s=rt.forward_s + rt.backward_s,
+            recompute_s=rt.recompute_s, tp_comm_s=rt.tp_comm_s, slowest_replica=timings[i]["slowest"]))
+
+    # -- memory -----------------------------------------------------------------------------
+    peak: dict[str, float] = {}
+    capacity: dict[str, float] = {}
+    by_replica = []
+    problems: list[str] = []
+    for i, st in enumerate(stages):
+        inflight = in_flight_micro_batches(plan.schedule, p, i, m, v)
+        row = []
+        for k, r in enumerate(st.replicas):
+            gpu = nodes[r.node].gpu
+            mem = replica_memory(ctx, gpu, r.tp, r.micro_batch_share, st.num_blocks, st.embedding,
+                                 st.head, len(st.replicas), inflight)
+            row.append(mem)
+            for d in r.devices:
+                peak[d] = mem.total_bytes
+                capacity[d] = gpu.memory_bytes
+            if mem.total_bytes > gpu.memory_bytes:
+                problems.append(_memory_problem(ctx, plan, st, k, r, gpu, mem, inflight))
+        by_replica.append(row)
+
+    # -- totals -------------------------------------------------------------------------------
+    pipe = pipeline_time_s(stage_timings, m, plan.schedule, v)
+    breakdown = pipeline_breakdown(stage_timings, m, plan.schedule, v)
+    iteration = sum(breakdown.values())
+    tokens = gbs * seq_len
+    flops = model_flops_per_iteration(model, gbs, seq_len)
+    peak_flops = sum(g.peak_flops for g in gpus_used)
+    money = plan_money(cluster, [r.node for st in stages for r in st.replicas], crossings, iteration)
+    tps = tokens / iteration
+    usd_h = money.usd_per_hour
+    return Evaluation(
+        iteration_time_s=iteration, tokens_per_s=tps, samples_per_s=gbs / iteration,
+        mfu=flops / (peak_flops * iteration), usd_per_hour=usd_h,
+        usd_per_million_tokens=None if usd_h is None else usd_h / (tps * 3600) * 1e6,
+        breakdown_s=breakdown, peak_memory_bytes=peak, memory_capacity_bytes=capacity,
+        fits=not problems, memory_problems=problems, stages=stage_timings, pipeline_time_s=pipe,
+        bottleneck_stage=bottleneck_stage(stage_timings, plan.schedule, v),
+        model_flops_per_iteration=flops, nodes_usd_per_hour=money.nodes_usd_per_hour,
+        egress_usd_per_hour=money.egress_usd_per_hour, memory_by_replica=by_replica,
+        sources=dict(ctx.sources), schedule=plan.schedule, num_micro_batches=m, virtual_stages=v)
+
+
+def _gb(x: float) -> str:
+    return f"{x / 2**30:.2f} GiB"
+
+
+def _memory_problem(ctx, plan, st, k, r, gpu, mem, inflight) -> str:
+    """Which device, by how much, and what would fit (each alternative priced)."""
+    over = mem.total_bytes - gpu.memory_bytes
+    head = (f"stage {st.index} replica {k} ({r.devices[0]}{'…' if r.tp > 1 else ''}, {gpu.name}): "
+            f"needs {_gb(mem.total_bytes)} of {_gb(gpu.memory_bytes)}, over by {_gb(over)} "
+            f"(weights {_gb(mem.weights_bytes)}, grads {_gb(mem.grads_bytes)}, optimizer "
+            f"{_gb(mem.optimizer_bytes)}, activations {_gb(mem.activations_bytes)})")
+    hints = []
+    n = len(st.replicas)
+
+    def total(**changes) -> float:
+        alt = replace(ctx, cache={}, sources={}, **changes)
+        return replica_memory(alt, gpu, r.tp, r.micro_batch_share, st.num_blocks, st.embedding,
+                              st.head, n, inflight).total_bytes
+
+    if ctx.recompute != "full":
+        t = total(recompute="full")
+        hints.append(f"full recompute: {_gb(t)}{' (fits)' if t <= gpu.memory_bytes else ''}")
+    if ctx.zero_stage == 0 and n > 1:
+        t = total(zero_stage=1)
+        hints.append(f"ZeRO-1 over its {n} replicas: {_gb(t)}{' (fits)' if t <= gpu.memory_bytes else ''}")
+    static = mem.weights_bytes + mem.grads_bytes + mem.optimizer_bytes
+    if st.num_blocks > 1 and static > 0:
+        room = gpu.memory_bytes - mem.workspace_bytes
+        per_block = (static + mem.activations_bytes) / st.num_blocks
+        fit_blocks = max(0, int(room // per_block)) if per_block > 0 else st.num_blocks
+        if fit_blocks >= 1:
+            parts = math.ceil(st.num_blocks / fit_blocks)
+            hints.append(f"more stages: about {fit_blocks} of its {st.num_blocks} blocks fit per "
+                         f"replica, so split it into {parts} stages")
+    hints.append(f"more GPUs: tp={2 * r.tp} would roughly halve weights and optimizer state")
+    return head + "; would fit: " + "; ".join(hints)

@@ -1,0 +1,133 @@
+"""Memory per device: weights, gradients, optimizer state, activations, workspace.
+
+Sources:
+- Bytes per parameter, Megatron distributed optimizer docs
+  (Megatron-LM docs/source/api-guide/dist_optimizer.md, table "bytes per parameter"):
+  bf16 params + fp32 grads: 2 + 4 + 12 (fp32 master, Adam m, v) = 18, or 6 + 12/d with the
+  distributed optimizer (ZeRO-1) over d data-parallel ranks; fp16 params + fp16 grads:
+  2 + 2 + 16 = 20, or 4 + 16/d.
+- Activations per block and micro-batch, Korthikanti et al. 2022, "Reducing Activation
+  Recomputation in Large Transformer Models", Table 2: ``s b h (34 + 5 a s / h)`` bytes
+  without parallelism; ``s b h (10 + 24/t + 5 a s/(h t))`` with tensor parallel t;
+  ``s b h (34/t + 5 a s/(h t))`` with sequence parallel too; selective recompute drops the
+  ``5 a s / h`` term; full recompute keeps only the block input, ``2 s b h`` (``/t`` with
+  sequence parallel), plus one block's full activations while it is recomputed.
+  Generalised here term by term to GQA (K, V of width h_kv) and any MLP width / SwiGLU; for a
+  GPT (h_kv = h, f = 4h, GeLU) it is exactly the paper's formula (tests check it).
+- Micro-batches in flight (activations held at once) per schedule: GPipe ``m``; 1F1B
+  ``min(p - s, m)`` for stage s (Narayanan et al. SC21 §2.2); interleaved 1F1B, Megatron's
+  ``schedules.py`` warm-up count ``(p - s - 1) * 2 + (v - 1) * p`` plus the one in steady
+  state, in model chunks of 1/v of the stage.
+- Logits: the last stage holds fp32 logits of the vocabulary, ``4 s b V / t`` bytes, per
+  micro-batch in flight (Korthikanti et al. §4.3, output layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cost.context import CostContext
+from planner.cost.flops import block_params, embedding_params, head_params, kv_width, mlp_matrices
+from planner.spec.gpu import GpuType
+
+GiB = 2**30
+# Fixed per-GPU workspace: CUDA context and kernels (~0.5 GiB), NCCL buffers (~0.5 GiB),
+# cuBLAS workspace and caching-allocator fragmentation (~0.5 GiB).  A rounded figure from
+# common PyTorch/Megatron experience, not a measurement.
+WORKSPACE_BYTES = 1.5 * GiB
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    workspace_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.workspace_bytes)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"weights": self.weights_bytes, "grads": self.grads_bytes,
+                "optimizer": self.optimizer_bytes, "activations": self.activations_bytes,
+                "workspace": self.workspace_bytes}
+
+
+def bytes_per_param(precision: str) -> tuple[float, float, float]:
+    """(weights, grads, optimizer state) bytes per parameter, Megatron dist-optimizer docs."""
+    if precision == "bf16":
+        return 2.0, 4.0, 12.0
+    return 2.0, 2.0, 16.0
+
+
+def block_activation_bytes(ctx: CostContext, tp: int, b: float, recompute: str | None = None) -> float:
+    """Activations one block keeps for one micro-batch of ``b`` sequences (Korthikanti Table 2)."""
+    m, s = ctx.model, ctx.seq_len
+    h, a = m.hidden_size, m.num_attention_heads
+    sbh = s * b * h
+    recompute = recompute or ctx.recompute
+    sp = ctx.sequence_parallel and tp > 1
+    if recompute == "full":
+        return 2 * sbh / (tp if sp else 1)
+    # Replicated without SP: 2 LayerNorm inputs (4), QKV input (2), MLP input (2), 2 dropout masks (2).
+    replicated = 10.0
+    # Sharded by TP: Q (2) and K, V (2 h_kv/h each), out-projection input (2), MLP: GeLU input
+    # and output 2 x 2 f/h (SwiGLU: gate and up inputs, product: 3 x 2 f/h).
+    sharded = 4.0 + 4.0 * kv_width(m) / h + 2.0 * (mlp_matrices(m)) * m.ffn_size / h
+    per = replicated / (tp if sp else 1) + sharded / tp
+    if recompute == "none" and not ctx.flash_attention:
+        per += 5.0 * a * s / (h * tp)  # softmax output (2), dropout mask (1) and output (2)
+    return sbh * per
+
+
+def in_flight_micro_batches(schedule: str, num_stages: int, stage: int, num_micro_batches: int,
+                            virtual_stages: int = 1) -> float:
+    """Micro-batches whose activations stage ``stage`` holds at its peak, in whole-stage units."""
+    p, m, v = num_stages, num_micro_batches, virtual_stages
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "interleaved-1f1b" and v > 1:
+        chunks = min(m * v, (p - stage - 1) * 2 + (v - 1) * p + 1)
+        return chunks / v
+    return float(min(p - stage, m))
+
+
+def stage_params(ctx: CostContext, blocks: int, embedding: bool, head: bool) -> float:
+    """Parameters of a stage (whole, before TP sharding)."""
+    m = ctx.model
+    n = blocks * block_params(m)
+    if embedding:
+        n += embedding_params(m)
+    if head:
+        n += head_params(m, with_embedding_on_same_stage=embedding)
+    return float(n)
+
+
+def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: int,
+                   embedding: bool, head: bool, num_replicas_in_stage: int,
+                   in_flight_micro_batches: float) -> MemoryBreakdown:
+    """Peak memory of each GPU of a replica (all its tp GPUs hold the same amount)."""
+    params = stage_params(ctx, blocks, embedding, head) / tp
+    w, g, o = bytes_per_param(ctx.precision)
+    if ctx.zero_stage >= 1:
+        o = o / max(1, num_replicas_in_stage)
+    act = blocks * block_activation_bytes(ctx, tp, share) * in_flight_micro_batches
+    if ctx.recompute == "full" and blocks:
+        act += block_activation_bytes(ctx, tp, share, recompute="none")  # the block being recomputed
+    s, h = ctx.seq_len, ctx.model.hidden_size
+    if embedding:  # embedding dropout mask (Korthikanti: s b h p / t, 1 byte per element)
+        act += s * share * h / (tp if ctx.sequence_parallel and tp > 1 else 1) * in_flight_micro_batches
+    if head:  # fp32 logits for the cross-entropy
+        act += 4 * s * share * ctx.model.vocab_size / tp * in_flight_micro_batches
+    return MemoryBreakdown(params * w, params * g, params * o, act, WORKSPACE_BYTES)
+
+
+def replica_memory_bytes(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: int,
+                         embedding: bool, head: bool, num_replicas_in_stage: int,
+                         in_flight_micro_batches: float) -> float:
+    """Total of ``replica_memory``: peak bytes on each GPU of the replica."""
+    return replica_memory(ctx, gpu, tp, share, blocks, embedding, head, num_replicas_in_stage,
+                          in_flight_micro_batches).total_bytes

@@ -1,0 +1,113 @@
+"""Pipeline schedules in closed form, for stages of unequal speed.
+
+Per stage s (``StageTiming``), for one micro-batch on the stage's slowest replica:
+f_s = forward (compute + TP comm), b_s = backward (compute + recompute + TP comm),
+sf_s = send of the activation to the next stage, sb_s = send of the gradient to the
+previous stage.  Sends block the sender (Megatron's schedules wait on their p2p ops), so a
+stage's cycle per micro-batch is c_s = f_s + b_s + sf_s + sb_s, and the first micro-batch's
+trip through the whole pipeline (fill) is F = sum_s (f_s + b_s + sf_s + sb_s).
+
+- 1F1B (PipeDream-Flush; Narayanan et al. SC21 §2.2):  T = F + (m-1) max_s c_s.
+  Equal stages give the paper's (m + p - 1)(f + b), bubble fraction (p-1)/m.  Exact for
+  equal stages, for p = 1 and for m = 1.  With unequal stages it can overestimate: when an
+  early stage is the slowest, its warm-up forwards overlap the fill (p=2, f=b=(2,1), m=2:
+  true 8, formula 10); the event simulator (planner.simulate) gives the exact figure.
+- GPipe (Huang et al. 2019): all forwards, then all backwards; each phase is a flow shop of
+  m identical jobs, whose makespan is exactly sum_s p_s + (m-1) max_s p_s:
+  T = sum_s (f_s+sf_s) + (m-1) max_s (f_s+sf_s) + sum_s (b_s+sb_s) + (m-1) max_s (b_s+sb_s).
+  Exact for any unequal stages under blocking sends.
+- Interleaved 1F1B with v model chunks per stage (Narayanan et al. SC21 §2.2.2): the fill
+  shrinks by v, each micro-batch crosses every boundary v times:
+  c_s = f_s + b_s + v (sf_s + sb_s),  F = sum_s c_s,  T = m max_s c_s + (F - max_s c_s) / v.
+  Equal stages: (m + (p-1)/v)(f+b), the paper's bubble (p-1)/(v m).  v = 1 gives 1F1B.
+  (The last stage's sf_s is its send to stage 0 for the next chunk.)  Exact for equal stages.
+
+Attribution along the critical path (``pipeline_breakdown``): the bottleneck stage s* (the
+largest cycle) is busy m cycles; its compute, recompute, TP comm and sends times m are the
+``compute``, ``recompute``, ``tp_comm`` and ``pp_comm`` terms, and everything else of the
+pipeline time is ``bubble`` (T - m c_s*, never negative).  ``iteration_time`` adds the
+largest exposed DP sync and the largest optimizer step over stages (they run after the
+pipeline drains; stages proceed in parallel, so the slowest one counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """One stage, one micro-batch, its slowest replica; plus its per-iteration sync and step."""
+
+    forward_s: float
+    backward_s: float
+    send_forward_s: float = 0.0
+    send_backward_s: float = 0.0
+    dp_sync_s: float = 0.0
+    dp_sync_exposed_s: float = 0.0
+    optimizer_s: float = 0.0
+    # parts of forward_s + backward_s, for the breakdown
+    compute_s: float = 0.0
+    recompute_s: float = 0.0
+    tp_comm_s: float = 0.0
+    slowest_replica: int = 0
+
+    @property
+    def busy_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+    def cycle_s(self, virtual_stages: int = 1) -> float:
+        return self.busy_s + virtual_stages * (self.send_forward_s + self.send_backward_s)
+
+
+def pipeline_time_s(stages: list[StageTiming], num_micro_batches: int, schedule: str = "1f1b",
+                    virtual_stages: int = 1) -> float:
+    """Time from the first forward to the last backward (no DP sync, no optimizer)."""
+    m = num_micro_batches
+    if not stages:
+        return 0.0
+    if schedule == "gpipe":
+        fwd = [s.forward_s + s.send_forward_s for s in stages]
+        bwd = [s.backward_s + s.send_backward_s for s in stages]
+        return sum(fwd) + (m - 1) * max(fwd) + sum(bwd) + (m - 1) * max(bwd)
+    v = virtual_stages if schedule == "interleaved-1f1b" else 1
+    cycles = [s.cycle_s(v) for s in stages]
+    worst = max(cycles)
+    return m * worst + (sum(cycles) - worst) / v
+
+
+def bottleneck_stage(stages: list[StageTiming], schedule: str = "1f1b", virtual_stages: int = 1) -> int:
+    v = virtual_stages if schedule == "interleaved-1f1b" else 1
+    cycles = [s.cycle_s(v) for s in stages]
+    return max(range(len(stages)), key=lambda i: (cycles[i], -i))
+
+
+def iteration_time_s(stages: list[StageTiming], num_micro_batches: int, schedule: str = "1f1b",
+                     virtual_stages: int = 1) -> float:
+    """pipeline + max exposed DP sync + max optimizer step (the decomposition the search uses)."""
+    return (pipeline_time_s(stages, num_micro_batches, schedule, virtual_stages)
+            + max((s.dp_sync_exposed_s for s in stages), default=0.0)
+            + max((s.optimizer_s for s in stages), default=0.0))
+
+
+BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "pp_comm", "bubble", "dp_sync_exposed", "optimizer")
+
+
+def pipeline_breakdown(stages: list[StageTiming], num_micro_batches: int, schedule: str = "1f1b",
+                       virtual_stages: int = 1) -> dict[str, float]:
+    """The seven named terms; they sum to ``iteration_time_s`` (see the module docstring)."""
+    m = num_micro_batches
+    v = virtual_stages if schedule == "interleaved-1f1b" else 1
+    total = pipeline_time_s(stages, m, schedule, virtual_stages)
+    k = bottleneck_stage(stages, schedule, virtual_stages)
+    s = stages[k]
+    out = {
+        "compute": m * s.compute_s,
+        "recompute": m * s.recompute_s,
+        "tp_comm": m * s.tp_comm_s,
+        "pp_comm": m * v * (s.send_forward_s + s.send_backward_s),
+    }
+    out["bubble"] = max(0.0, total - sum(out.values()))
+    out["dp_sync_exposed"] = max((st.dp_sync_exposed_s for st in stages), default=0.0)
+    out["optimizer"] = max((st.optimizer_s for st in stages), default=0.0)
+    return {key: out[key] for key in BREAKDOWN_KEYS}
