@@ -1,0 +1,156 @@
+"""The profile file (``planner.profile/v1``): measured per-layer times of one device.
+
+A profile records, for one device and one model shape, the forward and backward time and the
+peak memory of the three layer kinds of DESIGN §2 (``embedding``, ``block``, ``head``) at
+several micro-batch sizes and tensor-parallel degrees.  An entry that did not fit in memory is
+kept as ``fits: false`` so that readers know it was tried.
+
+Plain numbers are in the unit their name ends in (seconds, bytes): a profile is written by a
+program, not by hand, so unit strings would only add parsing.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from planner.spec.quantities import PositiveInt
+
+SCHEMA_ID = "planner.profile/v1"
+LAYER_KINDS = ("embedding", "block", "head")
+LayerKind = Literal["embedding", "block", "head"]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class DeviceInfo(BaseModel):
+    model_config = _FROZEN
+
+    kind: Literal["cpu", "cuda"]
+    name: str = Field(min_length=1, description="torch.cuda.get_device_name, or the CPU model")
+    gpu_type: str | None = Field(
+        default=None, description="GPU type it maps to (catalog id or an inline type's name); "
+        "when absent the device name is looked up in the catalog")
+    threads: PositiveInt | None = Field(default=None, description="torch threads (CPU runs)")
+
+
+class MeasureSettings(BaseModel):
+    model_config = _FROZEN
+
+    warmup: int = Field(ge=0)
+    repeats: PositiveInt
+    statistic: Literal["median"] = "median"
+    timer: str = Field(description="how times were taken (cuda-events | wall-clock)")
+    memory: str = Field(description="how peak memory was obtained")
+    load_average: tuple[float, float] | None = Field(
+        default=None, description="1-minute load average before and after (CPU noise indicator)")
+
+
+class ProfileEntry(BaseModel):
+    """One measured (layer kind, micro-batch, tp) point; times of one micro-batch, one TP rank."""
+
+    model_config = _FROZEN
+
+    layer: LayerKind
+    micro_batch: PositiveInt
+    tp: PositiveInt
+    fits: bool = True
+    forward_s: float | None = Field(default=None, allow_inf_nan=False)
+    backward_s: float | None = Field(default=None, allow_inf_nan=False)
+    peak_memory_bytes: int | None = Field(default=None, ge=0)
+    activation_bytes: int | None = Field(
+        default=None, ge=0, description="tensors autograd saved for backward")
+
+    @field_validator("forward_s", "backward_s")
+    @classmethod
+    def _positive(cls, value, info):
+        # A zero or negative time is a broken measurement, never a fast layer.
+        if value is not None and value <= 0:
+            raise ValueError(f"{info.field_name} must be a positive time in seconds, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _complete(self):
+        if not self.fits:
+            return self
+        for name in ("forward_s", "backward_s", "peak_memory_bytes"):
+            if getattr(self, name) is None:
+                raise ValueError(f"missing required field {name!r} (or write 'fits: false' for "
+                                 "an entry that ran out of memory)")
+        return self
+
+
+class ModelShape(BaseModel):
+    """The model mapping of DESIGN §2 (as ``ModelSpec.to_mapping`` writes it)."""
+
+    model_config = _FROZEN
+
+    name: str = "custom"
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    num_attention_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    ffn_hidden_size: PositiveInt
+    mlp: Literal["gelu", "swiglu"]
+    vocab_size: PositiveInt
+    tied_embeddings: bool = False
+
+
+class ProfileFile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    schema_id: Literal["planner.profile/v1"] = Field(alias="schema")
+    device: DeviceInfo
+    torch_version: str
+    dtype: Literal["bf16", "fp16", "fp32"]
+    created: str = Field(description="UTC date and time of the measurement, ISO 8601")
+    seq_len: PositiveInt
+    model: ModelShape
+    settings: MeasureSettings
+    provenance: str | None = Field(default=None, description="free text: command line, notes")
+    entries: tuple[ProfileEntry, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self):
+        seen = set()
+        for e in self.entries:
+            key = (e.layer, e.micro_batch, e.tp)
+            if key in seen:
+                raise ValueError(f"entries list {e.layer} micro_batch={e.micro_batch} tp={e.tp} "
+                                 "twice")
+            seen.add(key)
+        return self
+
+    def to_yaml_data(self) -> dict:
+        """Plain data in a stable key order, for writing."""
+        data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        data["entries"] = [_entry_data(e) for e in self.entries]
+        head = ["schema", "device", "torch_version", "dtype", "created", "seq_len", "model",
+                "settings", "provenance", "entries"]
+        return {k: data[k] for k in head if k in data}
+
+
+def _entry_data(entry: ProfileEntry) -> dict:
+    out = {"layer": entry.layer, "micro_batch": entry.micro_batch, "tp": entry.tp}
+    if not entry.fits:
+        out["fits"] = False
+        return out
+    out.update(forward_s=float(f"{entry.forward_s:.6g}"), backward_s=float(f"{entry.backward_s:.6g}"),
+               peak_memory_bytes=entry.peak_memory_bytes)
+    if entry.activation_bytes is not None:
+        out["activation_bytes"] = entry.activation_bytes
+    return out
+
+
+# The model fields that decide each layer kind's cost: a profile of one model serves any other
+# model whose layer has the same shape (e.g. a deeper model with the same blocks).
+SHAPE_FIELDS = {
+    "embedding": ("hidden_size", "vocab_size"),
+    "block": ("hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size", "mlp"),
+    "head": ("hidden_size", "vocab_size"),
+}
+
+
+def layer_shape(model: dict, layer: str) -> tuple:
+    return tuple(model[f] for f in SHAPE_FIELDS[layer])

@@ -1,0 +1,263 @@
+"""Measured profiles as the cost model reads them: ``ProfileSet.lookup``.
+
+A lookup answers with the measured forward and backward time of one layer on one GPU type, or
+``None`` so that the cost model falls back to its roofline.  In order:
+1. an exact entry (same GPU type, layer kind, micro-batch, tp, seq_len and layer shape);
+2. linear interpolation between the two nearest measured micro-batch sizes around the one asked
+   for (same everything else; entries that did not fit are not used);
+3. ``None``.  We do not extrapolate beyond the measured range: below the smallest micro-batch
+   fixed per-kernel costs dominate and above the largest the device may run out of memory or
+   change kernels, so a straight line would be a guess dressed as a measurement; the roofline,
+   calibrated with ``planner profile --calibrate``, is the better-founded guess there.
+
+Every lookup is recorded as measured, interpolated or estimated (a miss); ``usage()`` sums them
+up for the plan's ``inputs.profiles``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from planner import catalog
+from planner.errors import InputError, Location
+from planner.profile.schema import SCHEMA_ID, ProfileFile, layer_shape
+from planner.spec.source import Document, load_yaml, validate_model
+
+# Vendor prefixes torch puts before the product name; stripped when the full name is no alias.
+_DEVICE_PREFIXES = ("NVIDIA GeForce ", "NVIDIA ", "Tesla ", "AMD Instinct ", "AMD ")
+
+
+def gpu_type_for_device(device_name: str) -> str | None:
+    """The catalog id a device name (as torch reports it) maps to, or None."""
+    found = catalog.find_gpu(device_name)
+    if found is None:
+        for prefix in _DEVICE_PREFIXES:
+            if device_name.startswith(prefix):
+                found = catalog.find_gpu(device_name[len(prefix):])
+                if found is not None:
+                    break
+    return found.name if found else None
+
+
+def gpu_key(name: str) -> str:
+    """One spelling per GPU type: the catalog id through its aliases, else the name itself."""
+    found = catalog.find_gpu(name)
+    return (found.name if found else name.strip()).lower()
+
+
+def _model_mapping(model: Any) -> dict:
+    if hasattr(model, "to_mapping"):
+        return model.to_mapping()
+    from planner.spec import load_model  # a name or a mapping; rare, so resolved lazily
+    return load_model(model).to_mapping()
+
+
+@dataclass(frozen=True)
+class LoadedProfile:
+    path: str
+    gpu_type: str  # as the user spells it (catalog id or inline name)
+    profile: ProfileFile
+
+
+@dataclass
+class _Point:
+    micro_batch: int
+    forward_s: float
+    backward_s: float
+
+
+@dataclass
+class _Series:
+    """The fitting points of one (GPU type, layer, tp, seq_len, shape), sorted by micro-batch."""
+
+    points: list[_Point] = field(default_factory=list)
+    origin: dict[int, str] = field(default_factory=dict)  # micro-batch -> file (for conflicts)
+
+    def add(self, point: _Point, path: str, where: Location) -> None:
+        if point.micro_batch in self.origin:
+            raise InputError(f"this entry was already measured in {self.origin[point.micro_batch]}; "
+                             "keep one profile per GPU type, layer shape and seq_len", where)
+        self.origin[point.micro_batch] = path
+        keys = [p.micro_batch for p in self.points]
+        self.points.insert(bisect.bisect(keys, point.micro_batch), point)
+
+
+class ProfileSet:
+    """Measured per-layer costs of one or more GPU types (see the module docstring)."""
+
+    def __init__(self, profiles: Iterable[LoadedProfile] = ()):
+        self.profiles: list[LoadedProfile] = []
+        self._series: dict[tuple, _Series] = {}
+        self._usage: dict[tuple, str] = {}
+        for loaded in profiles:
+            self.add(loaded)
+
+    # ------------------------------------------------------------------ building
+    def add(self, loaded: LoadedProfile, doc: Document | None = None) -> None:
+        prof = loaded.profile
+        model = prof.model.model_dump()
+        for i, e in enumerate(prof.entries):
+            if not e.fits:
+                continue
+            key = (gpu_key(loaded.gpu_type), e.layer, e.tp, prof.seq_len, layer_shape(model, e.layer))
+            where = doc.locate(("entries", i)) if doc else Location(loaded.path, field=f"entries[{i}]")
+            self._series.setdefault(key, _Series()).add(
+                _Point(e.micro_batch, e.forward_s, e.backward_s), loaded.path, where)
+        self.profiles.append(loaded)
+
+    @classmethod
+    def load(cls, paths: str | Path | Iterable[str | Path], gpu_type: str | None = None) -> "ProfileSet":
+        """Profile files, or directories of them (``*.yaml``, ``*.yml``), in sorted order."""
+        out = cls()
+        for path in _expand(paths):
+            out._load_file(path, gpu_type)
+        return out
+
+    @classmethod
+    def from_cluster(cls, cluster, cluster_path: str | Path | None = None) -> "ProfileSet":
+        """The files of a cluster spec's ``profiles:`` mapping (GPU type -> file), paths relative
+        to the spec file.  The mapping's key is the GPU type the file's entries count for."""
+        out = cls()
+        out._add_cluster(cluster, cluster_path)
+        return out
+
+    def _add_cluster(self, cluster, cluster_path: str | Path | None) -> None:
+        cluster_path = cluster_path or getattr(cluster, "source_file", None)
+        base = Path(cluster_path).parent if cluster_path else Path.cwd()
+        spec_doc = None
+        if cluster_path and Path(cluster_path).is_file():
+            spec_doc = load_yaml(cluster_path)
+        known = {gpu_key(n.gpu.name) for n in cluster.node_list}
+        for gpu_name, rel in sorted(cluster.profiles.items()):
+            def where(name=gpu_name) -> Location:
+                if spec_doc is not None:
+                    return spec_doc.locate(("profiles", name))
+                return Location(str(cluster_path or "<cluster>"), field=f"profiles.{name}")
+            if gpu_key(gpu_name) not in known:
+                raise InputError(f"no node of this cluster has GPU type {gpu_name!r}; node GPU types: "
+                                 f"{', '.join(sorted({n.gpu.name for n in cluster.node_list}))}",
+                                 where())
+            path = Path(rel) if Path(rel).is_absolute() else base / rel
+            if not path.is_file():
+                raise InputError(f"profile file not found: {path}", where())
+            self._load_file(path, gpu_name)
+
+    def _load_file(self, path: Path, gpu_type: str | None) -> None:
+        # The same file named twice (a --profiles folder and the cluster's mapping) counts once.
+        if any(Path(p.path).resolve() == path.resolve() and (gpu_type is None or
+               gpu_key(gpu_type) == gpu_key(p.gpu_type)) for p in self.profiles):
+            return
+        doc = load_yaml(path)
+        profile = parse_profile(doc)
+        resolved = gpu_type or profile_gpu_type(profile, doc)
+        self.add(LoadedProfile(str(path), resolved, profile), doc)
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def gpu_types(self) -> list[str]:
+        return sorted({p.gpu_type for p in self.profiles})
+
+    def lookup(self, gpu_name: str, layer_kind: str, micro_batch: int, tp: int, seq_len: int,
+               model: Any) -> tuple[float, float] | None:
+        """(forward_s, backward_s) of one micro-batch on one TP rank, or None (use the roofline)."""
+        mapping = _model_mapping(model)
+        key = (gpu_key(gpu_name), layer_kind, tp, seq_len, layer_shape(mapping, layer_kind))
+        record = (gpu_name, layer_kind, micro_batch, tp, seq_len)
+        series = self._series.get(key)
+        result, source = None, "estimated"
+        if series is not None:
+            result, source = _interpolate(series.points, micro_batch)
+        self._usage[record] = source
+        return result
+
+    def usage(self) -> dict:
+        """What the lookups so far found, for the plan's ``inputs.profiles`` (sorted, stable)."""
+        counts = {"measured": 0, "interpolated": 0, "estimated": 0}
+        lookups = []
+        for (gpu, layer, mb, tp, seq), source in sorted(self._usage.items()):
+            counts[source] += 1
+            lookups.append({"gpu_type": gpu, "layer": layer, "micro_batch": mb, "tp": tp,
+                            "seq_len": seq, "source": source})
+        files = [{"path": p.path, "gpu_type": p.gpu_type, "device": p.profile.device.name,
+                  "dtype": p.profile.dtype, "created": p.profile.created}
+                 for p in sorted(self.profiles, key=lambda p: p.path)]
+        return {"files": files, **counts, "lookups": lookups}
+
+    def reset_usage(self) -> None:
+        """Forget recorded lookups (e.g. after a search, before evaluating the chosen plan)."""
+        self._usage.clear()
+
+
+def _interpolate(points: list[_Point], micro_batch: int) -> tuple[tuple[float, float] | None, str]:
+    keys = [p.micro_batch for p in points]
+    i = bisect.bisect_left(keys, micro_batch)
+    if i < len(points) and keys[i] == micro_batch:
+        return (points[i].forward_s, points[i].backward_s), "measured"
+    if 0 < i < len(points):
+        lo, hi = points[i - 1], points[i]
+        w = (micro_batch - lo.micro_batch) / (hi.micro_batch - lo.micro_batch)
+        return ((lo.forward_s + w * (hi.forward_s - lo.forward_s),
+                 lo.backward_s + w * (hi.backward_s - lo.backward_s)), "interpolated")
+    return None, "estimated"
+
+
+def _expand(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            found = sorted([*p.glob("*.yaml"), *p.glob("*.yml")])
+            if not found:
+                raise InputError(f"no profile files (*.yaml) in directory {p}")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise InputError(f"profile file or directory not found: {p}")
+    return out
+
+
+def parse_profile(doc: Document) -> ProfileFile:
+    """Check a profile document; every problem names file:line:column and the field."""
+    if not isinstance(doc.data, dict):
+        raise doc.error((), f"a profile is a mapping with 'schema: {SCHEMA_ID}', device, entries, ...")
+    schema = doc.data.get("schema")
+    if schema is None:
+        raise doc.error((), f"missing required field 'schema' (this planner reads '{SCHEMA_ID}')")
+    if schema != SCHEMA_ID:
+        raise doc.error(("schema",), f"unsupported profile schema {schema!r}; this planner reads "
+                        f"'{SCHEMA_ID}' (re-run 'planner profile' to write one)")
+    return validate_model(ProfileFile, doc)
+
+
+def profile_gpu_type(profile: ProfileFile, doc: Document) -> str:
+    """The GPU type a profile counts for: its ``device.gpu_type``, else its device name through
+    the catalog; CPU profiles default to the pseudo type ``cpu``."""
+    if profile.device.gpu_type:
+        return profile.device.gpu_type
+    if profile.device.kind == "cpu":
+        return "cpu"
+    found = gpu_type_for_device(profile.device.name)
+    if found is None:
+        raise doc.error(("device", "name"), f"device {profile.device.name!r} matches no catalog GPU "
+                        "type; add 'gpu_type:' under device (a catalog id such as A100-SXM4-80GB, "
+                        "or the name of an inline GPU in your cluster), or pass --gpu-type")
+    return found
+
+
+def load_profiles(dir_or_files: str | Path | Iterable[str | Path] | None = None, cluster=None,
+                  cluster_path: str | Path | None = None) -> ProfileSet | None:
+    """Profiles for the ``--profiles`` flag and a cluster's ``profiles:`` mapping together;
+    None when neither names any file (the cost model then uses the roofline throughout)."""
+    has_cluster = cluster is not None and bool(getattr(cluster, "profiles", None))
+    if dir_or_files is None and not has_cluster:
+        return None
+    out = ProfileSet.load(dir_or_files) if dir_or_files is not None else ProfileSet()
+    if has_cluster:
+        out._add_cluster(cluster, cluster_path)
+    return out
