@@ -1,0 +1,82 @@
+"""``planner launch PLAN --format ...``: the files that start a plan with a launcher."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from planner.cli.common import console, echo_json
+from planner.errors import InputError, Location
+from planner.plan import Plan
+
+
+def _load_plan(path: str) -> Plan:
+    """The shared plan loader when it exists; else read and validate here with located errors."""
+    try:
+        from planner.plan.check import load_plan
+    except ImportError:
+        pass
+    else:
+        return load_plan(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read the plan: {exc.strerror or exc}", Location(path)) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not JSON: {exc.msg}", Location(path, exc.lineno, exc.colno)) from None
+    from pydantic import ValidationError
+
+    try:
+        return Plan.from_json(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or None
+        raise InputError(f"not a valid plan: {err['msg']}", Location(path, field=field)) from None
+
+
+@click.command()
+@click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", required=True,
+              type=click.Choice(["torchrun", "megatron", "deepspeed", "pipelining"]),
+              help="Which launcher's inputs to write.")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False),
+              help="Folder to write the files to (all or none); without it they are printed.")
+@click.option("--master-addr", help="Host name or IP of node rank 0, reachable from every node.")
+@click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True)
+@click.option("--script", help="Training script the launcher runs "
+              "(default: pretrain_gpt.py for megatron, train.py otherwise).")
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False),
+              help="Cluster spec: GPUs per node, so CUDA_VISIBLE_DEVICES is set exactly when a "
+                   "node is used in part.")
+@click.option("--json", "as_json", is_flag=True, help="Print {file name: content} as JSON.")
+def launch(plan_file: str, fmt: str, out_dir: str | None, master_addr: str | None,
+           master_port: int, script: str | None, cluster_file: str | None, as_json: bool) -> None:
+    """Write torchrun / Megatron-LM / DeepSpeed / torch.distributed.pipelining inputs for PLAN."""
+    from planner import launch as launch_api
+
+    plan = _load_plan(plan_file)
+    cluster = None
+    if cluster_file:
+        from planner.spec import load_cluster
+
+        cluster = load_cluster(cluster_file)
+    files = launch_api.render(plan, fmt, master_addr=master_addr, master_port=master_port,
+                              script=script, cluster=cluster)
+    if out_dir:
+        written = launch_api.write(files, out_dir)
+        if as_json:
+            echo_json({"written": [str(p) for p in written]})
+        else:
+            out = console(quiet=True)
+            out.print(f"wrote {len(written)} files to {out_dir}: {', '.join(p.name for p in written)}")
+        return
+    if as_json:
+        echo_json(files)
+        return
+    for name in sorted(files):
+        click.echo(f"==> {name} <==")
+        click.echo(files[name], nl=False)

@@ -1,0 +1,62 @@
+"""Turning a plan into launcher inputs (DESIGN §1: launch): torchrun commands, Megatron-LM
+arguments, a DeepSpeed config with stage boundaries, or a torch.distributed.pipelining layout.
+
+    from planner.launch import render, write
+    files = render(plan, "megatron", master_addr="10.0.0.1")   # {file name: text}
+    write(files, "launch/")                                     # all files or none
+
+A format that cannot express a plan refuses it with an ``InputError`` naming the stage and the
+feature; a launch never changes the plan.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from planner.errors import InputError
+from planner.launch import deepspeed, megatron, pipelining, torchrun
+from planner.launch.common import DEFAULT_MASTER_PORT, LaunchOptions
+from planner.launch.output import write
+from planner.plan import Plan
+
+# format name -> writer(plan, options, cluster) -> {file name: text}
+FORMATS: dict[str, Callable[..., dict[str, str]]] = {
+    "torchrun": torchrun.render,
+    "megatron": megatron.render,
+    "deepspeed": deepspeed.render,
+    "pipelining": pipelining.render,
+}
+
+__all__ = ["DEFAULT_MASTER_PORT", "FORMATS", "LaunchOptions", "render", "write"]
+
+
+def render(plan: Plan, fmt: str, master_addr: str | None = None,
+           master_port: int = DEFAULT_MASTER_PORT, script: str | None = None,
+           cluster=None) -> dict[str, str]:
+    """The files that launch ``plan`` with ``fmt``, by name; nothing is written.
+
+    ``cluster`` (optional) tells how many GPUs each node has, so CUDA_VISIBLE_DEVICES is set
+    exactly when a node's GPUs are used only in part, and lets the shared rank map be used."""
+    writer = FORMATS.get(fmt)
+    if writer is None:
+        raise InputError(f"launch: unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    gpus = None
+    if cluster is not None:
+        gpus = {n.name: n.gpus_per_node for n in cluster.node_list}
+        _check_devices_exist(plan, gpus)
+    opts = LaunchOptions(master_addr=master_addr, master_port=master_port, script=script,
+                         gpus_per_node=gpus)
+    return writer(plan, opts, cluster=cluster)
+
+
+def _check_devices_exist(plan: Plan, gpus_per_node: dict[str, int]) -> None:
+    for s in plan.stages:
+        for j, r in enumerate(s.replicas):
+            for d in r.devices:
+                node, _, idx = d.rpartition(":")
+                if node not in gpus_per_node:
+                    raise InputError(f"launch: stage {s.index} replica {j} uses {d}, but the cluster "
+                                     f"has no node {node!r} (nodes: {', '.join(sorted(gpus_per_node))})")
+                if int(idx) >= gpus_per_node[node]:
+                    raise InputError(f"launch: stage {s.index} replica {j} uses {d}, but {node} has "
+                                     f"{gpus_per_node[node]} GPUs (indices 0..{gpus_per_node[node] - 1})")

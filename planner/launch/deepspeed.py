@@ -1,0 +1,161 @@
+"""``--format deepspeed``: ``ds_config.json``, the stage boundaries for
+``deepspeed.pipe.PipelineModule`` and the torchrun wrapper per node.
+
+Checked against deepspeedai/DeepSpeed ``deepspeed/runtime/pipe/module.py`` (commit
+12e65a6b112abebe37e46f87a25890641a9dd8d9) and ``deepspeed/runtime/pipe/topology.py``:
+``partition_method`` accepts only ``"uniform"``, ``"parameters"`` and ``"type:<regex>"`` (anything
+else raises NotImplementedError), and ``__init__`` calls ``self._partition_layers`` which sets
+``self.parts`` and the local layer range.  Fixed boundaries therefore go through a subclass that
+overrides ``_partition_layers``; the generated ``pipeline_module.py`` is that subclass.
+``ProcessTopology`` numbers ranks row-major over its axes (the last axis fastest), so the axis
+order written here reproduces the rank map.
+"""
+
+from __future__ import annotations
+
+from planner.errors import InputError
+from planner.launch.common import (
+    LaunchOptions, Problems, check_structure, check_uniform, dump_json, global_batch_size,
+    num_layers, precision,
+)
+from planner.launch.ranks import AXES_DP_PP_TP, AXES_PP_DP_TP, describe_nodes, framework_layout
+from planner.launch.torchrun import RANK_MAP, node_scripts, rank_map
+from planner.plan import Plan
+
+TOOL = "DeepSpeed"
+DEEPSPEED_COMMIT = "12e65a6b112abebe37e46f87a25890641a9dd8d9"
+CONFIG = "ds_config.json"
+PIPELINE = "deepspeed_pipeline.json"
+MODULE = "pipeline_module.py"
+_AXIS_NAMES = {"pp": "pipe", "dp": "data", "tp": "model"}
+
+
+def parts(plan: Plan) -> list[int]:
+    """PipelineModule ``parts`` over the layer list [embedding, block_0 .. block_{L-1}, head]:
+    stage ``s`` builds layers ``parts[s]:parts[s+1]``."""
+    bounds = [0] + [1 + s.blocks[1] for s in plan.stages[:-1]] + [num_layers(plan) + 2]
+    return bounds
+
+
+def check(plan: Plan) -> None:
+    check_structure(plan, "deepspeed")
+    check_uniform(plan, "deepspeed", TOOL)
+    problems = Problems("deepspeed")
+    if plan.schedule == "interleaved-1f1b" and plan.virtual_stages > 1:
+        problems.add(f"schedule interleaved-1f1b with {plan.virtual_stages} virtual stages: DeepSpeed's "
+                     "pipeline engine runs one stage per rank (TrainSchedule); re-plan with schedule 1f1b")
+    if plan.recompute == "selective":
+        problems.add("recompute selective: PipelineModule only checkpoints whole layers "
+                     "(activation_checkpoint_interval); re-plan with recompute none or full")
+    problems.raise_if_any()
+
+
+def ds_layout(plan: Plan):
+    for axes in (AXES_PP_DP_TP, AXES_DP_PP_TP):
+        layout = framework_layout(plan, axes)
+        if layout is not None:
+            return layout, axes
+    raise InputError(
+        "launch --format deepspeed: DeepSpeed's ProcessTopology numbers ranks over (pipe, data, model) "
+        "or (data, pipe, model), and torchrun gives each node one contiguous block of ranks; under "
+        f"neither order does every node hold a contiguous block here ({describe_nodes(plan)}). "
+        "Place each stage's replicas, or each replica chain, on whole nodes")
+
+
+def ds_config(plan: Plan) -> dict:
+    bf16 = precision(plan) == "bf16"
+    return {
+        "train_batch_size": global_batch_size(plan),
+        "train_micro_batch_size_per_gpu": plan.stages[0].replicas[0].micro_batch_share,
+        "gradient_accumulation_steps": plan.num_micro_batches,
+        "bf16": {"enabled": bf16},
+        "fp16": {"enabled": not bf16},
+        "zero_optimization": {"stage": plan.zero_stage},
+        # Checkpoints stay whole on each rank (no partitioning across TP, no CPU copies): that
+        # is the memory the cost model charges for full recompute.
+        "activation_checkpointing": {"partition_activations": False, "cpu_checkpointing": False,
+                                     "contiguous_memory_optimization": False,
+                                     "synchronize_checkpoint_boundary": False, "profile": False},
+    }
+
+
+def pipeline_spec(plan: Plan, axes: tuple[str, ...]) -> dict:
+    tp = plan.stages[0].replicas[0].tp
+    dims = {"pp": plan.num_stages, "dp": len(plan.stages[0].replicas), "tp": tp}
+    used = [a for a in axes if a != "tp" or tp > 1]  # like PipeDataParallelTopology when tp is 1
+    notes = []
+    if tp > 1:
+        notes.append(f"tp {tp}: the layers must split themselves (e.g. Megatron-DeepSpeed); the "
+                     "topology's 'model' axis gives their tensor-parallel groups")
+    if plan.schedule == "gpipe" and plan.num_stages > 1:
+        notes.append("schedule gpipe runs as DeepSpeed's 1F1B TrainSchedule: the same bubble with "
+                     "fewer micro-batches in flight")
+    if plan.sequence_parallel and tp > 1:
+        notes.append("sequence_parallel is the layers' own business in DeepSpeed; enable it there")
+    return {
+        "deepspeed_commit": DEEPSPEED_COMMIT,
+        "num_stages": plan.num_stages,
+        "layers": ["embedding"] + [f"block_{i}" for i in range(num_layers(plan))] + ["head"],
+        "parts": parts(plan),
+        "topology": {"axes": [_AXIS_NAMES[a] for a in used], "dims": [dims[a] for a in used]},
+        "activation_checkpoint_interval": 1 if plan.recompute == "full" else 0,
+        "notes": notes,
+    }
+
+
+def module_snippet(spec: dict) -> str:
+    return f'''"""Stage boundaries from a planner plan for deepspeed.pipe.PipelineModule.
+
+Generated by `planner launch --format deepspeed`; do not edit.  PipelineModule's
+partition_method knows only "uniform", "parameters" and "type:<regex>", so the plan's
+boundaries are set by overriding _partition_layers.  Build the layer list as
+[embedding, block_0, ..., block_{{L-1}}, head] ({spec["parts"][-1]} entries).
+"""
+
+from deepspeed.pipe import PipelineModule
+from deepspeed.runtime.pipe.topology import ProcessTopology
+
+PARTS = {spec["parts"]!r}
+TOPOLOGY_AXES = {spec["topology"]["axes"]!r}
+TOPOLOGY_DIMS = {spec["topology"]["dims"]!r}
+ACTIVATION_CHECKPOINT_INTERVAL = {spec["activation_checkpoint_interval"]!r}
+
+
+def topology():
+    """The rank layout of rank_map.json: ranks numbered row-major over these axes."""
+    return ProcessTopology(axes=list(TOPOLOGY_AXES), dims=list(TOPOLOGY_DIMS))
+
+
+class PlannedPipelineModule(PipelineModule):
+    def __init__(self, layers, **kwargs):
+        kwargs.setdefault("topology", topology())
+        kwargs.setdefault("activation_checkpoint_interval", ACTIVATION_CHECKPOINT_INTERVAL)
+        # partition_method is ignored: _partition_layers below uses PARTS.
+        super().__init__(layers, partition_method="uniform", **kwargs)
+
+    def _partition_layers(self, method="uniform"):
+        if len(self._layer_specs) != PARTS[-1]:
+            raise RuntimeError(f"the plan expects {{PARTS[-1]}} layers (embedding, blocks, head), "
+                               f"got {{len(self._layer_specs)}}")
+        if self._topo.get_dim("pipe") != len(PARTS) - 1:
+            raise RuntimeError(f"the plan has {{len(PARTS) - 1}} stages, the topology "
+                               f"{{self._topo.get_dim('pipe')}}")
+        self.parts = list(PARTS)
+        stage_id = self._topo.get_coord(self.global_rank).pipe
+        self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
+'''
+
+
+def render(plan: Plan, opts: LaunchOptions, cluster=None) -> dict[str, str]:
+    check(plan)
+    layout, axes = ds_layout(plan)
+    spec = pipeline_spec(plan, axes)
+    script = opts.script or "train.py"
+    # --deepspeed_config is the flag deepspeed.add_config_arguments gives a training script.
+    files = node_scripts(layout, opts, script, ["--deepspeed_config", f"$DIR/{CONFIG}"], comment=[
+        f"DeepSpeed at {DEEPSPEED_COMMIT[:12]}; build the model with {MODULE}'s PlannedPipelineModule."])
+    files[CONFIG] = dump_json(ds_config(plan))
+    files[PIPELINE] = dump_json(spec)
+    files[MODULE] = module_snippet(spec)
+    files[RANK_MAP] = dump_json(rank_map(plan, layout, opts))
+    return files

@@ -1,0 +1,151 @@
+"""``--format megatron``: Megatron-LM arguments plus the torchrun wrapper per node.
+
+Argument names checked against NVIDIA/Megatron-LM ``megatron/training/arguments.py`` (commit
+000c4ac24f61159c138b0975def722c65245983c, Megatron-Core 0.14/0.15 era) and the layout grammar
+against ``megatron/core/transformer/pipeline_parallel_layer_layout.py``: a stage is written
+``E`` (embedding), ``t`` (one transformer layer), ``L`` (loss/head), stages split by ``|``,
+``t*5`` repeats; schedule stages are listed virtual-chunk-major.
+
+Megatron-LM builds its process groups from the global rank (``tp-cp-ep-dp-pp`` order, tensor
+parallel fastest, or ``tp-cp-ep-pp-dp`` with ``--use-tp-pp-dp-mapping``); the rank map is
+written in that numbering and CUDA_VISIBLE_DEVICES puts each rank on the plan's device.
+"""
+
+from __future__ import annotations
+
+from planner.errors import InputError
+from planner.launch.common import (
+    LaunchOptions, Problems, check_structure, check_uniform, chunks, dump_json, global_batch_size,
+    num_layers, precision, seq_len, shell_join,
+)
+from planner.launch.ranks import AXES_DP_PP_TP, AXES_PP_DP_TP, describe_nodes, framework_layout
+from planner.launch.torchrun import RANK_MAP, node_scripts, rank_map
+from planner.plan import Plan
+from planner.spec import load_model
+
+TOOL = "Megatron-LM"
+MEGATRON_COMMIT = "000c4ac24f61159c138b0975def722c65245983c"
+ARGS_FILE = "megatron_args.json"
+
+
+def layout_string(plan: Plan) -> str:
+    """``--pipeline-model-parallel-layout`` for the plan's (possibly uneven) stages."""
+    parts = []
+    for c in chunks(plan, "megatron"):
+        n = c.last - c.first
+        body = "t" * n if n <= 2 else f"t*{n}"
+        parts.append(("E" if c.embedding else "") + body + ("L" if c.head else ""))
+    return "|".join(parts)
+
+
+def pipeline_args(plan: Plan) -> list[str]:
+    """Stage boundaries: nothing for an even split, ``--num-layers-per-virtual-pipeline-stage``
+    for an even interleaved split, the layout string for anything uneven."""
+    p, v = plan.num_stages, plan.virtual_stages
+    sizes = {s.num_blocks for s in plan.stages}
+    if p == 1:
+        return []
+    if len(sizes) == 1:
+        per_stage = sizes.pop()
+        if v == 1:
+            return []
+        chunks(plan, "megatron")  # refuses stages not divisible by v, with the stage named
+        return ["--num-layers-per-virtual-pipeline-stage", str(per_stage // v)]
+    return ["--pipeline-model-parallel-layout", layout_string(plan)]
+
+
+def model_args(plan: Plan) -> list[str]:
+    model = load_model(plan.inputs.model)
+    if model.num_layers != num_layers(plan):
+        raise InputError(f"launch --format megatron: the plan's stages hold {num_layers(plan)} blocks "
+                         f"but inputs.model has num_layers {model.num_layers}")
+    seq = seq_len(plan)
+    args = ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
+            "--num-attention-heads", str(model.num_attention_heads)]
+    if model.kv_heads != model.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(model.kv_heads)]
+    args += ["--ffn-hidden-size", str(model.ffn_size)]
+    if model.mlp == "swiglu":
+        args.append("--swiglu")
+    args += ["--seq-length", str(seq),
+             "--max-position-embeddings", str(max(seq, model.max_seq_len or 0))]
+    if not model.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    return args
+
+
+def training_args(plan: Plan, tp: int) -> tuple[list[str], list[str]]:
+    args = ["--micro-batch-size", str(plan.stages[0].replicas[0].micro_batch_share),
+            "--global-batch-size", str(global_batch_size(plan))]
+    notes = []
+    if plan.recompute == "full":
+        # One layer per recompute unit: every layer's input is kept, all else recomputed,
+        # which is what the cost model's "full" mode charges.
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                 "--recompute-num-layers", "1"]
+    elif plan.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    if plan.sequence_parallel:
+        if tp > 1:
+            args.append("--sequence-parallel")
+        else:
+            notes.append("sequence_parallel is set but tp is 1: Megatron-LM turns it off, so it is not passed")
+    if plan.zero_stage == 1:
+        args.append("--use-distributed-optimizer")
+    args.append("--bf16" if precision(plan) == "bf16" else "--fp16")
+    if plan.schedule == "gpipe" and plan.num_stages > 1:
+        notes.append("schedule gpipe runs as Megatron-LM's 1F1B: the same bubble with fewer "
+                     "micro-batches in flight, so it fits wherever the GPipe plan fits")
+    return args, notes
+
+
+def megatron_layout(plan: Plan):
+    layout = framework_layout(plan, AXES_PP_DP_TP)
+    if layout is not None:
+        return layout, []
+    layout = framework_layout(plan, AXES_DP_PP_TP)
+    if layout is not None:
+        return layout, ["--use-tp-pp-dp-mapping"]
+    raise InputError(
+        "launch --format megatron: Megatron-LM numbers ranks tensor-parallel first, then data-parallel, "
+        "then pipeline (or pipeline before data-parallel with --use-tp-pp-dp-mapping), and torchrun "
+        "gives each node one contiguous block of ranks; under neither order does every node hold a "
+        f"contiguous block here ({describe_nodes(plan)}). Place each stage's replicas, or each "
+        "replica chain, on whole nodes, or use --format torchrun or pipelining")
+
+
+def build_args(plan: Plan) -> tuple[list[str], list[str], object]:
+    check_structure(plan, "megatron")
+    check_uniform(plan, "megatron", TOOL)
+    if plan.schedule == "interleaved-1f1b" and plan.virtual_stages > 1 and plan.num_stages == 1:
+        Problems("megatron", [f"interleaved 1F1B with one stage has nothing to interleave: "
+                              "re-plan with schedule 1f1b"]).raise_if_any()
+    tp = plan.stages[0].replicas[0].tp
+    layout, mapping_args = megatron_layout(plan)
+    parallel = ["--tensor-model-parallel-size", str(tp),
+                "--pipeline-model-parallel-size", str(plan.num_stages), *pipeline_args(plan),
+                *mapping_args]
+    train, notes = training_args(plan, tp)
+    return parallel + model_args(plan) + train, notes, layout
+
+
+def render(plan: Plan, opts: LaunchOptions, cluster=None) -> dict[str, str]:
+    args, notes, layout = build_args(plan)
+    tp = plan.stages[0].replicas[0].tp
+    script = opts.script or "pretrain_gpt.py"
+    # Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tensor parallelism before Blackwell
+    # (validate_args), so the kernel order overlaps TP communication as it expects.
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if tp > 1 else {}
+    files = node_scripts(layout, opts, script, args, extra_env=env, comment=[
+        f"Megatron-LM at {MEGATRON_COMMIT[:12]}; add data, tokenizer and optimizer arguments",
+        "after this script's name: ./<this script> --data-path ... --tokenizer-type ..."])
+    files[ARGS_FILE] = dump_json({
+        "megatron_lm_commit": MEGATRON_COMMIT,
+        "args": args,
+        "command_line": shell_join(args),
+        "rank_order": layout.rank_order,
+        "data_parallel_size": len(plan.stages[0].replicas),
+        "notes": notes,
+    })
+    files[RANK_MAP] = dump_json(rank_map(plan, layout, opts))
+    return files

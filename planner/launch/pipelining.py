@@ -1,0 +1,180 @@
+"""``--format pipelining``: the stage split, schedule and process groups for
+``torch.distributed.pipelining`` (checked against the installed torch 2.13.0:
+``torch/distributed/pipelining/__init__.py``, ``schedules.py``, ``stage.py``).
+
+What the stock schedules can express, and so what this format accepts: one pipeline per replica
+chain (replica ``r`` of every stage), all chains alike in shape.  So every stage has the same
+number of replicas, every replica the same tp, and chain ``r`` takes the same share on every
+stage.  Shares may differ *between* chains: each chain is its own pipeline fed ``share_r``
+sequences per micro-batch, and the per-stage gradient all-reduce weights chain ``r`` by
+``share_r / micro_batch_size``.  A stage whose replica count differs from its neighbours' (one
+stage's output split over a different number of consumers) has no stock schedule: refused.
+"""
+
+from __future__ import annotations
+
+from planner.launch.common import (
+    LaunchOptions, Problems, check_structure, chunks, dump_json,
+)
+from planner.launch.ranks import plan_layout
+from planner.launch.torchrun import RANK_MAP, node_scripts, rank_map
+from planner.plan import Plan
+
+SPEC = "pipelining.json"
+SNIPPET = "pipelining_setup.py"
+SCHEDULE_CLASS = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+                  "interleaved-1f1b": "ScheduleInterleaved1F1B"}
+
+
+def check(plan: Plan) -> None:
+    check_structure(plan, "pipelining")
+    problems = Problems("pipelining")
+    ref = plan.stages[0]
+    tp = ref.replicas[0].tp
+    for stage in plan.stages[1:]:
+        if len(stage.replicas) != len(ref.replicas):
+            problems.add(f"stage {stage.index} has {len(stage.replicas)} replicas, stage 0 has "
+                         f"{len(ref.replicas)}: torch.distributed.pipelining runs one pipeline per "
+                         "replica chain, so every stage needs the same number of replicas")
+            continue
+        for j, (r, r0) in enumerate(zip(stage.replicas, ref.replicas)):
+            if r.micro_batch_share != r0.micro_batch_share:
+                problems.add(f"stage {stage.index} replica {j} takes {r.micro_batch_share} sequences per "
+                             f"micro-batch, stage 0 replica {j} takes {r0.micro_batch_share}: a replica "
+                             "chain is one pipeline and needs the same share on every stage")
+    for stage in plan.stages:
+        for j, r in enumerate(stage.replicas):
+            if r.tp != tp:
+                problems.add(f"stage {stage.index} replica {j} has tp {r.tp}, stage 0 replica 0 has tp "
+                             f"{tp}: stages exchange activations one rank per tp position, so every "
+                             "replica needs the same tensor-parallel size")
+    if plan.schedule == "interleaved-1f1b" and plan.virtual_stages > 1:
+        n, p = plan.num_micro_batches, plan.num_stages
+        rounds = max(1, n // p)
+        if n % rounds:
+            # ScheduleInterleaved1F1B.__init__ raises the same condition.
+            problems.add(f"num_micro_batches {n} is not a multiple of {rounds} rounds "
+                         f"(max(1, {n} // {p} stages)): ScheduleInterleaved1F1B refuses it")
+    problems.raise_if_any()
+
+
+def schedule_class(plan: Plan) -> str:
+    if plan.schedule == "interleaved-1f1b" and plan.virtual_stages == 1:
+        return "Schedule1F1B"  # one chunk per rank: interleaving degenerates to plain 1F1B
+    return SCHEDULE_CLASS[plan.schedule]
+
+
+def spec(plan: Plan, layout) -> dict:
+    rank_at = layout.rank_of()
+    d, tp = len(plan.stages[0].replicas), plan.stages[0].replicas[0].tp
+    p = plan.num_stages
+    pp_groups = [[rank_at[(s, r, t)] for s in range(p)] for r in range(d) for t in range(tp)]
+    dp_groups = [[rank_at[(s, r, t)] for r in range(d)] for s in range(p) for t in range(tp)]
+    tp_groups = [[rank_at[(s, r, t)] for t in range(tp)] for s in range(p) for r in range(d)]
+    pieces = chunks(plan, "pipelining")
+    ranks = {}
+    for slot in layout.ranks:
+        s, r, t = slot.stage, slot.replica, slot.tp_rank
+        share = plan.stages[s].replicas[r].micro_batch_share
+        ranks[str(slot.rank)] = {
+            "stage": s, "replica": r, "tp_rank": t, "device": slot.device,
+            "pipeline_stages": [c.index for c in pieces if c.stage == s],
+            "pp_group": r * tp + t, "dp_group": s * tp + t, "tp_group": s * d + r,
+            "micro_batch_share": share,
+            "dp_grad_weight": share / plan.micro_batch_size,
+        }
+    return {
+        "torch_version": "2.13.0",
+        "schedule_class": schedule_class(plan),
+        "n_microbatches": plan.num_micro_batches,
+        "num_pipeline_stages": len(pieces),
+        "stages": [c.to_json() for c in pieces],
+        "groups": {"pp": pp_groups, "dp": dp_groups, "tp": tp_groups},
+        "ranks": ranks,
+        "notes": _notes(plan, d),
+    }
+
+
+def _notes(plan: Plan, d: int) -> list[str]:
+    notes = ["each replica chain is its own pipeline: feed chain r share_r * n_microbatches "
+             "sequences per step; after backward, all-reduce (SUM) every parameter's gradient "
+             "times dp_grad_weight over the rank's dp group"]
+    if plan.virtual_stages > 1:
+        notes.append("interleaved: each stage's blocks are cut into virtual_stages equal pieces "
+                     "dealt round-robin; 'stages' lists each piece's blocks")
+    if plan.recompute != "none":
+        notes.append(f"recompute {plan.recompute}: wrap the blocks with "
+                     "torch.utils.checkpoint inside each stage module")
+    if plan.zero_stage == 1 and d > 1:
+        notes.append("zero_stage 1: shard the optimizer state over the dp group")
+    return notes
+
+
+SNIPPET_TEXT = '''"""Process groups and schedule for torch.distributed.pipelining from a planner plan.
+
+Generated by `planner launch --format pipelining`; do not edit.  Call after
+dist.init_process_group (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK):
+
+    schedule, groups, me = build(make_stage_module, device, loss_fn)
+    schedule.step(inputs) on stage 0, schedule.step(target=...) on the last, schedule.step() between
+
+make_stage_module(piece) gets one entry of the spec's "stages" ({"blocks": [first, last),
+"embedding": bool, "head": bool, ...}) and returns the nn.Module for it.
+"""
+
+import json
+import os
+
+import torch.distributed as dist
+from torch.distributed.pipelining import (
+    PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+)
+
+SCHEDULES = {"Schedule1F1B": Schedule1F1B, "ScheduleGPipe": ScheduleGPipe,
+             "ScheduleInterleaved1F1B": ScheduleInterleaved1F1B}
+SPEC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipelining.json")
+
+
+def load_spec(path=SPEC_PATH):
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def build_groups(spec, rank):
+    """dist.new_group is collective: every rank creates every group, in the same order."""
+    mine = {}
+    for kind in ("pp", "dp", "tp"):
+        for ranks in spec["groups"][kind]:
+            group = dist.new_group(ranks=ranks)
+            if rank in ranks:
+                mine[kind] = group
+    return mine
+
+
+def build(make_stage_module, device, loss_fn, spec=None):
+    spec = spec or load_spec()
+    rank = dist.get_rank()
+    me = spec["ranks"][str(rank)]
+    groups = build_groups(spec, rank)
+    stages = [PipelineStage(make_stage_module(spec["stages"][i]), i, spec["num_pipeline_stages"],
+                            device, group=groups["pp"]) for i in me["pipeline_stages"]]
+    cls = SCHEDULES[spec["schedule_class"]]
+    if cls is ScheduleInterleaved1F1B:
+        schedule = cls(stages, n_microbatches=spec["n_microbatches"], loss_fn=loss_fn)
+    else:
+        schedule = cls(stages[0], n_microbatches=spec["n_microbatches"], loss_fn=loss_fn)
+    return schedule, groups, me
+'''
+
+
+def render(plan: Plan, opts: LaunchOptions, cluster=None) -> dict[str, str]:
+    check(plan)
+    layout = plan_layout(plan, cluster)
+    data = spec(plan, layout)
+    files = node_scripts(layout, opts, opts.script or "train.py", comment=[
+        f"torch.distributed.pipelining ({data['schedule_class']}); the script builds its groups "
+        f"with {SNIPPET}."])
+    files[SPEC] = dump_json(data)
+    files[SNIPPET] = SNIPPET_TEXT
+    files[RANK_MAP] = dump_json(rank_map(plan, layout, opts))
+    return files
