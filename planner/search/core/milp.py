@@ -1,0 +1,222 @@
+"""The MILP over a CoreProblem (pulp; HiGHS through highspy, CBC where highspy is missing).
+
+Variables: ``x[s,o]`` (stage s uses option o), ``y[s,o]`` (its block count, 0 unless x),
+``E[b,r]`` (boundary quantity r between stages b and b+1) and one ``M[t]`` per max term.
+Stage quantities are affine in ``y`` and ``x``; a boundary quantity depends on the options of
+both neighbours and is bounded from below by, for each option o of the sender,
+``E >= sum_o' T[o,o'] x[b+1,o'] - max_o' T[o,o'] (1 - x[b,o])``: exact at the optimum
+because exactly one o' is chosen and every coefficient on E is non-negative.  Max terms are
+``M >= row_s`` for every s; memory is the upper bound on ``y`` per (option, position).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass
+
+import pulp
+
+from planner.search.core.guard import stdout_to_stderr
+from planner.search.core.problem import CoreProblem, CoreSolution, relative_gap
+
+try:  # highspy is a dependency, but keep CBC as the fallback DESIGN §6 asks for
+    import highspy  # noqa: F401
+    HAVE_HIGHS = True
+except ImportError:  # pragma: no cover - exercised only without highspy
+    HAVE_HIGHS = False
+
+# pulp 3.3 warns that LpVariable(...) changes in pulp 4; we pin pulp < 4 (pyproject).
+warnings.filterwarnings("ignore", category=DeprecationWarning, module="pulp")
+
+
+@dataclass
+class MilpSettings:
+    time_limit_s: float = 60.0
+    gap_rel: float = 0.0          # 0 = prove optimality
+    threads: int | None = 1       # HiGHS threads are process-wide; one keeps runs reproducible
+
+
+def _solver(settings: MilpSettings, time_left_s: float):
+    limit = max(0.05, time_left_s)
+    if HAVE_HIGHS:
+        return pulp.HiGHS(msg=False, timeLimit=limit, gapRel=settings.gap_rel, threads=settings.threads,
+                          mip_abs_gap=1e-12)
+    return pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, math.ceil(limit)), gapRel=settings.gap_rel)
+
+
+class CoreMilp:
+    """Build once, solve repeatedly (no-good cuts for top-k, price / time caps)."""
+
+    def __init__(self, prob: CoreProblem):
+        self.prob = prob
+        p, L = prob.num_stages, prob.num_blocks
+        lp = pulp.LpProblem("placement", pulp.LpMinimize)
+        self.lp = lp
+        self.x: dict[tuple[int, int], pulp.LpVariable] = {}
+        self.y: dict[tuple[int, int], pulp.LpVariable] = {}
+        for s in range(p):
+            for o, opt in enumerate(prob.options):
+                if not opt.allowed(s):
+                    continue
+                hi = min(opt.max_blocks[s], L - (p - 1))
+                if hi < 1:
+                    continue
+                self.x[s, o] = pulp.LpVariable(f"x_{s}_{o}", cat="Binary")
+                self.y[s, o] = pulp.LpVariable(f"y_{s}_{o}", lowBound=0, upBound=hi, cat="Integer")
+                lp += self.y[s, o] >= self.x[s, o]
+                lp += self.y[s, o] <= hi * self.x[s, o]
+        self.by_stage = {s: [o for (s2, o) in self.x if s2 == s] for s in range(p)}
+        self.empty_stage = any(not v for v in self.by_stage.values())
+        for s in range(p):
+            lp += pulp.lpSum(self.x[s, o] for o in self.by_stage[s]) == 1
+        lp += pulp.lpSum(self.y.values()) == L
+        for c, cap in enumerate(prob.capacity):
+            use = [prob.options[o].units * v for (s, o), v in self.x.items() if prob.options[o].resource == c]
+            if use:
+                lp += pulp.lpSum(use) <= cap
+        self.price = pulp.lpSum(prob.options[o].price_usd_per_hour * v for (s, o), v in self.x.items())
+        if prob.budget_usd_per_hour is not None:
+            lp += self.price <= prob.budget_usd_per_hour
+        self._boundaries()
+        self.obj = self._objective()
+        self.cuts = 0
+
+    def _boundaries(self) -> None:
+        prob, p = self.prob, self.prob.num_stages
+        used = set()
+        for row in prob.rows:
+            used |= {r for r, c in enumerate(row.out) if c} | {r for r, c in enumerate(row.inn) if c}
+        self.E: dict[tuple[int, int], pulp.LpVariable] = {}
+        for b in range(p - 1):
+            for r in sorted(used):
+                T = prob.boundary[r]
+                e = pulp.LpVariable(f"E_{b}_{r}", lowBound=0)
+                self.E[b, r] = e
+                nxt = self.by_stage[b + 1]
+                for o in self.by_stage[b]:
+                    vals = [(float(T[o, o2]), o2) for o2 in nxt]
+                    big = max((v for v, _ in vals), default=0.0)
+                    if big <= 0:
+                        continue
+                    self.lp += e >= pulp.lpSum(v * self.x[b + 1, o2] for v, o2 in vals if v) - big * (1 - self.x[b, o])
+
+    def _row_expr(self, j: int, s: int):
+        prob, row = self.prob, self.prob.rows[j]
+        terms = []
+        for o in self.by_stage[s]:
+            opt = prob.options[o]
+            a = sum(c * opt.slope[k] for k, c in enumerate(row.stage))
+            f = sum(c * opt.fixed[s][k] for k, c in enumerate(row.stage))
+            if a:
+                terms.append(a * self.y[s, o])
+            if f:
+                terms.append(f * self.x[s, o])
+        for r, c in enumerate(row.out):
+            if c and (s, r) in self.E:
+                terms.append(c * self.E[s, r])
+        for r, c in enumerate(row.inn):
+            if c and (s - 1, r) in self.E:
+                terms.append(c * self.E[s - 1, r])
+        return pulp.lpSum(terms)
+
+    def _objective(self):
+        prob, p = self.prob, self.prob.num_stages
+        parts = []
+        for t_i, t in enumerate(prob.terms):
+            if t.kind == "max":
+                m = pulp.LpVariable(f"M_{t_i}", lowBound=0)
+                for s in range(p):
+                    self.lp += m >= self._row_expr(t.row, s)
+                parts.append(t.weight * m)
+            else:
+                parts.append(t.weight * pulp.lpSum(self._row_expr(t.row, s) for s in range(p)))
+        return pulp.lpSum(parts)
+
+    # -- solving ---------------------------------------------------------------------------
+    def _read(self, x_only=False) -> list[tuple[int, int]]:
+        out = []
+        for s in range(self.prob.num_stages):
+            o = max(self.by_stage[s], key=lambda o: self.x[s, o].value() or 0.0)
+            out.append((o, int(round(self.y[s, o].value() or 0))))
+        return out
+
+    def _run(self, settings: MilpSettings, deadline: float):
+        with stdout_to_stderr():
+            self.lp.solve(_solver(settings, deadline - time.monotonic()))
+        info = None
+        if HAVE_HIGHS and getattr(self.lp, "solverModel", None) is not None:
+            try:
+                info = self.lp.solverModel.getInfo()
+            except Exception:  # noqa: BLE001 - CBC or an older highspy: no info
+                info = None
+        return self.lp.status, self.lp.sol_status, info
+
+    def solve(self, settings: MilpSettings, mode: str = "time", time_cap: float | None = None,
+              deadline: float | None = None) -> CoreSolution:
+        """``mode="time"``: min objective.  ``mode="price"``: min price with objective <= cap."""
+        deadline = deadline or time.monotonic() + settings.time_limit_s
+        if self.empty_stage:
+            return CoreSolution(status="infeasible")
+        extra = []
+        if mode == "price":
+            if time_cap is not None:
+                extra.append(self.obj <= time_cap)
+            self.lp.setObjective(self.price)
+        else:
+            self.lp.setObjective(self.obj)
+        names = []
+        for i, c in enumerate(extra):
+            name = f"cap_{i}_{id(c)}"
+            self.lp.addConstraint(c, name)
+            names.append(name)
+        try:
+            status, sol_status, info = self._run(settings, deadline)
+        finally:
+            for name in names:
+                del self.lp.constraints[name]
+        if sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+            if sol_status == pulp.LpSolutionInfeasible or status == pulp.LpStatusInfeasible:
+                return CoreSolution(status="infeasible")
+            return CoreSolution(status="infeasible" if status != pulp.LpStatusNotSolved else "unknown")
+        assign = self._read()
+        value = self.prob.objective(assign) if mode == "time" else self.prob.price(assign)
+        solver_value = pulp.value(self.lp.objective)
+        bound = None
+        nodes = 0
+        if info is not None:
+            bound = float(info.mip_dual_bound) if math.isfinite(info.mip_dual_bound) else None
+            nodes = int(getattr(info, "mip_node_count", 0) or 0)
+        optimal = sol_status == pulp.LpSolutionOptimal and (settings.gap_rel == 0 or (
+            bound is not None and relative_gap(solver_value, bound) <= 1e-9))
+        if bound is None:
+            bound = solver_value if optimal else None
+        if optimal:
+            bound = min(bound, value)
+        gap = relative_gap(value, bound) if bound is not None else None
+        return CoreSolution(status="optimal" if optimal and (gap or 0) <= 1e-9 else "feasible",
+                            assign=assign, objective=value, bound=bound, gap=gap, nodes=nodes)
+
+    def exclude(self, assign: list[tuple[int, int]]) -> None:
+        """No-good cut: forbid this option sequence (any block split of it)."""
+        self.cuts += 1
+        self.lp += (pulp.lpSum(self.x[s, o] for s, (o, _) in enumerate(assign))
+                    <= self.prob.num_stages - 1), f"nogood_{self.cuts}"
+
+
+def solve_milp(prob: CoreProblem, settings: MilpSettings | None = None, mode: str = "time",
+               time_cap: float | None = None, top_k: int = 1) -> list[CoreSolution]:
+    settings = settings or MilpSettings()
+    deadline = time.monotonic() + settings.time_limit_s
+    model = CoreMilp(prob)
+    out = []
+    for _ in range(top_k):
+        sol = model.solve(settings, mode=mode, time_cap=time_cap, deadline=deadline)
+        if not sol.ok:
+            if not out:
+                out.append(sol)
+            break
+        out.append(sol)
+        model.exclude(sol.assign)
+    return out

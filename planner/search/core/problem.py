@@ -1,0 +1,147 @@
+"""The plain-array problem the solvers share.
+
+A pipeline of ``num_stages`` stages takes ``num_blocks`` identical blocks in contiguous
+ranges, at least one each.  Every stage picks one *option* (in the search: a node class, a TP
+degree and a replica count) and a block count ``nb``.  An option fixes, for the stage at
+position ``s``:
+
+- per-stage quantities ``q[k] = slope[k] * nb + fixed[s][k]`` (forward time, backward time,
+  gradient-sync time less its overlap, optimizer time, ...), affine in ``nb`` because every
+  block costs the same while the embedding and head add a constant at the ends;
+- the largest ``nb`` that fits in memory at that position (``max_blocks[s]``; 0 = never);
+- the resource it holds: ``units`` GPUs of resource (node class) ``resource``, and a price.
+
+Adjacent stages add boundary quantities ``E[r] = boundary[r][o_s][o_{s+1}]`` (the pipeline
+sends), a table over option pairs since they depend on both sides.
+
+The objective is a sum of terms over *rows*; a row is a linear combination per stage of its
+quantities and of the boundary quantities on its outgoing / incoming side.  A term is
+``weight * max_s row_s`` (floored at 0) or ``weight * sum_s row_s``.  This one form holds
+1F1B's ``(m-1) * max_s (F+B) + sum_s (F+B)``, GPipe's separate forward and backward maxima,
+the exposed data-parallel sync ``max_s max(0, sync_s - overlap_s)`` and the optimizer step.
+All weights and coefficients must be non-negative on boundary quantities (the MILP bounds
+them from below only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Row:
+    stage: tuple[float, ...]                 # coefficient per stage quantity
+    out: tuple[float, ...] = ()              # per boundary kind, boundary s -> s+1
+    inn: tuple[float, ...] = ()              # per boundary kind, boundary s-1 -> s
+
+
+@dataclass(frozen=True)
+class Term:
+    kind: str        # "max" (floored at 0) or "sum"
+    row: int
+    weight: float = 1.0
+
+
+@dataclass
+class CoreOption:
+    resource: int
+    units: int
+    slope: tuple[float, ...]
+    fixed: list[tuple[float, ...] | None]    # per stage position; None = not allowed there
+    max_blocks: list[int]                    # per stage position; 0 = not allowed there
+    price_usd_per_hour: float = 0.0
+    label: Any = None
+
+    def allowed(self, s: int) -> bool:
+        return self.fixed[s] is not None and self.max_blocks[s] >= 1
+
+
+@dataclass
+class CoreProblem:
+    num_blocks: int
+    num_stages: int
+    capacity: list[int]                      # per resource
+    options: list[CoreOption]
+    rows: list[Row]
+    terms: list[Term]
+    boundary: np.ndarray | None = None       # [R, K, K] or None
+    budget_usd_per_hour: float | None = None
+
+    @property
+    def num_quantities(self) -> int:
+        return len(self.options[0].slope) if self.options else 0
+
+    @property
+    def num_boundary_kinds(self) -> int:
+        return 0 if self.boundary is None else int(self.boundary.shape[0])
+
+    # -- evaluation of one assignment (the reference every solver is checked against) ----
+    def stage_values(self, assign: Sequence[tuple[int, int]]) -> np.ndarray:
+        """Row values per stage, shape [rows, stages]; ``assign`` = [(option, nb)] per stage."""
+        p = self.num_stages
+        q = np.array([[self.options[o].slope[k] * nb + self.options[o].fixed[s][k]
+                       for k in range(self.num_quantities)] for s, (o, nb) in enumerate(assign)])
+        R = self.num_boundary_kinds
+        e = np.zeros((max(p - 1, 0), R))
+        for b in range(p - 1):
+            for r in range(R):
+                e[b, r] = self.boundary[r, assign[b][0], assign[b + 1][0]]
+        vals = np.zeros((len(self.rows), p))
+        for j, row in enumerate(self.rows):
+            for s in range(p):
+                v = float(np.dot(row.stage, q[s]))
+                if row.out and s < p - 1:
+                    v += float(np.dot(row.out, e[s]))
+                if row.inn and s > 0:
+                    v += float(np.dot(row.inn, e[s - 1]))
+                vals[j, s] = v
+        return vals
+
+    def objective(self, assign: Sequence[tuple[int, int]]) -> float:
+        vals = self.stage_values(assign)
+        total = 0.0
+        for t in self.terms:
+            row = vals[t.row]
+            total += t.weight * (max(0.0, float(row.max())) if t.kind == "max" else float(row.sum()))
+        return total
+
+    def price(self, assign: Sequence[tuple[int, int]]) -> float:
+        return float(sum(self.options[o].price_usd_per_hour for o, _ in assign))
+
+    def feasible(self, assign: Sequence[tuple[int, int]]) -> bool:
+        if len(assign) != self.num_stages or sum(nb for _, nb in assign) != self.num_blocks:
+            return False
+        used = [0] * len(self.capacity)
+        for s, (o, nb) in enumerate(assign):
+            opt = self.options[o]
+            if not opt.allowed(s) or not 1 <= nb <= opt.max_blocks[s]:
+                return False
+            used[opt.resource] += opt.units
+        if any(u > c for u, c in zip(used, self.capacity)):
+            return False
+        if self.budget_usd_per_hour is not None and self.price(assign) > self.budget_usd_per_hour * (1 + 1e-12):
+            return False
+        return True
+
+
+@dataclass
+class CoreSolution:
+    status: str                              # optimal | feasible | infeasible
+    assign: list[tuple[int, int]] = field(default_factory=list)
+    objective: float | None = None           # recomputed from the assignment
+    bound: float | None = None               # proved lower bound on the optimum
+    gap: float | None = None
+    nodes: int = 0                           # solver work (MIP nodes, DP cells, leaves)
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("optimal", "feasible")
+
+
+def relative_gap(value: float, bound: float) -> float:
+    if value <= 0:
+        return 0.0
+    return max(0.0, (value - bound) / abs(value))

@@ -1,0 +1,151 @@
+"""The solver core on plain arrays: DP, MILP and brute force agree on random inputs."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from planner.search.core import CoreOption, CoreProblem, Row, Term
+from planner.search.core.brute import solve_brute
+from planner.search.core.dp import dp_fixed_options, dp_partition
+from planner.search.core.milp import MilpSettings, solve_milp
+
+
+def random_problem(rng: random.Random, with_boundary=True, one_max=False) -> CoreProblem:
+    p = rng.randint(1, 3)
+    L = rng.randint(p, 7)
+    R = rng.randint(1, 3)
+    capacity = [rng.randint(1, 4) for _ in range(R)]
+    K = rng.randint(1, 5)
+    options = []
+    for k in range(K):
+        slope = (rng.uniform(0.1, 2), rng.uniform(0.1, 3), rng.uniform(-1, 1), rng.uniform(0, .5))
+        fixed = []
+        for s in range(p):
+            end = (s == 0) + (s == p - 1)
+            fixed.append(None if rng.random() < 0.1 else
+                         (rng.uniform(0, 1) * end, rng.uniform(0, 1) * end, rng.uniform(-2, 1), rng.uniform(0, .3)))
+        options.append(CoreOption(resource=rng.randrange(R), units=rng.randint(1, 2), slope=slope,
+                                  fixed=fixed, max_blocks=[rng.randint(0, L) for _ in range(p)],
+                                  price_usd_per_hour=rng.choice([1.0, 2.5, 4.0])))
+    m = rng.randint(1, 8)
+    rows = [Row(stage=(1, 1, 0, 0), out=(1, 0), inn=(0, 1)), Row(stage=(0, 0, 1, 0)),
+            Row(stage=(0, 0, 0, 1))]
+    if one_max:
+        terms = [Term("max", 0, m - 1), Term("sum", 0, 1.0)]
+        with_boundary = False
+        rows[0] = Row(stage=(1, 1, 0, 0))
+    else:
+        terms = [Term("max", 0, m - 1), Term("sum", 0, 1.0), Term("max", 1), Term("max", 2)]
+    boundary = None
+    if with_boundary:
+        boundary = np.array([[[rng.choice([0.0, 0.05, 0.3]) for _ in range(K)] for _ in range(K)]
+                             for _ in range(2)])
+    else:
+        rows = [Row(stage=r.stage) for r in rows]
+    return CoreProblem(num_blocks=L, num_stages=p, capacity=capacity, options=options, rows=rows,
+                       terms=terms, boundary=boundary)
+
+
+def check_agree(prob: CoreProblem):
+    brute = solve_brute(prob)[0]
+    milp = solve_milp(prob, MilpSettings(time_limit_s=20))[0]
+    assert (brute.status == "infeasible") == (milp.status == "infeasible"), (brute, milp)
+    if brute.status == "infeasible":
+        return
+    assert milp.status == "optimal"
+    assert prob.feasible(milp.assign)
+    assert math.isclose(milp.objective, brute.objective, rel_tol=1e-9, abs_tol=1e-9)
+    assert milp.bound <= milp.objective + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_milp_equals_brute_force(seed):
+    check_agree(random_problem(random.Random(seed)))
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_dp_equals_milp_and_brute_with_options_fixed(seed):
+    rng = random.Random(1000 + seed)
+    prob = random_problem(rng, one_max=True)
+    for opts in itertools.islice(itertools.product(range(len(prob.options)), repeat=prob.num_stages), 6):
+        fixed = CoreProblem(num_blocks=prob.num_blocks, num_stages=prob.num_stages, capacity=prob.capacity,
+                            options=[prob.options[o] for o in opts], rows=prob.rows, terms=prob.terms)
+        # Each stage may use only "its" option: forbid the others by position.
+        for s, opt in enumerate(fixed.options):
+            fixed.options[s] = CoreOption(opt.resource, opt.units, opt.slope,
+                                          [f if k == s else None for k, f in enumerate(opt.fixed)],
+                                          opt.max_blocks, opt.price_usd_per_hour)
+        dp = dp_fixed_options(fixed, list(range(prob.num_stages)))
+        brute = solve_brute(fixed)[0]
+        milp = solve_milp(fixed)[0]
+        assert dp.status == brute.status == ("optimal" if milp.ok else "infeasible") or (
+            dp.status == "infeasible" and brute.status == "infeasible")
+        if brute.ok:
+            assert math.isclose(dp.objective, brute.objective, rel_tol=1e-9, abs_tol=1e-12)
+            assert math.isclose(milp.objective, brute.objective, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def brute_partition(cost, alpha, beta):
+    p, n1, _ = cost.shape
+    L = n1 - 1
+    best = math.inf
+    for cuts in itertools.combinations(range(1, L), p - 1):
+        b = (0, *cuts, L)
+        ts = [cost[s, b[s], b[s + 1]] for s in range(p)]
+        if not all(map(math.isfinite, ts)):
+            continue
+        best = min(best, alpha * max(ts) + beta * sum(ts))
+    return best
+
+
+@given(st.integers(1, 4), st.integers(0, 4), st.integers(0, 10**6), st.floats(0, 10), st.floats(0, 2))
+@settings(max_examples=60, deadline=None)
+def test_dp_partition_equals_brute_force(p, extra, seed, alpha, beta):
+    L = p + extra
+    rng = np.random.default_rng(seed)
+    cost = rng.uniform(0.1, 5, size=(p, L + 1, L + 1))
+    cost[rng.uniform(size=cost.shape) < 0.2] = np.inf          # memory does not fit
+    val, split, _ = dp_partition(cost, alpha, beta)
+    ref = brute_partition(cost, alpha, beta)
+    if math.isinf(ref):
+        assert math.isinf(val)
+    else:
+        assert math.isclose(val, ref, rel_tol=1e-9)
+        assert [a for a, _ in split][0] == 0 and split[-1][1] == L
+
+
+@given(st.integers(0, 10**6))
+@settings(max_examples=25, deadline=None)
+def test_milp_equals_brute_force_hypothesis(seed):
+    check_agree(random_problem(random.Random(seed)))
+
+
+def test_top_k_matches_brute_force():
+    for seed in range(5):
+        prob = random_problem(random.Random(500 + seed))
+        b = solve_brute(prob, top_k=3)
+        m = solve_milp(prob, top_k=3)
+        if not b[0].ok:
+            continue
+        assert len(b) == len(m)
+        for x, y in zip(b, m):
+            assert math.isclose(x.objective, y.objective, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_price_mode_matches_brute_force():
+    for seed in range(8):
+        prob = random_problem(random.Random(900 + seed))
+        t = solve_brute(prob)[0]
+        if not t.ok:
+            continue
+        cap = t.objective * 1.5
+        b = solve_brute(prob, mode="price", time_cap=cap)[0]
+        m = solve_milp(prob, mode="price", time_cap=cap)[0]
+        assert math.isclose(prob.price(b.assign), prob.price(m.assign), rel_tol=1e-9)
+        assert prob.objective(m.assign) <= cap * (1 + 1e-9)
