@@ -32,25 +32,39 @@ def test_unequal_stages_hand_computed():
     assert simulate_pipeline(stages, 2, "gpipe").makespan_s == pytest.approx(15.0)
 
 
-def test_sends_delay_dependencies():
-    # As above with a 0.5 s activation send 0->1 and a 0.25 s gradient send 1->0:
-    # stage 1 starts at 1.5, its B1 ends at 13.5, stage 0's B1 runs [13.75, 15.75].
+def test_blocking_sends_hand_computed():
+    # 0.5 s activation send 0->1, 0.25 s gradient send 1->0; the sender waits for its send.
+    #   stage 0: F0 [0,1] send [1,1.5]  F1 [1.5,2.5] send [2.5,3]
+    #   stage 1: F0 [1.5,3.5] B0 [3.5,7.5] send [7.5,7.75] F1 [7.75,9.75] B1 [9.75,13.75] send ..14
+    #   stage 0: B0 [7.75,9.75]  B1 [14,16]
     stages = [SimStage(1, 2, send_forward_s=0.5), SimStage(2, 4, send_backward_s=0.25)]
     res = simulate_pipeline(stages, 2, "1f1b")
-    assert res.makespan_s == pytest.approx(15.75)
-    kinds = sorted({e.kind for e in res.transfers})
-    assert kinds == ["send-bwd", "send-fwd"]
+    assert res.makespan_s == pytest.approx(16.0)
+    assert [(e.kind, e.start_s, e.end_s) for e in res.stage_events(0)] == [
+        ("fwd", 0, 1), ("fwd", 1.5, 2.5), ("bwd", 7.75, 9.75), ("bwd", 14, 16)]
+    assert sorted({e.kind for e in res.transfers}) == ["send-bwd", "send-fwd"]
     assert len(res.transfers) == 4
 
 
+def test_async_sends_delay_only_dependencies():
+    # Same stages, sends beside compute: stage 1 starts at 1.5, its B1 ends at 13.5, stage 0's
+    # B1 runs [13.75, 15.75].
+    stages = [SimStage(1, 2, send_forward_s=0.5), SimStage(2, 4, send_backward_s=0.25)]
+    res = simulate_pipeline(stages, 2, "1f1b", blocking_sends=False)
+    assert res.makespan_s == pytest.approx(15.75)
+
+
 def test_link_serialization_makes_slow_link_the_bottleneck():
-    # GPipe, f=b=1 on both stages, 3 s per activation send, 3 micro-batches.
+    # GPipe, f=b=1 on both stages, 3 s per activation send, 3 micro-batches, async sends.
     # Serialized: sends [1,4] [4,7] [7,10]; stage 1 forwards end at 11; backwards
     # [11,12] [12,13] [13,14]; stage 0's last backward ends at 15.
     # As pure delays: sends [1,4] [2,5] [3,6]; stage 0 ends at 11.
     stages = [SimStage(1, 1, send_forward_s=3), SimStage(1, 1)]
-    assert simulate_pipeline(stages, 3, "gpipe").makespan_s == pytest.approx(15.0)
-    assert simulate_pipeline(stages, 3, "gpipe", serialize_links=False).makespan_s == pytest.approx(11.0)
+    kw = {"blocking_sends": False}
+    assert simulate_pipeline(stages, 3, "gpipe", **kw).makespan_s == pytest.approx(15.0)
+    assert simulate_pipeline(stages, 3, "gpipe", serialize_links=False, **kw).makespan_s == pytest.approx(11.0)
+    # Blocking: stage 0 is busy 4 s per forward: forwards reach stage 1 at 4, 8, 12.
+    assert simulate_pipeline(stages, 3, "gpipe").makespan_s == pytest.approx(4 + 4 + 4 + 1 + 3 + 1)
 
 
 @pytest.mark.parametrize("p,k,v", [(2, 1, 2), (2, 4, 2), (4, 2, 2), (4, 3, 4), (3, 2, 3)])
@@ -135,3 +149,48 @@ def test_schedule_orders_and_bad_knobs():
         stage_orders("zero-bubble", 2, 4)
     with pytest.raises(ValueError, match="non-negative"):
         simulate_pipeline([SimStage(-1, 1)], 2)
+
+
+# -- agreement with the closed forms of planner.cost.schedule ------------------------------
+
+def _closed_form():
+    return pytest.importorskip("planner.cost.schedule")
+
+
+def _random_timings(rng, cf, p, wrap):
+    return [cf.StageTiming(rng.uniform(0.5, 2), rng.uniform(1, 3),
+                           rng.uniform(0, 0.5) if (i < p - 1 or wrap) else 0.0,
+                           rng.uniform(0, 0.5) if (i > 0 or wrap) else 0.0) for i in range(p)]
+
+
+def test_gpipe_matches_closed_form_for_any_stages():
+    cf = _closed_form()
+    rng = random.Random(11)
+    for _ in range(100):
+        p, m = rng.randint(1, 6), rng.randint(1, 12)
+        st = _random_timings(rng, cf, p, wrap=False)
+        assert simulate_pipeline(st, m, "gpipe").makespan_s == pytest.approx(cf.pipeline_time_s(st, m, "gpipe"))
+
+
+@pytest.mark.parametrize("schedule,v", [("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4)])
+def test_equal_stages_match_closed_form(schedule, v):
+    cf = _closed_form()
+    for p in (1, 2, 3, 5):
+        for k in (1, 2, 3):
+            m = k * p if v > 1 else k * 3 + 1
+            st = [cf.StageTiming(1.25, 2.5)] * p
+            assert simulate_pipeline(st, m, schedule, v).makespan_s == pytest.approx(
+                cf.pipeline_time_s(st, m, schedule, v))
+
+
+def test_1f1b_closed_form_is_an_upper_bound_and_tight_case():
+    cf = _closed_form()
+    rng = random.Random(12)
+    for _ in range(200):
+        p, m = rng.randint(1, 6), rng.randint(1, 12)
+        st = _random_timings(rng, cf, p, wrap=False)
+        assert simulate_pipeline(st, m, "1f1b").makespan_s <= cf.pipeline_time_s(st, m, "1f1b") + 1e-9
+    # cost.schedule's own example: p=2, f=b=(2,1), m=2: true 8, formula 10.
+    st = [cf.StageTiming(2, 2), cf.StageTiming(1, 1)]
+    assert simulate_pipeline(st, 2, "1f1b").makespan_s == pytest.approx(8.0)
+    assert cf.pipeline_time_s(st, 2, "1f1b") == pytest.approx(10.0)

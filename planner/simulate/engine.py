@@ -6,10 +6,12 @@ when the stage is free and its input has arrived.  Model:
 - A forward of virtual stage ``k`` needs the forward of ``k - 1`` for the same micro-batch,
   delivered over the link; a backward of ``k`` needs the backward of ``k + 1`` (the last
   virtual stage's backward needs only its own forward).
-- Sends are asynchronous: they do not occupy the sending stage's compute (NCCL p2p runs on
-  its own stream), but each direction of each stage-to-stage link carries one transfer at a
-  time, first come first served (one NCCL communicator per pair serialises its ops).  Turn
-  ``serialize_links`` off to treat sends as pure delays.
+- Sends block the sender by default (``blocking_sends``): Megatron-LM's schedules wait on
+  their p2p ops, so a stage is busy for its op and then its send.  This is the model of the
+  closed forms in ``planner.cost.schedule``, which the simulator must match where they are
+  exact.  With ``blocking_sends=False`` sends run beside compute (a separate stream), and
+  each direction of each stage-to-stage link carries one transfer at a time, first come first
+  served (``serialize_links``; off: sends are pure delays).
 - Per-stage times are for one micro-batch through the whole stage; with ``v`` virtual stages
   a chunk takes ``1/v`` of them.  A send from stage ``s`` to ``s + 1`` takes that stage's
   ``send_forward_s`` and a gradient from ``s`` to ``s - 1`` its ``send_backward_s``; in the
@@ -92,7 +94,8 @@ def as_sim_stages(stages) -> list[SimStage]:
 
 
 def simulate_pipeline(stages, num_micro_batches: int, schedule: str = "1f1b",
-                      virtual_stages: int = 1, serialize_links: bool = True) -> SimResult:
+                      virtual_stages: int = 1, blocking_sends: bool = True,
+                      serialize_links: bool = True) -> SimResult:
     """Run the schedule event by event; returns the makespan and the timeline."""
     st = as_sim_stages(stages)
     p, v, m = len(st), virtual_stages, num_micro_batches
@@ -126,7 +129,14 @@ def simulate_pipeline(stages, num_micro_batches: int, schedule: str = "1f1b",
              mb: int, vs: int) -> None:
         if src == dst or secs <= 0:
             push(t, "arrive", key)
+            busy[src] = False
             return
+        if blocking_sends:  # the sender stays busy; its link is free since it sends alone
+            transfers.append(SimEvent(src, chunk, mb, f"send-{direction}", t, t + secs, vs))
+            push(t + secs, "arrive", key)
+            push(t + secs, "free", (src,))
+            return
+        busy[src] = False
         chan = (src, dst, direction)
         start = max(t, channel_free.get(chan, 0.0)) if serialize_links else t
         end = start + secs
@@ -163,11 +173,14 @@ def simulate_pipeline(stages, num_micro_batches: int, schedule: str = "1f1b",
             if what == "arrive":
                 ready[payload] = now
                 continue
+            if what == "free":
+                busy[payload[0]] = False
+                continue
             stage, kind, chunk, mb, vs = payload
-            busy[stage] = False
             if kind == "fwd":
                 if vs == last_vs:
                     ready[("bwd", vs, mb)] = now
+                    busy[stage] = False
                 else:
                     dst = (vs + 1) % p
                     send(now, stage, dst, "fwd", st[stage].send_forward_s,
@@ -178,6 +191,8 @@ def simulate_pipeline(stages, num_micro_batches: int, schedule: str = "1f1b",
                     dst = (vs - 1) % p
                     send(now, stage, dst, "bwd", st[stage].send_backward_s,
                          ("bwd", vs - 1, mb), chunk, mb, vs)
+                else:
+                    busy[stage] = False
         for s in range(p):
             try_start(s, now)
 
