@@ -49,7 +49,8 @@ def random_problem(rng: random.Random, with_boundary=True, one_max=False) -> Cor
     else:
         rows = [Row(stage=r.stage) for r in rows]
     return CoreProblem(num_blocks=L, num_stages=p, capacity=capacity, options=options, rows=rows,
-                       terms=terms, boundary=boundary)
+                       terms=terms, boundary=boundary, wrap=with_boundary and rng.random() < 0.3,
+                       resource_price=[rng.choice([0.0, 3.0]) for _ in range(R)])
 
 
 def check_agree(prob: CoreProblem):

@@ -28,7 +28,10 @@ except ImportError:  # pragma: no cover - exercised only without highspy
     HAVE_HIGHS = False
 
 # pulp 3.3 warns that LpVariable(...) changes in pulp 4; we pin pulp < 4 (pyproject).
-warnings.filterwarnings("ignore", category=DeprecationWarning, module="pulp")
+warnings.filterwarnings("ignore", message=".*PuLP 4.0.*", category=DeprecationWarning)
+
+
+NUMERICAL_GAP = 1e-6
 
 
 @dataclass
@@ -76,7 +79,15 @@ class CoreMilp:
             use = [prob.options[o].units * v for (s, o), v in self.x.items() if prob.options[o].resource == c]
             if use:
                 lp += pulp.lpSum(use) <= cap
-        self.price = pulp.lpSum(prob.options[o].price_usd_per_hour * v for (s, o), v in self.x.items())
+        price = [prob.options[o].price_usd_per_hour * v for (s, o), v in self.x.items()]
+        for c, cost in enumerate(prob.resource_price or []):
+            if cost:
+                u = pulp.LpVariable(f"u_{c}", cat="Binary")
+                for (s, o), v in self.x.items():
+                    if prob.options[o].resource == c:
+                        lp += u >= v
+                price.append(cost * u)
+        self.price = pulp.lpSum(price)
         if prob.budget_usd_per_hour is not None:
             lp += self.price <= prob.budget_usd_per_hour
         self._boundaries()
@@ -89,18 +100,26 @@ class CoreMilp:
         for row in prob.rows:
             used |= {r for r, c in enumerate(row.out) if c} | {r for r, c in enumerate(row.inn) if c}
         self.E: dict[tuple[int, int], pulp.LpVariable] = {}
-        for b in range(p - 1):
+        for b in range(prob.num_boundaries):
+            b2 = (b + 1) % p
             for r in sorted(used):
                 T = prob.boundary[r]
                 e = pulp.LpVariable(f"E_{b}_{r}", lowBound=0)
                 self.E[b, r] = e
-                nxt = self.by_stage[b + 1]
+                nxt = self.by_stage[b2]
                 for o in self.by_stage[b]:
                     vals = [(float(T[o, o2]), o2) for o2 in nxt]
                     big = max((v for v, _ in vals), default=0.0)
                     if big <= 0:
                         continue
-                    self.lp += e >= pulp.lpSum(v * self.x[b + 1, o2] for v, o2 in vals if v) - big * (1 - self.x[b, o])
+                    self.lp += e >= pulp.lpSum(v * self.x[b2, o2] for v, o2 in vals if v) - big * (1 - self.x[b, o])
+                # the same bound seen from the receiver tightens the LP relaxation
+                for o2 in nxt:
+                    vals = [(float(T[o, o2]), o) for o in self.by_stage[b]]
+                    big = max((v for v, _ in vals), default=0.0)
+                    if big <= 0:
+                        continue
+                    self.lp += e >= pulp.lpSum(v * self.x[b, o] for v, o in vals if v) - big * (1 - self.x[b2, o2])
 
     def _row_expr(self, j: int, s: int):
         prob, row = self.prob, self.prob.rows[j]
@@ -116,9 +135,10 @@ class CoreMilp:
         for r, c in enumerate(row.out):
             if c and (s, r) in self.E:
                 terms.append(c * self.E[s, r])
+        p = prob.num_stages
         for r, c in enumerate(row.inn):
-            if c and (s - 1, r) in self.E:
-                terms.append(c * self.E[s - 1, r])
+            if c and ((s - 1) % p, r) in self.E and (s > 0 or prob.wrap):
+                terms.append(c * self.E[(s - 1) % p, r])
         return pulp.lpSum(terms)
 
     def _objective(self):
@@ -188,14 +208,15 @@ class CoreMilp:
         if info is not None:
             bound = float(info.mip_dual_bound) if math.isfinite(info.mip_dual_bound) else None
             nodes = int(getattr(info, "mip_node_count", 0) or 0)
-        optimal = sol_status == pulp.LpSolutionOptimal and (settings.gap_rel == 0 or (
-            bound is not None and relative_gap(solver_value, bound) <= 1e-9))
-        if bound is None:
-            bound = solver_value if optimal else None
-        if optimal:
+        # HiGHS proves optimality up to its feasibility tolerances (1e-6 relative on the
+        # bound); a dual bound within that of the value counts as proved.
+        if bound is None and sol_status == pulp.LpSolutionOptimal and settings.gap_rel == 0:
+            bound = solver_value
+        if bound is not None:
             bound = min(bound, value)
         gap = relative_gap(value, bound) if bound is not None else None
-        return CoreSolution(status="optimal" if optimal and (gap or 0) <= 1e-9 else "feasible",
+        optimal = sol_status == pulp.LpSolutionOptimal and gap is not None and gap <= NUMERICAL_GAP
+        return CoreSolution(status="optimal" if optimal else "feasible",
                             assign=assign, objective=value, bound=bound, gap=gap, nodes=nodes)
 
     def exclude(self, assign: list[tuple[int, int]]) -> None:

@@ -69,10 +69,19 @@ class CoreProblem:
     terms: list[Term]
     boundary: np.ndarray | None = None       # [R, K, K] or None
     budget_usd_per_hour: float | None = None
+    wrap: bool = False                       # also a boundary from the last stage to the first
+    resource_price: list[float] | None = None   # charged once when any option of it is used
 
     @property
     def num_quantities(self) -> int:
         return len(self.options[0].slope) if self.options else 0
+
+    @property
+    def num_boundaries(self) -> int:
+        """Boundary b joins stage b to stage b+1 (the last one wraps to stage 0 when ``wrap``)."""
+        if self.num_stages < 2:
+            return 0
+        return self.num_stages if self.wrap else self.num_stages - 1
 
     @property
     def num_boundary_kinds(self) -> int:
@@ -85,18 +94,19 @@ class CoreProblem:
         q = np.array([[self.options[o].slope[k] * nb + self.options[o].fixed[s][k]
                        for k in range(self.num_quantities)] for s, (o, nb) in enumerate(assign)])
         R = self.num_boundary_kinds
-        e = np.zeros((max(p - 1, 0), R))
-        for b in range(p - 1):
+        nb_ = self.num_boundaries
+        e = np.zeros((nb_, R))
+        for b in range(nb_):
             for r in range(R):
-                e[b, r] = self.boundary[r, assign[b][0], assign[b + 1][0]]
+                e[b, r] = self.boundary[r, assign[b][0], assign[(b + 1) % p][0]]
         vals = np.zeros((len(self.rows), p))
         for j, row in enumerate(self.rows):
             for s in range(p):
                 v = float(np.dot(row.stage, q[s]))
-                if row.out and s < p - 1:
+                if row.out and s < nb_:
                     v += float(np.dot(row.out, e[s]))
-                if row.inn and s > 0:
-                    v += float(np.dot(row.inn, e[s - 1]))
+                if row.inn and (s > 0 or (self.wrap and nb_)):
+                    v += float(np.dot(row.inn, e[(s - 1) % p]))
                 vals[j, s] = v
         return vals
 
@@ -109,7 +119,11 @@ class CoreProblem:
         return total
 
     def price(self, assign: Sequence[tuple[int, int]]) -> float:
-        return float(sum(self.options[o].price_usd_per_hour for o, _ in assign))
+        total = float(sum(self.options[o].price_usd_per_hour for o, _ in assign))
+        if self.resource_price:
+            for c in sorted({self.options[o].resource for o, _ in assign}):
+                total += self.resource_price[c]
+        return total
 
     def feasible(self, assign: Sequence[tuple[int, int]]) -> bool:
         if len(assign) != self.num_stages or sum(nb for _, nb in assign) != self.num_blocks:
