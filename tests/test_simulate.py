@@ -194,3 +194,82 @@ def test_1f1b_closed_form_is_an_upper_bound_and_tight_case():
     st = [cf.StageTiming(2, 2), cf.StageTiming(1, 1)]
     assert simulate_pipeline(st, 2, "1f1b").makespan_s == pytest.approx(8.0)
     assert cf.pipeline_time_s(st, 2, "1f1b") == pytest.approx(10.0)
+
+
+# -- the plan-level simulation and the CLI command -----------------------------------------
+
+SPECS = __import__("pathlib").Path(__file__).resolve().parent.parent / "cluster_specs"
+
+
+def _plan_file(tmp_path, **changes):
+    data = {
+        "schema": "planner.plan/v1",
+        "inputs": {"cluster": "tiny-mixed", "model": "opt-350m",
+                   "training": {"global_batch_size": 32, "seq_len": 2048, "precision": "bf16"}},
+        "micro_batch_size": 4, "num_micro_batches": 8, "schedule": "1f1b",
+        "stages": [
+            {"index": 0, "blocks": [0, 12], "embedding": True, "replicas": [
+                {"gpu_type": "A100-SXM4-80GB", "tp": 2, "micro_batch_share": 4, "devices": ["a100:0", "a100:1"]}]},
+            {"index": 1, "blocks": [12, 24], "head": True, "replicas": [
+                {"gpu_type": "A100-SXM4-80GB", "tp": 2, "micro_batch_share": 4, "devices": ["a100:2", "a100:3"]}]}],
+        **changes}
+    path = tmp_path / "plan.json"
+    path.write_text(__import__("json").dumps(data))
+    return path
+
+
+def test_simulate_plan_agrees_with_closed_form_on_gpipe(tmp_path):
+    pytest.importorskip("planner.cost")
+    from planner.plan.check import load_plan
+    from planner.simulate import simulate_plan
+    from planner.spec import load_cluster
+
+    cluster = load_cluster(SPECS / "tiny-mixed.yaml")
+    sim = simulate_plan(cluster, load_plan(_plan_file(tmp_path, schedule="gpipe")))
+    # GPipe's closed form is exact for any stages.
+    assert sim.simulated_pipeline_s == pytest.approx(sim.closed_form_pipeline_s, rel=1e-9)
+    assert sim.simulated_iteration_s == pytest.approx(sim.closed_form_iteration_s, rel=1e-9)
+    out = sim.to_json()
+    assert len(out["timeline"]) == 2 * 2 * 8
+    assert out["stages"][0]["max_in_flight"] == 8
+
+
+def test_cli_simulate_text_and_json(tmp_path):
+    pytest.importorskip("planner.cost")
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    plan = _plan_file(tmp_path)
+    runner = CliRunner()
+    res = runner.invoke(cli, ["simulate", str(SPECS / "tiny-mixed.yaml"), str(plan), "--width", "40"])
+    assert res.exit_code == 0, res.output
+    assert "closed form" in res.output and "simulated" in res.output
+    rows = [line for line in res.output.splitlines() if line.startswith("stage  ")]
+    assert len(rows) == 2 and all(len(r.split("|")[1]) == 40 for r in rows)
+    res = runner.invoke(cli, ["simulate", str(SPECS / "tiny-mixed.yaml"), str(plan), "--json"])
+    assert res.exit_code == 0, res.output
+    data = _json.loads(res.output)
+    assert data["schedule"] == "1f1b" and data["num_stages"] == 2
+    assert data["simulated"]["pipeline_time_s"] <= data["closed_form"]["pipeline_time_s"] * (1 + 1e-9)
+
+
+def test_cli_simulate_bad_plan_is_exit_2(tmp_path, capsys):
+    from planner.cli.main import main
+
+    plan = _plan_file(tmp_path)
+    assert main(["simulate", str(SPECS / "tiny-2gpu.yaml"), str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert "plan.json: stages[1].replicas[0].devices[0]" in err and "traceback" not in err.lower()
+
+
+def test_timeline_rows_marks_idle_and_micro_batches():
+    from planner.simulate import timeline_rows
+
+    res = simulate_pipeline([SimStage(1, 1), SimStage(1, 1)], 2, "gpipe")  # makespan 6
+    rows = timeline_rows(res, width=6)
+    assert "".join(c for c, _ in rows[0]) == "01..01"
+    assert "".join(c for c, _ in rows[1]) == ".0101."
+    assert [k for _, k in rows[1]] == ["idle", "fwd", "fwd", "bwd", "bwd", "idle"]

@@ -1,7 +1,8 @@
 """Event-driven execution of a plan's pipeline schedule (DESIGN §1: simulate)."""
 
 from planner.simulate.engine import SimEvent, SimResult, SimStage, as_sim_stages, simulate_pipeline
+from planner.simulate.plan import PlanSimulation, simulate_plan, timeline_rows
 from planner.simulate.schedules import SCHEDULES, stage_orders
 
-__all__ = ["SCHEDULES", "SimEvent", "SimResult", "SimStage", "as_sim_stages", "simulate_pipeline",
-           "stage_orders"]
+__all__ = ["SCHEDULES", "PlanSimulation", "SimEvent", "SimResult", "SimStage", "as_sim_stages",
+           "simulate_plan", "simulate_pipeline", "stage_orders", "timeline_rows"]

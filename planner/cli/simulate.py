@@ -1,0 +1,62 @@
+"""``planner simulate CLUSTER PLAN``: run a plan's pipeline schedule event by event and set
+the simulated iteration time beside the cost model's closed form."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from planner.cli.common import console, echo_json
+
+_STYLE = {"fwd": "cyan", "bwd": "magenta", "send": "yellow", "idle": "dim"}
+
+
+@click.command()
+@click.argument("cluster_file", metavar="CLUSTER", type=click.Path(dir_okay=False))
+@click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print times, stages and the full timeline as JSON.")
+@click.option("--width", default=64, show_default=True, type=click.IntRange(10, 400),
+              help="Characters of the text timeline.")
+def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int) -> None:
+    """Simulate PLAN's schedule on CLUSTER; compare with the closed-form iteration time."""
+    from planner.plan.check import load_plan
+    from planner.simulate.plan import simulate_plan, timeline_rows
+    from planner.spec import load_cluster
+
+    cluster = load_cluster(cluster_file)
+    plan = load_plan(plan_file)
+    sim = simulate_plan(cluster, plan, file=plan_file)
+    if as_json:
+        echo_json(sim.to_json())
+        return
+    out = console()
+    r = sim.result
+    out.print(f"[bold]{plan_file}[/bold] on {cluster.name}: {r.schedule}, {r.num_stages} stage(s), "
+              f"{r.num_micro_batches} micro-batches"
+              + (f", {r.virtual_stages} virtual stages" if r.virtual_stages > 1 else ""))
+    times = Table(title="Iteration time")
+    for col in ("", "closed form", "simulated"):
+        times.add_column(col, justify="right" if col else "left")
+    times.add_row("pipeline", f"{sim.closed_form_pipeline_s:.4f} s", f"{sim.simulated_pipeline_s:.4f} s")
+    times.add_row("+ DP sync exposed, optimizer", f"{sim.after_pipeline_s:.4f} s", f"{sim.after_pipeline_s:.4f} s")
+    times.add_row("iteration", f"{sim.closed_form_iteration_s:.4f} s", f"{sim.simulated_iteration_s:.4f} s")
+    out.print(times)
+    out.print(f"simulated - closed form: {sim.relative_difference:+.2%} of the pipeline time; "
+              f"bubble {r.bubble_fraction:.1%} of stage time")
+    stages = Table(title="Stages (one micro-batch)")
+    for col in ("stage", "fwd ms", "bwd ms", "send>ms", "<send ms", "busy s", "idle s", "in flight"):
+        stages.add_column(col, justify="right", no_wrap=True)
+    for i, s in enumerate(sim.evaluation.stages):
+        stages.add_row(str(i), f"{s.forward_s * 1e3:.2f}", f"{s.backward_s * 1e3:.2f}",
+                       f"{s.send_forward_s * 1e3:.2f}", f"{s.send_backward_s * 1e3:.2f}",
+                       f"{r.busy_s[i]:.3f}", f"{r.bubble_s[i]:.3f}", str(r.max_in_flight[i]))
+    out.print(stages)
+    out.print(f"timeline, 0 .. {r.makespan_s:.3f} s ([cyan]forward[/cyan] / [magenta]backward[/magenta]: "
+              "micro-batch digit, [yellow]>[/yellow] send, . idle)")
+    for i, row in enumerate(timeline_rows(r, width)):
+        line = Text(f"stage {i:>2} |")
+        for char, kind in row:
+            line.append(char, style=_STYLE.get(kind, ""))
+        line.append("|")
+        out.print(line, no_wrap=True, crop=False, overflow="ignore")

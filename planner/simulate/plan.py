@@ -1,0 +1,102 @@
+"""Simulating a whole plan: price it with ``planner.cost``, run its schedule event by event,
+and set the simulated times beside the closed form's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import InputError
+from planner.simulate.engine import SimResult, simulate_pipeline
+
+
+@dataclass
+class PlanSimulation:
+    evaluation: object            # planner.cost.Evaluation
+    result: SimResult
+    closed_form_pipeline_s: float
+    closed_form_iteration_s: float
+
+    @property
+    def simulated_pipeline_s(self) -> float:
+        return self.result.makespan_s
+
+    @property
+    def after_pipeline_s(self) -> float:
+        """Exposed DP sync and optimizer step: they follow the pipeline drain in both models."""
+        return self.closed_form_iteration_s - self.closed_form_pipeline_s
+
+    @property
+    def simulated_iteration_s(self) -> float:
+        return self.simulated_pipeline_s + self.after_pipeline_s
+
+    @property
+    def relative_difference(self) -> float:
+        """(simulated - closed form) / closed form, on the pipeline time."""
+        if self.closed_form_pipeline_s <= 0:
+            return 0.0
+        return (self.simulated_pipeline_s - self.closed_form_pipeline_s) / self.closed_form_pipeline_s
+
+    def to_json(self) -> dict:
+        r = self.result
+        return {
+            "schedule": r.schedule, "num_stages": r.num_stages, "num_micro_batches": r.num_micro_batches,
+            "virtual_stages": r.virtual_stages,
+            "closed_form": {"pipeline_time_s": self.closed_form_pipeline_s,
+                            "iteration_time_s": self.closed_form_iteration_s},
+            "simulated": {"pipeline_time_s": self.simulated_pipeline_s,
+                          "iteration_time_s": self.simulated_iteration_s,
+                          "bubble_fraction": r.bubble_fraction},
+            "relative_difference": self.relative_difference,
+            "stages": [{"stage": i, "forward_s": s.forward_s, "backward_s": s.backward_s,
+                        "send_forward_s": s.send_forward_s, "send_backward_s": s.send_backward_s,
+                        "busy_s": r.busy_s[i], "idle_s": r.bubble_s[i],
+                        "max_in_flight": r.max_in_flight[i]}
+                       for i, s in enumerate(self.evaluation.stages)],
+            "timeline": [_event(e) for e in r.timeline],
+            "transfers": [_event(e) for e in r.transfers],
+        }
+
+
+def _event(e) -> dict:
+    return {"stage": e.stage, "chunk": e.chunk, "micro_batch": e.micro_batch, "kind": e.kind,
+            "start_s": e.start_s, "end_s": e.end_s}
+
+
+def simulate_plan(cluster, plan, profiles=None, file: str = "<plan>") -> PlanSimulation:
+    """Check ``plan`` (errors name ``file``), evaluate it with the cost model and execute its
+    schedule on the stage timings."""
+    from planner.plan.check import check_plan
+
+    try:
+        from planner.cost import evaluate
+    except ImportError:
+        raise InputError("simulate needs the cost model (planner.cost), which this installation "
+                         "lacks") from None
+    check_plan(cluster, plan, file=file)
+    ev = evaluate(cluster, plan, profiles=profiles, check=False)
+    result = simulate_pipeline(ev.stages, plan.num_micro_batches, plan.schedule, plan.virtual_stages)
+    return PlanSimulation(evaluation=ev, result=result, closed_form_pipeline_s=ev.pipeline_time_s,
+                          closed_form_iteration_s=ev.iteration_time_s)
+
+
+def timeline_rows(result: SimResult, width: int = 80) -> list[list[tuple[str, str]]]:
+    """A character grid of the timeline: per stage, ``width`` cells of (char, kind).
+
+    Each cell shows what the stage does at the cell's midpoint: the micro-batch number (last
+    digit) of a forward or backward, ``>`` for a blocking send, ``.`` when idle.
+    """
+    width = max(1, width)
+    span = result.makespan_s or 1.0
+    rows = []
+    for stage in range(result.num_stages):
+        ops = [(e.start_s, e.end_s, str(e.micro_batch % 10), e.kind) for e in result.stage_events(stage)]
+        sends = [(e.start_s, e.end_s, ">", "send") for e in result.transfers if e.stage == stage]
+        row = []
+        for cell in range(width):
+            t = (cell + 0.5) * span / width
+            # ops first: with asynchronous sends a send overlaps the next op
+            hit = next((s for s in ops if s[0] <= t < s[1]), None) or \
+                next((s for s in sends if s[0] <= t < s[1]), None)
+            row.append((hit[2], hit[3]) if hit else (".", "idle"))
+        rows.append(row)
+    return rows
