@@ -1,0 +1,130 @@
+"""Plans a format cannot express are refused with the stage and the feature named; bad
+options and inconsistent plans are input errors (exit 2), never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.errors import InputError, InputErrors
+from planner.launch import render
+from planner.plan import Plan
+from test_launch_formats import chain_plan, make_plan, rep
+
+
+def refusal(plan, fmt, **kw) -> str:
+    kw.setdefault("master_addr", "h")
+    with pytest.raises(InputError) as exc:
+        render(plan, fmt, **kw)
+    return str(exc.value)
+
+
+UNEVEN_COUNT = [[rep(["a:0", "a:1"]), rep(["a:2", "a:3"])],
+                [rep(["b:0", "b:1"], 1), rep(["b:2", "b:3"], 2), rep(["b:4", "b:5"], 1)]]
+
+
+@pytest.mark.parametrize("fmt,tool", [("megatron", "Megatron-LM"), ("deepspeed", "DeepSpeed")])
+def test_uneven_replica_counts_refused(fmt, tool):
+    msg = refusal(make_plan(UNEVEN_COUNT), fmt)
+    assert (f"stage 1 has 3 replicas, stage 0 has 2: {tool} needs the same data-parallel size "
+            "on every stage") in msg
+    assert f"launch --format {fmt}" in msg
+
+
+@pytest.mark.parametrize("fmt,tool", [("megatron", "Megatron-LM"), ("deepspeed", "DeepSpeed")])
+def test_uneven_shares_refused(fmt, tool):
+    plan = make_plan([[rep(["a:0", "a:1"], 3), rep(["a:2", "a:3"], 1)],
+                      [rep(["b:0", "b:1"], 3), rep(["b:2", "b:3"], 1)]])
+    msg = refusal(plan, fmt)
+    assert "stage 0 splits each micro-batch unevenly between its replicas (shares [3, 1])" in msg
+    assert "stage 1 splits" in msg  # every offending stage is reported, not just the first
+    assert tool in msg
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "deepspeed", "pipelining"])
+def test_mixed_tp_refused(fmt):
+    plan = make_plan([[rep(["a:0", "a:1"]), rep(["a:2", "a:3"])],
+                      [rep(["b:0", "b:1", "b:2", "b:3"]), rep(["b:4", "b:5", "b:6", "b:7"])]])
+    msg = refusal(plan, fmt)
+    assert "stage 1 replica 0 has tp 4, stage 0 replica 0 has tp 2" in msg
+    assert "stage 1 replica 1 has tp 4" in msg
+
+
+def test_several_problems_come_together():
+    plan = make_plan([[rep(["a:0", "a:1"], 3), rep(["a:2", "a:3"], 1)],
+                      [rep(["b:0", "b:1", "b:2", "b:3"], 4)]])
+    with pytest.raises(InputErrors) as exc:
+        render(plan, "megatron", master_addr="h")
+    assert len(exc.value.errors) == 3  # replica count, tp, shares
+
+
+def test_pipelining_refuses_what_stock_schedules_cannot_run():
+    msg = refusal(make_plan(UNEVEN_COUNT), "pipelining")
+    assert "stage 1 has 3 replicas, stage 0 has 2" in msg and "one pipeline per replica chain" in msg
+    swapped = make_plan([[rep(["a:0", "a:1"], 3), rep(["a:2", "a:3"], 1)],
+                         [rep(["b:0", "b:1"], 1), rep(["b:2", "b:3"], 3)]])
+    msg = refusal(swapped, "pipelining")
+    assert "stage 1 replica 0 takes 1 sequences per micro-batch, stage 0 replica 0 takes 3" in msg
+    odd = make_plan(blocks=((0, 4), (4, 8)), schedule="interleaved-1f1b", virtual_stages=2,
+                    num_micro_batches=5)
+    assert "ScheduleInterleaved1F1B refuses it" in refusal(odd, "pipelining")
+
+
+def test_deepspeed_refuses_interleaving_and_selective_recompute():
+    plan = make_plan(blocks=((0, 4), (4, 8)), schedule="interleaved-1f1b", virtual_stages=2,
+                     recompute="selective")
+    with pytest.raises(InputErrors) as exc:
+        render(plan, "deepspeed", master_addr="h")
+    text = str(exc.value)
+    assert "interleaved-1f1b with 2 virtual stages" in text and "recompute selective" in text
+
+
+def test_interleaving_needs_divisible_stages():
+    plan = make_plan(blocks=((0, 3), (3, 8)), schedule="interleaved-1f1b", virtual_stages=2)
+    for fmt in ("megatron", "pipelining"):
+        assert "stage 0 holds 3 blocks, not a multiple of virtual_stages 2" in refusal(plan, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "deepspeed"])
+def test_nodes_without_a_contiguous_rank_block_refused(fmt):
+    # Node a holds stage 0 replica 0 and stage 1 replica 1: no framework numbering gives a a block.
+    plan = make_plan([[rep(["a:0", "a:1"]), rep(["b:0", "b:1"])],
+                      [rep(["b:2", "b:3"]), rep(["a:2", "a:3"])]])
+    msg = refusal(plan, fmt)
+    assert "contiguous block" in msg and "stage 1 replica 1 on a" in msg
+    assert render(plan, "torchrun", master_addr="h")  # torchrun's own map has no such rule
+
+
+def test_master_address_and_port():
+    plan = make_plan()
+    for fmt in ("torchrun", "megatron", "deepspeed", "pipelining"):
+        msg = refusal(plan, fmt, master_addr=None)
+        assert "--master-addr is required" in msg and "'a'" in msg
+    assert "not a host name" in refusal(plan, "torchrun", master_addr="10.0.0.1; rm -rf /")
+    assert "1..65535" in refusal(plan, "torchrun", master_port=70000)
+    assert render(plan, "torchrun", master_addr="[fd00::1]")
+
+
+def test_unknown_format_and_inconsistent_plans():
+    assert "choose one of torchrun, megatron, deepspeed, pipelining" in refusal(make_plan(), "slurm")
+    bad_blocks = make_plan(blocks=((0, 3), (4, 8)))
+    assert "stage 1 starts at block 4, expected 3" in refusal(bad_blocks, "torchrun")
+    launch = {"nodes": [{"node": "a", "node_rank": 0, "nproc_per_node": 4},
+                        {"node": "b", "node_rank": 1, "nproc_per_node": 4}],
+              "ranks": [{"rank": i, "device": d, "stage": i // 4, "replica": (i // 2) % 2, "tp_rank": i % 2}
+                        for i, d in enumerate(["a:0", "a:1", "a:2", "a:3", "b:0", "b:1", "b:3", "b:2"])]}
+    edited = Plan.from_json({**make_plan().to_json(), "launch": launch})
+    assert "plan.launch.ranks[6] puts stage 1 replica 1 tp rank 0 on b:3" in refusal(edited, "torchrun")
+    model = make_plan(inputs={"cluster": "t", "model": {"name": "x", "num_layers": 12, "hidden_size": 64,
+                                                        "num_attention_heads": 4, "vocab_size": 100},
+                              "training": {"global_batch_size": 64, "seq_len": 128}})
+    assert "inputs.model has num_layers 12" in refusal(model, "megatron")
+
+
+def test_cluster_must_hold_the_plans_devices():
+    from planner.spec import cluster_from_dict
+
+    small = cluster_from_dict({"name": "t", "nodes": [
+        {"name": "a", "gpu": "A100-SXM4-80GB", "gpus_per_node": 2, "network_bandwidth": "100 Gbit/s"},
+        {"name": "b", "gpu": "A100-SXM4-80GB", "gpus_per_node": 4, "network_bandwidth": "100 Gbit/s"}]})
+    assert "a has 2 GPUs" in refusal(make_plan(), "torchrun", cluster=small)
+    assert "chain" not in refusal(chain_plan(), "torchrun", cluster=small)
