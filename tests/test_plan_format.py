@@ -278,3 +278,23 @@ def test_rank_map_node_order_follows_plan():
     assert [r.device for r in launch.ranks] == ["l4-1:0", "l4-1:1", "a100-1:1", "a100-0:0"]
     with pytest.raises(InputError, match="does not have"):
         build_launch(load_cluster(SPECS / "tiny-2gpu.yaml"), plan)
+
+
+def test_schema_and_pydantic_model_name_the_same_fields():
+    from planner.plan.model import LaunchNode, LaunchRank, Objective, PlanInputs, Replica, Stage
+
+    def names(model):
+        return {(f.alias or n) for n, f in model.model_fields.items()}
+
+    schema = plan_schema()
+    defs = schema["$defs"]
+    assert set(schema["properties"]) == names(Plan)
+    assert set(defs["stage"]["properties"]) == names(Stage)
+    assert set(defs["replica"]["properties"]) == names(Replica)
+    assert set(defs["inputs"]["properties"]) == names(PlanInputs)
+    assert set(defs["objective"]["properties"]) == names(Objective)
+    launch = defs["launch"]["properties"]
+    assert set(launch["nodes"]["items"]["properties"]) == names(LaunchNode)
+    assert set(launch["ranks"]["items"]["properties"]) == names(LaunchRank)
+    enum = schema["properties"]["schedule"]["enum"]
+    assert set(enum) == set(Plan.model_fields["schedule"].annotation.__args__)

@@ -273,3 +273,14 @@ def test_timeline_rows_marks_idle_and_micro_batches():
     assert "".join(c for c, _ in rows[0]) == "01..01"
     assert "".join(c for c, _ in rows[1]) == ".0101."
     assert [k for _, k in rows[1]] == ["idle", "fwd", "fwd", "bwd", "bwd", "idle"]
+
+
+def test_in_flight_counts_match_cost_memory_model():
+    memory = pytest.importorskip("planner.cost.memory")
+    for schedule, v in (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 3)):
+        for p in (1, 2, 4):
+            for m in (p, 2 * p, 4 * p):
+                res = simulate_pipeline([SimStage(1, 2)] * p, m, schedule, v)
+                # cost counts whole-stage micro-batches; the simulator counts chunks
+                assert [c / v for c in res.max_in_flight] == [
+                    memory.in_flight_micro_batches(schedule, p, s, m, v) for s in range(p)]
