@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +143,7 @@ def _stage_layout(kind: str, cfg: dict, set_meta: dict) -> tuple[dict, list[tupl
     raise ValueError(f"unknown set kind {kind!r}")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _model_mapping(items: tuple) -> dict:
     return load_model(dict(items)).to_mapping()
 
@@ -193,7 +193,7 @@ def row_notes(kind: str, cfg: dict, set_meta: dict) -> list[str]:
 
 # -- loading --------------------------------------------------------------------------------
 
-@lru_cache(maxsize=None)
+@cache
 def _cluster(path: Path) -> Cluster:
     return load_cluster(path)
 
