@@ -1,0 +1,379 @@
+"""The local reference runner: train a plan's exact layout on this machine with PyTorch.
+
+    from planner.launch.runner import run_plan
+    result = run_plan(plan, steps=3, backend="gloo", seed=0, model_override=TINY_MODEL)
+    result.losses, result.step_time_s, result.param_digest
+
+One process per device of the plan, all on this machine (CPU with gloo, or one visible GPU per
+rank with nccl). Each process builds its stage, replicas and tp shard of a decoder-only
+transformer of the plan's shape (``planner.launch.tiny_model``) and follows the plan's schedule
+(``planner.launch.worker``). Everything is checked before a process starts; a failed rank stops
+the others and is named in the error.
+
+This module imports torch only inside functions that need it (nccl checks), so importing
+``planner.launch.runner`` stays light; the heavy work happens in the worker processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.errors import InputError, PlannerError
+from planner.plan import Plan
+
+PROCS_PER_CORE = 4  # beyond this many CPU processes per core a run is all contention
+# --tiny: keeps the plan's number of blocks (and so its stages) but makes every block small.
+TINY_MODEL = {"hidden_size": 64, "num_attention_heads": 8, "ffn_hidden_size": 256,
+              "vocab_size": 128}
+TINY_SEQ_LEN = 16
+
+
+class WorkerError(PlannerError):
+    """A rank failed or the run timed out. Exit 1: the input was fine, the run was not."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    device: str
+    stage: int
+    replica: int
+    tp_rank: int
+
+
+@dataclass
+class RunResult:
+    """What a run measured. ``losses[i]`` is the global-batch mean token loss of step i (before
+    that step's update); ``step_time_s[i]`` the slowest rank's time for step i."""
+
+    losses: list[float]
+    step_time_s: list[float]
+    param_digest: str  # sha256 over the full parameters (names sorted, float64 bytes)
+    replica_max_abs_diff: float  # largest difference between replicas of a stage: 0 when sound
+    world_size: int
+    ranks: list[RankInfo]
+    wall_s: float
+    params: dict | None = field(default=None, repr=False)  # name -> numpy array, full shape
+
+    def to_json(self) -> dict:
+        return {"losses": self.losses, "step_time_s": self.step_time_s,
+                "param_digest": self.param_digest, "replica_max_abs_diff": self.replica_max_abs_diff,
+                "world_size": self.world_size, "wall_s": self.wall_s,
+                "ranks": [r.__dict__ for r in self.ranks]}
+
+
+# -- what to build ---------------------------------------------------------------------------
+
+def model_shape(plan: Plan, model_override: dict | None = None, seq_len: int | None = None) -> dict:
+    """Sizes of the model the runner trains: the plan's model with ``model_override`` applied
+    (e.g. ``TINY_MODEL``), re-validated, and the sequence length. Returns the keyword arguments
+    of ``tiny_model.Shape`` (a plain dict, so this stays torch-free)."""
+    from planner.spec.load import load_model
+
+    model = load_model(plan.inputs.model)
+    if model_override:
+        mapping = model.to_mapping()
+        if "num_layers" in model_override and model_override["num_layers"] != model.num_layers:
+            raise InputError("model override: num_layers must stay as in the plan "
+                             f"({model.num_layers}): the stages hold blocks by index")
+        if "num_attention_heads" in model_override and "num_kv_heads" not in model_override:
+            # Keep the GQA ratio where the shrunk head count allows it, else plain attention.
+            heads = model_override["num_attention_heads"]
+            ratio = model.num_attention_heads // model.kv_heads
+            mapping["num_kv_heads"] = heads // ratio if heads % ratio == 0 and heads >= ratio else heads
+        if "hidden_size" in model_override and "ffn_hidden_size" not in model_override:
+            mapping["ffn_hidden_size"] = 4 * model_override["hidden_size"]
+        mapping.update({k: v for k, v in model_override.items() if k != "seq_len"})
+        try:
+            model = load_model(mapping)
+        except InputError as exc:
+            raise InputError(f"model override: {exc}") from None
+        seq_len = seq_len or model_override.get("seq_len")
+    seq = seq_len or plan.inputs.training.get("seq_len")
+    if not isinstance(seq, int) or seq < 1:
+        raise InputError("the plan's inputs.training has no seq_len; pass --seq-len")
+    return {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
+            "num_heads": model.num_attention_heads, "num_kv_heads": model.kv_heads,
+            "ffn_size": model.ffn_size, "vocab_size": model.vocab_size, "seq_len": seq,
+            "mlp": model.mlp}
+
+
+def rank_map(plan: Plan) -> list[RankInfo]:
+    """One rank per device. The plan's own ``launch.ranks`` when present; otherwise the rule of
+    DESIGN §4 that ``planner.plan.rankmap`` and the launch formats follow: nodes in the order
+    they first appear in the plan, ranks numbered node by node, plan order (stage, replica,
+    tp rank) inside a node."""
+    slots = {d: (s.index, j, t) for s in plan.stages for j, r in enumerate(s.replicas)
+             for t, d in enumerate(r.devices)}
+    if plan.launch is not None:
+        out = [RankInfo(r.rank, r.device, r.stage, r.replica, r.tp_rank)
+               for r in sorted(plan.launch.ranks, key=lambda r: r.rank)]
+        ok = ([r.rank for r in out] == list(range(len(slots)))
+              and {r.device: (r.stage, r.replica, r.tp_rank) for r in out} == slots)
+        if not ok:
+            raise InputError("plan.launch.ranks does not number the plan's devices 0..n-1 with "
+                             "their stage, replica and tp rank; remove it or fix it")
+        return out
+    by_node: dict[str, list[str]] = {}
+    for d in plan.devices():
+        by_node.setdefault(d.rpartition(":")[0], []).append(d)
+    devices = [d for ds in by_node.values() for d in ds]
+    return [RankInfo(i, d, *slots[d]) for i, d in enumerate(devices)]
+
+
+def check_plan(plan: Plan, shape: dict) -> None:
+    """Everything the runner cannot run, as one InputError, before anything starts."""
+    problems = []
+    if plan.schedule == "interleaved-1f1b" or plan.virtual_stages > 1:
+        problems.append(f"schedule {plan.schedule!r} with virtual_stages={plan.virtual_stages}: the "
+                        "reference runner does gpipe and 1f1b only (interleaving changes when each "
+                        "pass runs, not what is computed; rerun the plan with schedule 1f1b)")
+    stages = plan.stages
+    if [s.index for s in stages] != list(range(len(stages))):
+        problems.append("stage indices must be 0, 1, ... in order")
+    expect = 0
+    for s in stages:
+        if s.blocks[0] != expect:
+            problems.append(f"stage {s.index} starts at block {s.blocks[0]}, expected {expect} "
+                            "(stages hold contiguous blocks)")
+        expect = s.blocks[1]
+        if s.embedding != (s.index == 0):
+            problems.append(f"stage {s.index}: the embedding belongs to stage 0 and only there")
+        if s.head != (s.index == len(stages) - 1):
+            problems.append(f"stage {s.index}: the head belongs to the last stage and only there")
+        shares = sum(r.micro_batch_share for r in s.replicas)
+        if shares != plan.micro_batch_size:
+            problems.append(f"stage {s.index}: micro_batch_share sums to {shares}, not "
+                            f"micro_batch_size {plan.micro_batch_size}")
+        for j, r in enumerate(s.replicas):
+            for what, n in (("attention heads", shape["num_heads"]),
+                            ("kv heads", shape["num_kv_heads"]), ("ffn size", shape["ffn_size"])):
+                if n % r.tp:
+                    problems.append(f"stage {s.index} replica {j}: tp={r.tp} does not divide the "
+                                    f"model's {n} {what} (after any --tiny/model override)")
+    if expect != shape["num_layers"]:
+        problems.append(f"the stages end at block {expect} but the model has {shape['num_layers']}")
+    devices = plan.devices()
+    dup = sorted({d for d in devices if devices.count(d) > 1})
+    if dup:
+        problems.append(f"devices used twice: {', '.join(dup)}")
+    gb = plan.micro_batch_size * plan.num_micro_batches
+    declared = plan.inputs.training.get("global_batch_size")
+    if declared is not None and declared != gb:
+        problems.append(f"micro_batch_size x num_micro_batches = {gb} but inputs.training."
+                        f"global_batch_size = {declared}")
+    if problems:
+        raise InputError("cannot run this plan:\n  " + "\n  ".join(problems))
+
+
+def _bytes_per_rank(plan: Plan, shape: dict, dtype_bytes: int) -> int:
+    """Rough peak memory of the largest rank: weights, grads and two Adam moments, plus the
+    activations of the micro-batches in flight. Only to refuse runs that cannot fit."""
+    h, f, v, seq = shape["hidden_size"], shape["ffn_size"], shape["vocab_size"], shape["seq_len"]
+    block = 4 * h * h + 3 * h * f
+    worst = 0
+    for s in plan.stages:
+        in_flight = plan.num_micro_batches if plan.schedule == "gpipe" else len(plan.stages) - s.index
+        in_flight = min(in_flight, plan.num_micro_batches)
+        for r in s.replicas:
+            n = s.num_blocks * block // r.tp + (2 * v * h if s.embedding or s.head else 0)
+            act = s.num_blocks * r.micro_batch_share * seq * (12 * h + 3 * f // r.tp
+                                                              + 3 * shape["num_heads"] * seq)
+            act += 3 * r.micro_batch_share * seq * v if s.head else 0
+            worst = max(worst, (4 * n + in_flight * act) * dtype_bytes)
+    return worst
+
+
+def check_machine(plan: Plan, shape: dict, backend: str, dtype: str) -> None:
+    n = len(plan.devices())
+    if backend == "gloo":
+        cores = os.cpu_count() or 1
+        if n > PROCS_PER_CORE * cores:
+            raise InputError(f"the plan has {n} devices, one process each, but this machine has "
+                             f"{cores} CPU cores (at most {PROCS_PER_CORE * cores} processes)")
+    elif backend == "nccl":
+        import torch  # only here: the check needs CUDA's view of the machine
+
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n > visible:
+            raise InputError(f"the plan has {n} devices, one process and GPU each, but {visible} "
+                             "CUDA devices are visible" + ("; use --backend gloo" if not visible else ""))
+        return
+    else:
+        raise InputError(f"unknown backend {backend!r}; choose gloo or nccl")
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    need = n * _bytes_per_rank(plan, shape, 8 if dtype == "float64" else 4)
+    if need > 0.8 * total:
+        raise InputError(f"training this model shape in {n} processes needs about "
+                         f"{need / 2**30:.1f} GiB, more than this machine's {total / 2**30:.1f} GiB "
+                         "allows; shrink it with --tiny (or a model override) or --seq-len")
+
+
+# -- running ---------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker_env(backend: str) -> dict:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding the planner package
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", "1")
+    if backend == "gloo" and Path("/sys/class/net/lo").exists():
+        # Everything is on this machine; stop gloo from picking an interface by host name.
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return env
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + 5
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _failure(out: Path, ranks: list[RankInfo], failed: list[int], procs) -> WorkerError:
+    """The rank to blame: the earliest error report (the others usually fail because it did)."""
+    reports = []
+    for r in failed:
+        f = out / f"rank{r}.error.json"
+        if f.exists():
+            reports.append((f.stat().st_mtime_ns, r, json.loads(f.read_text())))
+    info = None
+    if reports:
+        _, r, err = min(reports)
+        why = f"{err['type']}: {err['message']}"
+        info = err
+    else:
+        r = failed[0]
+        log = (out / f"rank{r}.log").read_text(errors="replace").strip().splitlines()
+        why = f"exited with code {procs[r].returncode}" + (f": {log[-1]}" if log else "")
+    ri = ranks[r]
+    exc = WorkerError(f"rank {r} (stage {ri.stage}, replica {ri.replica}, tp rank {ri.tp_rank}, "
+                      f"device {ri.device}) failed: {why}")
+    exc.rank = r
+    exc.traceback = info["traceback"] if info else None
+    return exc
+
+
+def _launch(cfg: dict, ranks: list[RankInfo], out: Path, timeout_s: float) -> None:
+    cfg_path = out / "config.json"
+    cfg_path.write_text(json.dumps(cfg))
+    env = _worker_env(cfg["backend"])
+    procs = []
+    try:
+        for r in ranks:
+            log = open(out / f"rank{r.rank}.log", "wb")
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "planner.launch.worker", str(cfg_path), str(r.rank), str(out)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env))
+            log.close()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                time.sleep(0.2)  # let a root cause finish writing its report
+                failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
+                _stop(procs)
+                raise _failure(out, ranks, failed, procs)
+            if all(c == 0 for c in codes):
+                return
+            if time.monotonic() > deadline:
+                _stop(procs)
+                raise WorkerError(f"the run took longer than {timeout_s:.0f} s; stopped all ranks")
+            time.sleep(0.05)
+    finally:
+        _stop(procs)  # also on KeyboardInterrupt: never leave ranks behind
+
+
+def _collect(out: Path, ranks: list[RankInfo], plan: Plan, steps: int):
+    import numpy as np
+
+    res = {r.rank: json.loads((out / f"rank{r.rank}.json").read_text()) for r in ranks}
+    shards = {r.rank: dict(np.load(out / f"rank{r.rank}.npz")) for r in ranks}
+    last = len(plan.stages) - 1
+    losses = [sum(res[r.rank]["losses"][i] for r in ranks if r.stage == last and r.tp_rank == 0)
+              for i in range(steps)]
+    times = [max(res[r.rank]["step_time_s"][i] for r in ranks) for i in range(steps)]
+    by_slot = {(r.stage, r.replica, r.tp_rank): r.rank for r in ranks}
+    params, diff = {}, 0.0
+    for s in plan.stages:
+        for j, rep in enumerate(s.replicas):
+            tp_ranks = [by_slot[(s.index, j, t)] for t in range(rep.tp)]
+            dims = res[tp_ranks[0]]["split_dims"]
+            for name, dim in dims.items():
+                parts = [shards[rk][name] for rk in tp_ranks]
+                full = parts[0] if dim is None or rep.tp == 1 else np.concatenate(parts, axis=dim)
+                if j == 0:
+                    params[name] = full
+                else:
+                    diff = max(diff, float(np.max(np.abs(full - params[name]), initial=0.0)))
+    h = hashlib.sha256()
+    for name in sorted(params):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(params[name], dtype=np.float64).tobytes())
+    return losses, times, params, diff, h.hexdigest()
+
+
+def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
+             model_override: dict | None = None, *, seq_len: int | None = None,
+             dtype: str = "float32", optimizer: str = "adam", lr: float = 1e-3,
+             timeout_s: float = 600.0, collective_timeout_s: float = 120.0,
+             return_params: bool = False) -> RunResult:
+    """Train ``plan`` for ``steps`` steps on this machine; see the module docstring."""
+    if steps < 1:
+        raise InputError(f"steps must be at least 1, got {steps}")
+    if dtype not in ("float32", "float64"):
+        raise InputError(f"dtype must be float32 or float64, got {dtype!r}")
+    if optimizer not in ("adam", "sgd"):
+        raise InputError(f"optimizer must be adam or sgd, got {optimizer!r}")
+    shape = model_shape(plan, model_override, seq_len)
+    check_plan(plan, shape)
+    check_machine(plan, shape, backend, dtype)
+    ranks = rank_map(plan)
+    stages = []
+    slot_rank = {(r.stage, r.replica, r.tp_rank): r.rank for r in ranks}
+    for s in plan.stages:
+        stages.append({"blocks": list(s.blocks), "embedding": s.embedding, "head": s.head,
+                       "replicas": [{"share": rep.micro_batch_share,
+                                     "ranks": [slot_rank[(s.index, j, t)] for t in range(rep.tp)]}
+                                    for j, rep in enumerate(s.replicas)]})
+    cfg = {"shape": shape, "stages": stages, "schedule": plan.schedule, "steps": steps,
+           "seed": seed, "dtype": dtype, "optimizer": optimizer, "lr": lr, "backend": backend,
+           "micro_batch_size": plan.micro_batch_size, "num_micro_batches": plan.num_micro_batches,
+           "global_batch": plan.micro_batch_size * plan.num_micro_batches,
+           "world_size": len(ranks), "port": _free_port(),
+           "collective_timeout_s": collective_timeout_s}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="planner-run-") as tmp:
+        out = Path(tmp)
+        _launch(cfg, ranks, out, timeout_s)
+        losses, times, params, diff, digest = _collect(out, ranks, plan, steps)
+    return RunResult(losses=losses, step_time_s=times, param_digest=digest,
+                     replica_max_abs_diff=diff, world_size=len(ranks), ranks=ranks,
+                     wall_s=time.perf_counter() - t0, params=params if return_params else None)

@@ -1,0 +1,274 @@
+"""One process of the reference runner: ``python -m planner.launch.worker CONFIG RANK OUT_DIR``.
+
+The parent (``planner.launch.runner``) writes CONFIG (JSON: sizes, schedule and the rank layout
+of every stage) and starts one of these per rank. A worker trains its piece of the model for the
+requested steps and leaves in OUT_DIR either ``rank<R>.json`` + ``rank<R>.npz`` (losses, step
+times, its parameter shards) or ``rank<R>.error.json`` (the exception) and exits 1.
+
+Communication, all on torch.distributed:
+- activations and their gradients go replica-to-replica between adjacent stages with
+  point-to-point sends, one message per overlap of the two replicas' sample ranges, always
+  between the tp-rank-0 processes ("leaders"); a leader broadcasts what it received to the
+  rest of its tp group (a tp group's output is whole on every tp rank after the row-parallel
+  all-reduce, so the leader's copy is the full activation).
+- sends are asynchronous and receives block, so 1F1B cannot deadlock;
+- gradients of a stage are summed over its replicas once per step: each replica assembles the
+  full gradient on its leader (all-gather of the shards), the leaders all-reduce, and each
+  leader broadcasts back to its tp group, which keeps its shard. This path works when the
+  replicas of a stage have different tp degrees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from planner.launch import tiny_model as tm
+
+FAIL_ENV = "PLANNER_RUNNER_FAIL_RANK"  # fault injection for tests: this rank raises at step 0
+
+
+def schedule_actions(schedule: str, num_stages: int, stage: int, num_micro: int):
+    """The order of forward ("F", m) and backward ("B", m) passes on one stage."""
+    if schedule == "gpipe":
+        return [("F", m) for m in range(num_micro)] + [("B", m) for m in range(num_micro)]
+    # 1F1B: later stages need fewer forwards in flight before their first backward.
+    warm = min(num_stages - stage - 1, num_micro)
+    acts = [("F", m) for m in range(warm)]
+    for i in range(num_micro - warm):
+        acts += [("F", warm + i), ("B", i)]
+    return acts + [("B", m) for m in range(num_micro - warm, num_micro)]
+
+
+def overlaps(lo: int, hi: int, other: list[dict]):
+    """(replica index, start, end) of each replica in ``other`` whose sample range meets [lo, hi),
+    in sample order: the pieces a micro-batch is cut into between two stages."""
+    out = []
+    for j, rep in enumerate(other):
+        a, b = max(lo, rep["offset"]), min(hi, rep["offset"] + rep["share"])
+        if a < b:
+            out.append((j, a, b))
+    return out
+
+
+class Worker:
+    def __init__(self, cfg: dict, rank: int):
+        self.cfg, self.rank = cfg, rank
+        self.shape = tm.Shape(**cfg["shape"])
+        self.stages = cfg["stages"]
+        for s in self.stages:
+            off = 0
+            for rep in s["replicas"]:
+                rep["offset"], off = off, off + rep["share"]
+        for si, s in enumerate(self.stages):
+            for qi, rep in enumerate(s["replicas"]):
+                if rank in rep["ranks"]:
+                    self.si, self.qi, self.tp_rank = si, qi, rep["ranks"].index(rank)
+        self.stage = self.stages[self.si]
+        self.rep = self.stage["replicas"][self.qi]
+        self.tp = len(self.rep["ranks"])
+        self.leader = self.rep["ranks"][0]
+        self.dtype = tm.torch_dtype(cfg["dtype"])
+        self.device = torch.device("cpu")
+        self.pending: list = []  # (work, tensor) of async sends, kept alive until waited on
+
+    # -- set-up ------------------------------------------------------------------------------
+    def init(self):
+        cfg = self.cfg
+        if cfg["backend"] == "nccl":
+            torch.cuda.set_device(self.rank)
+            self.device = torch.device("cuda", self.rank)
+        dist.init_process_group(cfg["backend"], init_method=f"tcp://127.0.0.1:{cfg['port']}",
+                                rank=self.rank, world_size=cfg["world_size"],
+                                timeout=timedelta(seconds=cfg["collective_timeout_s"]))
+        # Every rank creates every group in the same order (torch.distributed requires it).
+        self.tp_group = self.dp_group = None
+        for s in self.stages:
+            for rep in s["replicas"]:
+                if len(rep["ranks"]) > 1:
+                    g = dist.new_group(rep["ranks"])
+                    if self.rank in rep["ranks"]:
+                        self.tp_group = g
+            if len(s["replicas"]) > 1:
+                g = dist.new_group([rep["ranks"][0] for rep in s["replicas"]])
+                if s is self.stage and self.tp_rank == 0:
+                    self.dp_group = g
+        st = self.stage
+        self.layout = tm.param_layout(self.shape, tuple(st["blocks"]), st["embedding"], st["head"])
+        params = tm.build_params(self.shape, tuple(st["blocks"]), st["embedding"], st["head"],
+                                 cfg["seed"], self.dtype, self.tp, self.tp_rank)
+        self.params = {k: v.detach().to(self.device).requires_grad_(True) for k, v in params.items()}
+        plist = list(self.params.values())
+        # A stage may hold nothing but a pass-through (no blocks, no embedding, no head).
+        self.opt = tm.make_optimizer(plist, cfg["optimizer"], cfg["lr"]) if plist else None
+        self.tpc = tm.TPContext(self.tp, self.tp_group)
+
+    # -- point-to-point ----------------------------------------------------------------------
+    def _leader_of(self, si: int, qi: int) -> int:
+        return self.stages[si]["replicas"][qi]["ranks"][0]
+
+    def _recv_pieces(self, from_stage: int, m: int, tag: int) -> torch.Tensor:
+        """Whole activation (or gradient) of this replica's samples of micro-batch m, gathered
+        from the replicas of ``from_stage`` that hold them, then shared with the tp group."""
+        lo, hi = self.rep["offset"], self.rep["offset"] + self.rep["share"]
+        seq, h = self.shape.seq_len, self.shape.hidden_size
+        if self.tp_rank == 0:
+            pieces = []
+            for j, a, b in overlaps(lo, hi, self.stages[from_stage]["replicas"]):
+                buf = torch.empty((b - a, seq, h), dtype=self.dtype, device=self.device)
+                dist.recv(buf, src=self._leader_of(from_stage, j), tag=tag)
+                pieces.append(buf)
+            x = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+        else:
+            x = torch.empty((hi - lo, seq, h), dtype=self.dtype, device=self.device)
+        if self.tp > 1:
+            dist.broadcast(x, src=self.leader, group=self.tp_group)
+        return x
+
+    def _send_pieces(self, t: torch.Tensor, to_stage: int, tag: int):
+        if self.tp_rank != 0:
+            return
+        lo = self.rep["offset"]
+        for j, a, b in overlaps(lo, lo + self.rep["share"], self.stages[to_stage]["replicas"]):
+            piece = t[a - lo:b - lo].detach().contiguous()
+            self.pending.append((dist.isend(piece, dst=self._leader_of(to_stage, j), tag=tag), piece))
+
+    # -- one step ----------------------------------------------------------------------------
+    def _forward(self, m: int, tokens: torch.Tensor, saved: dict) -> float:
+        st, shape = self.stage, self.shape
+        mbs = self.cfg["micro_batch_size"]
+        lo = m * mbs + self.rep["offset"]
+        rows = tokens[lo:lo + self.rep["share"]].to(self.device)
+        x_in = None
+        if st["embedding"]:
+            x = tm.embed(self.params, rows[:, :-1])
+        else:
+            x_in = self._recv_pieces(self.si - 1, m, tag=2 * m).requires_grad_(True)
+            x = x_in
+        for i in range(*st["blocks"]):
+            x = tm.block(self.params, i, x, shape, self.tpc)
+        if st["head"]:
+            tokens_total = self.cfg["global_batch"] * shape.seq_len
+            x = tm.head_loss_sum(self.params, x, rows[:, 1:], shape) / tokens_total
+            saved[m] = (x_in, x)
+            return float(x.detach())
+        self._send_pieces(x, self.si + 1, tag=2 * m)
+        saved[m] = (x_in, x)
+        return 0.0
+
+    def _backward(self, m: int, saved: dict):
+        x_in, out = saved.pop(m)
+        if self.stage["head"]:
+            grad = None
+        else:
+            grad = self._recv_pieces(self.si + 1, m, tag=2 * m + 1)
+        if out.requires_grad:
+            torch.autograd.backward(out, grad)
+        if x_in is not None:
+            g = x_in.grad if x_in.grad is not None else torch.zeros_like(x_in)
+            self._send_pieces(g, self.si - 1, tag=2 * m + 1)
+
+    def _sync_grads(self):
+        """Sum this stage's gradients over its replicas (see the module docstring)."""
+        if len(self.stage["replicas"]) == 1 or not self.params:
+            return
+        fulls = []
+        for name, p in self.params.items():
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            dim = self.layout[name][1]
+            if self.tp > 1 and dim is not None:
+                parts = [torch.empty_like(g) for _ in range(self.tp)]
+                dist.all_gather(parts, g.contiguous(), group=self.tp_group)
+                g = torch.cat(parts, dim=dim)
+            fulls.append(g.reshape(-1))
+        flat = torch.cat(fulls)
+        if self.tp_rank == 0:
+            dist.all_reduce(flat, group=self.dp_group)
+        if self.tp > 1:
+            dist.broadcast(flat, src=self.leader, group=self.tp_group)
+        off = 0
+        for name, p in self.params.items():
+            full_shape, dim = self.layout[name]
+            n = int(np.prod(full_shape))
+            full = flat[off:off + n].view(full_shape)
+            off += n
+            p.grad = tm.shard(full, dim, self.tp, self.tp_rank)
+
+    def step(self, step: int) -> float:
+        cfg = self.cfg
+        tokens = tm.batch_tokens(cfg["seed"], step, cfg["global_batch"], self.shape)
+        saved: dict = {}
+        loss = 0.0
+        for kind, m in schedule_actions(cfg["schedule"], len(self.stages), self.si,
+                                        cfg["num_micro_batches"]):
+            if kind == "F":
+                loss += self._forward(m, tokens, saved)
+            else:
+                self._backward(m, saved)
+        for work, _ in self.pending:
+            work.wait()
+        self.pending.clear()
+        self._sync_grads()
+        if self.opt is not None:
+            self.opt.step()
+            self.opt.zero_grad()
+        return loss
+
+    def train(self) -> dict:
+        losses, times = [], []
+        fail = os.environ.get(FAIL_ENV)
+        for step in range(self.cfg["steps"]):
+            if fail is not None and int(fail) == self.rank:
+                raise RuntimeError(f"injected failure on rank {self.rank} ({FAIL_ENV})")
+            dist.barrier()  # line the ranks up so each step's time is that step alone
+            t0 = time.perf_counter()
+            loss = self.step(step)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            losses.append(loss)
+        dist.barrier()
+        return {"rank": self.rank, "stage": self.si, "replica": self.qi, "tp_rank": self.tp_rank,
+                "losses": losses, "step_time_s": times,
+                "split_dims": {k: dim for k, (_, dim) in self.layout.items()}}
+
+
+def main(argv: list[str]) -> int:
+    cfg_path, rank, out_dir = argv[0], int(argv[1]), Path(argv[2])
+    torch.set_num_threads(1)  # several ranks share few cores: one thread each avoids thrashing
+    worker = None
+    try:
+        cfg = json.loads(Path(cfg_path).read_text())
+        worker = Worker(cfg, rank)
+        worker.init()
+        result = worker.train()
+        shards = {k: v.detach().cpu().numpy() for k, v in worker.params.items()}
+        np.savez(out_dir / f"rank{rank}.npz", **shards)
+        (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
+        dist.destroy_process_group()
+        return 0
+    except BaseException as exc:  # report everything, the parent decides what the user sees
+        err = {"rank": rank, "type": type(exc).__name__, "message": str(exc),
+               "traceback": traceback.format_exc()}
+        tmp = out_dir / f"rank{rank}.error.json.tmp"
+        tmp.write_text(json.dumps(err))
+        os.replace(tmp, out_dir / f"rank{rank}.error.json")
+        return 1
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: unloading torch and gloo's threads can take many seconds, and
+    # the results are already on disk.
+    os._exit(code)
