@@ -14,6 +14,7 @@ from planner.search.core import CoreOption, CoreProblem, Row, Term
 from planner.search.core.brute import solve_brute
 from planner.search.core.dp import dp_fixed_options, dp_partition
 from planner.search.core.milp import MilpSettings, solve_milp
+from planner.search.core.problem import quick_bound
 
 
 def random_problem(rng: random.Random, with_boundary=True, one_max=False) -> CoreProblem:
@@ -32,7 +33,7 @@ def random_problem(rng: random.Random, with_boundary=True, one_max=False) -> Cor
                          (rng.uniform(0, 1) * end, rng.uniform(0, 1) * end, rng.uniform(-2, 1), rng.uniform(0, .3)))
         options.append(CoreOption(resource=rng.randrange(R), units=rng.randint(1, 2), slope=slope,
                                   fixed=fixed, max_blocks=[rng.randint(0, L) for _ in range(p)],
-                                  price_usd_per_hour=rng.choice([1.0, 2.5, 4.0])))
+                                  price_usd_per_hour=rng.choice([1.0, 2.5, 4.0]), group=rng.randint(0, 1)))
     m = rng.randint(1, 8)
     rows = [Row(stage=(1, 1, 0, 0), out=(1, 0), inn=(0, 1)), Row(stage=(0, 0, 1, 0)),
             Row(stage=(0, 0, 0, 1))]
@@ -50,7 +51,7 @@ def random_problem(rng: random.Random, with_boundary=True, one_max=False) -> Cor
         rows = [Row(stage=r.stage) for r in rows]
     return CoreProblem(num_blocks=L, num_stages=p, capacity=capacity, options=options, rows=rows,
                        terms=terms, boundary=boundary, wrap=with_boundary and rng.random() < 0.3,
-                       resource_price=[rng.choice([0.0, 3.0]) for _ in range(R)])
+                       resource_price=[rng.choice([0.0, 3.0]) for _ in range(R)], same_group=rng.random() < 0.3)
 
 
 def check_agree(prob: CoreProblem):
@@ -63,6 +64,8 @@ def check_agree(prob: CoreProblem):
     assert prob.feasible(milp.assign)
     assert math.isclose(milp.objective, brute.objective, rel_tol=1e-9, abs_tol=1e-9)
     assert milp.bound <= milp.objective + 1e-9
+    qb = quick_bound(prob)
+    assert qb is not None and qb <= brute.objective * (1 + 1e-9) + 1e-12
 
 
 @pytest.mark.parametrize("seed", range(40))

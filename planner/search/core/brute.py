@@ -25,6 +25,8 @@ def assignments(prob: CoreProblem) -> Iterator[list[tuple[int, int]]]:
         for o, opt in enumerate(prob.options):
             if not opt.allowed(s) or used[opt.resource] + opt.units > prob.capacity[opt.resource]:
                 continue
+            if prob.same_group and cur and prob.options[cur[0][0]].group != opt.group:
+                continue
             hi = min(opt.max_blocks[s], left - (p - 1 - s))
             lo = left if s == p - 1 else 1
             for nb in range(lo, hi + 1):

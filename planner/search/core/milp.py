@@ -88,6 +88,12 @@ class CoreMilp:
                         lp += u >= v
                 price.append(cost * u)
         self.price = pulp.lpSum(price)
+        if prob.same_group:
+            groups = sorted({prob.options[o].group for (_, o) in self.x}, key=repr)
+            z = {g: pulp.LpVariable(f"g_{i}", cat="Binary") for i, g in enumerate(groups)}
+            lp += pulp.lpSum(z.values()) == 1
+            for (s, o), v in self.x.items():
+                lp += v <= z[prob.options[o].group]
         if prob.budget_usd_per_hour is not None:
             lp += self.price <= prob.budget_usd_per_hour
         self._boundaries()

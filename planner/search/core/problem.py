@@ -54,6 +54,7 @@ class CoreOption:
     max_blocks: list[int]                    # per stage position; 0 = not allowed there
     price_usd_per_hour: float = 0.0
     label: Any = None
+    group: Any = None                        # with CoreProblem.same_group: all stages agree on it
 
     def allowed(self, s: int) -> bool:
         return self.fixed[s] is not None and self.max_blocks[s] >= 1
@@ -71,6 +72,7 @@ class CoreProblem:
     budget_usd_per_hour: float | None = None
     wrap: bool = False                       # also a boundary from the last stage to the first
     resource_price: list[float] | None = None   # charged once when any option of it is used
+    same_group: bool = False                 # every stage's option has the same ``group``
 
     @property
     def num_quantities(self) -> int:
@@ -136,6 +138,8 @@ class CoreProblem:
             used[opt.resource] += opt.units
         if any(u > c for u, c in zip(used, self.capacity)):
             return False
+        if self.same_group and len({self.options[o].group for o, _ in assign}) > 1:
+            return False
         if self.budget_usd_per_hour is not None and self.price(assign) > self.budget_usd_per_hour * (1 + 1e-12):
             return False
         return True
@@ -159,3 +163,29 @@ def relative_gap(value: float, bound: float) -> float:
     if value <= 0:
         return 0.0
     return max(0.0, (value - bound) / abs(value))
+
+
+def quick_bound(prob: CoreProblem) -> float | None:
+    """A lower bound on the objective that ignores resources and sends (cheap, for pruning).
+
+    Each row's stage sum is at least ``L * min slope + sum_s min fixed`` over allowed options
+    (block counts sum to L; boundary quantities are >= 0 and dropped); a max is at least the
+    mean, so a max term is at least that sum over p (floored at 0).  None: some stage has no
+    allowed option (infeasible).
+    """
+    p, L = prob.num_stages, prob.num_blocks
+    total = 0.0
+    for t in prob.terms:
+        row = prob.rows[t.row]
+        slope = min((float(np.dot(row.stage, o.slope)) for o in prob.options), default=None)
+        if slope is None:
+            return None
+        fixed_sum = 0.0
+        for s in range(p):
+            vals = [float(np.dot(row.stage, o.fixed[s])) for o in prob.options if o.allowed(s)]
+            if not vals:
+                return None
+            fixed_sum += min(vals)
+        S = L * slope + fixed_sum
+        total += t.weight * (max(0.0, S / p) if t.kind == "max" else S)
+    return total

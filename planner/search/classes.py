@@ -1,0 +1,96 @@
+"""Node classes as the solver sees them: what a replica kind costs in units of a class.
+
+A class is a set of identical nodes (GPU type, zone, GPUs per node, links, price) from
+``Topology.node_classes()``.  The solver only counts units of each class:
+
+- a class of one node is shared GPU by GPU: stages take slices of that node (any sizes,
+  contiguous device ranges), the node is rented once if any slice is used;
+- a class of several nodes is shared node by node: a stage takes whole nodes (its replicas
+  packed ``gpus_per_node // tp`` to a node, the rest of the last node idle) so that no two
+  stages share a node and every path between stages is the class's network path.
+
+Both rules make every cost the search computes from representative devices (the first
+nodes of the class) equal to what ``planner.cost.evaluate`` computes on the devices the plan
+finally names (naming.py follows the same packing).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.topology import NodeClass
+
+
+@dataclass(frozen=True)
+class ClassInfo:
+    index: int
+    node_class: NodeClass
+
+    @property
+    def name(self) -> str:
+        return self.node_class.name
+
+    @property
+    def gpu(self):
+        return self.node_class.gpu
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.node_class.gpus_per_node
+
+    @property
+    def zone(self) -> str:
+        return self.node_class.zone
+
+    @property
+    def shared_node(self) -> bool:
+        """One node: stages share it GPU by GPU."""
+        return self.node_class.count == 1
+
+    @property
+    def capacity_units(self) -> int:
+        return self.gpus_per_node if self.shared_node else self.node_class.count
+
+    def units(self, tp: int, replicas: int) -> int:
+        """Units (GPUs of the one node, else nodes) a stage of ``replicas`` x ``tp`` holds."""
+        if self.shared_node:
+            return tp * replicas
+        per_node = self.gpus_per_node // tp
+        return math.ceil(replicas / per_node)
+
+    def max_replicas(self, tp: int) -> int:
+        per_node = self.gpus_per_node // tp
+        return per_node if self.shared_node else per_node * self.node_class.count
+
+    @property
+    def node_price_usd_per_hour(self) -> float | None:
+        return self.node_class.price_usd_per_hour
+
+    def option_price(self, tp: int, replicas: int) -> float:
+        """Per-option price; a shared node is priced once per class instead (resource price)."""
+        if self.shared_node or self.node_price_usd_per_hour is None:
+            return 0.0
+        return self.units(tp, replicas) * self.node_price_usd_per_hour
+
+    def replica_devices(self, tp: int, replicas: int, first_node: int = 0,
+                        first_gpu: int = 0) -> list[tuple[str, ...]]:
+        """Devices of ``replicas`` replicas packed from node ``first_node`` (GPU ``first_gpu``)."""
+        out = []
+        nodes = self.node_class.node_names
+        if self.shared_node:
+            g = first_gpu
+            for _ in range(replicas):
+                out.append(tuple(f"{nodes[0]}:{g + i}" for i in range(tp)))
+                g += tp
+            return out
+        per_node = self.gpus_per_node // tp
+        for r in range(replicas):
+            node = nodes[first_node + r // per_node]
+            base = (r % per_node) * tp
+            out.append(tuple(f"{node}:{base + i}" for i in range(tp)))
+        return out
+
+
+def class_infos(topology) -> list[ClassInfo]:
+    return [ClassInfo(i, c) for i, c in enumerate(topology.node_classes())]

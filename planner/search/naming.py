@@ -1,0 +1,48 @@
+"""Devices are named only at the end: class counts per stage -> concrete device ids.
+
+Stages take their class's nodes in stage order (whole nodes in a class of several nodes,
+consecutive GPU slices of the one node otherwise) and pack their replicas node by node, each
+replica's ``tp`` GPUs inside one node.  Every stage lives in one class, hence one zone; the
+replicas of a stage sit on as few nodes as their TP allows.  This is the packing that
+``classes.ClassInfo.replica_devices`` assumes when the search prices a stage.
+"""
+
+from __future__ import annotations
+
+from planner.plan import Plan
+from planner.plan.model import Objective, PlanInputs, Replica, Stage
+from planner.search.classes import ClassInfo
+from planner.search.space import Knobs, OptionKey, shares
+
+
+def name_stages(classes: list[ClassInfo], knobs: Knobs,
+                layout: list[tuple[OptionKey, int]]) -> list[Stage]:
+    """``layout``: per stage (option, blocks).  Returns plan stages with devices named."""
+    next_node = {c.index: 0 for c in classes}
+    next_gpu = {c.index: 0 for c in classes}
+    stages, first = [], 0
+    p = len(layout)
+    for s, (key, nb) in enumerate(layout):
+        info = classes[key.cls]
+        if info.shared_node:
+            devs = info.replica_devices(key.tp, key.replicas, first_gpu=next_gpu[key.cls])
+            next_gpu[key.cls] += key.tp * key.replicas
+        else:
+            devs = info.replica_devices(key.tp, key.replicas, first_node=next_node[key.cls])
+            next_node[key.cls] += info.units(key.tp, key.replicas)
+        reps = tuple(Replica(gpu_type=info.gpu.name, tp=key.tp, micro_batch_share=q, devices=d)
+                     for q, d in zip(shares(knobs.micro_batch_size, key.replicas), devs))
+        stages.append(Stage(index=s, blocks=(first, first + nb), embedding=s == 0, head=s == p - 1,
+                            replicas=reps))
+        first += nb
+    return stages
+
+
+def build_plan(cluster, model, training, classes, knobs: Knobs, layout, objective: Objective) -> Plan:
+    return Plan(
+        inputs=PlanInputs(cluster=cluster.name, cluster_sha256=cluster.sha256(), model=model.to_mapping(),
+                          training=training.io_mapping()),
+        objective=objective, micro_batch_size=knobs.micro_batch_size,
+        num_micro_batches=knobs.num_micro_batches, schedule=knobs.schedule,
+        virtual_stages=knobs.virtual_stages, recompute=knobs.recompute, zero_stage=knobs.zero_stage,
+        sequence_parallel=bool(training.sequence_parallel), stages=tuple(name_stages(classes, knobs, layout)))

@@ -1,0 +1,279 @@
+"""The declared plan space (docs/search-space.md) and its pricing into CoreProblems.
+
+A *knob* tuple fixes the global choices (logical micro-batch size B and count m, schedule
+with its virtual stages, recompute, ZeRO stage, number of stages p).  For each, every stage
+option ``(node class, tp, replicas n)`` is priced with the cost model's own pure functions
+(``replica_compute``, ``replica_memory``, ``dp_sync_time_s``, ``optimizer_time_s``,
+``p2p_time_s``) on representative devices of its class, so the CoreProblem's objective is
+``planner.cost`` 's iteration time for the plan that naming.py builds.  Everything per stage
+is affine in its block count (identical blocks), which the core relies on; we measure the
+slope and intercept at two block counts and re-check memory at the chosen limit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from planner.cost import (CostContext, dp_sync_time_s, in_flight_micro_batches, optimizer_time_s,
+                          p2p_time_s, replica_compute, replica_memory_bytes, stage_params)
+from planner.search.classes import ClassInfo
+from planner.search.core import CoreOption, CoreProblem, Row, Term
+
+INTERLEAVE_V = 2            # virtual stages tried for interleaved-1f1b
+QUANTITIES = ("forward", "backward", "dp_exposed_raw", "optimizer")
+
+
+@dataclass(frozen=True)
+class Knobs:
+    micro_batch_size: int       # B: sequences of one logical micro-batch (sum of a stage's shares)
+    num_micro_batches: int      # m = global batch / B
+    schedule: str
+    virtual_stages: int
+    recompute: str
+    zero_stage: int
+    num_stages: int
+
+    @property
+    def block_unit(self) -> int:
+        """Blocks per core unit: interleaving needs each stage's blocks to split into v chunks."""
+        return self.virtual_stages if self.schedule == "interleaved-1f1b" else 1
+
+    def label(self) -> str:
+        v = f"x{self.virtual_stages}" if self.schedule == "interleaved-1f1b" else ""
+        return (f"p={self.num_stages} B={self.micro_batch_size} m={self.num_micro_batches} "
+                f"{self.schedule}{v} rc={self.recompute} zero={self.zero_stage}")
+
+
+@dataclass(frozen=True)
+class OptionKey:
+    cls: int
+    tp: int
+    replicas: int
+
+
+def shares(B: int, n: int) -> list[int]:
+    """Even split of B sequences over n replicas, the larger shares first."""
+    q, r = divmod(B, n)
+    return [q + 1] * r + [q] * (n - r)
+
+
+@lru_cache(maxsize=4096)
+def replica_counts(B: int) -> tuple[int, ...]:
+    """The declared replica counts: the fewest replicas giving each largest share."""
+    return tuple(sorted({-(-B // q) for q in range(1, B + 1)}))
+
+
+def tp_degrees(model, info: ClassInfo, max_tp: int) -> list[int]:
+    out, t = [], 1
+    while t <= min(info.gpus_per_node, max_tp):
+        if model.num_attention_heads % t == 0 and model.kv_heads % t == 0:
+            out.append(t)
+        t *= 2
+    return out
+
+
+def enumerate_knobs(model, training, classes: list[ClassInfo]) -> list[Knobs]:
+    gbs, L = training.global_batch_size, model.num_layers
+    total_units = sum(c.capacity_units for c in classes)
+    max_p = min(L, training.max_stages or L, total_units if all(c.shared_node for c in classes) else 10**9)
+    max_p = min(max_p, sum(c.node_class.num_gpus for c in classes))
+    out = []
+    for B in (d for d in range(1, gbs + 1) if gbs % d == 0):
+        m = gbs // B
+        for sched in training.schedules:
+            v = INTERLEAVE_V if sched == "interleaved-1f1b" else 1
+            for rc in training.recompute_modes:
+                for z in training.zero_stages:
+                    for p in range(1, max_p + 1):
+                        if v > 1 and (p < 2 or m % p or L % v or L // v < p):
+                            continue
+                        out.append(Knobs(B, m, sched, v, rc, int(z), p))
+    return out
+
+
+def make_context(model, training, knobs: Knobs, profiles=None, calibration=None) -> CostContext:
+    from planner.cost import default_calibration
+    return CostContext(model=model, seq_len=training.seq_len, precision=training.precision,
+                       recompute=knobs.recompute, sequence_parallel=training.sequence_parallel,
+                       zero_stage=knobs.zero_stage, schedule=knobs.schedule,
+                       virtual_stages=knobs.virtual_stages,
+                       calibration=calibration or default_calibration(), profiles=profiles)
+
+
+def _affine(f, unit: int) -> tuple[float, float]:
+    """(slope, intercept) per core unit of a function affine in blocks for blocks >= 1."""
+    a, b = f(unit), f(2 * unit)
+    return b - a, a - (b - a)
+
+
+class Pricer:
+    """Prices the options of one knob tuple; topology paths are cached across knob tuples."""
+
+    def __init__(self, model, training, classes: list[ClassInfo], topology, profiles=None):
+        self.model, self.training, self.classes, self.topo = model, training, classes, topology
+        self.profiles = profiles
+        self._rings: dict = {}
+        self._paths: dict = {}
+
+    def option_keys(self, knobs: Knobs) -> list[OptionKey]:
+        allowed_q = set(self.training.micro_batch_sizes or ())
+        keys = []
+        for info in self.classes:
+            for t in tp_degrees(self.model, info, self.training.max_tp):
+                for n in replica_counts(knobs.micro_batch_size):
+                    if n > info.max_replicas(t) or info.units(t, n) > info.capacity_units:
+                        continue
+                    if allowed_q and -(-knobs.micro_batch_size // n) not in allowed_q:
+                        continue
+                    keys.append(OptionKey(info.index, t, n))
+        return keys
+
+    def ring(self, key: OptionKey):
+        hit = self._rings.get(key)
+        if hit is None:
+            info = self.classes[key.cls]
+            devs = tuple(r[0] for r in info.replica_devices(key.tp, key.replicas))
+            hit = self._rings[key] = self.topo.ring(devs, concurrent_rings=key.tp)
+        return hit
+
+    def send_path(self, a: OptionKey, b: OptionKey):
+        """(L0, X): a transfer of k sequences takes L0 + k X (p2p_time_s is affine in bytes)."""
+        ck = (a.cls, a.tp, b.cls, b.tp)
+        hit = self._paths.get(ck)
+        if hit is None:
+            ia, ib = self.classes[a.cls], self.classes[b.cls]
+            da = ia.replica_devices(a.tp, 1)[0][0]
+            if a.cls == b.cls and not ia.shared_node:
+                db = ib.replica_devices(b.tp, 1, first_node=1)[0][0]
+            elif a.cls == b.cls:
+                db = ib.replica_devices(b.tp, 1, first_gpu=a.tp)[0][0] if a.tp + b.tp <= ia.gpus_per_node \
+                    else ib.replica_devices(b.tp, 1)[0][0]
+            else:
+                db = ib.replica_devices(b.tp, 1)[0][0]
+            na, nb = da.rpartition(":")[0], db.rpartition(":")[0]
+            path = self.topo.p2p(da, db)
+            cap = None if na == nb else self.topo.node_p2p(na, nb).bandwidth_Bps
+            hit = self._paths[ck] = (path, cap, min(a.tp, b.tp))
+        return hit
+
+    def price(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey] | None = None) -> CoreProblem:
+        keys = self.option_keys(knobs) if keys is None else keys
+        p, m, B = knobs.num_stages, knobs.num_micro_batches, knobs.micro_batch_size
+        unit = knobs.block_unit
+        L_units = self.model.num_layers // unit
+        options = []
+        for key in keys:
+            opt = self._option(ctx, knobs, key, unit, L_units)
+            if opt is not None:
+                options.append(opt)
+        boundary = self._boundary(ctx, knobs, options) if p > 1 and options else None
+        rows, terms = pipeline_rows(knobs)
+        res_price = []
+        for info in self.classes:
+            price = info.node_price_usd_per_hour
+            res_price.append((price or 0.0) if info.shared_node else 0.0)
+        return CoreProblem(num_blocks=L_units, num_stages=p, capacity=[c.capacity_units for c in self.classes],
+                           options=options, rows=rows, terms=terms, boundary=boundary,
+                           wrap=knobs.schedule == "interleaved-1f1b" and p > 1, resource_price=res_price)
+
+    def _option(self, ctx, knobs, key: OptionKey, unit: int, L_units: int) -> CoreOption | None:
+        info = self.classes[key.cls]
+        gpu, intra, t, n = info.gpu, info.node_class.intra_Bps, key.tp, key.replicas
+        p, m, v = knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages
+        share = -(-knobs.micro_batch_size // n)
+        ring = self.ring(key) if n > 1 else None
+        shard = n if knobs.zero_stage >= 1 else 1
+        overlap = ctx.grad_reduce_overlap
+
+        def quantities(nb: int, emb: bool, head: bool) -> tuple[float, ...]:
+            rt = replica_compute(ctx, gpu, intra, t, share, nb, emb, head)
+            params = stage_params(ctx, nb, emb, head)
+            dp = dp_sync_time_s(ctx, params, n, t, ring.bandwidth_Bps, ring.latency_s, ring.kind) if ring else 0.0
+            dpx = dp - rt.total_backward_s if overlap else dp
+            return (rt.total_forward_s, rt.total_backward_s, dpx,
+                    optimizer_time_s(ctx, gpu, params / t / shard))
+
+        slope = None
+        fixed: list[tuple[float, ...] | None] = []
+        max_blocks: list[int] = []
+        cache: dict = {}
+        for s in range(p):
+            emb, head = s == 0, s == p - 1
+            if (emb, head) not in cache:
+                q1, q2 = quantities(unit, emb, head), quantities(2 * unit, emb, head)
+                sl = tuple(b - a for a, b in zip(q1, q2))
+                cache[emb, head] = (sl, tuple(a - d for a, d in zip(q1, sl)))
+            sl, fx = cache[emb, head]
+            slope = slope or sl
+            inflight = in_flight_micro_batches(knobs.schedule, p, s, m, v)
+
+            def mem(units: int) -> float:
+                return replica_memory_bytes(ctx, gpu, t, share, units * unit, emb, head, n, inflight)
+
+            cap = gpu.memory_bytes
+            a, b = _affine(mem, 1)
+            hi = L_units if a <= 0 else int(min(L_units, max(0, math.floor((cap - b) / a))))
+            while hi >= 1 and mem(hi) > cap:
+                hi -= 1
+            while hi < L_units and mem(hi + 1) <= cap:
+                hi += 1
+            fixed.append(fx if hi >= 1 else None)
+            max_blocks.append(hi)
+        if not any(max_blocks):
+            return None
+        return CoreOption(resource=key.cls, units=info.units(t, n), slope=slope, fixed=fixed,
+                          max_blocks=max_blocks, price_usd_per_hour=info.option_price(t, n), label=key)
+
+    def _boundary(self, ctx, knobs, options: list[CoreOption]) -> np.ndarray:
+        """Send time between adjacent stages for every option pair (evaluate's bottleneck rule)."""
+        B = knobs.micro_batch_size
+        per_seq = ctx.seq_len * ctx.model.hidden_size * ctx.activation_bytes
+        K = len(options)
+        T = np.zeros((1, K, K))
+        for i, oa in enumerate(options):
+            for j, ob in enumerate(options):
+                a, b = oa.label, ob.label
+                path, cap, flows = self.send_path(a, b)
+                t1 = p2p_time_s(per_seq, path, ctx, flows, cap)
+                t2 = p2p_time_s(2 * per_seq, path, ctx, flows, cap)
+                X = t2 - t1
+                L0 = t1 - X
+                T[0, i, j] = max(c * L0 + k * X for c, k in _busiest_points(B, a.replicas, b.replicas))
+        return T
+
+
+@lru_cache(maxsize=65536)
+def _busiest_points(B: int, na: int, nb: int) -> tuple[tuple[int, int], ...]:
+    """Distinct (transfers, sequences) per sender and receiver of a boundary (comm.boundary_bytes
+    layout: sequences in replica order on both sides)."""
+    sa, sb = np.array(shares(B, na)), np.array(shares(B, nb))
+    ca, cb = np.concatenate([[0], np.cumsum(sa)]), np.concatenate([[0], np.cumsum(sb)])
+
+    def counts(cx, cy):
+        j0 = np.searchsorted(cy[1:], cx[:-1], side="right")
+        j1 = np.searchsorted(cy[:-1], cx[1:], side="left") - 1
+        return j1 - j0 + 1
+
+    pts = set(zip(counts(ca, cb).tolist(), sa.tolist())) | set(zip(counts(cb, ca).tolist(), sb.tolist()))
+    # keep the upper-right frontier: only those can be the maximum of c L0 + k X (L0, X >= 0)
+    return tuple(sorted(pt for pt in pts if not any(o != pt and o[0] >= pt[0] and o[1] >= pt[1] for o in pts)))
+
+
+def pipeline_rows(knobs: Knobs) -> tuple[list[Row], list[Term]]:
+    """planner.cost.schedule's closed forms as core rows and terms (F, B, DPX, OPT; one send)."""
+    m, v = knobs.num_micro_batches, knobs.virtual_stages
+    dpx, opt = Row(stage=(0, 0, 1, 0)), Row(stage=(0, 0, 0, 1))
+    if knobs.schedule == "gpipe":
+        rows = [Row(stage=(1, 0, 0, 0), out=(1,)), Row(stage=(0, 1, 0, 0), inn=(1,)), dpx, opt]
+        terms = [Term("max", 0, m - 1), Term("sum", 0), Term("max", 1, m - 1), Term("sum", 1),
+                 Term("max", 2), Term("max", 3)]
+        return rows, terms
+    if knobs.schedule == "interleaved-1f1b":
+        rows = [Row(stage=(1, 1, 0, 0), out=(v,), inn=(v,)), dpx, opt]
+        return rows, [Term("max", 0, m - 1.0 / v), Term("sum", 0, 1.0 / v), Term("max", 1), Term("max", 2)]
+    rows = [Row(stage=(1, 1, 0, 0), out=(1,), inn=(1,)), dpx, opt]
+    return rows, [Term("max", 0, m - 1), Term("sum", 0), Term("max", 1), Term("max", 2)]
