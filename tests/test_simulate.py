@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from itertools import pairwise
 from types import SimpleNamespace
 
 import pytest
@@ -96,7 +97,7 @@ def _check_invariants(res, stages, v):
         end[(e.kind, e.virtual_stage, e.micro_batch)] = e.end_s
     for s in range(p):
         evs = res.stage_events(s)
-        for a, b in zip(evs, evs[1:]):
+        for a, b in pairwise(evs):
             assert b.start_s >= a.end_s - 1e-12, "a stage runs one op at a time"
     for e in res.timeline:
         if e.kind == "fwd" and e.virtual_stage > 0:

@@ -179,3 +179,23 @@ def test_large_cluster_builds_fast():
     # The graph holds device-node edges, never one per device pair.
     assert topo.graph.number_of_edges() < 20000
     assert math.isinf(topo.ring(["h-0:0"]).bandwidth_Bps)
+
+
+def test_zones_without_direct_link_route_over_links():
+    # The spec loader insists on a direct link between zones holding nodes; a cluster built
+    # in code may not have one, and the route takes the narrowest hop and summed latency.
+    from planner.catalog import gpu
+    from planner.spec import Cluster
+    from planner.spec.quantities import numbers_in_base_units
+
+    node = {"gpu": gpu("A100-SXM4-80GB"), "gpus_per_node": 1, "network_bandwidth": 100 * GBIT}
+    with numbers_in_base_units():
+        cluster = Cluster.model_validate({
+            "name": "hops", "zones": [{"name": "a"}, {"name": "b"}, {"name": "c"}],
+            "nodes": [{"name": "x", "zone": "a", **node}, {"name": "y", "zone": "c", **node}],
+            "links": [{"between": ["a", "b"], "bandwidth": 4 * GBIT, "latency": 0.010},
+                      {"between": ["b", "c"], "bandwidth": 2 * GBIT, "latency": 0.005}]})
+    path = Topology(cluster).p2p("x:0", "y:0")
+    assert path.kind == "zone-link"
+    assert path.bandwidth_Bps == pytest.approx(2 * GBIT)
+    assert path.latency_s == pytest.approx(0.015)

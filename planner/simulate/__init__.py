@@ -4,5 +4,15 @@ from planner.simulate.engine import SimEvent, SimResult, SimStage, as_sim_stages
 from planner.simulate.plan import PlanSimulation, simulate_plan, timeline_rows
 from planner.simulate.schedules import SCHEDULES, stage_orders
 
-__all__ = ["SCHEDULES", "PlanSimulation", "SimEvent", "SimResult", "SimStage", "as_sim_stages",
-           "simulate_plan", "simulate_pipeline", "stage_orders", "timeline_rows"]
+__all__ = [
+           "SCHEDULES",
+           "PlanSimulation",
+           "SimEvent",
+           "SimResult",
+           "SimStage",
+           "as_sim_stages",
+           "simulate_pipeline",
+           "simulate_plan",
+           "stage_orders",
+           "timeline_rows",
+]

@@ -3,7 +3,14 @@ latency between device sets; identical nodes grouped into node classes.  No time
 
 from planner.topology.graph import Topology
 from planner.topology.paths import (
-    INTRA_NODE_LATENCY_S, KINDS, NETWORK_LATENCY_S, SAME_DEVICE, Hierarchy, NodeClass, Path, Ring,
+    INTRA_NODE_LATENCY_S,
+    KINDS,
+    NETWORK_LATENCY_S,
+    SAME_DEVICE,
+    Hierarchy,
+    NodeClass,
+    Path,
+    Ring,
 )
 
 __all__ = [

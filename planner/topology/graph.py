@@ -23,13 +23,20 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from itertools import pairwise
 
 import networkx as nx
 
 from planner.errors import InputError
 from planner.spec.cluster import Cluster, Node
 from planner.topology.paths import (
-    INTRA_NODE_LATENCY_S, NETWORK_LATENCY_S, SAME_DEVICE, Hierarchy, NodeClass, Path, Ring,
+    INTRA_NODE_LATENCY_S,
+    NETWORK_LATENCY_S,
+    SAME_DEVICE,
+    Hierarchy,
+    NodeClass,
+    Path,
+    Ring,
 )
 
 
@@ -134,7 +141,7 @@ class Topology:
             route = nx.shortest_path(zones, ("zone", zone_a), ("zone", zone_b), weight="latency_s")
         except (nx.NetworkXNoPath, nx.NodeNotFound):
             raise InputError(f"no link joins zones {zone_a!r} and {zone_b!r}; add one under links") from None
-        edges = [zones.edges[u, v] for u, v in zip(route, route[1:])]
+        edges = [zones.edges[u, v] for u, v in pairwise(route)]
         return (min(e["bandwidth_Bps"] for e in edges), min(e["aggregate_Bps"] for e in edges),
                 sum(e["latency_s"] for e in edges))
 
