@@ -50,8 +50,10 @@ class Topology:
         self._node_order: dict[str, int] = {n.name: i for i, n in enumerate(self.nodes)}
         self._zone_order: dict[str, int] = {z: i for i, z in enumerate(cluster.zone_names)}
         self.graph = self._build_graph()
-        # Bound per instance so the cache dies with the topology.
+        # Bound per instance so the caches die with the topology.
         self.zone_path = lru_cache(maxsize=None)(self._zone_path)
+        self._p2p_cached = lru_cache(maxsize=1 << 16)(self._p2p)
+        self._rings: dict[tuple[frozenset, int], Ring] = {}
 
     # -- construction ------------------------------------------------------------------
     def _build_graph(self) -> nx.Graph:
@@ -146,7 +148,10 @@ class Topology:
                 sum(e["latency_s"] for e in edges))
 
     def p2p(self, dev_a: str, dev_b: str) -> Path:
-        """The path a point-to-point send from ``dev_a`` to ``dev_b`` takes."""
+        """The path a point-to-point send from ``dev_a`` to ``dev_b`` takes (cached)."""
+        return self._p2p_cached(dev_a, dev_b)
+
+    def _p2p(self, dev_a: str, dev_b: str) -> Path:
         node_a, node_b = self.node_of(dev_a), self.node_of(dev_b)
         if dev_a == dev_b:
             return SAME_DEVICE
@@ -188,6 +193,15 @@ class Topology:
         of a stage) cross the same zone links at the same time; they share the links'
         aggregate bandwidth.
         """
+        key = (frozenset(devices), concurrent_rings)
+        hit = self._rings.get(key)
+        if hit is None:
+            if len(self._rings) > 4096:
+                self._rings.clear()
+            hit = self._rings[key] = self._ring(key[0], concurrent_rings)
+        return hit
+
+    def _ring(self, devices: frozenset, concurrent_rings: int) -> Ring:
         groups = self._group_by_node(devices)
         size = sum(k for _, k in groups)
         if size <= 1:
