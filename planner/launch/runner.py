@@ -111,9 +111,9 @@ def model_shape(plan: Plan, model_override: dict | None = None, seq_len: int | N
 
 def rank_map(plan: Plan) -> list[RankInfo]:
     """One rank per device. The plan's own ``launch.ranks`` when present; otherwise the rule of
-    DESIGN §4 that ``planner.plan.rankmap`` and the launch formats follow: nodes in the order
-    they first appear in the plan, ranks numbered node by node, plan order (stage, replica,
-    tp rank) inside a node."""
+    ``planner.plan.rankmap.build_launch`` (which needs a cluster the runner does not have):
+    nodes in the order they first appear in the plan, ranks numbered node by node, devices by
+    local index inside a node."""
     slots = {d: (s.index, j, t) for s in plan.stages for j, r in enumerate(s.replicas)
              for t, d in enumerate(r.devices)}
     if plan.launch is not None:
@@ -128,7 +128,7 @@ def rank_map(plan: Plan) -> list[RankInfo]:
     by_node: dict[str, list[str]] = {}
     for d in plan.devices():
         by_node.setdefault(d.rpartition(":")[0], []).append(d)
-    devices = [d for ds in by_node.values() for d in ds]
+    devices = [d for ds in by_node.values() for d in sorted(ds, key=lambda d: int(d.rpartition(":")[2]))]
     return [RankInfo(i, d, *slots[d]) for i, d in enumerate(devices)]
 
 
