@@ -168,15 +168,19 @@ def simulate_pipeline(stages, num_micro_batches: int, schedule: str = "1f1b",
         try_start(s, now)
     while heap:
         now = heap[0][0]
+        touched: set[int] = set()  # only these stages can start something now
         while heap and heap[0][0] == now:
             _, _, what, payload = heapq.heappop(heap)
             if what == "arrive":
                 ready[payload] = now
+                touched.add(payload[1] % p)
                 continue
             if what == "free":
                 busy[payload[0]] = False
+                touched.add(payload[0])
                 continue
             stage, kind, chunk, mb, vs = payload
+            touched.add(stage)
             if kind == "fwd":
                 if vs == last_vs:
                     ready[("bwd", vs, mb)] = now
@@ -193,7 +197,7 @@ def simulate_pipeline(stages, num_micro_batches: int, schedule: str = "1f1b",
                          ("bwd", vs - 1, mb), chunk, mb, vs)
                 else:
                     busy[stage] = False
-        for s in range(p):
+        for s in sorted(touched):
             try_start(s, now)
 
     stuck = [s for s in range(p) if next_op[s] < len(orders[s])]
