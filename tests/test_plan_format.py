@@ -114,6 +114,9 @@ def test_load_plan_schema_version_and_missing_file(tmp_path):
         load_plan(tmp_path / "nope.json")
     with pytest.raises(InputError, match="JSON object"):
         plan_from_data([1, 2])
+    path.write_text('{"schema": "planner.plan/v1", "micro_batch_size": 1, "micro_batch_size": 2}')
+    with pytest.raises(InputError, match="duplicate key.*micro_batch_size"):
+        load_plan(path)
 
 
 def test_load_plan_maps_pydantic_errors_to_paths(tmp_path):

@@ -29,10 +29,24 @@ def load_plan(path: str | Path) -> Plan:
         raise InputError(f"plan file not found: {file}") from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read plan {file}: {exc}") from None
+    duplicates: list[str] = []
+
+    def no_duplicates(pairs):
+        # json keeps the last of repeated keys silently; a hand-edited plan deserves a word
+        seen: dict = {}
+        for key, value in pairs:
+            if key in seen:
+                duplicates.append(key)
+            seen[key] = value
+        return seen
+
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as exc:
         raise InputError(f"not valid JSON: {exc.msg}", Location(file, exc.lineno, exc.colno)) from None
+    if duplicates:
+        raise InputError(f"duplicate key(s) in a JSON object: {', '.join(sorted(set(duplicates)))}; "
+                         "each key may appear once per object", Location(file))
     return plan_from_data(data, file)
 
 
