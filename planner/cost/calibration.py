@@ -39,15 +39,17 @@ class GpuCalibration:
     width_half: float = 256.0         # h/tp (matmul columns per shard) at which the width factor is 1/2
     mem_eff: float = 0.7              # fraction of peak memory bandwidth of elementwise kernels
     layer_overhead_s: float = 0.0     # fixed time per block per forward (kernel launches); backward 2x
+    microbatch_overhead_s: float = 0.0  # fixed time per micro-batch per stage (scheduling, launches)
+    intra_eff: float = 0.7            # TP ring all-reduce bus bandwidth / intra-node link bandwidth
+    intra_latency_s: float = 2e-5     # per TP ring step (NCCL launch + handshake)
     source: str = "default guess (unfitted)"
 
 
 @dataclass(frozen=True)
 class CommCalibration:
-    """Achieved fraction of link bandwidth and per-collective latency (NCCL, not the wire)."""
+    """Between nodes: achieved fraction of the path's bandwidth and the NCCL latency per step
+    or send on top of the wire's.  (Inside a node these are per GPU type: GpuCalibration.)"""
 
-    intra_eff: float = 0.7            # NVLink/PCIe ring all-reduce bus bandwidth / link bandwidth
-    intra_latency_s: float = 2e-5     # per ring step inside a node
     inter_eff: float = 0.8            # network ring / p2p
     inter_latency_s: float = 3e-5     # per ring step or send between nodes (added to the path's)
     source: str = "default guess (unfitted)"
@@ -59,8 +61,16 @@ class Calibration:
     architectures: dict[str, GpuCalibration] = field(default_factory=dict)  # by architecture
     comm: CommCalibration = field(default_factory=CommCalibration)
     provenance: dict = field(default_factory=dict)
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     def for_gpu(self, gpu: GpuType) -> GpuCalibration:
+        key = (gpu.name, gpu.architecture, gpu.peak_tflops)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._for_gpu(gpu)
+        return hit
+
+    def _for_gpu(self, gpu: GpuType) -> GpuCalibration:
         found = self.gpus.get(gpu.name)
         if found is not None:
             return found
@@ -74,6 +84,15 @@ class Calibration:
                        source=f"derived from ampere, half sizes scaled by peak ratio {scale:.2f} (unfitted)")
 
     # -- yaml ---------------------------------------------------------------------------
+    def with_entry(self, key: str, entry: GpuCalibration, by: str = "architectures") -> "Calibration":
+        """A copy with one GPU-type (``by='gpus'``) or architecture entry replaced."""
+        table = dict(getattr(self, by))
+        table[key] = entry
+        return replace(self, _memo={}, **{by: table})
+
+    def with_comm(self, comm: CommCalibration) -> "Calibration":
+        return replace(self, _memo={}, comm=comm)
+
     def to_mapping(self) -> dict:
         def entry(c: GpuCalibration) -> dict:
             return {k: getattr(c, k) for k in GpuCalibration.__dataclass_fields__}
@@ -105,7 +124,7 @@ def default_calibration() -> Calibration:
     """The shipped calibration (``calibration.yaml``); built-in guesses if it is missing."""
     if CALIBRATION_FILE.exists():
         return Calibration.from_mapping(yaml.safe_load(CALIBRATION_FILE.read_text()) or {})
-    return Calibration()
+    return Calibration(architectures={"ampere": GpuCalibration(), "hopper": GpuCalibration()})
 
 
 def save_calibration(cal: Calibration, path: str | Path = CALIBRATION_FILE, header: str = "") -> None:

@@ -35,24 +35,28 @@ def ring_reduce_scatter_s(num_bytes: float, n: int, bandwidth_Bps: float, latenc
     return ring_allreduce_s(num_bytes, n, bandwidth_Bps, latency_s) / 2
 
 
-def _eff(ctx: CostContext, kind: str) -> tuple[float, float]:
-    c = ctx.calibration.comm
+def _eff(ctx: CostContext, kind: str, gpu=None) -> tuple[float, float]:
+    """(bandwidth efficiency, extra latency) of a path kind; inside a node, per GPU type."""
     if kind in ("nvlink", "same-device"):
-        return c.intra_eff, c.intra_latency_s
+        if gpu is not None:
+            g = ctx.calibration.for_gpu(gpu)
+            return g.intra_eff, g.intra_latency_s
+        return 0.7, 2e-5
+    c = ctx.calibration.comm
     return c.inter_eff, c.inter_latency_s
 
 
-def tp_collective_s(ctx: CostContext, num_bytes: float, tp: int, intra_Bps: float) -> float:
+def tp_collective_s(ctx: CostContext, num_bytes: float, tp: int, intra_Bps: float, gpu=None) -> float:
     """One TP all-reduce (or RS + AG with sequence parallel: same bytes, same time) of
     ``num_bytes`` over the replica's ``tp`` GPUs on the intra-node link."""
     if tp <= 1:
         return 0.0
-    eff, lat = _eff(ctx, "nvlink")
+    eff, lat = _eff(ctx, "nvlink", gpu)
     return ring_allreduce_s(num_bytes, tp, intra_Bps * eff, lat)
 
 
 def p2p_time_s(num_bytes: float, path, ctx: CostContext | None = None, parallel_flows: int = 1,
-               cap_Bps: float | None = None) -> float:
+               cap_Bps: float | None = None, gpu=None) -> float:
     """One point-to-point message over ``path`` (a topology ``Path``): latency + S / B.
 
     ``parallel_flows``: the message is split over that many GPU flows on the same path (the
@@ -60,7 +64,7 @@ def p2p_time_s(num_bytes: float, path, ctx: CostContext | None = None, parallel_
     """
     if num_bytes <= 0 or path.kind == "same-device":
         return 0.0
-    eff, lat = _eff(ctx, path.kind) if ctx is not None else (1.0, 0.0)
+    eff, lat = _eff(ctx, path.kind, gpu) if ctx is not None else (1.0, 0.0)
     bw = path.bandwidth_Bps * max(1, parallel_flows)
     if cap_Bps is not None:
         bw = min(bw, cap_Bps)
@@ -114,7 +118,8 @@ class DpSync:
 
 
 def dp_sync_time_s(ctx: CostContext, stage_params: float, num_replicas: int, min_tp: int,
-                   ring_bandwidth_Bps: float, ring_latency_s: float, kind: str = "network") -> float:
+                   ring_bandwidth_Bps: float, ring_latency_s: float, kind: str = "network",
+                   gpu=None) -> float:
     """Gradient sync of one stage, per iteration.
 
     The stage's gradients (``stage_params`` elements, whole stage) are split over ``min_tp``
@@ -128,7 +133,7 @@ def dp_sync_time_s(ctx: CostContext, stage_params: float, num_replicas: int, min
     """
     if num_replicas <= 1 or stage_params <= 0:
         return 0.0
-    eff, lat = _eff(ctx, kind)
+    eff, lat = _eff(ctx, kind, gpu)
     bw = ring_bandwidth_Bps * eff
     latency = ring_latency_s + lat
     per_ring = stage_params / max(1, min_tp)

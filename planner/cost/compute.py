@@ -134,7 +134,7 @@ def block_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, shar
     ctx.sources[f"{gpu.name}/block/mb{share}/tp{tp}"] = "measured" if measured else "estimated"
     recompute = {"none": 0.0, "selective": core, "full": fwd}[ctx.recompute]
     act = share * ctx.seq_len * ctx.model.hidden_size * ctx.activation_bytes
-    coll = tp_collective_s(ctx, act, tp, intra_Bps)
+    coll = tp_collective_s(ctx, act, tp, intra_Bps, gpu)
     extra = 2 * coll if ctx.recompute == "full" else 0.0
     out = ReplicaTiming(fwd, bwd, recompute, 2 * coll, 2 * coll + extra)
     ctx.cache[key] = out
@@ -154,7 +154,7 @@ def embedding_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, 
     if measured is not None:
         fwd, bwd = measured
     ctx.sources[f"{gpu.name}/embedding/mb{share}/tp{tp}"] = "measured" if measured else "estimated"
-    coll = tp_collective_s(ctx, sbh * ctx.activation_bytes, tp, intra_Bps)
+    coll = tp_collective_s(ctx, sbh * ctx.activation_bytes, tp, intra_Bps, gpu)
     out = ReplicaTiming(fwd, bwd, fwd if ctx.recompute == "full" else 0.0, coll, 0.0)
     ctx.cache[key] = out
     return out
@@ -176,7 +176,7 @@ def head_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, share
     if measured is not None:
         fwd, bwd = measured
     ctx.sources[f"{gpu.name}/head/mb{share}/tp{tp}"] = "measured" if measured else "estimated"
-    coll = tp_collective_s(ctx, share * s * m.hidden_size * ctx.activation_bytes, tp, intra_Bps)
+    coll = tp_collective_s(ctx, share * s * m.hidden_size * ctx.activation_bytes, tp, intra_Bps, gpu)
     out = ReplicaTiming(fwd, bwd, 0.0, 0.0, coll)
     ctx.cache[key] = out
     return out
@@ -192,6 +192,9 @@ def replica_compute(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, s
     if hit is not None:
         return hit
     out = block_timing(ctx, gpu, intra_Bps, tp, share).scaled(blocks) if blocks else ZERO
+    overhead = ctx.calibration.for_gpu(gpu).microbatch_overhead_s
+    if overhead:
+        out = out + ReplicaTiming(overhead, 0.0, 0.0, 0.0, 0.0)
     if embedding:
         out = out + embedding_timing(ctx, gpu, intra_Bps, tp, share)
     if head:

@@ -87,7 +87,7 @@ class _Paths:
         return hit
 
 
-def _boundary(ctx, paths, sa, sb, crossings, m_sends):
+def _boundary(ctx, paths, sa, sb, crossings, m_sends, ctx_gpu):
     """Send time between stage ``sa`` and ``sb`` (bottleneck over replicas); records egress."""
     per_seq = ctx.seq_len * ctx.model.hidden_size * ctx.activation_bytes
     shares_a = [r.micro_batch_share for r in sa.replicas]
@@ -97,7 +97,7 @@ def _boundary(ctx, paths, sa, sb, crossings, m_sends):
         ra, rb = sa.replicas[i], sb.replicas[j]
         flows = min(ra.tp, rb.tp)
         path, cap, zones = paths.send(ra.devices[0], rb.devices[0], flows)
-        times.append((i, j, p2p_time_s(nbytes, path, ctx, flows, cap)))
+        times.append((i, j, p2p_time_s(nbytes, path, ctx, flows, cap, ctx_gpu(ra))))
         if zones[0] != zones[1]:
             key = tuple(sorted(zones))
             crossings[key] = crossings.get(key, 0.0) + 2 * nbytes * m_sends  # both directions
@@ -143,16 +143,19 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
                 best = (k, rt)
         timings.append({"slowest": best[0], "rt": best[1]})
 
+    def gpu_of(replica):
+        return nodes[replica.node].gpu
+
     # -- sends between neighbours (interleaved: the last stage also sends to stage 0) -------
     crossings: dict[tuple[str, str], float] = {}
     send_fwd = [0.0] * p
     send_bwd = [0.0] * p
     for i in range(p - 1):
-        t = _boundary(ctx, paths, stages[i], stages[i + 1], crossings, m * v_eff)
+        t = _boundary(ctx, paths, stages[i], stages[i + 1], crossings, m * v_eff, gpu_of)
         send_fwd[i] = t
         send_bwd[i + 1] = t
     if v_eff > 1 and p > 1:
-        t = _boundary(ctx, paths, stages[-1], stages[0], crossings, m * (v_eff - 1))
+        t = _boundary(ctx, paths, stages[-1], stages[0], crossings, m * (v_eff - 1), gpu_of)
         send_fwd[-1] = t
         send_bwd[0] = max(send_bwd[0], t)
 
@@ -166,7 +169,8 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
             min_tp = min(r.tp for r in st.replicas)
             devs = tuple(r.devices[0] for r in st.replicas)
             ring, ring_crossings = paths.ring(devs, min_tp)
-            dp = dp_sync_time_s(ctx, params, n, min_tp, ring.bandwidth_Bps, ring.latency_s, ring.kind)
+            dp = dp_sync_time_s(ctx, params, n, min_tp, ring.bandwidth_Bps, ring.latency_s, ring.kind,
+                               gpu_of(st.replicas[0]))
             if ring_crossings:
                 per_ring = params / min_tp
                 wire = (ctx.grad_bytes_per_param + (ctx.activation_bytes if ctx.zero_stage else ctx.grad_bytes_per_param))
