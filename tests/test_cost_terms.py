@@ -1,0 +1,192 @@
+"""Each cost term against a hand calculation (FLOPs, ring all-reduce, schedules, memory)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from planner import catalog
+from planner.cost import CostContext, pipeline_breakdown, pipeline_time_s, ring_allreduce_s
+from planner.cost.calibration import Calibration, GpuCalibration
+from planner.cost.comm import boundary_bytes, boundary_time_s, dp_exposed_s, dp_sync_time_s, ring_reduce_scatter_s
+from planner.cost.compute import matmul_efficiency, replica_compute
+from planner.cost.flops import block_params, model_flops_per_iteration, total_params
+from planner.cost.memory import block_activation_bytes, bytes_per_param, in_flight_micro_batches, replica_memory
+from planner.cost.schedule import StageTiming
+from planner.spec import load_model
+
+
+def gpt(**kw):
+    base = dict(name="t", num_layers=4, hidden_size=1024, num_attention_heads=16, vocab_size=50257)
+    base.update(kw)
+    return load_model(base)
+
+
+# -- FLOPs ------------------------------------------------------------------------------------
+
+def test_gpt3_175b_flops_match_6_params_tokens_plus_attention():
+    m = catalog.model("gpt3-175b")
+    B, s = 1536, 2048
+    flops = model_flops_per_iteration(m, B, s)
+    params = total_params(m)
+    assert 170e9 < params < 180e9
+    # 6 N T for the weights + 12 L s^2 h per sequence for the attention scores (Kaplan et al.)
+    expected = 6 * params * B * s + 12 * m.num_layers * s * s * m.hidden_size * B
+    assert flops == pytest.approx(expected, rel=0.02)
+
+
+def test_gpt_flops_equal_narayanan_formula_exactly():
+    m = gpt(num_layers=24, hidden_size=2048, num_attention_heads=16)
+    B, s, L, h, V = 64, 1024, 24, 2048, 50257
+    narayanan = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+    assert model_flops_per_iteration(m, B, s) == pytest.approx(narayanan, rel=1e-12)
+
+
+def test_gqa_and_swiglu_change_the_block():
+    mha = gpt(ffn_hidden_size=4096)
+    gqa = gpt(ffn_hidden_size=4096, num_kv_heads=4)
+    swi = gpt(ffn_hidden_size=4096, mlp="swiglu")
+    h = 1024
+    assert block_params(mha) - block_params(gqa) > 2 * h * (h - h // 4) - 4 * h  # smaller K, V
+    assert block_params(swi) - block_params(mha) >= h * 4096 - 3 * h - 4096 * 2
+
+
+# -- communication ------------------------------------------------------------------------------
+
+def test_ring_allreduce_formula():
+    S, B = 1e9, 100e9
+    for n in (2, 4, 8, 64):
+        assert ring_allreduce_s(S, n, B) == pytest.approx(2 * (n - 1) / n * S / B)
+        assert ring_allreduce_s(S, n, B, 1e-5) == pytest.approx(2 * (n - 1) / n * S / B + 2 * (n - 1) * 1e-5)
+        assert ring_reduce_scatter_s(S, n, B) == pytest.approx((n - 1) / n * S / B)
+    assert ring_allreduce_s(S, 1, B) == 0.0
+
+
+def _ctx(model=None, **kw):
+    cal = Calibration(architectures={"ampere": GpuCalibration(intra_eff=1.0, intra_latency_s=0.0)})
+    cal = cal.with_comm(cal.comm.__class__(inter_eff=1.0, inter_latency_s=0.0))
+    return CostContext(model=model or gpt(), seq_len=1024, calibration=cal, **kw)
+
+
+def test_dp_sync_zero1_moves_grads_then_params():
+    ctx = _ctx(precision="bf16")
+    P, n, bw = 1e9, 8, 25e9
+    plain = dp_sync_time_s(ctx, P, n, 1, bw, 0.0)
+    assert plain == pytest.approx(2 * 7 / 8 * P * 4 / bw)  # fp32 grads with bf16 (Megatron)
+    z1 = dp_sync_time_s(_ctx(precision="bf16", zero_stage=1), P, n, 1, bw, 0.0)
+    assert z1 == pytest.approx(7 / 8 * P * 4 / bw + 7 / 8 * P * 2 / bw)
+    # two TP ranks: two concurrent rings, each carrying half
+    assert dp_sync_time_s(ctx, P, n, 2, bw, 0.0) == pytest.approx(plain / 2)
+    assert dp_exposed_s(ctx, 1.0, 0.3) == pytest.approx(0.7)
+    assert dp_exposed_s(_ctx(grad_reduce_overlap=False), 1.0, 0.3) == 1.0
+
+
+def test_boundary_between_uneven_replica_counts():
+    # 3 replicas (shares 2, 1, 1) send to 2 replicas (shares 2, 2) of the next stage
+    moves = boundary_bytes([2, 1, 1], [2, 2], 10.0)
+    assert moves == [(0, 0, 20.0), (1, 1, 10.0), (2, 1, 10.0)]
+    # receiver 1 gets two transfers one after the other: it is the bottleneck
+    assert boundary_time_s([(i, j, b / 10) for i, j, b in moves]) == pytest.approx(2.0)
+
+
+# -- schedules --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (8, 32), (4, 4)])
+def test_1f1b_bubble_fraction_equal_stages(p, m):
+    f, b = 1.0, 2.0
+    stages = [StageTiming(forward_s=f, backward_s=b, compute_s=f + b) for _ in range(p)]
+    t = pipeline_time_s(stages, m, "1f1b")
+    assert t == pytest.approx((m + p - 1) * (f + b))
+    bd = pipeline_breakdown(stages, m, "1f1b")
+    assert bd["bubble"] / bd["compute"] == pytest.approx((p - 1) / m)
+    assert pipeline_time_s(stages, m, "gpipe") == pytest.approx(t)
+    for v in (2, 4):
+        ti = pipeline_time_s(stages, m, "interleaved-1f1b", v)
+        assert ti == pytest.approx((m + (p - 1) / v) * (f + b))
+
+
+def test_gpipe_unequal_stages_is_a_flow_shop():
+    stages = [StageTiming(forward_s=f, backward_s=b) for f, b in [(1, 2), (3, 1), (2, 2)]]
+    m = 5
+    # forward flow shop: sum + (m-1) max; backward likewise
+    assert pipeline_time_s(stages, m, "gpipe") == pytest.approx((6 + 4 * 3) + (5 + 4 * 2))
+
+
+def test_breakdown_sums_to_iteration_time_with_sync_and_optimizer():
+    stages = [StageTiming(forward_s=1, backward_s=2, send_forward_s=0.1, compute_s=2.5, recompute_s=0.3,
+                          tp_comm_s=0.2, dp_sync_exposed_s=0.5, optimizer_s=0.05),
+              StageTiming(forward_s=1.5, backward_s=2.5, send_backward_s=0.1, compute_s=3.5,
+                          recompute_s=0.4, tp_comm_s=0.1, dp_sync_exposed_s=0.2, optimizer_s=0.07)]
+    bd = pipeline_breakdown(stages, 8, "1f1b")
+    from planner.cost import iteration_time_s
+    assert sum(bd.values()) == pytest.approx(iteration_time_s(stages, 8, "1f1b"))
+    assert bd["compute"] == pytest.approx(8 * 3.5) and bd["dp_sync_exposed"] == 0.5
+    assert bd["optimizer"] == 0.07 and bd["pp_comm"] == pytest.approx(8 * 0.1)
+    assert min(bd.values()) >= 0
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+def test_activation_memory_matches_korthikanti(t):
+    m = gpt(num_layers=24, hidden_size=2048, num_attention_heads=16)
+    s, b, h, a = 1024, 4, 2048, 16
+    sbh = s * b * h
+    no_sp = _ctx(m, flash_attention=False, sequence_parallel=False)
+    sp = _ctx(m, flash_attention=False, sequence_parallel=True)
+    assert block_activation_bytes(no_sp, t, b, "none") == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    if t > 1:
+        assert block_activation_bytes(sp, t, b, "none") == pytest.approx(sbh * (34 / t + 5 * a * s / (h * t)))
+        assert block_activation_bytes(sp, t, b, "selective") == pytest.approx(sbh * 34 / t)
+        assert block_activation_bytes(sp, t, b, "full") == pytest.approx(2 * sbh / t)
+    assert block_activation_bytes(no_sp, t, b, "selective") == pytest.approx(sbh * (10 + 24 / t))
+    assert block_activation_bytes(no_sp, t, b, "full") == pytest.approx(2 * sbh)
+
+
+def test_bytes_per_param_and_in_flight():
+    assert sum(bytes_per_param("bf16")) == 18 and sum(bytes_per_param("fp16")) == 20
+    assert [in_flight_micro_batches("1f1b", 4, s, 16) for s in range(4)] == [4, 3, 2, 1]
+    assert in_flight_micro_batches("1f1b", 8, 0, 3) == 3
+    assert in_flight_micro_batches("gpipe", 4, 2, 16) == 16
+    # Megatron interleaved warm-up: (p - s - 1) * 2 + (v - 1) * p + 1 chunks of 1/v
+    assert in_flight_micro_batches("interleaved-1f1b", 4, 0, 16, 2) == pytest.approx((6 + 4 + 1) / 2)
+
+
+def test_replica_memory_zero1_shards_optimizer_state():
+    gpu = catalog.gpu("A100-SXM4-80GB")
+    m = gpt(num_layers=8)
+    plain = replica_memory(_ctx(m), gpu, 2, 1, 8, True, True, 4, 1)
+    z1 = replica_memory(_ctx(m, zero_stage=1), gpu, 2, 1, 8, True, True, 4, 1)
+    assert z1.optimizer_bytes == pytest.approx(plain.optimizer_bytes / 4)
+    assert z1.weights_bytes == plain.weights_bytes
+    # untied: embedding table and output projection are separate V x h matrices
+    assert plain.weights_bytes == pytest.approx(2 * (8 * block_params(m) + 2 * 50257 * 1024 + 2 * 1024) / 2)
+
+
+# -- compute ----------------------------------------------------------------------------------
+
+def test_efficiency_saturates_and_replica_time_scales_with_blocks():
+    gpu = catalog.gpu("A100-SXM4-80GB")
+    ctx = _ctx()
+    effs = [matmul_efficiency(ctx, gpu, n, 1024) for n in (128, 1024, 8192, 65536)]
+    assert effs == sorted(effs) and effs[-1] < ctx.calibration.for_gpu(gpu).eff_max
+    one = replica_compute(ctx, gpu, 300e9, 2, 2, 1)
+    four = replica_compute(ctx, gpu, 300e9, 2, 2, 4)
+    assert four.total_s == pytest.approx(4 * one.total_s + 0 * one.total_s, rel=0.25)
+    assert four.backward_s == pytest.approx(2 * four.forward_s, rel=0.2)
+
+
+class FakeProfiles:
+    def lookup(self, gpu_name, layer_kind, micro_batch, tp, seq_len, model):
+        return (0.01, 0.02) if layer_kind == "block" else None
+
+
+def test_profile_replaces_roofline_and_is_recorded():
+    gpu = catalog.gpu("A100-SXM4-80GB")
+    ctx = _ctx(profiles=FakeProfiles())
+    rt = replica_compute(ctx, gpu, 300e9, 1, 4, 3, embedding=True)
+    assert rt.forward_s >= 0.03 and rt.backward_s >= 0.06
+    assert ctx.sources["A100-SXM4-80GB/block/mb4/tp1"] == "measured"
+    assert ctx.sources["A100-SXM4-80GB/embedding/mb4/tp1"] == "estimated"
+    assert math.isfinite(rt.total_s)
