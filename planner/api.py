@@ -11,7 +11,6 @@ thin layer on these functions.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "Cluster", "InfeasibleError", "InputError", "ModelSpec", "Plan", "PlannerError", "Training",
-    "evaluate", "load_cluster", "load_model", "load_plan", "load_training", "plan", "summarize_cluster",
+    "evaluate", "load_cluster", "load_model", "load_plan", "load_training", "plan", "simulate",
+    "summarize_cluster",
 ]
 
 
@@ -34,6 +34,13 @@ def load_plan(path: str | Path) -> Plan:
     from planner.plan.check import load_plan as _load
 
     return _load(path)
+
+
+def simulate(cluster: Cluster, plan: Plan, profiles: Any = None):
+    """Run the plan's pipeline schedule event by event (see ``planner.simulate``)."""
+    from planner.simulate import simulate_plan
+
+    return simulate_plan(cluster, plan, profiles=profiles)
 
 
 def evaluate(cluster: Cluster, plan: Plan, profiles: Any = None) -> "Evaluation":
@@ -91,8 +98,3 @@ def summarize_cluster(cluster: Cluster) -> dict:
         ],
         "sha256": cluster.sha256(),
     }
-
-
-def plan_from_file(path: str | Path) -> Plan:
-    """Alias kept for symmetry with ``Plan.from_json(json.load(...))``."""
-    return Plan.from_json(json.loads(Path(path).read_text()))

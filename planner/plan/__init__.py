@@ -4,8 +4,12 @@ from planner.plan.model import (
     SCHEMA_ID, LaunchInfo, LaunchNode, LaunchRank, Objective, Plan, PlanInputs, Predicted, Replica,
     SolverReport, Stage,
 )
+from planner.plan.check import check_plan, load_plan, plan_from_data  # noqa: E402
+from planner.plan.rankmap import build_launch  # noqa: E402
+from planner.plan.schema import plan_schema, validate_plan_json  # noqa: E402
 
 __all__ = [
     "SCHEMA_ID", "LaunchInfo", "LaunchNode", "LaunchRank", "Objective", "Plan", "PlanInputs",
-    "Predicted", "Replica", "SolverReport", "Stage",
+    "Predicted", "Replica", "SolverReport", "Stage", "build_launch", "check_plan", "load_plan",
+    "plan_from_data", "plan_schema", "validate_plan_json",
 ]
