@@ -5,8 +5,10 @@ rank holds it (heads/tp, kv_heads/tp, ffn/tp, vocab/tp; no communication: the co
 TP collectives itself), run ``warmup`` untimed forward+backward passes, then ``repeats`` timed
 ones, and keep the median of each direction.
 
-Timing: CUDA events around forward and backward on GPU; ``time.perf_counter`` on CPU (CPU ops
-are synchronous, so wall clock is the op time).
+Timing: CUDA events around forward and backward on GPU.  On CPU ops are synchronous; with one
+torch thread (the default, as the reference runner uses) we read the measuring thread's CPU
+time (``time.thread_time``), which equals the op time on an idle core and is not inflated when
+other processes share the machine; with several threads, ``time.perf_counter`` (wall clock).
 Memory: on GPU ``torch.cuda.max_memory_allocated`` over one forward+backward after resetting the
 peak (it includes the layer's weights, gradients, input and workspace).  On CPU torch keeps no
 peak counter, so we estimate: the bytes of every distinct tensor storage that is alive around
@@ -191,6 +193,13 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _cpu_clock():
+    """With one torch thread every op runs on this thread, so its CPU time is the op time and,
+    unlike the wall clock, does not grow while other processes hold the core; with more threads
+    the wall clock is the only honest total."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
 def _time(case: _Case, device, warmup: int, repeats: int) -> tuple[float, float]:
     fwd, bwd = [], []
     for i in range(warmup + repeats):
@@ -205,11 +214,12 @@ def _time(case: _Case, device, warmup: int, repeats: int) -> tuple[float, float]
             torch.cuda.synchronize(device)
             f_s, b_s = start.elapsed_time(mid) / 1e3, mid.elapsed_time(end) / 1e3
         else:
-            t0 = time.perf_counter()
+            clock = _cpu_clock()
+            t0 = clock()
             out = case.forward()
-            t1 = time.perf_counter()
+            t1 = clock()
             case.backward(out)
-            t2 = time.perf_counter()
+            t2 = clock()
             f_s, b_s = t1 - t0, t2 - t1
         del out
         if i >= warmup:
@@ -330,7 +340,8 @@ def measure_profile(model: ModelSpec, device_name: str, micro_batches: list[int]
         created=dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
         seq_len=seq_len, model=model.to_mapping(),
         settings={"warmup": warmup, "repeats": repeats, "statistic": "median",
-                  "timer": "cuda-events" if device.type == "cuda" else "wall-clock",
+                  "timer": ("cuda-events" if device.type == "cuda" else
+                            "thread-cpu-time" if _cpu_clock() is time.thread_time else "wall-clock"),
                   "memory": ("torch.cuda.max_memory_allocated" if device.type == "cuda" else
                              "estimate: distinct live and saved-for-backward tensor storages"),
                   "load_average": (load_before, _load_average()) if load_before is not None else None},

@@ -41,7 +41,7 @@ class MeasureSettings(BaseModel):
     warmup: int = Field(ge=0)
     repeats: PositiveInt
     statistic: Literal["median"] = "median"
-    timer: str = Field(description="how times were taken (cuda-events | wall-clock)")
+    timer: str = Field(description="how times were taken (cuda-events | thread-cpu-time | wall-clock)")
     memory: str = Field(description="how peak memory was obtained")
     load_average: tuple[float, float] | None = Field(
         default=None, description="1-minute load average before and after (CPU noise indicator)")

@@ -17,6 +17,7 @@ up for the plan's ``inputs.profiles``.
 from __future__ import annotations
 
 import bisect
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -140,7 +141,7 @@ class ProfileSet:
                 raise InputError(f"no node of this cluster has GPU type {gpu_name!r}; node GPU types: "
                                  f"{', '.join(sorted({n.gpu.name for n in cluster.node_list}))}",
                                  where())
-            path = Path(rel) if Path(rel).is_absolute() else base / rel
+            path = Path(rel) if Path(rel).is_absolute() else Path(os.path.normpath(base / rel))
             if not path.is_file():
                 raise InputError(f"profile file not found: {path}", where())
             self._load_file(path, gpu_name)
