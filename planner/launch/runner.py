@@ -287,11 +287,10 @@ def _launch(cfg: dict, ranks: list[RankInfo], out: Path, timeout_s: float) -> No
     procs = []
     try:
         for r in ranks:
-            log = open(out / f"rank{r.rank}.log", "wb")
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "planner.launch.worker", str(cfg_path), str(r.rank), str(out)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env))
-            log.close()
+            with open(out / f"rank{r.rank}.log", "wb") as log:  # the child keeps its own copy
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "planner.launch.worker", str(cfg_path), str(r.rank), str(out)],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env))
         deadline = time.monotonic() + timeout_s
         while True:
             codes = [p.poll() for p in procs]

@@ -184,7 +184,7 @@ def block(p: dict, i: int, x: torch.Tensor, shape: Shape, tpc: TPContext) -> tor
         k = k.repeat_interleave(heads // kv_heads, dim=1)
         v = v.repeat_interleave(heads // kv_heads, dim=1)
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(d)
-    causal = torch.ones(s, s, dtype=torch.bool).triu(1)
+    causal = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
     scores = scores.masked_fill(causal, float("-inf"))
     ctx = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, s, heads * d)
     x = x + tpc.reduce_out(ctx @ p[pre + "attn.o.weight"].T)

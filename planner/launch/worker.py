@@ -256,7 +256,7 @@ def main(argv: list[str]) -> int:
         (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
         dist.destroy_process_group()
         return 0
-    except BaseException as exc:  # report everything, the parent decides what the user sees
+    except BaseException as exc:  # noqa: BLE001 - report everything; the parent decides what the user sees
         err = {"rank": rank, "type": type(exc).__name__, "message": str(exc),
                "traceback": traceback.format_exc()}
         tmp = out_dir / f"rank{rank}.error.json.tmp"
