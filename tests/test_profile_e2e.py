@@ -1,9 +1,16 @@
-"""Hand-built plans of the CPU end-to-end check (docs/profiles.md), shared by its test and its
-report script; the search is not needed to lay out these few devices."""
+"""End-to-end check of measured profiles (docs/profiles.md): predict a CPU job's step time from
+profiles/cpu-small.yaml, run the same plan with the reference runner, compare.
+
+The plans are built by hand (a few devices need no search); test_profile_cost.py reuses them.
+"""
 
 from __future__ import annotations
 
+import os
+import statistics
 from pathlib import Path
+
+import pytest
 
 from planner.plan import Plan
 from planner.spec import load_model
@@ -53,3 +60,49 @@ def data_parallel_plan(num_stages: int, replicas: int, micro_batch_size: int = 2
         devs = [(f"cpu:{i * replicas + j}", share) for j in range(replicas)]
         stages.append(_stage(i, (i * per, (i + 1) * per), i == num_stages - 1, devs))
     return _plan(stages, micro_batch_size, num_micro_batches, cluster)
+
+
+# (name, plan, cluster spec): 2 processes on the 2-core machine, and a 4-process pipeline that
+# puts two processes on each core.
+CASES = {
+    "pp2": (lambda: pipeline_plan(2), "cpu-local"),
+    "dp2": (lambda: data_parallel_plan(1, 2), "cpu-local"),
+    "pp4": (lambda: pipeline_plan(4, cluster="cpu-local-4"), "cpu-local-4"),
+}
+TOLERANCE = 0.25
+
+
+def predict_and_run(name: str, steps: int = 6) -> tuple[float, float, dict]:
+    """(predicted, measured median step time without the first step, breakdown)."""
+    from planner.cost import evaluate
+    from planner.launch.runner import run_plan
+    from planner.profile import load_profiles
+    from planner.spec import load_cluster
+    make, cluster_name = CASES[name]
+    plan = make()
+    spec = ROOT / "cluster_specs" / f"{cluster_name}.yaml"
+    cluster = load_cluster(spec)
+    profiles = load_profiles(cluster=cluster, cluster_path=spec)
+    ev = evaluate(cluster, plan, profiles=profiles)
+    assert profiles.usage()["estimated"] == 0, profiles.usage()
+    run = run_plan(plan, steps=steps, backend="gloo")
+    return ev.iteration_time_s, statistics.median(run.step_time_s[1:]), ev.breakdown_s
+
+
+def _quiet_enough() -> None:
+    load = os.getloadavg()[0]
+    cores = os.cpu_count() or 1
+    if load > 0.75 * cores:
+        pytest.skip(f"machine busy (load {load:.1f} on {cores} cores): the step times would "
+                    "measure the other processes, not the plan")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["pp2", "dp2"])
+def test_two_process_prediction_within_25_percent(name):
+    _quiet_enough()
+    predicted, measured, breakdown = predict_and_run(name)
+    error = measured / predicted - 1
+    print(f"{name}: predicted {predicted * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms, "
+          f"error {error:+.1%}, breakdown {breakdown}")
+    assert abs(error) <= TOLERANCE
