@@ -66,7 +66,11 @@ def _reference(plan: Plan):
 
 
 def _run(plan: Plan):
-    result = runner.run_plan(plan, steps=STEPS, dtype="float64", return_params=True)
+    seen = []
+    result = runner.run_plan(plan, steps=STEPS, dtype="float64", return_params=True,
+                             on_step=lambda *a: seen.append(a))
+    # Live progress reports the same numbers as the result, once per step, in order.
+    assert seen == list(zip(range(STEPS), result.losses, result.step_time_s))
     return result, _reference(plan)
 
 
@@ -129,7 +133,9 @@ def test_cli_json(tmp_path, capsys):
     path = tmp_path / "plan.json"
     path.write_text(plan.dumps())
     assert main(["run", str(path), "--steps", "2", "--tiny", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert "step 1: loss" in captured.err  # progress goes to stderr when stdout carries JSON
     assert out["world_size"] == 2 and len(out["losses"]) == 2 and len(out["step_time_s"]) == 2
     # --tiny keeps the blocks but shrinks the vocabulary to 128: the first loss is near ln(128).
     assert abs(out["losses"][0] - np.log(128)) < 0.5

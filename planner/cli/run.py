@@ -4,8 +4,6 @@ print each step's loss and time."""
 from __future__ import annotations
 
 import click
-from rich.table import Table
-
 from planner import api
 from planner.cli.common import console, echo_json
 
@@ -39,18 +37,16 @@ def run(plan_file: str, steps: int, backend: str, seed: int, tiny: bool, seq_len
     if tiny and seq_len is None:
         seq_len = TINY_SEQ_LEN
     out = console(quiet=as_json)
-    with out.status(f"running {len(plan.devices())} processes for {steps} step(s)…"):
+
+    def on_step(step: int, loss: float, step_time_s: float) -> None:
+        out.print(f"step {step}: loss {loss:.6f}  time {step_time_s * 1e3:.1f} ms")
+
+    with out.status(f"starting {len(plan.devices())} processes ({backend}) for {steps} step(s)…"):
         result = run_plan(plan, steps=steps, backend=backend, seed=seed, model_override=override,
                           seq_len=seq_len, dtype=dtype, optimizer=optimizer, lr=lr,
-                          timeout_s=timeout_s)
+                          timeout_s=timeout_s, on_step=on_step)
     if as_json:
         echo_json(result.to_json())
         return
-    table = Table(title=f"{plan_file}: {result.world_size} processes ({backend})")
-    for col in ("step", "loss", "time"):
-        table.add_column(col, justify="right")
-    for i, (loss, t) in enumerate(zip(result.losses, result.step_time_s)):
-        table.add_row(str(i), f"{loss:.6f}", f"{t * 1e3:.1f} ms")
-    out.print(table)
     out.print(f"parameters sha256 {result.param_digest[:16]}…, replicas agree to "
               f"{result.replica_max_abs_diff:.1e}; wall {result.wall_s:.1f} s")

@@ -280,7 +280,42 @@ def _failure(out: Path, ranks: list[RankInfo], failed: list[int], procs) -> Work
     return exc
 
 
-def _launch(cfg: dict, ranks: list[RankInfo], out: Path, timeout_s: float) -> None:
+class _Progress:
+    """Turns the workers' per-step lines into ``on_step(step, loss, step_time_s)`` calls, once
+    every rank has finished the step (loss summed over the last stage's tp-rank-0 processes,
+    time the slowest rank's)."""
+
+    def __init__(self, out: Path, ranks: list[RankInfo], last_stage: int, on_step):
+        self.out, self.ranks, self.last, self.on_step = out, ranks, last_stage, on_step
+        self.offsets = {r.rank: 0 for r in ranks}
+        self.lines: dict[int, dict[int, dict]] = {}  # step -> rank -> line
+        self.next_step = 0
+
+    def poll(self) -> None:
+        if self.on_step is None:
+            return
+        for r in self.ranks:
+            path = self.out / f"rank{r.rank}.steps"
+            if not path.exists():
+                continue
+            with open(path) as fh:
+                fh.seek(self.offsets[r.rank])
+                text = fh.read()
+            done = text[:text.rfind("\n") + 1]  # a line still being written waits for next poll
+            self.offsets[r.rank] += len(done)
+            for line in done.splitlines():
+                rec = json.loads(line)
+                self.lines.setdefault(rec["step"], {})[r.rank] = rec
+        while len(self.lines.get(self.next_step, {})) == len(self.ranks):
+            recs = self.lines.pop(self.next_step)
+            loss = sum(recs[r.rank]["loss"] for r in self.ranks
+                       if r.stage == self.last and r.tp_rank == 0)
+            self.on_step(self.next_step, loss, max(x["time_s"] for x in recs.values()))
+            self.next_step += 1
+
+
+def _launch(cfg: dict, ranks: list[RankInfo], out: Path, timeout_s: float,
+            progress: _Progress | None = None) -> None:
     cfg_path = out / "config.json"
     cfg_path.write_text(json.dumps(cfg))
     env = _worker_env(cfg["backend"])
@@ -300,7 +335,11 @@ def _launch(cfg: dict, ranks: list[RankInfo], out: Path, timeout_s: float) -> No
                 failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
                 _stop(procs)
                 raise _failure(out, ranks, failed, procs)
+            if progress is not None:
+                progress.poll()
             if all(c == 0 for c in codes):
+                if progress is not None:
+                    progress.poll()
                 return
             if time.monotonic() > deadline:
                 _stop(procs)
@@ -343,8 +382,11 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
              model_override: dict | None = None, *, seq_len: int | None = None,
              dtype: str = "float32", optimizer: str = "adam", lr: float = 1e-3,
              timeout_s: float = 600.0, collective_timeout_s: float = 120.0,
-             return_params: bool = False) -> RunResult:
-    """Train ``plan`` for ``steps`` steps on this machine; see the module docstring."""
+             return_params: bool = False, on_step=None) -> RunResult:
+    """Train ``plan`` for ``steps`` steps on this machine; see the module docstring.
+
+    ``on_step(step, loss, step_time_s)`` is called from this process as each step completes on
+    every rank (for live progress); the returned ``RunResult`` carries the same numbers."""
     if steps < 1:
         raise InputError(f"steps must be at least 1, got {steps}")
     if dtype not in ("float32", "float64"):
@@ -371,7 +413,7 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="planner-run-") as tmp:
         out = Path(tmp)
-        _launch(cfg, ranks, out, timeout_s)
+        _launch(cfg, ranks, out, timeout_s, _Progress(out, ranks, len(plan.stages) - 1, on_step))
         losses, times, params, diff, digest = _collect(out, ranks, plan, steps)
     return RunResult(losses=losses, step_time_s=times, param_digest=digest,
                      replica_max_abs_diff=diff, world_size=len(ranks), ranks=ranks,

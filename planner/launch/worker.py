@@ -236,6 +236,9 @@ class Worker:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             losses.append(loss)
+            # One line per step for the parent's live progress (it sums the last stage's losses).
+            with open(self.progress_path, "a") as fh:
+                fh.write(json.dumps({"step": step, "loss": loss, "time_s": times[-1]}) + "\n")
         dist.barrier()
         return {"rank": self.rank, "stage": self.si, "replica": self.qi, "tp_rank": self.tp_rank,
                 "losses": losses, "step_time_s": times,
@@ -249,6 +252,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg = json.loads(Path(cfg_path).read_text())
         worker = Worker(cfg, rank)
+        worker.progress_path = out_dir / f"rank{rank}.steps"
         worker.init()
         result = worker.train()
         shards = {k: v.detach().cpu().numpy() for k, v in worker.params.items()}
