@@ -37,16 +37,24 @@ def synthetic_profile(tmp_path):
     return path
 
 
+def overhead_s(cluster) -> float:
+    from planner.cost import default_calibration
+    gpu = cluster.node_list[0].gpu
+    return getattr(default_calibration().for_gpu(gpu), "microbatch_overhead_s", 0.0)
+
+
 def test_profile_replaces_roofline_compute(tmp_path):
     cluster = load_cluster(CLUSTER)
     plan = pipeline_plan(2, micro_batch_size=2, num_micro_batches=4)
     roof = evaluate(cluster, plan)
     profiles = ProfileSet.load(synthetic_profile(tmp_path))
     meas = evaluate(cluster, plan, profiles=profiles)
-    # Stage 0: embedding + blocks 0-1, stage 1: blocks 2-3 + head, all at micro-batch 2.
+    # Stage 0: embedding + blocks 0-1, stage 1: blocks 2-3 + head, all at micro-batch 2, plus
+    # the cost model's fixed per-micro-batch overhead (not a layer, so not profiled).
     f, b = BLOCK[2]
-    assert meas.stages[0].compute_s == pytest.approx(2 * (f + b) + 2 * sum(EMB))
-    assert meas.stages[1].compute_s == pytest.approx(2 * (f + b) + 2 * sum(HEAD))
+    extra = overhead_s(cluster)
+    assert meas.stages[0].compute_s == pytest.approx(2 * (f + b) + 2 * sum(EMB) + extra)
+    assert meas.stages[1].compute_s == pytest.approx(2 * (f + b) + 2 * sum(HEAD) + extra)
     # The compute term is the pipeline's compute (m micro-batches through the slowest stage
     # plus the others' fill), so it moves with the stage times and differs from the roofline's.
     assert meas.breakdown_s["compute"] != pytest.approx(roof.breakdown_s["compute"], rel=0.05)
@@ -67,7 +75,8 @@ def test_interpolated_and_missing_entries(tmp_path):
     # measured range, so the roofline prices it and usage says "estimated".
     dp = evaluate(cluster, data_parallel_plan(1, 2, micro_batch_size=2), profiles=profiles)
     f, b = BLOCK[1]
-    assert dp.stages[0].compute_s == pytest.approx(4 * (f + b) + sum(EMB) + sum(HEAD))
+    assert dp.stages[0].compute_s == pytest.approx(4 * (f + b) + sum(EMB) + sum(HEAD)
+                                                   + overhead_s(cluster))
     profiles.reset_usage()
     big = evaluate(cluster, pipeline_plan(2, micro_batch_size=4, num_micro_batches=2),
                    profiles=profiles)
