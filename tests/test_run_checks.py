@@ -140,12 +140,12 @@ def test_plan_launch_ranks_are_used_and_checked():
         runner.rank_map(broken)
 
 
-def test_tiny_override_keeps_blocks_and_gqa_ratio():
+def test_tiny_override_keeps_blocks_and_tp_validity():
     model = {"name": "m", "num_layers": 6, "hidden_size": 1024, "num_attention_heads": 16,
              "num_kv_heads": 4, "vocab_size": 32000, "mlp": "swiglu"}
     plan = make_plan([((0, 6), [rep(1, 4, ["a:0"])])], model=model)
     shape = runner.model_shape(plan, runner.TINY_MODEL, runner.TINY_SEQ_LEN)
-    assert shape == {"num_layers": 6, "hidden_size": 64, "num_heads": 8, "num_kv_heads": 2,
+    assert shape == {"num_layers": 6, "hidden_size": 64, "num_heads": 8, "num_kv_heads": 4,
                      "ffn_size": 256, "vocab_size": 128, "seq_len": 16, "mlp": "swiglu"}
     with pytest.raises(InputError, match="num_layers must stay"):
         runner.model_shape(plan, {"num_layers": 2})

@@ -4,6 +4,7 @@ print each step's loss and time."""
 from __future__ import annotations
 
 import click
+
 from planner import api
 from planner.cli.common import console, echo_json
 

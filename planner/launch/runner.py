@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import socket
 import subprocess
@@ -88,10 +89,9 @@ def model_shape(plan: Plan, model_override: dict | None = None, seq_len: int | N
             raise InputError("model override: num_layers must stay as in the plan "
                              f"({model.num_layers}): the stages hold blocks by index")
         if "num_attention_heads" in model_override and "num_kv_heads" not in model_override:
-            # Keep the GQA ratio where the shrunk head count allows it, else plain attention.
-            heads = model_override["num_attention_heads"]
-            ratio = model.num_attention_heads // model.kv_heads
-            mapping["num_kv_heads"] = heads // ratio if heads % ratio == 0 and heads >= ratio else heads
+            # gcd: any tp that divides both the model's kv heads and the new head count still
+            # divides the kv heads, so a plan valid for the real model stays valid shrunk.
+            mapping["num_kv_heads"] = math.gcd(model.kv_heads, model_override["num_attention_heads"])
         if "hidden_size" in model_override and "ffn_hidden_size" not in model_override:
             mapping["ffn_hidden_size"] = 4 * model_override["hidden_size"]
         mapping.update({k: v for k, v in model_override.items() if k != "seq_len"})
