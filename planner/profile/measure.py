@@ -136,21 +136,23 @@ class _Case:
 
 
 def _make_case(kind: str, s: RankShape, mb: int, seq_len: int, dtype, device) -> _Case:
-    g = torch.Generator(device="cpu").manual_seed(0)
+    g = torch.Generator(device=device).manual_seed(0)
+    # Build the weights on the device itself: initialising a large layer on the CPU first
+    # would take longer than measuring it.
+    with torch.device(device):
+        module = {"embedding": lambda: nn.Embedding(s.vocab, s.hidden), "block": lambda: Block(s),
+                  "head": lambda: Head(s)}[kind]().to(dtype=dtype)
     if kind == "embedding":
-        module = nn.Embedding(s.vocab, s.hidden).to(device=device, dtype=dtype)
-        ids = torch.randint(0, s.vocab, (mb, seq_len), generator=g).to(device)
-        grad = torch.randn(mb, seq_len, s.hidden, generator=g).to(device=device, dtype=dtype)
+        ids = torch.randint(0, s.vocab, (mb, seq_len), generator=g, device=device)
+        grad = torch.randn(mb, seq_len, s.hidden, generator=g, device=device, dtype=dtype)
         return _Case(module, lambda: module(ids), lambda out: out.backward(grad), lambda: [ids, grad])
-    x = torch.randn(mb, seq_len, s.hidden, generator=g).to(device=device, dtype=dtype)
+    x = torch.randn(mb, seq_len, s.hidden, generator=g, device=device, dtype=dtype)
     x.requires_grad_(True)
     if kind == "block":
-        module = Block(s).to(device=device, dtype=dtype)
-        grad = torch.randn(mb, seq_len, s.hidden, generator=g).to(device=device, dtype=dtype)
+        grad = torch.randn(mb, seq_len, s.hidden, generator=g, device=device, dtype=dtype)
         return _Case(module, lambda: module(x), lambda out: out.backward(grad),
                      lambda: [x, grad] + ([x.grad] if x.grad is not None else []))
-    module = Head(s).to(device=device, dtype=dtype)
-    targets = torch.randint(0, s.vocab, (mb, seq_len), generator=g).to(device)
+    targets = torch.randint(0, s.vocab, (mb, seq_len), generator=g, device=device)
     return _Case(module, lambda: module(x, targets), lambda out: out.backward(),
                  lambda: [x, targets] + ([x.grad] if x.grad is not None else []))
 
