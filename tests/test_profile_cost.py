@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from test_profile_e2e import MODEL_FILE, ROOT, SEQ_LEN, data_parallel_plan, pipeline_plan
 
 from planner.cost import evaluate
 from planner.profile import ProfileSet, load_profiles
 from planner.spec import load_cluster
-
-from test_profile_e2e import MODEL_FILE, ROOT, SEQ_LEN, data_parallel_plan, pipeline_plan
 
 CLUSTER = ROOT / "cluster_specs" / "cpu-local.yaml"
 BLOCK = {1: (0.004, 0.008), 2: (0.008, 0.016)}

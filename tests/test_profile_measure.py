@@ -7,11 +7,13 @@ import yaml
 
 torch = pytest.importorskip("torch")
 
-from planner.cli.main import main  # noqa: E402
-from planner.errors import InputError  # noqa: E402
-from planner.profile import ProfileSet  # noqa: E402
-from planner.profile import measure  # noqa: E402
-from planner.spec import load_model  # noqa: E402
+from planner.cli.main import main
+from planner.errors import InputError
+from planner.profile import (
+    ProfileSet,
+    measure,
+)
+from planner.spec import load_model
 
 TINY = {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
         "vocab_size": 128, "mlp": "gelu"}

@@ -31,7 +31,7 @@ from planner.spec.gpu import GpuType
 from planner.spec.model import ModelSpec
 from planner.spec.source import load_yaml
 
-_GRID = [10 ** (k / 8) for k in range(0, 41)]  # 1 .. 1e5, 8 points per decade
+_GRID = [10 ** (k / 8) for k in range(41)]  # 1 .. 1e5, 8 points per decade
 
 
 @dataclass(frozen=True)

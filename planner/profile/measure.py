@@ -25,9 +25,9 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +54,7 @@ class RankShape:
     mlp: str
 
     @classmethod
-    def of(cls, model: ModelSpec, tp: int) -> "RankShape":
+    def of(cls, model: ModelSpec, tp: int) -> RankShape:
         # Megatron-style split: attention heads and the FFN's inner dimension are divided; when
         # there are fewer KV heads than ranks each rank keeps one (replicated) KV head.
         return cls(hidden=model.hidden_size, heads=model.num_attention_heads // tp,
@@ -254,7 +254,7 @@ def measure_entry(model: ModelSpec, kind: str, mb: int, tp: int, seq_len: int, d
         else:
             peak, activation = _cpu_memory(case)
         f_s, b_s = _time(case, device, warmup, repeats)
-    except Exception as exc:  # noqa: BLE001 - only out-of-memory is recorded, the rest re-raised
+    except Exception as exc:
         if not _is_oom(exc):
             raise
         oom = True
@@ -339,7 +339,7 @@ def measure_profile(model: ModelSpec, device_name: str, micro_batches: list[int]
         device={"kind": device.type, "name": name, "gpu_type": gpu_type or "cpu",
                 "threads": torch.get_num_threads() if device.type == "cpu" else None},
         torch_version=torch.__version__, dtype=dtype,
-        created=dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
+        created=dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
         seq_len=seq_len, model=model.to_mapping(),
         settings={"warmup": warmup, "repeats": repeats, "statistic": "median",
                   "timer": ("cuda-events" if device.type == "cuda" else

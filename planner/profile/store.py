@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import bisect
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from planner import catalog
 from planner.errors import InputError, Location
@@ -110,7 +111,7 @@ class ProfileSet:
         self.profiles.append(loaded)
 
     @classmethod
-    def load(cls, paths: str | Path | Iterable[str | Path], gpu_type: str | None = None) -> "ProfileSet":
+    def load(cls, paths: str | Path | Iterable[str | Path], gpu_type: str | None = None) -> ProfileSet:
         """Profile files, or directories of them (``*.yaml``, ``*.yml``), in sorted order."""
         out = cls()
         for path in _expand(paths):
@@ -118,7 +119,7 @@ class ProfileSet:
         return out
 
     @classmethod
-    def from_cluster(cls, cluster, cluster_path: str | Path | None = None) -> "ProfileSet":
+    def from_cluster(cls, cluster, cluster_path: str | Path | None = None) -> ProfileSet:
         """The files of a cluster spec's ``profiles:`` mapping (GPU type -> file), paths relative
         to the spec file.  The mapping's key is the GPU type the file's entries count for."""
         out = cls()
