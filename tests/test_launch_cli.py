@@ -8,10 +8,10 @@ import os
 import stat
 
 import pytest
+from test_launch_formats import make_plan, rep
 
 from planner.cli.main import main
 from planner.launch import render, write
-from test_launch_formats import make_plan, rep
 
 UNEVEN = [[rep(["a:0", "a:1"]), rep(["a:2", "a:3"])],
           [rep(["b:0", "b:1"], 1), rep(["b:2", "b:3"], 2), rep(["b:4", "b:5"], 1)]]

@@ -31,11 +31,12 @@ def make_plan(stages=None, blocks=((0, 3), (3, 8)), **knobs) -> Plan:
         stages = [[rep(["a:0", "a:1"]), rep(["a:2", "a:3"])],
                   [rep(["b:0", "b:1"]), rep(["b:2", "b:3"])]]
     micro = sum(r["micro_batch_share"] for r in stages[0])
+    count = knobs.get("num_micro_batches", 16)
     data = {
         "schema": "planner.plan/v1",
         "inputs": {"cluster": "t", "model": MODEL,
-                   "training": {"global_batch_size": micro * 16, "seq_len": 2048, "precision": "bf16"}},
-        "micro_batch_size": micro, "num_micro_batches": 16, "schedule": "1f1b",
+                   "training": {"global_batch_size": micro * count, "seq_len": 2048, "precision": "bf16"}},
+        "micro_batch_size": micro, "num_micro_batches": count, "schedule": "1f1b",
         "recompute": "full", "zero_stage": 1, "sequence_parallel": True,
         "stages": [{"index": i, "blocks": list(blocks[i]), "embedding": i == 0,
                     "head": i == len(stages) - 1, "replicas": reps} for i, reps in enumerate(stages)],
@@ -105,8 +106,8 @@ def test_torchrun_rank_map_is_the_plans():
 
 
 def test_torchrun_rank_map_matches_shared_rankmap_and_plan_launch():
-    from planner.plan.rankmap import build_launch
     from planner.launch.ranks import derive_launch
+    from planner.plan.rankmap import build_launch
 
     cluster = cluster_from_dict({"name": "t", "nodes": [
         {"name": "a", "gpu": "A100-SXM4-80GB", "gpus_per_node": 8, "network_bandwidth": "100 Gbit/s"},
@@ -284,7 +285,8 @@ def test_deepspeed_module_builds_the_plans_stages(monkeypatch):
     for plan in (make_plan(), chain_plan()):
         files = render(plan, "deepspeed", master_addr="h")
         namespace: dict = {}
-        exec(compile(files["pipeline_module.py"], "pipeline_module.py", "exec"), namespace)
+        # Our own generated module, run against the stand-in above.
+        exec(compile(files["pipeline_module.py"], "pipeline_module.py", "exec"), namespace)  # noqa: S102
         ranks = json.loads(files["rank_map.json"])["ranks"]
         layers = ["embedding"] + [f"block_{i}" for i in range(8)] + ["head"]
         for r in ranks:

@@ -4,11 +4,11 @@ options and inconsistent plans are input errors (exit 2), never a traceback."""
 from __future__ import annotations
 
 import pytest
+from test_launch_formats import chain_plan, make_plan, rep
 
 from planner.errors import InputError, InputErrors
 from planner.launch import render
 from planner.plan import Plan
-from test_launch_formats import chain_plan, make_plan, rep
 
 
 def refusal(plan, fmt, **kw) -> str:
@@ -106,6 +106,9 @@ def test_master_address_and_port():
 
 def test_unknown_format_and_inconsistent_plans():
     assert "choose one of torchrun, megatron, deepspeed, pipelining" in refusal(make_plan(), "slurm")
+    inconsistent = make_plan(inputs={"cluster": "t", "model": make_plan().inputs.model,
+                                     "training": {"global_batch_size": 100, "seq_len": 2048}})
+    assert "= 64 sequences, but inputs.training.global_batch_size is 100" in refusal(inconsistent, "megatron")
     bad_blocks = make_plan(blocks=((0, 3), (4, 8)))
     assert "stage 1 starts at block 4, expected 3" in refusal(bad_blocks, "torchrun")
     launch = {"nodes": [{"node": "a", "node_rank": 0, "nproc_per_node": 4},

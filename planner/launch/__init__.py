@@ -11,7 +11,7 @@ feature; a launch never changes the plan.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from planner.errors import InputError
 from planner.launch import deepspeed, megatron, pipelining, torchrun

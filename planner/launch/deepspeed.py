@@ -15,8 +15,14 @@ from __future__ import annotations
 
 from planner.errors import InputError
 from planner.launch.common import (
-    LaunchOptions, Problems, check_structure, check_uniform, dump_json, global_batch_size,
-    num_layers, precision,
+    LaunchOptions,
+    Problems,
+    check_structure,
+    check_uniform,
+    dump_json,
+    global_batch_size,
+    num_layers,
+    precision,
 )
 from planner.launch.ranks import AXES_DP_PP_TP, AXES_PP_DP_TP, describe_nodes, framework_layout
 from planner.launch.torchrun import RANK_MAP, node_scripts, rank_map

@@ -15,8 +15,17 @@ from __future__ import annotations
 
 from planner.errors import InputError
 from planner.launch.common import (
-    LaunchOptions, Problems, check_structure, check_uniform, chunks, dump_json, global_batch_size,
-    num_layers, precision, seq_len, shell_join,
+    LaunchOptions,
+    Problems,
+    check_structure,
+    check_uniform,
+    chunks,
+    dump_json,
+    global_batch_size,
+    num_layers,
+    precision,
+    seq_len,
+    shell_join,
 )
 from planner.launch.ranks import AXES_DP_PP_TP, AXES_PP_DP_TP, describe_nodes, framework_layout
 from planner.launch.torchrun import RANK_MAP, node_scripts, rank_map
@@ -118,8 +127,8 @@ def build_args(plan: Plan) -> tuple[list[str], list[str], object]:
     check_structure(plan, "megatron")
     check_uniform(plan, "megatron", TOOL)
     if plan.schedule == "interleaved-1f1b" and plan.virtual_stages > 1 and plan.num_stages == 1:
-        Problems("megatron", [f"interleaved 1F1B with one stage has nothing to interleave: "
-                              "re-plan with schedule 1f1b"]).raise_if_any()
+        Problems("megatron", [("interleaved 1F1B with one stage has nothing to interleave: "
+                               "re-plan with schedule 1f1b")]).raise_if_any()
     tp = plan.stages[0].replicas[0].tp
     layout, mapping_args = megatron_layout(plan)
     parallel = ["--tensor-model-parallel-size", str(tp),

@@ -14,7 +14,11 @@ stage's output split over a different number of consumers) has no stock schedule
 from __future__ import annotations
 
 from planner.launch.common import (
-    LaunchOptions, Problems, check_structure, chunks, dump_json,
+    LaunchOptions,
+    Problems,
+    check_structure,
+    chunks,
+    dump_json,
 )
 from planner.launch.ranks import plan_layout
 from planner.launch.torchrun import RANK_MAP, node_scripts, rank_map
@@ -96,9 +100,9 @@ def spec(plan: Plan, layout) -> dict:
 
 
 def _notes(plan: Plan, d: int) -> list[str]:
-    notes = ["each replica chain is its own pipeline: feed chain r share_r * n_microbatches "
-             "sequences per step; after backward, all-reduce (SUM) every parameter's gradient "
-             "times dp_grad_weight over the rank's dp group"]
+    notes = [("each replica chain is its own pipeline: feed chain r share_r * n_microbatches "
+              "sequences per step; after backward, all-reduce (SUM) every parameter's gradient "
+              "times dp_grad_weight over the rank's dp group")]
     if plan.virtual_stages > 1:
         notes.append("interleaved: each stage's blocks are cut into virtual_stages equal pieces "
                      "dealt round-robin; 'stages' lists each piece's blocks")
@@ -172,8 +176,8 @@ def render(plan: Plan, opts: LaunchOptions, cluster=None) -> dict[str, str]:
     layout = plan_layout(plan, cluster)
     data = spec(plan, layout)
     files = node_scripts(layout, opts, opts.script or "train.py", comment=[
-        f"torch.distributed.pipelining ({data['schedule_class']}); the script builds its groups "
-        f"with {SNIPPET}."])
+        (f"torch.distributed.pipelining ({data['schedule_class']}); the script builds its groups "
+         f"with {SNIPPET}.")])
     files[SPEC] = dump_json(data)
     files[SNIPPET] = SNIPPET_TEXT
     files[RANK_MAP] = dump_json(rank_map(plan, layout, opts))

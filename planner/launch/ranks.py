@@ -144,9 +144,8 @@ def framework_layout(plan: Plan, axes: tuple[str, str, str]) -> Layout | None:
 
 
 def describe_nodes(plan: Plan) -> str:
-    """Which node holds which (stage, replica), for refusal messages."""
-    parts = []
-    for s in plan.stages:
-        for j, r in enumerate(s.replicas):
-            parts.append(f"stage {s.index} replica {j} on {r.node}")
-    return "; ".join(parts)
+    """Which node holds which (stage, replica), for refusal messages; long plans are cut."""
+    parts = [f"stage {s.index} replica {j} on {r.node}"
+             for s in plan.stages for j, r in enumerate(s.replicas)]
+    limit = 16
+    return "; ".join(parts[:limit]) + (f"; ... {len(parts) - limit} more" if len(parts) > limit else "")

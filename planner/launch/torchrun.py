@@ -11,7 +11,13 @@ master address and port and each node's rank from ``--node-rank``.  The other fo
 from __future__ import annotations
 
 from planner.launch.common import (
-    Layout, LaunchOptions, NodeSlot, check_structure, dump_json, node_script, node_script_name,
+    LaunchOptions,
+    Layout,
+    NodeSlot,
+    check_structure,
+    dump_json,
+    node_script,
+    node_script_name,
 )
 from planner.launch.ranks import plan_layout
 from planner.plan import Plan
