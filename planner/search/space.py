@@ -192,7 +192,8 @@ class Pricer:
         def quantities(nb: int, emb: bool, head: bool) -> tuple[float, ...]:
             rt = replica_compute(ctx, gpu, intra, t, share, nb, emb, head)
             params = stage_params(ctx, nb, emb, head)
-            dp = dp_sync_time_s(ctx, params, n, t, ring.bandwidth_Bps, ring.latency_s, ring.kind) if ring else 0.0
+            dp = (dp_sync_time_s(ctx, params, n, t, ring.bandwidth_Bps, ring.latency_s, ring.kind, gpu)
+                  if ring else 0.0)
             dpx = dp - rt.total_backward_s if overlap else dp
             return (rt.total_forward_s, rt.total_backward_s, dpx,
                     optimizer_time_s(ctx, gpu, params / t / shard))
@@ -238,8 +239,9 @@ class Pricer:
             for j, ob in enumerate(options):
                 a, b = oa.label, ob.label
                 path, cap, flows = self.send_path(a, b)
-                t1 = p2p_time_s(per_seq, path, ctx, flows, cap)
-                t2 = p2p_time_s(2 * per_seq, path, ctx, flows, cap)
+                gpu = self.classes[a.cls].gpu              # evaluate prices a send on the sender's GPU
+                t1 = p2p_time_s(per_seq, path, ctx, flows, cap, gpu)
+                t2 = p2p_time_s(2 * per_seq, path, ctx, flows, cap, gpu)
                 X = t2 - t1
                 L0 = t1 - X
                 T[0, i, j] = max(c * L0 + k * X for c, k in _busiest_points(B, a.replicas, b.replicas))

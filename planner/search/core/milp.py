@@ -41,11 +41,13 @@ class MilpSettings:
     threads: int | None = 1       # HiGHS threads are process-wide; one keeps runs reproducible
 
 
-def _solver(settings: MilpSettings, time_left_s: float):
+def _solver(settings: MilpSettings, time_left_s: float, cutoff: float | None = None):
     limit = max(0.05, time_left_s)
     if HAVE_HIGHS:
+        extra = {"objective_bound": float(cutoff)} if cutoff is not None and math.isfinite(cutoff) else {}
         return pulp.HiGHS(msg=False, timeLimit=limit, gapRel=settings.gap_rel, threads=settings.threads,
-                          mip_abs_gap=1e-12)
+                          mip_abs_gap=1e-12, mip_feasibility_tolerance=1e-9,
+                          primal_feasibility_tolerance=1e-9, **extra)
     return pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, math.ceil(limit)), gapRel=settings.gap_rel)
 
 
@@ -53,6 +55,11 @@ class CoreMilp:
     """Build once, solve repeatedly (no-good cuts for top-k, price / time caps)."""
 
     def __init__(self, prob: CoreProblem):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*PuLP 4.0.*", category=DeprecationWarning)
+            self._build(prob)
+
+    def _build(self, prob: CoreProblem) -> None:
         self.prob = prob
         p, L = prob.num_stages, prob.num_blocks
         lp = pulp.LpProblem("placement", pulp.LpMinimize)
@@ -168,9 +175,9 @@ class CoreMilp:
             out.append((o, int(round(self.y[s, o].value() or 0))))
         return out
 
-    def _run(self, settings: MilpSettings, deadline: float):
+    def _run(self, settings: MilpSettings, deadline: float, cutoff: float | None = None):
         with stdout_to_stderr():
-            self.lp.solve(_solver(settings, deadline - time.monotonic()))
+            self.lp.solve(_solver(settings, deadline - time.monotonic(), cutoff))
         info = None
         if HAVE_HIGHS and getattr(self.lp, "solverModel", None) is not None:
             try:
@@ -180,8 +187,12 @@ class CoreMilp:
         return self.lp.status, self.lp.sol_status, info
 
     def solve(self, settings: MilpSettings, mode: str = "time", time_cap: float | None = None,
-              deadline: float | None = None) -> CoreSolution:
-        """``mode="time"``: min objective.  ``mode="price"``: min price with objective <= cap."""
+              deadline: float | None = None, cutoff: float | None = None) -> CoreSolution:
+        """``mode="time"``: min objective.  ``mode="price"``: min price with objective <= cap.
+
+        ``cutoff``: only solutions below it are of interest (HiGHS ``objective_bound``); when
+        none exists the status is ``cutoff`` and ``bound`` is the cutoff.
+        """
         deadline = deadline or time.monotonic() + settings.time_limit_s
         if self.empty_stage:
             return CoreSolution(status="infeasible")
@@ -198,14 +209,22 @@ class CoreMilp:
             self.lp.addConstraint(c, name)
             names.append(name)
         try:
-            status, sol_status, info = self._run(settings, deadline)
+            status, sol_status, info = self._run(settings, deadline, cutoff)
         finally:
             for name in names:
                 del self.lp.constraints[name]
         if sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
             if sol_status == pulp.LpSolutionInfeasible or status == pulp.LpStatusInfeasible:
+                if cutoff is not None and math.isfinite(cutoff):
+                    return CoreSolution(status="cutoff", bound=cutoff)
                 return CoreSolution(status="infeasible")
-            return CoreSolution(status="infeasible" if status != pulp.LpStatusNotSolved else "unknown")
+            bound = None
+            if info is not None and math.isfinite(info.mip_dual_bound):
+                bound = float(info.mip_dual_bound)
+            return CoreSolution(status="unknown", bound=bound)
+        if cutoff is not None and math.isfinite(cutoff) and info is not None and \
+                math.isfinite(info.mip_dual_bound) and info.mip_dual_bound >= cutoff * (1 - 1e-12):
+            return CoreSolution(status="cutoff", bound=float(info.mip_dual_bound))
         assign = self._read()
         value = self.prob.objective(assign) if mode == "time" else self.prob.price(assign)
         solver_value = pulp.value(self.lp.objective)

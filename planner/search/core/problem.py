@@ -166,26 +166,40 @@ def relative_gap(value: float, bound: float) -> float:
 
 
 def quick_bound(prob: CoreProblem) -> float | None:
-    """A lower bound on the objective that ignores resources and sends (cheap, for pruning).
+    """A cheap lower bound on the objective (for pruning knob tuples).  None: some stage has
+    no allowed option (infeasible).
 
-    Each row's stage sum is at least ``L * min slope + sum_s min fixed`` over allowed options
-    (block counts sum to L; boundary quantities are >= 0 and dropped); a max is at least the
-    mean, so a max term is at least that sum over p (floored at 0).  None: some stage has no
-    allowed option (infeasible).
+    Sum of a row over stages: at least ``L * min slope + sum_s min fixed`` (block counts sum to
+    L; boundary quantities are >= 0 and dropped).  A max term is at least the mean of that
+    sum, and, for rows whose per-stage intercepts are >= 0, at least ``L / S`` where S bounds
+    the total "speed" (blocks per second, 1 / slope) the stages can have together: each class
+    gives at most its capacity times its best speed per unit, and p stages at most p times the
+    fastest option.
     """
     p, L = prob.num_stages, prob.num_blocks
     total = 0.0
     for t in prob.terms:
         row = prob.rows[t.row]
-        slope = min((float(np.dot(row.stage, o.slope)) for o in prob.options), default=None)
-        if slope is None:
+        slopes = [float(np.dot(row.stage, o.slope)) for o in prob.options]
+        if not slopes:
             return None
-        fixed_sum = 0.0
+        fixed_sum, nonneg = 0.0, True
         for s in range(p):
             vals = [float(np.dot(row.stage, o.fixed[s])) for o in prob.options if o.allowed(s)]
             if not vals:
                 return None
             fixed_sum += min(vals)
-        S = L * slope + fixed_sum
-        total += t.weight * (max(0.0, S / p) if t.kind == "max" else S)
+            nonneg &= min(vals) >= 0
+        S = L * min(slopes) + fixed_sum
+        if t.kind == "sum":
+            total += t.weight * S
+            continue
+        best = max(0.0, S / p)
+        if nonneg and min(slopes) > 0:
+            per_class: dict[int, float] = {}
+            for o, a in zip(prob.options, slopes):
+                per_class[o.resource] = max(per_class.get(o.resource, 0.0), 1.0 / a / o.units)
+            speed = min(sum(prob.capacity[c] * r for c, r in per_class.items()), p / min(slopes))
+            best = max(best, L / speed)
+        total += t.weight * best
     return total

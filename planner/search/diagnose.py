@@ -1,0 +1,85 @@
+"""Why no plan exists, in numbers: the binding memory term per GPU type, or the budget /
+floor that no plan meets, and what would make it feasible."""
+
+from __future__ import annotations
+
+from planner.cost.memory import in_flight_micro_batches, replica_memory
+from planner.search.space import Knobs, make_context, tp_degrees
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:.2f} GiB"
+
+
+def _friendliest(model, training, info):
+    """The smallest memory one replica of this class can need within the training's freedoms:
+    one block, one sequence, the largest TP, as many replicas as the class holds, the most
+    saving recompute and ZeRO allowed, the last stage of a long pipeline (one micro-batch in
+    flight).  Returns (bytes, breakdown, settings)."""
+    tps = tp_degrees(model, info, training.max_tp)
+    if not tps:
+        return None
+    t = tps[-1]
+    rc = "full" if "full" in training.recompute_modes else (
+        "selective" if "selective" in training.recompute_modes else "none")
+    z = max(training.zero_stages)
+    n = max(1, min(info.max_replicas(t), training.global_batch_size))
+    knobs = Knobs(1, training.global_batch_size, "1f1b", 1, rc, z, max(1, model.num_layers))
+    ctx = make_context(model, training, knobs)
+    inflight = in_flight_micro_batches("1f1b", knobs.num_stages, knobs.num_stages - 1, 1, 1)
+    mem = replica_memory(ctx, info.gpu, t, 1, 1, False, False, n, inflight)
+    return mem, (t, rc, z, n)
+
+
+def explain_infeasible(cluster, model, training, spec, classes, stats) -> str:
+    if stats.get("unexplored") and not stats.get("solved"):
+        return ("no plan found within the time limit before any knob tuple was solved; raise "
+                "--time-limit")
+    lines = []
+    if stats.get("solved") and spec.kind == "throughput-under-budget":
+        return (f"no plan fits the budget of {spec.budget_usd_per_hour:g} USD/hour: every feasible "
+                "layout rents more nodes than that; raise the budget or add cheaper nodes")
+    if stats.get("solved") and spec.kind == "cost-above-floor":
+        return (f"no plan reaches {spec.min_tokens_per_s:g} tokens/s on this cluster; lower the floor "
+                "or add GPUs")
+    fits_somewhere = False
+    for info in classes:
+        got = _friendliest(model, training, info)
+        if got is None:
+            lines.append(f"{info.name}: no TP degree <= {min(info.gpus_per_node, training.max_tp)} "
+                         f"divides the {model.num_attention_heads} heads")
+            continue
+        mem, (t, rc, z, n) = got
+        cap = info.gpu.memory_bytes
+        if mem.total_bytes <= cap:
+            fits_somewhere = True
+            continue
+        terms = {"weights": mem.weights_bytes, "gradients": mem.grads_bytes,
+                 "optimizer state": mem.optimizer_bytes, "activations": mem.activations_bytes,
+                 "workspace": mem.workspace_bytes}
+        worst = max(terms, key=terms.get)
+        hints = []
+        if "full" not in training.recompute_modes:
+            hints.append("allow full recompute")
+        if 1 not in training.zero_stages:
+            hints.append("allow ZeRO-1")
+        if training.max_tp < info.gpus_per_node:
+            hints.append(f"allow tp up to {info.gpus_per_node}")
+        if training.max_stages and training.max_stages < model.num_layers:
+            hints.append("allow more stages")
+        hints.append(f"GPUs with more than {_gib(mem.total_bytes)}")
+        lines.append(
+            f"{info.name} ({cap / 2**30:.0f} GiB): even one block with tp={t}, one sequence, "
+            f"recompute={rc}, ZeRO-{z} over {n} replicas needs {_gib(mem.total_bytes)} per GPU, "
+            f"over by {_gib(mem.total_bytes - cap)}; largest term {worst} {_gib(terms[worst])} "
+            f"(weights {_gib(mem.weights_bytes)}, grads {_gib(mem.grads_bytes)}, optimizer "
+            f"{_gib(mem.optimizer_bytes)}, activations {_gib(mem.activations_bytes)}); would fit: "
+            + ", ".join(hints))
+    if fits_somewhere:
+        total = sum(c.node_class.num_gpus for c in classes)
+        lines.append(f"single blocks fit, but no split of {model.num_layers} blocks (plus embedding "
+                     f"and head) over the {total} GPUs fits in memory with the allowed knobs "
+                     f"(schedules {', '.join(training.schedules)}, recompute "
+                     f"{', '.join(training.recompute_modes)}, ZeRO {', '.join(map(str, training.zero_stages))}); "
+                     "would fit: more GPUs, full recompute, ZeRO-1, or a smaller global batch")
+    return f"no feasible plan for {model.name} on {cluster.name}:\n  " + "\n  ".join(lines)

@@ -1,0 +1,89 @@
+"""Brute-force oracle: every plan of the declared space, each priced by ``planner.cost.evaluate``.
+
+For small cases only (tests).  It shares with the solver the *definition* of the space
+(knob tuples, TP degrees, replica counts, the unit rules of node classes, device naming) but
+none of its pricing or optimisation: every layout is built as a Plan and evaluated whole.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from planner.cost import evaluate, topology_for
+from planner.search.classes import class_infos
+from planner.search.naming import build_plan
+from planner.search.objectives import ObjectiveSpec, parse_objective
+from planner.search.space import OptionKey, enumerate_knobs, replica_counts, tp_degrees
+
+
+@dataclass
+class OracleResult:
+    value: float | None          # best objective (iteration time, or the cost key's first element)
+    plan: object | None
+    evaluation: object | None
+    plans_evaluated: int
+    plans_unfit: int = 0          # evaluated plans that do not fit in memory
+
+
+def _stage_keys(model, training, classes, B):
+    keys = []
+    for info in classes:
+        for t in tp_degrees(model, info, training.max_tp):
+            for n in replica_counts(B):
+                if n <= info.max_replicas(t) and info.units(t, n) <= info.capacity_units:
+                    if training.micro_batch_sizes and -(-B // n) not in training.micro_batch_sizes:
+                        continue
+                    keys.append(OptionKey(info.index, t, n))
+    return keys
+
+
+def _compositions(total: int, parts: int, step: int):
+    """Block counts per stage, each a positive multiple of ``step``, summing to ``total``."""
+    units = total // step
+    for cuts in itertools.combinations(range(1, units), parts - 1):
+        b = (0, *cuts, units)
+        yield [(b[i + 1] - b[i]) * step for i in range(parts)]
+
+
+def oracle(cluster, model, training, objective: str | ObjectiveSpec = "throughput",
+           launcher: str | None = None, max_plans: int = 2_000_000) -> OracleResult:
+    spec = parse_objective(objective) if isinstance(objective, str) else objective
+    classes = class_infos(topology_for(cluster))
+    best_key, best = None, (None, None)
+    count = unfit = 0
+    tokens = training.global_batch_size * training.seq_len
+    for knobs in enumerate_knobs(model, training, classes):
+        keys = _stage_keys(model, training, classes, knobs.micro_batch_size)
+        if launcher:
+            keys = [k for k in keys if knobs.micro_batch_size % k.replicas == 0]
+        p = knobs.num_stages
+        for combo in itertools.product(keys, repeat=p):
+            if launcher and len({(k.tp, k.replicas) for k in combo}) > 1:
+                continue
+            used = [0] * len(classes)
+            for k in combo:
+                used[k.cls] += classes[k.cls].units(k.tp, k.replicas)
+            if any(u > c.capacity_units for u, c in zip(used, classes)):
+                continue
+            for blocks in _compositions(model.num_layers, p, knobs.block_unit):
+                count += 1
+                if count > max_plans:
+                    raise RuntimeError("oracle: space too large for brute force")
+                plan = build_plan(cluster, model, training, classes, knobs, list(zip(combo, blocks)),
+                                  spec.to_plan_objective())
+                ev = evaluate(cluster, plan, model=model, check=False)
+                if not ev.fits:
+                    unfit += 1
+                    continue
+                price = ev.nodes_usd_per_hour
+                if spec.kind == "throughput-under-budget" and price > spec.budget_usd_per_hour * (1 + 1e-12):
+                    continue
+                if spec.kind == "cost-above-floor" and ev.tokens_per_s < spec.min_tokens_per_s * (1 - 1e-12):
+                    continue
+                key = spec.key(price or 0.0, ev.iteration_time_s)
+                if best_key is None or key < best_key:
+                    best_key, best = key, (plan, ev)
+    value = None if best_key is None else (best[1].iteration_time_s if spec.kind in (
+        "throughput", "throughput-under-budget") else best_key[0])
+    return OracleResult(value, best[0], best[1], count, unfit)

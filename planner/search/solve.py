@@ -1,0 +1,281 @@
+"""``solve(cluster, model, training, ...)``: branch and bound over the global knobs, an exact
+MILP (planner.search.core) per knob tuple, devices named at the end, every answer
+re-evaluated with ``planner.cost.evaluate``.
+
+Per knob tuple (micro-batch size, schedule, recompute, ZeRO, stages) the stage options are
+priced with the cost model (space.py) and the core MILP finds the best assignment of node
+classes, TP, replica counts and block ranges to stages.  Knob tuples whose cheap lower bound
+(core.problem.quick_bound) cannot beat the K-th best plan found so far are pruned; the proved
+bound is the least, over all tuples, of the MILP's dual bound or the pruning bound.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from planner.cost import evaluate, topology_for
+from planner.cost.flops import model_flops_per_iteration
+from planner.errors import InfeasibleError, InputError
+from planner.plan import Plan
+from planner.plan.model import SolverReport
+from planner.search.classes import class_infos
+from planner.search.core.milp import CoreMilp, MilpSettings
+from planner.search.core.problem import quick_bound, relative_gap
+from planner.search.diagnose import explain_infeasible
+from planner.search.naming import build_plan
+from planner.search.objectives import ObjectiveSpec, parse_objective
+from planner.search.space import Knobs, Pricer, enumerate_knobs, make_context
+
+SPACE = ("stages 1..L; contiguous uneven block ranges; per stage one node class, a TP degree "
+         "(power of two within a node, dividing the heads), n replicas (the fewest giving their "
+         "largest share), shares differing by at most one; micro-batch size x count = global "
+         "batch; gpipe/1f1b/interleaved-1f1b(v=2); recompute none/selective/full; ZeRO 0/1; "
+         "idle GPUs allowed (docs/search-space.md)")
+MEGATRON_LAUNCHERS = ("megatron", "deepspeed")
+
+
+@dataclass
+class Candidate:
+    key: tuple[float, ...]
+    time_s: float
+    price_usd_per_hour: float
+    knobs: Knobs
+    layout: list            # [(OptionKey, blocks)] per stage
+
+
+@dataclass
+class SearchResult:
+    plans: list[Plan]
+    evaluations: list
+    report: SolverReport
+    idle: list[str] = field(default_factory=list)
+
+    @property
+    def plan(self) -> Plan:
+        return self.plans[0]
+
+    @property
+    def evaluation(self):
+        return self.evaluations[0]
+
+    @property
+    def solver(self) -> SolverReport:
+        return self.report
+
+
+class _Best:
+    """The K best distinct candidates so far."""
+
+    def __init__(self, k: int):
+        self.k, self.items = k, []
+
+    def add(self, cand: Candidate) -> None:
+        sig = (cand.knobs, tuple(cand.layout))
+        if any((c.knobs, tuple(c.layout)) == sig for c in self.items):
+            return
+        self.items.append(cand)
+        self.items.sort(key=lambda c: c.key)
+        del self.items[self.k:]
+
+    def threshold(self) -> float:
+        """Value a new candidate must beat to enter (inf while fewer than K)."""
+        return self.items[-1].key[0] if len(self.items) >= self.k else float("inf")
+
+
+def _layout(prob, assign, knobs: Knobs) -> list:
+    return [(prob.options[o].label, nb * knobs.block_unit) for o, nb in assign]
+
+
+def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput", time_limit_s: float = 60.0,
+          top_k: int = 1, launcher: str | None = None, *, budget_usd_per_hour: float | None = None,
+          min_tokens_per_s: float | None = None, profiles=None, gap_rel: float = 0.0,
+          progress: Callable[[str], None] | None = None) -> SearchResult:
+    t0 = time.monotonic()
+    if not time_limit_s or time_limit_s <= 0:
+        raise InputError(f"the time limit must be positive, got {time_limit_s} s")
+    if top_k < 1:
+        raise InputError(f"--top must be at least 1, got {top_k}")
+    if launcher is not None and launcher not in MEGATRON_LAUNCHERS:
+        raise InputError(f"unknown launcher {launcher!r}; choose megatron or deepspeed")
+    spec = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
+    deadline = t0 + time_limit_s
+    topo = topology_for(cluster)
+    classes = class_infos(topo)
+    if spec.needs_prices and any(c.node_price_usd_per_hour is None for c in classes):
+        missing = sorted({c.gpu.name for c in classes if c.node_price_usd_per_hour is None})
+        raise InputError(f"objective {spec.kind!r} needs prices, but nodes of {', '.join(missing)} have "
+                         "none; add price_per_hour to those node groups")
+    pricer = Pricer(model, training, classes, topo, profiles)
+    knobs_list = enumerate_knobs(model, training, classes)
+    settings = MilpSettings(time_limit_s=time_limit_s, gap_rel=gap_rel)
+    best = _Best(top_k)
+    bounds: list[float] = []
+    stats = {"knobs": len(knobs_list), "solved": 0, "pruned": 0, "empty": 0, "unexplored": 0,
+             "milp_optimal": True}
+    contexts: dict = {}
+    say = progress or (lambda msg: None)
+    # Price every knob tuple first (cheap next to the MILPs) and visit them by their quick
+    # lower bound, so that good incumbents come early and prune the rest.
+    queue = []
+    for i, knobs in enumerate(knobs_list):
+        if time.monotonic() > deadline:
+            stats["unexplored"] = len(knobs_list) - i
+            break
+        ck = (knobs.recompute, knobs.zero_stage, knobs.schedule, knobs.virtual_stages)
+        ctx = contexts.get(ck) or contexts.setdefault(ck, make_context(model, training, knobs, profiles))
+        keys = pricer.option_keys(knobs)
+        if launcher:
+            keys = [k for k in keys if knobs.micro_batch_size % k.replicas == 0]
+        prob = pricer.price(knobs, ctx, keys)
+        if launcher:
+            prob.same_group = True
+            for o in prob.options:
+                o.group = (o.label.tp, o.label.replicas)
+        if spec.kind == "throughput-under-budget":
+            prob.budget_usd_per_hour = spec.budget_usd_per_hour
+        lb = quick_bound(prob) if prob.options else None
+        if lb is None:
+            stats["empty"] += 1
+            continue
+        queue.append((lb, i, knobs, prob))
+    queue.sort(key=lambda t: (t[0], t[1]))
+    say(f"{len(queue)} knob tuples to search ({stats['empty']} have no stage that fits)")
+    for j, (lb, i, knobs, prob) in enumerate(queue):
+        if time.monotonic() > deadline:
+            stats["unexplored"] += len(queue) - j
+            bounds.extend(t[0] for t in queue[j:])
+            break
+        if spec.kind in ("throughput", "throughput-under-budget") and lb >= best.threshold():
+            stats["pruned"] += len(queue) - j        # sorted: every later bound is as large
+            bounds.append(lb)
+            break
+        say(f"[{j + 1}/{len(queue)}] {knobs.label()}: {len(prob.options)} options, bound {lb:.4g} s")
+        milp = CoreMilp(prob)
+        _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb)
+    return _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, profiles, launcher)
+
+
+def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb):
+    stats["solved"] += 1
+    tokens = training.global_batch_size * training.seq_len
+    if spec.kind in ("throughput", "throughput-under-budget"):
+        for j in range(top_k):
+            cut = best.threshold()
+            sol = milp.solve(settings, deadline=deadline, cutoff=cut if math.isfinite(cut) else None)
+            if j == 0 and sol.status != "infeasible":      # a proved-infeasible tuple bounds nothing
+                bounds.append(max(lb, sol.bound) if sol.bound is not None else lb)
+                if sol.status in ("feasible", "unknown"):
+                    stats["milp_optimal"] = False
+            if not sol.ok or sol.objective >= best.threshold():
+                break
+            t = sol.objective
+            best.add(Candidate(spec.key(prob.price(sol.assign), t), t, prob.price(sol.assign), knobs,
+                               _layout(prob, sol.assign, knobs)))
+            milp.exclude(sol.assign)
+        return
+    if spec.kind == "cost-above-floor":
+        cap = tokens / spec.min_tokens_per_s
+        sol = milp.solve(settings, mode="price", time_cap=cap * (1 + 1e-12), deadline=deadline)
+        if not sol.ok:
+            return
+        prob.budget_usd_per_hour = sol.objective * (1 + 1e-12)
+        fast = CoreMilp(prob).solve(settings, deadline=deadline)
+        pick = fast if fast.ok else sol
+        if pick.status != "optimal" or sol.status != "optimal":
+            stats["milp_optimal"] = False
+        price = prob.price(pick.assign)
+        t = prob.objective(pick.assign)
+        best.add(Candidate(spec.key(price, t), t, price, knobs, _layout(prob, pick.assign, knobs)))
+        return
+    # cost: walk the price/time Pareto front of this knob tuple from the fastest plan down in
+    # price; a point can improve price x time only while (its time) x (cheapest price) < best.
+    cheapest = milp.solve(settings, mode="price", deadline=deadline)
+    if not cheapest.ok:
+        return
+    pmin = cheapest.objective
+    budget = None
+    while True:
+        prob.budget_usd_per_hour = budget
+        sol = CoreMilp(prob).solve(settings, deadline=deadline)
+        if not sol.ok:
+            break
+        if sol.status != "optimal":
+            stats["milp_optimal"] = False
+        price, t = prob.price(sol.assign), sol.objective
+        best.add(Candidate(spec.key(price, t), t, price, knobs, _layout(prob, sol.assign, knobs)))
+        if t * pmin >= best.threshold() or price <= pmin:
+            break
+        budget = price * (1 - 1e-9)
+    prob.budget_usd_per_hour = None
+
+
+def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, profiles, launcher):
+    if not best.items:
+        raise InfeasibleError(explain_infeasible(cluster, model, training, spec, classes, stats))
+    plans, evals = [], []
+    objective = spec.to_plan_objective()
+    for cand in best.items:
+        plan = build_plan(cluster, model, training, classes, cand.knobs, cand.layout, objective)
+        ev = evaluate(cluster, plan, profiles=profiles, model=model)
+        plans.append(plan)
+        evals.append(ev)
+    top = best.items[0]
+    time_like = spec.kind in ("throughput", "throughput-under-budget")
+    value = evals[0].iteration_time_s if time_like else top.key[0]
+    bound = min(bounds) if (time_like and bounds) else None
+    agg = aggregate_compute_bound_s(model, training, classes)
+    if bound is not None:
+        bound = min(bound, value)
+    complete = stats["unexplored"] == 0 and stats["milp_optimal"]
+    gap = relative_gap(value, bound) if bound is not None else (0.0 if complete else None)
+    status = "optimal" if complete and (gap or 0.0) <= 1e-6 else "feasible"
+    wall = time.monotonic() - t0
+    report_fields = dict(
+        method="milp", status=status, objective=value, bound=bound if bound is not None else (value if complete else None),
+        gap=gap, wall_s=wall, space=SPACE + (f"; launcher {launcher}: same tp and replicas per stage, "
+                                              "equal shares" if launcher else ""),
+        candidates=stats["solved"] + stats["pruned"], knob_tuples=stats["knobs"],
+        knob_tuples_solved=stats["solved"], knob_tuples_pruned=stats["pruned"],
+        knob_tuples_infeasible=stats["empty"], knob_tuples_unexplored=stats["unexplored"],
+        aggregate_compute_bound_s=agg, objective_kind=spec.kind, node_classes=len(classes))
+    # The search priced each plan with the cost model's pieces; evaluate prices the whole plan.
+    # They must agree (tests hold them to 1e-9); report the worst disagreement, not hide it.
+    if time_like:
+        report_fields["priced_vs_evaluated_rel"] = max(
+            abs(ev.iteration_time_s - c.time_s) / ev.iteration_time_s for ev, c in zip(evals, best.items))
+    final = []
+    for plan, ev, cand in zip(plans, evals, best.items):
+        rep = SolverReport(**{**report_fields, "objective": ev.iteration_time_s if time_like else cand.key[0]})
+        final.append(plan.model_copy(update={"predicted": ev.predicted(), "solver": rep}))
+    report = SolverReport(**report_fields)
+    return SearchResult(plans=final, evaluations=evals, report=report,
+                        idle=idle_gpus(classes, final[0], cluster))
+
+
+def aggregate_compute_bound_s(model, training, classes) -> float:
+    """Iteration time if every GPU ran the model's FLOPs at its peak (a bound no plan beats)."""
+    flops = model_flops_per_iteration(model, training.global_batch_size, training.seq_len)
+    peak = sum(c.gpu.peak_flops * c.node_class.num_gpus for c in classes)
+    return flops / peak
+
+
+def idle_gpus(classes, plan: Plan, cluster) -> list[str]:
+    used = set(plan.devices())
+    out = []
+    for c in classes:
+        devs = [f"{n}:{i}" for n in c.node_class.node_names for i in range(c.gpus_per_node)]
+        idle = [d for d in devs if d not in used]
+        if not idle:
+            continue
+        if len(idle) == len(devs):
+            why = ("unused: under the cost model every plan that uses them is slower (or "
+                   "costlier); e.g. their link to the other zones or their speed would hold the "
+                   "pipeline back" if len(classes) > 1 else "unused")
+        else:
+            why = ("left over: a stage takes whole nodes and its replica count follows the "
+                   "micro-batch split; more replicas would not shorten the iteration")
+        out.append(f"{len(idle)} of {len(devs)} GPUs of {c.name} idle: {why}")
+    return out
