@@ -1,7 +1,7 @@
 """``--format megatron``: Megatron-LM arguments plus the torchrun wrapper per node.
 
 Argument names checked against NVIDIA/Megatron-LM ``megatron/training/arguments.py`` (commit
-000c4ac24f61159c138b0975def722c65245983c, Megatron-Core 0.14/0.15 era) and the layout grammar
+000c4ac24f61159c138b0975def722c65245983c, after Megatron-Core v0.14) and the layout grammar
 against ``megatron/core/transformer/pipeline_parallel_layer_layout.py``: a stage is written
 ``E`` (embedding), ``t`` (one transformer layer), ``L`` (loss/head), stages split by ``|``,
 ``t*5`` repeats; schedule stages are listed virtual-chunk-major.
