@@ -92,6 +92,17 @@ def test_torchrun_commands_parse_with_torchs_own_parser():
         assert config.rdzv_configs["rank"] == node_rank
 
 
+def test_torchrun_nodes_may_run_different_process_counts():
+    run = pytest.importorskip("torch.distributed.run")
+    plan = make_plan([[rep(["a:0", "a:1"], 1), rep(["a:2", "a:3"], 1)], [rep(["b:6", "b:7"], 2)]])
+    files = render(plan, "torchrun", master_addr="h")
+    args = run.get_args_parser().parse_args(script_argv(files["node1-b.sh"])[1:])
+    assert (args.nnodes, args.nproc_per_node, args.node_rank) == ("2", "2", 1)
+    data = json.loads(files["rank_map.json"])
+    assert [(r["rank"], r["device"], r["local_rank"]) for r in data["ranks"][4:]] == [(4, "b:6", 0), (5, "b:7", 1)]
+    assert script_env(files["node1-b.sh"])["CUDA_VISIBLE_DEVICES"] == "6,7"
+
+
 def test_torchrun_rank_map_is_the_plans():
     plan = make_plan()
     data = json.loads(render(plan, "torchrun", master_addr="h")["rank_map.json"])
