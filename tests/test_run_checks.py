@@ -55,10 +55,25 @@ def test_tp_not_dividing_shrunk_heads_is_refused(no_spawn):
         runner.run_plan(plan, model_override={"hidden_size": 32, "num_attention_heads": 4})
 
 
-def test_interleaved_is_refused_with_reason(no_spawn):
-    plan = two_stage(schedule="interleaved-1f1b", virtual_stages=2)
-    with pytest.raises(InputError, match="gpipe and 1f1b only"):
+def test_interleaved_knobs_are_checked(no_spawn):
+    # 3 micro-batches over 2 stages, and 2 blocks per stage do not cut into 3 chunks.
+    plan = two_stage(schedule="interleaved-1f1b", virtual_stages=3, nmb=3)
+    with pytest.raises(InputError) as err:
         runner.run_plan(plan)
+    assert "multiple of the number of stages" in str(err.value)
+    assert "stage 0 holds 2 blocks, not a multiple of virtual_stages 3" in str(err.value)
+    with pytest.raises(InputError, match="virtual_stages > 1 needs the interleaved-1f1b schedule"):
+        runner.run_plan(two_stage(virtual_stages=2))
+
+
+def test_interleaved_chunks_are_dealt_round_robin():
+    plan = make_plan([((0, 4), [rep(1, 4, ["a:0"])]), ((4, 6), [rep(1, 4, ["b:0"])])],
+                     model={**TINY, "num_layers": 6}, schedule="interleaved-1f1b", virtual_stages=2)
+    assert [(c["stage"], c["chunk"], c["blocks"], c["embedding"], c["head"])
+            for c in runner.model_chunks(plan)] == [
+        (0, 0, [0, 2], True, False), (1, 0, [2, 3], False, False),
+        (0, 1, [3, 5], False, False), (1, 1, [5, 6], False, True)]
+    assert [c["blocks"] for c in runner.model_chunks(two_stage())] == [[0, 2], [2, 4]]
 
 
 def test_bad_layout_lists_every_problem(no_spawn):
@@ -151,18 +166,20 @@ def test_tiny_override_keeps_blocks_and_tp_validity():
         runner.model_shape(plan, {"num_layers": 2})
 
 
-def test_schedules_run_each_micro_batch_forward_then_backward():
+def test_schedules_run_each_pass_once_forward_before_backward():
     worker = pytest.importorskip("planner.launch.worker")
-    for sched in ("gpipe", "1f1b"):
-        for p in (1, 2, 4):
-            for s in range(p):
-                for m in (1, 3, 8):
-                    acts = worker.schedule_actions(sched, p, s, m)
-                    assert sorted(acts) == sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
-                    assert all(acts.index(("F", i)) < acts.index(("B", i)) for i in range(m))
+    cases = [(sched, p, m, 1) for sched in ("gpipe", "1f1b") for p in (1, 2, 4) for m in (1, 3, 8)]
+    cases += [("interleaved-1f1b", p, m, v) for p in (1, 2) for m in (2, 4) for v in (2, 3)]
+    for sched, p, m, v in cases:
+        for s in range(p):
+            acts = worker.schedule_actions(sched, p, s, m, v)
+            want = [(k, c, i) for k in ("fwd", "bwd") for c in range(v) for i in range(m)]
+            assert sorted(acts) == sorted(want)
+            assert all(acts.index(("fwd", c, i)) < acts.index(("bwd", c, i))
+                       for c in range(v) for i in range(m))
     # 1F1B: stage 0 of 4 keeps 3 forwards in flight before its first backward; the last stage 0.
-    assert worker.schedule_actions("1f1b", 4, 0, 8)[:4] == [("F", 0), ("F", 1), ("F", 2), ("F", 3)]
-    assert worker.schedule_actions("1f1b", 4, 3, 8)[:3] == [("F", 0), ("B", 0), ("F", 1)]
+    assert worker.schedule_actions("1f1b", 4, 0, 8)[:4] == [("fwd", 0, i) for i in range(4)]
+    assert worker.schedule_actions("1f1b", 4, 3, 8)[:3] == [("fwd", 0, 0), ("bwd", 0, 0), ("fwd", 0, 1)]
 
 
 def test_overlaps_cut_a_micro_batch_between_replicas():

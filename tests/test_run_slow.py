@@ -1,6 +1,7 @@
 """The reference runner against a single-process run on the same data: after 3 steps the loss
 and every parameter agree to 1e-5 (float64), for plans with uneven blocks, a stage with more
-replicas than its neighbour, uneven shares, TP 2, mixed TP inside a stage, 1F1B and GPipe.
+replicas than its neighbour, uneven shares, TP 2, mixed TP inside a stage, 1F1B, GPipe and
+interleaved 1F1B.
 
 One launch per plan (module-scoped fixtures): starting torch processes costs seconds each.
 """
@@ -26,11 +27,12 @@ def rep(tp, share, devices):
     return {"gpu_type": "cpu", "tp": tp, "micro_batch_share": share, "devices": list(devices)}
 
 
-def make_plan(model, stages, mbs, nmb, schedule) -> Plan:
+def make_plan(model, stages, mbs, nmb, schedule, virtual_stages=1) -> Plan:
     return Plan.from_json({
         "inputs": {"cluster": "local", "model": model,
                    "training": {"global_batch_size": mbs * nmb, "seq_len": 8}},
         "micro_batch_size": mbs, "num_micro_batches": nmb, "schedule": schedule,
+        "virtual_stages": virtual_stages,
         "stages": [{"index": i, "blocks": list(b), "embedding": i == 0, "head": i == len(stages) - 1,
                     "replicas": reps} for i, (b, reps) in enumerate(stages)]})
 
@@ -55,6 +57,15 @@ PLAN_4 = make_plan(SWIGLU_GQA, [
     ((2, 4), [rep(1, 2, ["g:2"])]),
     ((4, 4), [rep(1, 2, ["g:3"])]),
 ], mbs=2, nmb=3, schedule="gpipe")
+
+
+# 4 processes, interleaved 1F1B with 2 chunks per stage (stage 0 runs blocks 0 and 2, stage 1
+# blocks 1 and 3; the last chunk of stage 1 wraps to stage 0): 2 replicas with shares 2 and 1
+# feeding, and fed back by, one tp-2 replica.
+PLAN_4I = make_plan(GELU, [
+    ((0, 2), [rep(1, 2, ["i:0"]), rep(1, 1, ["i:1"])]),
+    ((2, 4), [rep(2, 3, ["i:2", "i:3"])]),
+], mbs=3, nmb=4, schedule="interleaved-1f1b", virtual_stages=2)
 
 
 def _reference(plan: Plan):
@@ -84,7 +95,12 @@ def run4():
     return _run(PLAN_4)
 
 
-@pytest.mark.parametrize("name", ["run6", "run4"])
+@pytest.fixture(scope="module")
+def run4i():
+    return _run(PLAN_4I)
+
+
+@pytest.mark.parametrize("name", ["run6", "run4", "run4i"])
 def test_matches_single_process_reference(name, request):
     result, (ref_losses, ref_params) = request.getfixturevalue(name)
     assert len(result.losses) == STEPS and len(result.step_time_s) == STEPS

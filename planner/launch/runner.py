@@ -135,11 +135,19 @@ def rank_map(plan: Plan) -> list[RankInfo]:
 def check_plan(plan: Plan, shape: dict) -> None:
     """Everything the runner cannot run, as one InputError, before anything starts."""
     problems = []
-    if plan.schedule == "interleaved-1f1b" or plan.virtual_stages > 1:
-        problems.append(f"schedule {plan.schedule!r} with virtual_stages={plan.virtual_stages}: the "
-                        "reference runner does gpipe and 1f1b only (interleaving changes when each "
-                        "pass runs, not what is computed; rerun the plan with schedule 1f1b)")
+    from planner.simulate.schedules import stage_orders
+
+    try:  # the same op orders the worker will follow
+        stage_orders(plan.schedule, plan.num_stages, plan.num_micro_batches, plan.virtual_stages)
+    except ValueError as exc:
+        problems.append(f"schedule: {exc}")
     stages = plan.stages
+    if plan.virtual_stages > 1:
+        for s in stages:
+            if s.num_blocks % plan.virtual_stages:
+                problems.append(f"stage {s.index} holds {s.num_blocks} blocks, not a multiple of "
+                                f"virtual_stages {plan.virtual_stages} (each stage is cut into "
+                                "that many equal chunks)")
     if [s.index for s in stages] != list(range(len(stages))):
         problems.append("stage indices must be 0, 1, ... in order")
     expect = 0
@@ -175,6 +183,27 @@ def check_plan(plan: Plan, shape: dict) -> None:
                         f"global_batch_size = {declared}")
     if problems:
         raise InputError("cannot run this plan:\n  " + "\n  ".join(problems))
+
+
+def model_chunks(plan: Plan) -> list[dict]:
+    """The pipeline's pieces in order, virtual stage ``k = chunk * num_stages + stage``.
+    Without interleaving a stage is one chunk with its blocks. With ``v`` virtual stages each
+    stage keeps its block count, cut into ``v`` equal chunks dealt round-robin (Megatron-LM's
+    interleaved layout, as ``planner.launch.common.chunks`` writes it for the launchers): chunk
+    ``c`` of stage ``s`` follows chunk ``c`` of stage ``s - 1`` (or chunk ``c - 1`` of the last
+    stage) in the model."""
+    v = plan.virtual_stages
+    if v == 1:
+        return [{"stage": s.index, "chunk": 0, "blocks": list(s.blocks), "embedding": s.embedding,
+                 "head": s.head} for s in plan.stages]
+    out, first = [], 0
+    for c in range(v):
+        for s in plan.stages:
+            size = s.num_blocks // v
+            out.append({"stage": s.index, "chunk": c, "blocks": [first, first + size],
+                        "embedding": s.embedding and c == 0, "head": s.head and c == v - 1})
+            first += size
+    return out
 
 
 def _bytes_per_rank(plan: Plan, shape: dict, dtype_bytes: int) -> int:
@@ -404,7 +433,8 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
                        "replicas": [{"share": rep.micro_batch_share,
                                      "ranks": [slot_rank[(s.index, j, t)] for t in range(rep.tp)]}
                                     for j, rep in enumerate(s.replicas)]})
-    cfg = {"shape": shape, "stages": stages, "schedule": plan.schedule, "steps": steps,
+    cfg = {"shape": shape, "stages": stages, "chunks": model_chunks(plan),
+           "schedule": plan.schedule, "virtual_stages": plan.virtual_stages, "steps": steps,
            "seed": seed, "dtype": dtype, "optimizer": optimizer, "lr": lr, "backend": backend,
            "micro_batch_size": plan.micro_batch_size, "num_micro_batches": plan.num_micro_batches,
            "global_batch": plan.micro_batch_size * plan.num_micro_batches,

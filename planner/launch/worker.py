@@ -11,7 +11,9 @@ Communication, all on torch.distributed:
   between the tp-rank-0 processes ("leaders"); a leader broadcasts what it received to the
   rest of its tp group (a tp group's output is whole on every tp rank after the row-parallel
   all-reduce, so the leader's copy is the full activation).
-- sends are asynchronous and receives block, so 1F1B cannot deadlock;
+- sends are asynchronous and receives block, so no schedule's order can deadlock;
+- with interleaving a stage holds several chunks; virtual stage ``k = chunk * p + stage``
+  receives from virtual stage ``k - 1`` (on stage ``(k - 1) % p``) and sends to ``k + 1``;
 - gradients of a stage are summed over its replicas once per step: each replica assembles the
   full gradient on its leader (all-gather of the shards), the leaders all-reduce, and each
   leader broadcasts back to its tp group, which keeps its shard. This path works when the
@@ -37,16 +39,14 @@ from planner.launch import tiny_model as tm
 FAIL_ENV = "PLANNER_RUNNER_FAIL_RANK"  # fault injection for tests: this rank raises at step 0
 
 
-def schedule_actions(schedule: str, num_stages: int, stage: int, num_micro: int):
-    """The order of forward ("F", m) and backward ("B", m) passes on one stage."""
-    if schedule == "gpipe":
-        return [("F", m) for m in range(num_micro)] + [("B", m) for m in range(num_micro)]
-    # 1F1B: later stages need fewer forwards in flight before their first backward.
-    warm = min(num_stages - stage - 1, num_micro)
-    acts = [("F", m) for m in range(warm)]
-    for i in range(num_micro - warm):
-        acts += [("F", warm + i), ("B", i)]
-    return acts + [("B", m) for m in range(num_micro - warm, num_micro)]
+def schedule_actions(schedule: str, num_stages: int, stage: int, num_micro: int,
+                     virtual_stages: int = 1) -> list[tuple[str, int, int]]:
+    """The order of ("fwd" | "bwd", chunk, micro-batch) passes on one stage: exactly the orders
+    ``planner simulate`` times (``planner.simulate.schedules``), so the runner executes the
+    schedule the cost model and simulator assume."""
+    from planner.simulate.schedules import stage_orders
+
+    return stage_orders(schedule, num_stages, num_micro, virtual_stages)[stage]
 
 
 def overlaps(lo: int, hi: int, other: list[dict]):
@@ -80,6 +80,9 @@ class Worker:
         self.dtype = tm.torch_dtype(cfg["dtype"])
         self.device = torch.device("cpu")
         self.pending: list = []  # (work, tensor) of async sends, kept alive until waited on
+        # Virtual stage k = chunk * num_stages + stage (Megatron's interleaved numbering).
+        self.chunks = cfg["chunks"]
+        self.mailbox: dict[int, torch.Tensor] = {}  # sends to this very rank (one-stage interleaving)
 
     # -- set-up ------------------------------------------------------------------------------
     def init(self):
@@ -102,10 +105,13 @@ class Worker:
                 g = dist.new_group([rep["ranks"][0] for rep in s["replicas"]])
                 if s is self.stage and self.tp_rank == 0:
                     self.dp_group = g
-        st = self.stage
-        self.layout = tm.param_layout(self.shape, tuple(st["blocks"]), st["embedding"], st["head"])
-        params = tm.build_params(self.shape, tuple(st["blocks"]), st["embedding"], st["head"],
-                                 cfg["seed"], self.dtype, self.tp, self.tp_rank)
+        # This stage's model chunks (one unless interleaved), by chunk index.
+        self.my_chunks = [c for c in self.chunks if c["stage"] == self.si]
+        self.layout, params = {}, {}
+        for c in self.my_chunks:
+            args = (self.shape, tuple(c["blocks"]), c["embedding"], c["head"])
+            self.layout.update(tm.param_layout(*args))
+            params.update(tm.build_params(*args, cfg["seed"], self.dtype, self.tp, self.tp_rank))
         self.params = {k: v.detach().to(self.device).requires_grad_(True) for k, v in params.items()}
         plist = list(self.params.values())
         # A stage may hold nothing but a pass-through (no blocks, no embedding, no head).
@@ -124,8 +130,12 @@ class Worker:
         if self.tp_rank == 0:
             pieces = []
             for j, a, b in overlaps(lo, hi, self.stages[from_stage]["replicas"]):
+                src = self._leader_of(from_stage, j)
+                if src == self.rank:
+                    pieces.append(self.mailbox.pop(tag))
+                    continue
                 buf = torch.empty((b - a, seq, h), dtype=self.dtype, device=self.device)
-                dist.recv(buf, src=self._leader_of(from_stage, j), tag=tag)
+                dist.recv(buf, src=src, tag=tag)
                 pieces.append(buf)
             x = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
         else:
@@ -140,42 +150,53 @@ class Worker:
         lo = self.rep["offset"]
         for j, a, b in overlaps(lo, lo + self.rep["share"], self.stages[to_stage]["replicas"]):
             piece = t[a - lo:b - lo].detach().contiguous()
-            self.pending.append((dist.isend(piece, dst=self._leader_of(to_stage, j), tag=tag), piece))
+            dst = self._leader_of(to_stage, j)
+            if dst == self.rank:
+                self.mailbox[tag] = piece
+            else:
+                self.pending.append((dist.isend(piece, dst=dst, tag=tag), piece))
 
     # -- one step ----------------------------------------------------------------------------
-    def _forward(self, m: int, tokens: torch.Tensor, saved: dict) -> float:
-        st, shape = self.stage, self.shape
+    def _tag(self, k: int, m: int, backward: bool) -> int:
+        """Distinct per (virtual stage, micro-batch, direction) so no two messages between the
+        same pair of ranks can be confused, whatever the schedule's order."""
+        return (m * len(self.chunks) + k) * 2 + int(backward)
+
+    def _forward(self, c: int, m: int, tokens: torch.Tensor, saved: dict) -> float:
+        shape, p = self.shape, len(self.stages)
+        k = c * p + self.si
+        chunk = self.chunks[k]
         mbs = self.cfg["micro_batch_size"]
         lo = m * mbs + self.rep["offset"]
         rows = tokens[lo:lo + self.rep["share"]].to(self.device)
         x_in = None
-        if st["embedding"]:
+        if chunk["embedding"]:
             x = tm.embed(self.params, rows[:, :-1])
         else:
-            x_in = self._recv_pieces(self.si - 1, m, tag=2 * m).requires_grad_(True)
+            x_in = self._recv_pieces((k - 1) % p, m, self._tag(k, m, False)).requires_grad_(True)
             x = x_in
-        for i in range(*st["blocks"]):
+        for i in range(*chunk["blocks"]):
             x = tm.block(self.params, i, x, shape, self.tpc)
-        if st["head"]:
+        if chunk["head"]:
             tokens_total = self.cfg["global_batch"] * shape.seq_len
             x = tm.head_loss_sum(self.params, x, rows[:, 1:], shape) / tokens_total
-            saved[m] = (x_in, x)
+            saved[(c, m)] = (x_in, x)
             return float(x.detach())
-        self._send_pieces(x, self.si + 1, tag=2 * m)
-        saved[m] = (x_in, x)
+        self._send_pieces(x, (k + 1) % p, self._tag(k + 1, m, False))
+        saved[(c, m)] = (x_in, x)
         return 0.0
 
-    def _backward(self, m: int, saved: dict):
-        x_in, out = saved.pop(m)
-        if self.stage["head"]:
-            grad = None
-        else:
-            grad = self._recv_pieces(self.si + 1, m, tag=2 * m + 1)
+    def _backward(self, c: int, m: int, saved: dict):
+        p = len(self.stages)
+        k = c * p + self.si
+        x_in, out = saved.pop((c, m))
+        grad = None if self.chunks[k]["head"] else self._recv_pieces(
+            (k + 1) % p, m, self._tag(k, m, True))
         if out.requires_grad:
             torch.autograd.backward(out, grad)
         if x_in is not None:
             g = x_in.grad if x_in.grad is not None else torch.zeros_like(x_in)
-            self._send_pieces(g, self.si - 1, tag=2 * m + 1)
+            self._send_pieces(g, (k - 1) % p, self._tag(k - 1, m, True))
 
     def _sync_grads(self):
         """Sum this stage's gradients over its replicas (see the module docstring)."""
@@ -208,12 +229,12 @@ class Worker:
         tokens = tm.batch_tokens(cfg["seed"], step, cfg["global_batch"], self.shape)
         saved: dict = {}
         loss = 0.0
-        for kind, m in schedule_actions(cfg["schedule"], len(self.stages), self.si,
-                                        cfg["num_micro_batches"]):
-            if kind == "F":
-                loss += self._forward(m, tokens, saved)
+        for kind, c, m in schedule_actions(cfg["schedule"], len(self.stages), self.si,
+                                           cfg["num_micro_batches"], cfg["virtual_stages"]):
+            if kind == "fwd":
+                loss += self._forward(c, m, tokens, saved)
             else:
-                self._backward(m, saved)
+                self._backward(c, m, saved)
         for work, _ in self.pending:
             work.wait()
         self.pending.clear()
