@@ -80,6 +80,16 @@ def test_dp_sync_zero1_moves_grads_then_params():
     assert dp_sync_time_s(ctx, P, n, 2, bw, 0.0) == pytest.approx(plain / 2)
     assert dp_exposed_s(ctx, 1.0, 0.3) == pytest.approx(0.7)
     assert dp_exposed_s(_ctx(grad_reduce_overlap=False), 1.0, 0.3) == 1.0
+    # ZeRO-1: reduce-scatter (4 of 6 bytes) behind the last backward, all-gather behind the first forward
+    assert dp_exposed_s(_ctx(zero_stage=1), 1.2, 0.3, 0.1) == pytest.approx((0.8 - 0.3) + (0.4 - 0.1))
+
+
+def test_tp_comm_overlap_hides_behind_gemms():
+    gpu = catalog.gpu("A100-SXM4-80GB")
+    plain = replica_compute(_ctx(), gpu, 50e9, 8, 1, 4)
+    hidden = replica_compute(_ctx(tp_comm_overlap=True), gpu, 50e9, 8, 1, 4)
+    assert plain.tp_comm_s > 0 and hidden.tp_comm_s < plain.tp_comm_s
+    assert hidden.forward_s == plain.forward_s
 
 
 def test_boundary_between_uneven_replica_counts():

@@ -145,13 +145,20 @@ def dp_sync_time_s(ctx: CostContext, stage_params: float, num_replicas: int, min
     return ring_allreduce_s(grad_bytes, num_replicas, bw, latency)
 
 
-def dp_exposed_s(ctx: CostContext, dp_sync_s: float, last_backward_s: float) -> float:
+def dp_exposed_s(ctx: CostContext, dp_sync_s: float, last_backward_s: float,
+                 first_forward_s: float = 0.0) -> float:
     """The part of the gradient sync not hidden behind compute.
 
     Assumption (Megatron ``--overlap-grad-reduce``): bucketed reductions start during the
     backward pass of the last micro-batch and can hide behind at most that backward; the rest
-    is exposed.  Without overlap the whole sync is exposed.
+    is exposed.  With ZeRO-1 the sync is a reduce-scatter (2/3 of the bytes with fp32 grads
+    and bf16 params: 4 of 6 bytes per parameter) and an all-gather (``--overlap-param-gather``:
+    hidden behind the next iteration's first forward).  Without overlap all is exposed.
     """
     if not ctx.grad_reduce_overlap:
         return dp_sync_s
+    if ctx.zero_stage >= 1:
+        g, p = ctx.grad_bytes_per_param, ctx.activation_bytes
+        rs, ag = dp_sync_s * g / (g + p), dp_sync_s * p / (g + p)
+        return max(0.0, rs - last_backward_s) + max(0.0, ag - first_forward_s)
     return max(0.0, dp_sync_s - last_backward_s)

@@ -10,13 +10,17 @@ per GPU type (calibration.py).  Small matmuls (few tokens, thin shards) run far 
 (cf. NVIDIA "Matrix multiplication background" guide on tile quantisation and wave
 quantisation); large ones approach eff_max.
 
-Memory-bound work (counted in elements of 2 bytes, forward; backward = 2x):
-- per block, on the b s h activation: 2 LayerNorms (read+write: 4), 2 residual adds (6),
-  2 dropouts (read, write, 1-byte mask: 5) -> 15 b s h, divided by tp only with sequence
-  parallel (Korthikanti et al. 2022 §4.2.2: these regions are replicated without it);
-- on the b s f MLP activation: bias + GeLU (read, write twice: 4 b s f / tp; SwiGLU reads two
-  inputs: 5 b s f / tp);
-- attention softmax (scale, mask, softmax, dropout: ~7 a s^2 b / tp) unless flash attention.
+Memory-bound work (counted in elements of 2 bytes, forward; backward = 2x), with Megatron's
+fused kernels (fused bias-GeLU, bias-dropout-add, scale-mask-softmax), which both Megatron-LM
+and Megatron-DeepSpeed use by default:
+- per block, on the b s h activation: 2 LayerNorms (read + write: 4), 2 fused
+  bias-dropout-adds (read input and residual, write, 1-byte mask: 3.5 each) -> 11 b s h,
+  divided by tp only with sequence parallel (Korthikanti et al. 2022 §4.2.2: these regions are
+  replicated without it);
+- on the b s f MLP activation: fused bias + GeLU (read + write: 2 b s f / tp; SwiGLU reads
+  two inputs: 3 b s f / tp);
+- attention: fused scale-mask-softmax (read + write: 2) and dropout (read, write, mask: 2.5)
+  -> 4.5 a s^2 b / tp, unless flash attention (fused into the attention kernel: 0).
 Embedding: a gather (2 b s h) forward, a dense fp32 gradient of the table backward
 (V h / tp * 4 bytes, read+write).  Head: the fp32 logits through the cross-entropy
 (~3 x 4 b s V / tp bytes forward and backward).
@@ -89,7 +93,7 @@ def _mem_time_s(ctx: CostContext, gpu: GpuType, num_bytes: float) -> float:
 
 
 def _block_roofline(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> tuple[float, float, float, float]:
-    """(forward, backward, selective-recompute, attention-core forward) of one block, seconds."""
+    """(forward, backward, selective-recompute, dense-GEMM forward) of one block, seconds."""
     m, s = ctx.model, ctx.seq_len
     h, f, a = m.hidden_size, m.ffn_size, m.num_attention_heads
     fl = block_forward_flops(m, share, s)
@@ -99,9 +103,9 @@ def _block_roofline(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> tupl
     # The s^2 attention matmuls are batched per head (K dimension = head_dim): same curve.
     t_attn = fl.attention_flops / tp / (peak * eff)
     sbh = share * s * h
-    act_elems = 15 * sbh / (tp if ctx.sequence_parallel else 1)
-    act_elems += (5 if m.mlp == "swiglu" else 4) * share * s * f / tp
-    softmax_elems = 0.0 if ctx.flash_attention else 7 * a * s * s * share / tp
+    act_elems = 11 * sbh / (tp if ctx.sequence_parallel else 1)
+    act_elems += (3 if m.mlp == "swiglu" else 2) * share * s * f / tp
+    softmax_elems = 0.0 if ctx.flash_attention else 4.5 * a * s * s * share / tp
     eb = ctx.activation_bytes
     t_elem = _mem_time_s(ctx, gpu, act_elems * eb)
     t_soft = _mem_time_s(ctx, gpu, softmax_elems * eb)
@@ -109,7 +113,7 @@ def _block_roofline(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> tupl
     fwd = t_dense + t_attn + t_elem + t_soft + overhead
     bwd = BACKWARD_FLOPS_FACTOR * fwd
     core = t_attn + t_soft  # what selective recompute redoes (Korthikanti et al. 2022 §5)
-    return fwd, bwd, core, fwd
+    return fwd, bwd, core, t_dense
 
 
 def _lookup(ctx: CostContext, gpu: GpuType, kind: str, share: int, tp: int):
@@ -127,7 +131,7 @@ def block_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, shar
     hit = ctx.cache.get(key)
     if hit is not None:
         return hit
-    fwd, bwd, core, _ = _block_roofline(ctx, gpu, tp, share)
+    fwd, bwd, core, gemm = _block_roofline(ctx, gpu, tp, share)
     measured = _lookup(ctx, gpu, "block", share, tp)
     if measured is not None:
         fwd, bwd = measured
@@ -135,8 +139,11 @@ def block_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, shar
     recompute = {"none": 0.0, "selective": core, "full": fwd}[ctx.recompute]
     act = share * ctx.seq_len * ctx.model.hidden_size * ctx.activation_bytes
     coll = tp_collective_s(ctx, act, tp, intra_Bps, gpu)
-    extra = 2 * coll if ctx.recompute == "full" else 0.0
-    out = ReplicaTiming(fwd, bwd, recompute, 2 * coll, 2 * coll + extra)
+    tp_fwd, tp_bwd = 2 * coll, 2 * coll
+    if ctx.tp_comm_overlap:  # hidden behind the block's dense GEMMs (backward: 2x of them)
+        tp_fwd, tp_bwd = max(0.0, tp_fwd - gemm), max(0.0, tp_bwd - 2 * gemm)
+    extra = tp_fwd if ctx.recompute == "full" else 0.0
+    out = ReplicaTiming(fwd, bwd, recompute, tp_fwd, tp_bwd + extra)
     ctx.cache[key] = out
     return out
 

@@ -33,6 +33,11 @@ class CostContext:
     ``grad_reduce_overlap``: the data-parallel gradient reduction overlaps the backward pass
     of the last micro-batch (Megatron ``--overlap-grad-reduce``); when False it is fully
     exposed (Megatron's default without the flag, and vTrain's measured runs).
+    With ZeRO-1 the parameter all-gather then hides behind the first micro-batch's forward
+    (``--overlap-param-gather``).
+    ``tp_comm_overlap``: TP collectives are pipelined with the neighbouring GEMMs (Megatron-Core
+    ``--tp-comm-overlap`` with Transformer Engine userbuffers): only the part of a block's
+    collectives longer than its dense GEMMs is exposed.
     ``flash_attention``: the softmax/dropout of attention is fused (no s^2 memory traffic,
     no s^2 activations); the Korthikanti activation formulas assume it off.
     """
@@ -49,6 +54,7 @@ class CostContext:
     profiles: Any = None
     grad_reduce_overlap: bool = True
     flash_attention: bool = False
+    tp_comm_overlap: bool = False
     cache: dict = field(default_factory=dict, repr=False)
     sources: dict = field(default_factory=dict, repr=False)  # cost entry -> measured|estimated
 

@@ -174,11 +174,14 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
             if ring_crossings:
                 per_ring = params / min_tp
                 wire = (ctx.grad_bytes_per_param + (ctx.activation_bytes if ctx.zero_stage else ctx.grad_bytes_per_param))
+                # every ring hop carries 2 (n-1)/n of the buffer (RS + AG); a 2-member ring's one
+                # hop is used both ways, larger rings list each directed crossing hop
                 hop_bytes = (n - 1) / n * per_ring * wire * min_tp
+                both_ways = 2 if n == 2 else 1
                 for key in ring_crossings:
-                    crossings[key] = crossings.get(key, 0.0) + hop_bytes * 2  # full duplex ring: each crossing both ways
+                    crossings[key] = crossings.get(key, 0.0) + hop_bytes * both_ways
         rt = timings[i]["rt"]
-        exposed = dp_exposed_s(ctx, dp, rt.total_backward_s)
+        exposed = dp_exposed_s(ctx, dp, rt.total_backward_s, rt.total_forward_s)
         shard = max(1, n) if ctx.zero_stage >= 1 else 1
         opt = max(optimizer_time_s(ctx, nodes[r.node].gpu, params / r.tp / shard) for r in st.replicas)
         stage_timings.append(StageTiming(

@@ -7,7 +7,8 @@ Sets (tests/fidelity/README.md): ``vtrain-single`` (A100, 1 node) and ``megatron
 Per set, a priori framework facts (not fitted, from the sources' own descriptions):
 - vTrain (Megatron-DeepSpeed, 2022): no flash attention; ``use_gradient_bucket false``, so the
   gradient all-reduce runs after the backward, not overlapped.
-- Megatron-Core r0.8 benchmarks: flash attention (Transformer Engine), ``--overlap-grad-reduce``.
+- Megatron-Core r0.8 benchmarks: flash attention (Transformer Engine); the source lists
+  ``--overlap-grad-reduce``, ``--overlap-param-gather`` and ``--tp-comm-overlap``.
 - Sailor (its Megatron-DeepSpeed fork): no flash attention, no gradient-reduce overlap.
 """
 
@@ -25,7 +26,7 @@ CALIBRATION_SETS = ("vtrain-single", "megatron-core-h100")
 SET_CONTEXT = {
     "vtrain-single": {"flash_attention": False, "grad_reduce_overlap": False},
     "vtrain-multi": {"flash_attention": False, "grad_reduce_overlap": False},
-    "megatron-core-h100": {"flash_attention": True, "grad_reduce_overlap": True},
+    "megatron-core-h100": {"flash_attention": True, "grad_reduce_overlap": True, "tp_comm_overlap": True},
     "sailor": {"flash_attention": False, "grad_reduce_overlap": False},
 }
 # What the published simulators reached on comparable sets (for the table's last column).
