@@ -78,10 +78,13 @@ def test_deepspeed_refuses_interleaving_and_selective_recompute():
     assert "interleaved-1f1b with 2 virtual stages" in text and "recompute selective" in text
 
 
-def test_interleaving_needs_divisible_stages():
+def test_interleaving_needs_divisible_stages_and_micro_batches():
     plan = make_plan(blocks=((0, 3), (3, 8)), schedule="interleaved-1f1b", virtual_stages=2)
     for fmt in ("megatron", "pipelining"):
         assert "stage 0 holds 3 blocks, not a multiple of virtual_stages 2" in refusal(plan, fmt)
+    odd = make_plan(blocks=((0, 4), (4, 8)), schedule="interleaved-1f1b", virtual_stages=2,
+                    num_micro_batches=5)
+    assert "interleaved 1F1B with 5 micro-batches over 2 stages" in refusal(odd, "megatron")
 
 
 @pytest.mark.parametrize("fmt", ["megatron", "deepspeed"])

@@ -126,9 +126,18 @@ def megatron_layout(plan: Plan):
 def build_args(plan: Plan) -> tuple[list[str], list[str], object]:
     check_structure(plan, "megatron")
     check_uniform(plan, "megatron", TOOL)
-    if plan.schedule == "interleaved-1f1b" and plan.virtual_stages > 1 and plan.num_stages == 1:
+    interleaved = plan.schedule == "interleaved-1f1b" and plan.virtual_stages > 1
+    m, p = plan.num_micro_batches, plan.num_stages
+    if interleaved and p == 1:
         Problems("megatron", [("interleaved 1F1B with one stage has nothing to interleave: "
                                "re-plan with schedule 1f1b")]).raise_if_any()
+    if interleaved and (m < p or m % p):
+        # forward_backward_pipelining_with_interleaving (core/pipeline_parallel/schedules.py)
+        # takes micro-batches in groups of the pipeline size by default and rejects a count
+        # below it or a remainder group smaller than it.
+        Problems("megatron", [(f"interleaved 1F1B with {m} micro-batches over {p} stages: Megatron-LM "
+                               "needs a multiple of the pipeline size; re-plan num_micro_batches")]
+                 ).raise_if_any()
     tp = plan.stages[0].replicas[0].tp
     layout, mapping_args = megatron_layout(plan)
     parallel = ["--tensor-model-parallel-size", str(tp),
