@@ -260,14 +260,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker_env(backend: str) -> dict:
+def _worker_env() -> dict:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])  # the folder holding the planner package
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MKL_NUM_THREADS", "1")
-    if backend == "gloo" and Path("/sys/class/net/lo").exists():
-        # Everything is on this machine; stop gloo from picking an interface by host name.
+    if Path("/sys/class/net/lo").exists():
+        # Everything is on this machine; stop gloo (also used for p2p under nccl) from picking
+        # an interface by host name.
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     return env
 
@@ -347,7 +348,7 @@ def _launch(cfg: dict, ranks: list[RankInfo], out: Path, timeout_s: float,
             progress: _Progress | None = None) -> None:
     cfg_path = out / "config.json"
     cfg_path.write_text(json.dumps(cfg))
-    env = _worker_env(cfg["backend"])
+    env = _worker_env()
     procs = []
     try:
         for r in ranks:

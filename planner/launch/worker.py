@@ -5,7 +5,7 @@ of every stage) and starts one of these per rank. A worker trains its piece of t
 requested steps and leaves in OUT_DIR either ``rank<R>.json`` + ``rank<R>.npz`` (losses, step
 times, its parameter shards) or ``rank<R>.error.json`` (the exception) and exits 1.
 
-Communication, all on torch.distributed:
+Communication, all on torch.distributed (point-to-point always over gloo, see ``init``):
 - activations and their gradients go replica-to-replica between adjacent stages with
   point-to-point sends, one message per overlap of the two replicas' sample ranges, always
   between the tp-rank-0 processes ("leaders"); a leader broadcasts what it received to the
@@ -94,7 +94,13 @@ class Worker:
                                 rank=self.rank, world_size=cfg["world_size"],
                                 timeout=timedelta(seconds=cfg["collective_timeout_s"]))
         # Every rank creates every group in the same order (torch.distributed requires it).
-        self.tp_group = self.dp_group = None
+        self.tp_group = self.dp_group = self.p2p_group = None
+        if cfg["backend"] != "gloo":
+            # Point-to-point goes over gloo on the CPU even with nccl: gloo matches messages by
+            # tag and never blocks a sender, so every schedule's order is safe; NCCL ignores
+            # tags and pairs sends with receives in issue order, which the interleaved
+            # wrap-around and 1F1B's crossing sends would break. Speed is not the point here.
+            self.p2p_group = dist.new_group(list(range(cfg["world_size"])), backend="gloo")
         for s in self.stages:
             for rep in s["replicas"]:
                 if len(rep["ranks"]) > 1:
@@ -134,9 +140,9 @@ class Worker:
                 if src == self.rank:
                     pieces.append(self.mailbox.pop(tag))
                     continue
-                buf = torch.empty((b - a, seq, h), dtype=self.dtype, device=self.device)
-                dist.recv(buf, src=src, tag=tag)
-                pieces.append(buf)
+                buf = torch.empty((b - a, seq, h), dtype=self.dtype)
+                dist.recv(buf, src=src, tag=tag, group=self.p2p_group)
+                pieces.append(buf.to(self.device))
             x = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
         else:
             x = torch.empty((hi - lo, seq, h), dtype=self.dtype, device=self.device)
@@ -154,7 +160,8 @@ class Worker:
             if dst == self.rank:
                 self.mailbox[tag] = piece
             else:
-                self.pending.append((dist.isend(piece, dst=dst, tag=tag), piece))
+                piece = piece.cpu()
+                self.pending.append((dist.isend(piece, dst=dst, tag=tag, group=self.p2p_group), piece))
 
     # -- one step ----------------------------------------------------------------------------
     def _tag(self, k: int, m: int, backward: bool) -> int:
