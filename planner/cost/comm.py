@@ -79,15 +79,20 @@ def boundary_bytes(shares_a: list[int], shares_b: list[int], bytes_per_sequence:
     activation goes to the replica of B that holds it.  Returns (i, j, bytes) with bytes > 0.
     """
     out = []
-    a0 = 0
-    for i, sa in enumerate(shares_a):
-        b0 = 0
-        for j, sb in enumerate(shares_b):
-            overlap = min(a0 + sa, b0 + sb) - max(a0, b0)
-            if overlap > 0:
-                out.append((i, j, overlap * bytes_per_sequence))
-            b0 += sb
-        a0 += sa
+    i = j = 0
+    a_end, b_end = (shares_a[0] if shares_a else 0), (shares_b[0] if shares_b else 0)
+    pos = 0
+    while i < len(shares_a) and j < len(shares_b):  # merge the two interval lists: O(n_a + n_b)
+        end = min(a_end, b_end)
+        if end > pos:
+            out.append((i, j, (end - pos) * bytes_per_sequence))
+            pos = end
+        if a_end == end:
+            i += 1
+            a_end += shares_a[i] if i < len(shares_a) else 0
+        if b_end == end:
+            j += 1
+            b_end += shares_b[j] if j < len(shares_b) else 0
     return out
 
 

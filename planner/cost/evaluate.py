@@ -200,8 +200,12 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
         row = []
         for k, r in enumerate(st.replicas):
             gpu = nodes[r.node].gpu
-            mem = replica_memory(ctx, gpu, r.tp, r.micro_batch_share, st.num_blocks, st.embedding,
-                                 st.head, len(st.replicas), inflight)
+            key = ("memory", gpu.name, gpu.memory_bytes, r.tp, r.micro_batch_share, st.num_blocks,
+                   st.embedding, st.head, len(st.replicas), inflight)
+            mem = ctx.cache.get(key)
+            if mem is None:
+                mem = ctx.cache[key] = replica_memory(ctx, gpu, r.tp, r.micro_batch_share, st.num_blocks,
+                                                      st.embedding, st.head, len(st.replicas), inflight)
             row.append(mem)
             for d in r.devices:
                 peak[d] = mem.total_bytes
