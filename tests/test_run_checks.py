@@ -198,6 +198,18 @@ def test_cli_bad_plan_exits_2(tmp_path, capsys):
     assert main(["run", str(path)]) == 2
 
 
+def test_chunks_agree_with_the_launchers():
+    common = pytest.importorskip("planner.launch.common")
+    for v, sched in ((1, "1f1b"), (2, "interleaved-1f1b")):
+        plan = make_plan([((0, 4), [rep(1, 4, ["a:0"])]), ((4, 6), [rep(1, 4, ["b:0"])])],
+                         model={**TINY, "num_layers": 6}, schedule=sched, virtual_stages=v)
+        ours = [(c["stage"], c["chunk"], *c["blocks"], c["embedding"], c["head"])
+                for c in runner.model_chunks(plan)]
+        theirs = [(c.stage, c.chunk, c.first, c.last, c.embedding, c.head)
+                  for c in common.chunks(plan, "pipelining")]
+        assert ours == theirs
+
+
 def test_importing_the_runner_and_cli_does_not_import_torch():
     code = ("import sys, planner.launch.runner, planner.cli.run, planner.cli.main; "
             "print('torch' in sys.modules)")

@@ -156,3 +156,23 @@ def test_cli_json(tmp_path, capsys):
     # --tiny keeps the blocks but shrinks the vocabulary to 128: the first loss is near ln(128).
     assert abs(out["losses"][0] - np.log(128)) < 0.5
     assert len(out["param_digest"]) == 64
+
+
+def test_taken_port_is_retried_once(monkeypatch):
+    import socket
+
+    plan = make_plan(GELU, [((0, 2), [rep(1, 1, ["a:0"])]), ((2, 4), [rep(1, 1, ["a:1"])])],
+                     mbs=1, nmb=1, schedule="1f1b")
+    with socket.socket() as busy:  # a port someone else holds, handed out as "free"
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        free = runner._free_port
+        handed = iter([taken])
+        monkeypatch.setattr(runner, "_free_port", lambda: next(handed, None) or free())
+        ports = []
+        launch = runner._launch
+        monkeypatch.setattr(runner, "_launch", lambda cfg, *a: (ports.append(cfg["port"]), launch(cfg, *a))[1])
+        result = runner.run_plan(plan, steps=1)
+    assert ports[0] == taken and ports[1] != taken and len(ports) == 2
+    assert len(result.losses) == 1

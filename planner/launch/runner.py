@@ -442,10 +442,19 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
            "world_size": len(ranks), "port": _free_port(),
            "collective_timeout_s": collective_timeout_s}
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="planner-run-") as tmp:
-        out = Path(tmp)
-        _launch(cfg, ranks, out, timeout_s, _Progress(out, ranks, len(plan.stages) - 1, on_step))
-        losses, times, params, diff, digest = _collect(out, ranks, plan, steps)
+    for attempt in range(2):
+        with tempfile.TemporaryDirectory(prefix="planner-run-") as tmp:
+            out = Path(tmp)
+            try:
+                _launch(cfg, ranks, out, timeout_s, _Progress(out, ranks, len(plan.stages) - 1, on_step))
+            except WorkerError as exc:
+                # The free port can be taken between our probe and rank 0's bind: try another once.
+                if attempt == 0 and getattr(exc, "rank", None) == 0 and "in use" in str(exc).lower():
+                    cfg["port"] = _free_port()
+                    continue
+                raise
+            losses, times, params, diff, digest = _collect(out, ranks, plan, steps)
+            break
     return RunResult(losses=losses, step_time_s=times, param_digest=digest,
                      replica_max_abs_diff=diff, world_size=len(ranks), ranks=ranks,
                      wall_s=time.perf_counter() - t0, params=params if return_params else None)
