@@ -35,8 +35,9 @@ def random_problem(rng: random.Random, with_boundary=True, one_max=False) -> Cor
                                   fixed=fixed, max_blocks=[rng.randint(0, L) for _ in range(p)],
                                   price_usd_per_hour=rng.choice([1.0, 2.5, 4.0]), group=rng.randint(0, 1)))
     m = rng.randint(1, 8)
-    rows = [Row(stage=(1, 1, 0, 0), out=(1, 0), inn=(0, 1)), Row(stage=(0, 0, 1, 0)),
-            Row(stage=(0, 0, 0, 1))]
+    rows = [Row(stage=(1, 1, 0, 0), out=(1, 0), inn=(0, 1)),
+            Row(stage=(0, 0, 0, 0), hinges=((0, 0, 1, 0), (-0.1, 0, 0, 1))) if rng.random() < 0.5
+            else Row(stage=(0, 0, 1, 0)), Row(stage=(0, 0, 0, 1))]
     if one_max:
         terms = [Term("max", 0, m - 1), Term("sum", 0, 1.0)]
         with_boundary = False
@@ -48,7 +49,7 @@ def random_problem(rng: random.Random, with_boundary=True, one_max=False) -> Cor
         boundary = np.array([[[rng.choice([0.0, 0.05, 0.3]) for _ in range(K)] for _ in range(K)]
                              for _ in range(2)])
     else:
-        rows = [Row(stage=r.stage) for r in rows]
+        rows = [Row(stage=r.stage, hinges=r.hinges) for r in rows]
     return CoreProblem(num_blocks=L, num_stages=p, capacity=capacity, options=options, rows=rows,
                        terms=terms, boundary=boundary, wrap=with_boundary and rng.random() < 0.3,
                        resource_price=[rng.choice([0.0, 3.0]) for _ in range(R)], same_group=rng.random() < 0.3)

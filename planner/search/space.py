@@ -18,13 +18,13 @@ from functools import lru_cache
 
 import numpy as np
 
-from planner.cost import (CostContext, dp_sync_time_s, in_flight_micro_batches, optimizer_time_s,
+from planner.cost import (CostContext, dp_exposed_s, dp_sync_time_s, in_flight_micro_batches, optimizer_time_s,
                           p2p_time_s, replica_compute, replica_memory_bytes, stage_params)
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row, Term
 
 INTERLEAVE_V = 2            # virtual stages tried for interleaved-1f1b
-QUANTITIES = ("forward", "backward", "dp_exposed_raw", "optimizer")
+QUANTITIES = ("forward", "backward", "sync_less_backward", "optimizer", "gather_less_forward")
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,8 @@ class Pricer:
         self.profiles = profiles
         self._rings: dict = {}
         self._paths: dict = {}
+        self._bases: dict = {}
+        self._sends: dict = {}
 
     def option_keys(self, knobs: Knobs) -> list[OptionKey]:
         allowed_q = set(self.training.micro_batch_sizes or ())
@@ -180,54 +182,97 @@ class Pricer:
                            options=options, rows=rows, terms=terms, boundary=boundary,
                            wrap=knobs.schedule == "interleaved-1f1b" and p > 1, resource_price=res_price)
 
-    def _option(self, ctx, knobs, key: OptionKey, unit: int, L_units: int) -> CoreOption | None:
+    def _base(self, ctx, knobs, key: OptionKey, unit: int, emb: bool, head: bool):
+        """Per (knobs without p, option, end flags): quantity slopes/intercepts per core unit and
+        the memory model mem(u, f) = c0 + c1 u + f (c2 + c3 u) in units u and in-flight f
+        (weights/grads/optimizer are affine in blocks, activations blocks x in-flight)."""
+        ck = (id(ctx), knobs.micro_batch_size, key, unit, emb, head, knobs.num_micro_batches)
+        hit = self._bases.get(ck)
+        if hit is not None:
+            return hit
         info = self.classes[key.cls]
         gpu, intra, t, n = info.gpu, info.node_class.intra_Bps, key.tp, key.replicas
-        p, m, v = knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages
         share = -(-knobs.micro_batch_size // n)
         ring = self.ring(key) if n > 1 else None
         shard = n if knobs.zero_stage >= 1 else 1
-        overlap = ctx.grad_reduce_overlap
 
-        def quantities(nb: int, emb: bool, head: bool) -> tuple[float, ...]:
+        def quantities(nb: int) -> tuple[float, ...]:
             rt = replica_compute(ctx, gpu, intra, t, share, nb, emb, head)
             params = stage_params(ctx, nb, emb, head)
             dp = (dp_sync_time_s(ctx, params, n, t, ring.bandwidth_Bps, ring.latency_s, ring.kind, gpu)
                   if ring else 0.0)
-            dpx = dp - rt.total_backward_s if overlap else dp
-            return (rt.total_forward_s, rt.total_backward_s, dpx,
-                    optimizer_time_s(ctx, gpu, params / t / shard))
+            # comm.dp_exposed_s: the sync hides behind the last backward (ZeRO-1: its
+            # reduce-scatter part; the all-gather behind the next first forward)
+            if not ctx.grad_reduce_overlap:
+                rs, ag = dp, 0.0
+            elif ctx.zero_stage >= 1:
+                g, pb = ctx.grad_bytes_per_param, ctx.activation_bytes
+                rs = dp * g / (g + pb) - rt.total_backward_s
+                ag = dp * pb / (g + pb) - rt.total_forward_s
+            else:
+                rs, ag = dp - rt.total_backward_s, -rt.total_forward_s
+            return (rt.total_forward_s, rt.total_backward_s, rs,
+                    optimizer_time_s(ctx, gpu, params / t / shard), ag)
 
+        q1, q2 = quantities(unit), quantities(2 * unit)
+        self._check_exposed(ctx, gpu, intra, t, share, n, ring, unit, emb, head, q1)
+        sl = tuple(b - a for a, b in zip(q1, q2))
+        fx = tuple(a - d for a, d in zip(q1, sl))
+
+        def mem(u: int, f: float) -> float:
+            return replica_memory_bytes(ctx, gpu, t, share, u * unit, emb, head, n, f)
+
+        m11, m21, m12, m22 = mem(1, 1.0), mem(2, 1.0), mem(1, 2.0), mem(2, 2.0)
+        c3 = (m22 - m12) - (m21 - m11)
+        c1 = (m21 - m11) - c3
+        c2 = (m12 - m11) - c3
+        c0 = m11 - c1 - c2 - c3
+        coef = (c0, c1, c2, c3)
+        probe = mem(3, 3.0)
+        exact = abs(c0 + 3 * c1 + 3 * (c2 + 3 * c3) - probe) <= 1e-9 * probe
+        hit = self._bases[ck] = (sl, fx, coef, exact, mem)
+        return hit
+
+    def _check_exposed(self, ctx, gpu, intra, t, share, n, ring, nb, emb, head, q) -> None:
+        """Our hinge form of the exposed sync must be the cost model's ``dp_exposed_s``; a
+        change there must not silently make the search optimise something else."""
+        rt = replica_compute(ctx, gpu, intra, t, share, nb, emb, head)
+        dp = (dp_sync_time_s(ctx, stage_params(ctx, nb, emb, head), n, t, ring.bandwidth_Bps, ring.latency_s,
+                             ring.kind, gpu) if ring else 0.0)
+        want = dp_exposed_s(ctx, dp, rt.total_backward_s, rt.total_forward_s)
+        got = max(0.0, q[2]) + max(0.0, q[4])
+        if abs(got - want) > 1e-9 * max(1e-12, want):
+            raise AssertionError(f"search/space.py models the exposed DP sync as {got}, the cost model "
+                                 f"says {want}: update the hinge form to planner.cost.comm.dp_exposed_s")
+
+    def _option(self, ctx, knobs, key: OptionKey, unit: int, L_units: int) -> CoreOption | None:
+        info = self.classes[key.cls]
+        p, m, v = knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages
+        cap = info.gpu.memory_bytes
         slope = None
         fixed: list[tuple[float, ...] | None] = []
         max_blocks: list[int] = []
-        cache: dict = {}
         for s in range(p):
-            emb, head = s == 0, s == p - 1
-            if (emb, head) not in cache:
-                q1, q2 = quantities(unit, emb, head), quantities(2 * unit, emb, head)
-                sl = tuple(b - a for a, b in zip(q1, q2))
-                cache[emb, head] = (sl, tuple(a - d for a, d in zip(q1, sl)))
-            sl, fx = cache[emb, head]
+            sl, fx, (c0, c1, c2, c3), exact, mem = self._base(ctx, knobs, key, unit, s == 0, s == p - 1)
             slope = slope or sl
-            inflight = in_flight_micro_batches(knobs.schedule, p, s, m, v)
-
-            def mem(units: int) -> float:
-                return replica_memory_bytes(ctx, gpu, t, share, units * unit, emb, head, n, inflight)
-
-            cap = gpu.memory_bytes
-            a, b = _affine(mem, 1)
-            hi = L_units if a <= 0 else int(min(L_units, max(0, math.floor((cap - b) / a))))
-            while hi >= 1 and mem(hi) > cap:
-                hi -= 1
-            while hi < L_units and mem(hi + 1) <= cap:
-                hi += 1
+            f = in_flight_micro_batches(knobs.schedule, p, s, m, v)
+            per_u, base = c1 + c3 * f, c0 + c2 * f
+            hi = L_units if per_u <= 0 else int(min(L_units, max(0, math.floor((cap - base) / per_u))))
+            model = (lambda u: base + per_u * u) if exact else (lambda u: mem(u, f))
+            # settle the last unit with the cost model's own function where rounding could matter
+            near = lambda u: abs(model(u) - cap) <= 1e-6 * cap  # noqa: E731
+            if not exact or (hi >= 1 and near(hi)) or (hi < L_units and near(hi + 1)):
+                while hi >= 1 and mem(hi, f) > cap:
+                    hi -= 1
+                while hi < L_units and mem(hi + 1, f) <= cap:
+                    hi += 1
             fixed.append(fx if hi >= 1 else None)
             max_blocks.append(hi)
         if not any(max_blocks):
             return None
-        return CoreOption(resource=key.cls, units=info.units(t, n), slope=slope, fixed=fixed,
-                          max_blocks=max_blocks, price_usd_per_hour=info.option_price(t, n), label=key)
+        return CoreOption(resource=key.cls, units=info.units(key.tp, key.replicas), slope=slope, fixed=fixed,
+                          max_blocks=max_blocks, price_usd_per_hour=info.option_price(key.tp, key.replicas),
+                          label=key)
 
     def _boundary(self, ctx, knobs, options: list[CoreOption]) -> np.ndarray:
         """Send time between adjacent stages for every option pair (evaluate's bottleneck rule)."""
@@ -238,13 +283,18 @@ class Pricer:
         for i, oa in enumerate(options):
             for j, ob in enumerate(options):
                 a, b = oa.label, ob.label
+                ck = (id(ctx), B, a, b)
+                hit = self._sends.get(ck)
+                if hit is not None:
+                    T[0, i, j] = hit
+                    continue
                 path, cap, flows = self.send_path(a, b)
                 gpu = self.classes[a.cls].gpu              # evaluate prices a send on the sender's GPU
                 t1 = p2p_time_s(per_seq, path, ctx, flows, cap, gpu)
                 t2 = p2p_time_s(2 * per_seq, path, ctx, flows, cap, gpu)
                 X = t2 - t1
                 L0 = t1 - X
-                T[0, i, j] = max(c * L0 + k * X for c, k in _busiest_points(B, a.replicas, b.replicas))
+                T[0, i, j] = self._sends[ck] = max(c * L0 + k * X for c, k in _busiest_points(B, a.replicas, b.replicas))
         return T
 
 
@@ -268,14 +318,15 @@ def _busiest_points(B: int, na: int, nb: int) -> tuple[tuple[int, int], ...]:
 def pipeline_rows(knobs: Knobs) -> tuple[list[Row], list[Term]]:
     """planner.cost.schedule's closed forms as core rows and terms (F, B, DPX, OPT; one send)."""
     m, v = knobs.num_micro_batches, knobs.virtual_stages
-    dpx, opt = Row(stage=(0, 0, 1, 0)), Row(stage=(0, 0, 0, 1))
+    dpx = Row(stage=(0, 0, 0, 0, 0), hinges=((0, 0, 1, 0, 0), (0, 0, 0, 0, 1)))
+    opt = Row(stage=(0, 0, 0, 1, 0))
     if knobs.schedule == "gpipe":
-        rows = [Row(stage=(1, 0, 0, 0), out=(1,)), Row(stage=(0, 1, 0, 0), inn=(1,)), dpx, opt]
+        rows = [Row(stage=(1, 0, 0, 0, 0), out=(1,)), Row(stage=(0, 1, 0, 0, 0), inn=(1,)), dpx, opt]
         terms = [Term("max", 0, m - 1), Term("sum", 0), Term("max", 1, m - 1), Term("sum", 1),
                  Term("max", 2), Term("max", 3)]
         return rows, terms
     if knobs.schedule == "interleaved-1f1b":
-        rows = [Row(stage=(1, 1, 0, 0), out=(v,), inn=(v,)), dpx, opt]
+        rows = [Row(stage=(1, 1, 0, 0, 0), out=(v,), inn=(v,)), dpx, opt]
         return rows, [Term("max", 0, m - 1.0 / v), Term("sum", 0, 1.0 / v), Term("max", 1), Term("max", 2)]
-    rows = [Row(stage=(1, 1, 0, 0), out=(1,), inn=(1,)), dpx, opt]
+    rows = [Row(stage=(1, 1, 0, 0, 0), out=(1,), inn=(1,)), dpx, opt]
     return rows, [Term("max", 0, m - 1), Term("sum", 0), Term("max", 1), Term("max", 2)]

@@ -93,7 +93,8 @@ def dp_fixed_options(prob: CoreProblem, options: list[int]) -> CoreSolution:
             return CoreSolution(status="infeasible")
         for nb in range(1, min(opt.max_blocks[s], L) + 1):
             q = [a * nb + b for a, b in zip(opt.slope, opt.fixed[s])]
-            vals = [float(np.dot(row.stage, q)) for row in prob.rows]
+            vals = [float(np.dot(row.stage, q)) + sum(max(0.0, float(np.dot(h, q))) for h in row.hinges)
+                    for row in prob.rows]
             mval = vals[mrow] if mrow is not None else 0.0
             sval = sum(t.weight * vals[t.row] for t in prob.terms if t.kind == "sum")
             for i in range(0, L - nb + 1):

@@ -154,6 +154,25 @@ class CoreMilp:
                 terms.append(c * self.E[(s - 1) % p, r])
         return pulp.lpSum(terms)
 
+    def _hinge_expr(self, j: int, s: int):
+        """sum of per-stage hinge variables h >= max(0, hinge . q_s) (exact under a minimised max)."""
+        prob, row = self.prob, self.prob.rows[j]
+        hs = []
+        for k, h in enumerate(row.hinges):
+            expr = []
+            for o in self.by_stage[s]:
+                opt = prob.options[o]
+                a = sum(c * opt.slope[i] for i, c in enumerate(h))
+                f = sum(c * opt.fixed[s][i] for i, c in enumerate(h))
+                if a:
+                    expr.append(a * self.y[s, o])
+                if f:
+                    expr.append(f * self.x[s, o])
+            v = pulp.LpVariable(f"h_{j}_{k}_{s}", lowBound=0)
+            self.lp += v >= pulp.lpSum(expr)
+            hs.append(v)
+        return pulp.lpSum(hs)
+
     def _objective(self):
         prob, p = self.prob, self.prob.num_stages
         parts = []
@@ -161,7 +180,10 @@ class CoreMilp:
             if t.kind == "max":
                 m = pulp.LpVariable(f"M_{t_i}", lowBound=0)
                 for s in range(p):
-                    self.lp += m >= self._row_expr(t.row, s)
+                    row_expr = self._row_expr(t.row, s)
+                    if prob.rows[t.row].hinges:
+                        row_expr = row_expr + self._hinge_expr(t.row, s)
+                    self.lp += m >= row_expr
                 parts.append(t.weight * m)
             else:
                 parts.append(t.weight * pulp.lpSum(self._row_expr(t.row, s) for s in range(p)))

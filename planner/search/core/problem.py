@@ -36,6 +36,9 @@ class Row:
     stage: tuple[float, ...]                 # coefficient per stage quantity
     out: tuple[float, ...] = ()              # per boundary kind, boundary s -> s+1
     inn: tuple[float, ...] = ()              # per boundary kind, boundary s-1 -> s
+    # each hinge adds max(0, hinge . q) (e.g. the exposed part of a sync that overlaps
+    # compute); hinges may only appear in rows used by max terms
+    hinges: tuple[tuple[float, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,8 @@ class CoreProblem:
         for j, row in enumerate(self.rows):
             for s in range(p):
                 v = float(np.dot(row.stage, q[s]))
+                for h in row.hinges:
+                    v += max(0.0, float(np.dot(h, q[s])))
                 if row.out and s < nb_:
                     v += float(np.dot(row.out, e[s]))
                 if row.inn and (s > 0 or (self.wrap and nb_)):
@@ -180,6 +185,8 @@ def quick_bound(prob: CoreProblem) -> float | None:
     total = 0.0
     for t in prob.terms:
         row = prob.rows[t.row]
+        if row.hinges:
+            continue                                # >= 0; nothing cheaper to say
         slopes = [float(np.dot(row.stage, o.slope)) for o in prob.options]
         if not slopes:
             return None

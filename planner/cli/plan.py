@@ -1,0 +1,150 @@
+"""``planner plan CLUSTER --model M ...``: search the plan space, print the best plan and how
+it was proved, write the plan JSON.  Progress goes to stderr; ``--json`` / ``--quiet`` keep
+stdout machine-readable."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from planner.cli.common import console, echo_json, write_atomic
+from planner.errors import InputError
+
+
+def _fmt_s(x: float) -> str:
+    return f"{x * 1e3:.2f} ms" if x < 1 else f"{x:.3f} s"
+
+
+def _training(training_path, global_batch_size, seq_len, precision):
+    from planner.spec import Training, load_training
+    if training_path and (global_batch_size or seq_len):
+        raise InputError("give either --training T.yaml or --global-batch-size/--seq-len, not both")
+    if training_path:
+        return load_training(training_path)
+    if not global_batch_size or not seq_len:
+        raise InputError("give --training T.yaml, or both --global-batch-size and --seq-len")
+    if global_batch_size <= 0 or seq_len <= 0:
+        raise InputError("--global-batch-size and --seq-len must be positive")
+    return Training(global_batch_size=global_batch_size, seq_len=seq_len, precision=precision)
+
+
+def _stage_rows(plan) -> Table:
+    t = Table(title="Stages", title_justify="left")
+    for col in ("stage", "blocks", "GPUs", "replicas", "tp", "shares", "devices"):
+        t.add_column(col, justify="right" if col not in ("GPUs", "devices") else "left")
+    for st in plan.stages:
+        kinds: dict[tuple, int] = {}
+        for r in st.replicas:
+            kinds[(r.gpu_type, r.tp)] = kinds.get((r.gpu_type, r.tp), 0) + 1
+        gpus = ", ".join(f"{n}x{tp} {g}" for (g, tp), n in kinds.items())
+        shares = sorted({r.micro_batch_share for r in st.replicas}, reverse=True)
+        nodes = sorted({r.node for r in st.replicas})
+        where = nodes[0] if len(nodes) == 1 else f"{nodes[0]} … {nodes[-1]} ({len(nodes)} nodes)"
+        blocks = f"{st.blocks[0]}-{st.blocks[1]}" + (" +emb" if st.embedding else "") + (" +head" if st.head else "")
+        t.add_row(str(st.index), blocks, gpus, str(len(st.replicas)),
+                  "/".join(str(tp) for _, tp in kinds), "/".join(map(str, shares)), where)
+    return t
+
+
+def _summary(out, result) -> None:
+    plan, ev, rep = result.plan, result.evaluation, result.report
+    out.print(f"[bold]{plan.num_stages} stage(s)[/bold], micro-batch {plan.micro_batch_size} x "
+              f"{plan.num_micro_batches}, {plan.schedule}"
+              + (f" (v={plan.virtual_stages})" if plan.schedule == "interleaved-1f1b" else "")
+              + f", recompute {plan.recompute}, ZeRO-{plan.zero_stage}"
+              + (", sequence parallel" if plan.sequence_parallel else ""))
+    out.print(_stage_rows(plan))
+    for line in result.idle:
+        out.print(f"idle: {line}")
+    line = (f"predicted: {ev.tokens_per_s:,.0f} tokens/s, iteration {_fmt_s(ev.iteration_time_s)}, "
+            f"MFU {100 * ev.mfu:.1f}%")
+    if ev.usd_per_hour is not None:
+        line += f", {ev.usd_per_hour:,.2f} USD/hour, {ev.usd_per_million_tokens:,.4f} USD per million tokens"
+    else:
+        line += ", cost unknown (a used node has no price)"
+    out.print(line)
+    gap = "n/a" if rep.gap is None else f"{100 * rep.gap:.3g}%"
+    out.print(f"solver: {rep.status} (gap {gap}, bound {rep.bound if rep.bound is None else _fmt_s(rep.bound)}), "
+              f"{rep.wall_s:.2f} s, {rep.candidates} knob tuples examined of {rep.knob_tuples} "
+              f"({rep.knob_tuples_solved} solved exactly, {rep.knob_tuples_pruned} pruned by bound)")
+    if len(result.plans) > 1:
+        t = Table(title=f"Top {len(result.plans)} plans", title_justify="left")
+        for col in ("#", "tokens/s", "USD/hour", "stages", "schedule", "micro-batch"):
+            t.add_column(col, justify="right")
+        for i, (p, e) in enumerate(zip(result.plans, result.evaluations)):
+            t.add_row(str(i + 1), f"{e.tokens_per_s:,.0f}", "-" if e.usd_per_hour is None else f"{e.usd_per_hour:,.2f}",
+                      str(p.num_stages), p.schedule, f"{p.micro_batch_size}x{p.num_micro_batches}")
+        out.print(t)
+
+
+@click.command("plan")
+@click.argument("cluster", type=click.Path(dir_okay=False))
+@click.option("--model", "model_name", required=True, help="catalog model name or a model YAML file")
+@click.option("--training", "training_path", type=click.Path(dir_okay=False), default=None,
+              help="training YAML (global batch, sequence length, the search's freedoms)")
+@click.option("--global-batch-size", type=int, default=None, help="sequences per iteration")
+@click.option("--seq-len", type=int, default=None, help="tokens per sequence")
+@click.option("--precision", type=click.Choice(["bf16", "fp16"]), default="bf16", show_default=True)
+@click.option("--objective", default="throughput", show_default=True,
+              help="throughput | cost | throughput-under-budget | cost-above-floor")
+@click.option("--budget-usd-per-hour", type=float, default=None, help="maximise throughput within this USD/hour")
+@click.option("--min-tokens-per-s", type=float, default=None, help="minimise USD/hour above this throughput")
+@click.option("--time-limit", "time_limit_s", type=float, default=60.0, show_default=True, help="seconds")
+@click.option("--top", "top_k", type=int, default=1, show_default=True, help="the K best distinct plans")
+@click.option("--launcher", type=click.Choice(["megatron", "deepspeed"]), default=None,
+              help="restrict the search to layouts that launcher runs")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="write the plan JSON here")
+@click.option("--json", "as_json", is_flag=True, help="print the plan JSON on stdout")
+@click.option("--quiet", is_flag=True, help="no summary; only errors")
+def plan(cluster, model_name, training_path, global_batch_size, seq_len, precision, objective,
+         budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, launcher, output, as_json, quiet):
+    """Find the fastest (or cheapest) layout of MODEL on CLUSTER, with a proof of how close it is."""
+    from planner.search import parse_objective, solve
+    from planner.spec import load_cluster, load_model
+
+    if time_limit_s <= 0:
+        raise InputError(f"--time-limit must be positive, got {time_limit_s}")
+    if top_k < 1:
+        raise InputError(f"--top must be at least 1, got {top_k}")
+    if objective == "throughput" and min_tokens_per_s is not None:
+        raise InputError("--min-tokens-per-s goes with --objective cost (cheapest plan above the floor)")
+    if objective == "cost" and budget_usd_per_hour is not None:
+        raise InputError("--budget-usd-per-hour goes with --objective throughput (fastest plan within "
+                         "the budget), not --objective cost")
+    spec_obj = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
+    spec = load_cluster(cluster)
+    model = load_model(model_name)
+    training = _training(training_path, global_batch_size, seq_len, precision)
+    profile_set = None
+    if spec.profiles:
+        from planner.profile import load_profiles
+        profile_set = load_profiles(None, cluster=spec, cluster_path=cluster)
+    err = console(quiet=True)       # progress always on stderr
+
+    def progress(msg: str) -> None:
+        if not quiet:
+            err.print(f"[dim]{msg}[/dim]", highlight=False)
+
+    result = solve(spec, model, training, objective=spec_obj, time_limit_s=time_limit_s, top_k=top_k,
+                   launcher=launcher, profiles=profile_set, progress=progress)
+    best = result.plan
+    try:
+        from planner.plan.rankmap import build_launch
+        best = best.model_copy(update={"launch": build_launch(spec, best)})
+    except ImportError:  # pragma: no cover - rankmap ships with the package
+        pass
+    text = best.dumps()
+    try:
+        from planner.plan.schema import validate_plan_json
+        validate_plan_json(best.to_json(), file=output or "<plan>")
+    except ImportError:  # pragma: no cover
+        pass
+    if output:
+        write_atomic(output, text)
+    if as_json:
+        echo_json(best.to_json())
+    elif not quiet:
+        out = console()
+        _summary(out, result)
+        if output:
+            out.print(f"wrote {output}")
