@@ -8,19 +8,22 @@ stage's cycle per micro-batch is c_s = f_s + b_s + sf_s + sb_s, and the first mi
 trip through the whole pipeline (fill) is F = sum_s (f_s + b_s + sf_s + sb_s).
 
 - 1F1B (PipeDream-Flush; Narayanan et al. SC21 §2.2):  T = F + (m-1) max_s c_s.
-  Equal stages give the paper's (m + p - 1)(f + b), bubble fraction (p-1)/m.  Exact for
-  equal stages, for p = 1 and for m = 1.  With unequal stages it can overestimate: when an
-  early stage is the slowest, its warm-up forwards overlap the fill (p=2, f=b=(2,1), m=2:
-  true 8, formula 10); the event simulator (planner.simulate) gives the exact figure.
+  Equal stages give the paper's (m + p - 1)(f + b), bubble fraction (p-1)/m.  Exact (equal
+  to planner.simulate's event-driven makespan) for equal stages without sends, for p = 1
+  and for m = 1.  Otherwise an upper bound: when an early stage is the slowest, its warm-up
+  forwards overlap the fill (p=2, f=b=(2,1), m=2: true 8, formula 10); in randomised tests
+  (tests/test_cost_schedule_sim.py) it never fell below the simulator and stayed within
+  25% above it.  With sends on equal stages it is within one send time.
 - GPipe (Huang et al. 2019): all forwards, then all backwards; each phase is a flow shop of
   m identical jobs, whose makespan is exactly sum_s p_s + (m-1) max_s p_s:
   T = sum_s (f_s+sf_s) + (m-1) max_s (f_s+sf_s) + sum_s (b_s+sb_s) + (m-1) max_s (b_s+sb_s).
-  Exact for any unequal stages under blocking sends.
+  Exact for any unequal stages under blocking sends (checked against the simulator).
 - Interleaved 1F1B with v model chunks per stage (Narayanan et al. SC21 §2.2.2): the fill
   shrinks by v, each micro-batch crosses every boundary v times:
   c_s = f_s + b_s + v (sf_s + sb_s),  F = sum_s c_s,  T = m max_s c_s + (F - max_s c_s) / v.
   Equal stages: (m + (p-1)/v)(f+b), the paper's bubble (p-1)/(v m).  v = 1 gives 1F1B.
-  (The last stage's sf_s is its send to stage 0 for the next chunk.)  Exact for equal stages.
+  (The last stage's sf_s is its send to stage 0 for the next chunk.)  Exact for equal stages
+  without sends; with sends an upper bound (it counts v sends per boundary in the fill).
 
 Attribution along the critical path (``pipeline_breakdown``): the bottleneck stage s* (the
 largest cycle) is busy m cycles; its compute, recompute, TP comm and sends times m are the
