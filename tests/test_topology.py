@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -161,21 +160,19 @@ def test_deterministic_regardless_of_input_order(two_zone):
     assert two_zone.ring(devs) == two_zone.ring(list(reversed(devs)))
 
 
-def test_large_cluster_builds_fast():
+def test_large_cluster_builds_without_pairwise_edges():
+    # Speed is measured by `make bench`, not asserted here (shared machines are noisy).
     cluster = cluster_from_dict({"name": "big", "nodes": [
         {"name": "h", "count": 1024, "gpu": "H100-SXM5-80GB", "gpus_per_node": 8,
          "network_bandwidth": "3200 Gbit/s"},
         {"name": "a", "count": 1024, "gpu": "A100-SXM4-80GB", "gpus_per_node": 8,
          "network_bandwidth": "1600 Gbit/s"}]})
-    start = time.perf_counter()
     topo = Topology(cluster)
     classes = topo.node_classes()
     path = topo.p2p("h-0:0", "a-1023:7")
-    elapsed = time.perf_counter() - start
     assert len(topo.device_ids()) == 16384
     assert len(classes) == 2
     assert path.bandwidth_Bps == pytest.approx(1600 * GBIT / 8)
-    assert elapsed < 1.0
     # The graph holds device-node edges, never one per device pair.
     assert topo.graph.number_of_edges() < 20000
     assert math.isinf(topo.ring(["h-0:0"]).bandwidth_Bps)
