@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "Cluster", "InfeasibleError", "InputError", "ModelSpec", "Plan", "PlannerError", "Training",
-    "evaluate", "load_cluster", "load_model", "load_plan", "load_training", "plan", "simulate",
+    "evaluate", "launch", "load_cluster", "load_model", "load_plan", "load_training", "plan", "run", "simulate",
     "summarize_cluster",
 ]
 
@@ -48,6 +48,20 @@ def evaluate(cluster: Cluster, plan: Plan, profiles: Any = None) -> "Evaluation"
     from planner.cost import evaluate as _evaluate
 
     return _evaluate(cluster, plan, profiles=profiles)
+
+
+def launch(plan: Plan, fmt: str, cluster: Cluster | None = None, **options: Any) -> dict[str, str]:
+    """Launcher inputs for ``plan`` (torchrun, megatron, deepspeed, pipelining) by file name."""
+    from planner.launch import render
+
+    return render(plan, fmt, cluster=cluster, **options)
+
+
+def run(plan: Plan, steps: int = 3, backend: str = "gloo", **options: Any):
+    """Train the plan's layout for ``steps`` steps on local processes (needs the torch extra)."""
+    from planner.launch.runner import run_plan
+
+    return run_plan(plan, steps=steps, backend=backend, **options)
 
 
 def plan(cluster: Cluster, model: ModelSpec | str, training: Training, objective: str = "throughput",
