@@ -117,9 +117,9 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
              "milp_optimal": True}
     contexts: dict = {}
     say = progress or (lambda msg: None)
-    # Price every knob tuple first (cheap next to the MILPs) and visit them by their quick
-    # lower bound, so that good incumbents come early and prune the rest.
-    queue = []
+    # Rank every knob tuple by a bound that needs no per-stage pricing, then price and solve
+    # them in that order: good incumbents come early and prune the rest (branch and bound).
+    ranked = []
     for i, knobs in enumerate(knobs_list):
         if time.monotonic() > deadline:
             stats["unexplored"] = len(knobs_list) - i
@@ -129,6 +129,19 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         keys = pricer.option_keys(knobs)
         if launcher:
             keys = [k for k in keys if knobs.micro_batch_size % k.replicas == 0]
+        ranked.append((pricer.knob_bound(knobs, ctx, keys), i, knobs, ctx, keys))
+    ranked.sort(key=lambda t: (t[0], t[1]))
+    say(f"{len(ranked)} knob tuples ranked by their lower bound")
+    time_like = spec.kind in ("throughput", "throughput-under-budget")
+    for j, (kb, i, knobs, ctx, keys) in enumerate(ranked):
+        if time.monotonic() > deadline:
+            stats["unexplored"] += len(ranked) - j
+            bounds.extend(t[0] for t in ranked[j:j + 1])   # sorted: the first one bounds the rest
+            break
+        if time_like and kb >= best.threshold() * (1 - gap_rel):
+            stats["pruned"] += len(ranked) - j
+            bounds.append(kb)
+            break
         prob = pricer.price(knobs, ctx, keys)
         if launcher:
             prob.same_group = True
@@ -140,19 +153,12 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         if lb is None:
             stats["empty"] += 1
             continue
-        queue.append((lb, i, knobs, prob))
-    queue.sort(key=lambda t: (t[0], t[1]))
-    say(f"{len(queue)} knob tuples to search ({stats['empty']} have no stage that fits)")
-    for j, (lb, i, knobs, prob) in enumerate(queue):
-        if time.monotonic() > deadline:
-            stats["unexplored"] += len(queue) - j
-            bounds.extend(t[0] for t in queue[j:])
-            break
-        if spec.kind in ("throughput", "throughput-under-budget") and lb >= best.threshold():
-            stats["pruned"] += len(queue) - j        # sorted: every later bound is as large
+        lb = max(lb, kb)
+        if time_like and lb >= best.threshold() * (1 - gap_rel):
+            stats["pruned"] += 1
             bounds.append(lb)
-            break
-        say(f"[{j + 1}/{len(queue)}] {knobs.label()}: {len(prob.options)} options, bound {lb:.4g} s")
+            continue
+        say(f"[{j + 1}/{len(ranked)}] {knobs.label()}: {len(prob.options)} options, bound {lb:.4g} s")
         milp = CoreMilp(prob)
         _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb)
     return _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, profiles, launcher)

@@ -134,6 +134,41 @@ class Pricer:
                     keys.append(OptionKey(info.index, t, n))
         return keys
 
+    def knob_bound(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey]) -> float:
+        """A lower bound on every plan of this knob tuple, from middle-stage slopes only (no
+        memory, no sends, no per-position work): the pipeline row's max term is at least L / S
+        (S: the most blocks per second the classes' units can give, or p times the fastest
+        option), its sum term at least L times the smallest slope.  Cheap enough to rank
+        thousands of knob tuples before pricing any of them."""
+        unit = knobs.block_unit
+        L = self.model.num_layers // unit
+        rows, terms = pipeline_rows(knobs)
+        slopes: dict[OptionKey, tuple] = {}
+        for key in keys:
+            slopes[key] = self._base(ctx, knobs, key, unit, False, False)[0]
+        if not slopes:
+            return math.inf
+        total = 0.0
+        for t in terms:
+            row = rows[t.row]
+            if row.hinges:
+                continue
+            vals = {k: float(np.dot(row.stage, sl)) for k, sl in slopes.items()}
+            a_min = min(vals.values())
+            if t.kind == "sum":
+                total += t.weight * L * a_min
+                continue
+            per_class: dict[int, float] = {}
+            for k, a in vals.items():
+                if a > 0:
+                    units = self.classes[k.cls].units(k.tp, k.replicas)
+                    per_class[k.cls] = max(per_class.get(k.cls, 0.0), 1.0 / a / units)
+            speed = sum(self.classes[c].capacity_units * r for c, r in per_class.items())
+            if a_min > 0:
+                speed = min(speed, knobs.num_stages / a_min)
+            total += t.weight * max(L * a_min / knobs.num_stages, L / speed if speed > 0 else 0.0)
+        return total
+
     def ring(self, key: OptionKey):
         hit = self._rings.get(key)
         if hit is None:
