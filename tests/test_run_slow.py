@@ -176,3 +176,25 @@ def test_taken_port_is_retried_once(monkeypatch):
         result = runner.run_plan(plan, steps=1)
     assert ports[0] == taken and ports[1] != taken and len(ports) == 2
     assert len(result.losses) == 1
+
+
+def test_solver_plan_runs_and_matches_reference():
+    """End to end: what `planner plan` writes for this machine's 4-process pseudo cluster runs
+    as-is and trains the same numbers as one process (sequence shortened to keep it quick)."""
+    from pathlib import Path
+
+    from planner import api
+
+    root = Path(__file__).resolve().parents[1]
+    cluster = api.load_cluster(root / "cluster_specs" / "cpu-local-4.yaml")
+    model = api.load_model(root / "profiles" / "models" / "cpu-small.yaml")
+    training = api.Training(global_batch_size=8, seq_len=128)
+    plan = Plan.from_json(api.plan(cluster, model, training, time_limit_s=30).plan.to_json())
+    result = runner.run_plan(plan, steps=2, seq_len=16, dtype="float64", return_params=True)
+    from planner.launch import tiny_model as tm
+
+    shape = tm.Shape(**runner.model_shape(plan, seq_len=16))
+    ref_losses, ref_params = tm.reference_run(shape, 8, 2, dtype="float64")
+    np.testing.assert_allclose(result.losses, ref_losses, rtol=0, atol=TOL)
+    for key, want in ref_params.items():
+        np.testing.assert_allclose(result.params[key], want, rtol=0, atol=TOL, err_msg=key)
