@@ -1,10 +1,13 @@
 """Compute time of one replica of a stage for one micro-batch: profile first, roofline else.
 
 Roofline (per layer, per TP shard):
-    time = matmul FLOPs / tp / (peak * efficiency) + elementwise bytes / (mem_bw * mem_eff)
-           + layer_overhead
+    time = max(matmul FLOPs / tp / (peak * efficiency) + elementwise bytes / (mem_bw * mem_eff),
+               layer_overhead)
     efficiency = eff_max * n/(n + tokens_half) * w/(w + width_half)
-where n = b*s is the number of matmul rows (tokens of the replica's share) and w = h/tp the
+The max: the host launches a block's kernels asynchronously, so its launch cost (a fixed
+``layer_overhead`` per block and pass, fitted) only shows when the GPU work is shorter (small
+models, thin TP shards); backward: both sides x2.
+n = b*s is the number of matmul rows (tokens of the replica's share) and w = h/tp the
 columns of one shard: a saturating curve in both matmul dimensions with three fitted numbers
 per GPU type (calibration.py).  Small matmuls (few tokens, thin shards) run far below peak
 (cf. NVIDIA "Matrix multiplication background" guide on tile quantisation and wave
@@ -110,7 +113,8 @@ def _block_roofline(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> tupl
     t_elem = _mem_time_s(ctx, gpu, act_elems * eb)
     t_soft = _mem_time_s(ctx, gpu, softmax_elems * eb)
     overhead = ctx.calibration.for_gpu(gpu).layer_overhead_s
-    fwd = t_dense + t_attn + t_elem + t_soft + overhead
+    gpu_fwd = t_dense + t_attn + t_elem + t_soft
+    fwd = max(gpu_fwd, overhead)  # launches overlap GPU work (module docstring)
     bwd = BACKWARD_FLOPS_FACTOR * fwd
     core = t_attn + t_soft  # what selective recompute redoes (Korthikanti et al. 2022 §5)
     return fwd, bwd, core, t_dense

@@ -22,20 +22,24 @@ from planner.cost.result import Evaluation
 from planner.cost.schedule import StageTiming, bottleneck_stage, pipeline_breakdown, pipeline_time_s
 from planner.errors import InputError
 
-_TOPOLOGIES: dict[int, tuple[object, object]] = {}
+_TOPOLOGIES: dict[int, tuple[object, object, object]] = {}
 
 
-def topology_for(cluster):
-    """One ``Topology`` per cluster object (building it walks the cluster; paths are cached)."""
+def _topology_entry(cluster):
     hit = _TOPOLOGIES.get(id(cluster))
     if hit is not None and hit[0] is cluster:
-        return hit[1]
+        return hit
     from planner.topology import Topology
     topo = Topology(cluster)
     if len(_TOPOLOGIES) > 16:
         _TOPOLOGIES.clear()
-    _TOPOLOGIES[id(cluster)] = (cluster, topo)
-    return topo
+    hit = _TOPOLOGIES[id(cluster)] = (cluster, topo, _Paths(topo))
+    return hit
+
+
+def topology_for(cluster):
+    """One ``Topology`` per cluster object (building it walks the cluster; paths are cached)."""
+    return _topology_entry(cluster)[1]
 
 
 def _training(plan) -> tuple[int, int, str]:
@@ -119,8 +123,7 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
     if ctx is None:
         ctx = context_for_plan(plan, calibration, profiles, model=model, **ctx_extra)
     seq_len, gbs, _ = _training(plan)
-    topo = topology_for(cluster)
-    paths = _Paths(topo)
+    _, topo, paths = _topology_entry(cluster)  # paths are memoised per cluster, across calls
     nodes = cluster.node_by_name
     m, v = plan.num_micro_batches, plan.virtual_stages
     v_eff = v if plan.schedule == "interleaved-1f1b" else 1
@@ -129,14 +132,14 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
 
     # -- per stage: compute of its slowest replica ------------------------------------------
     timings: list[dict] = []
-    gpus_used = []
+    peak_flops = 0.0
     for st in stages:
         best = None
         for k, r in enumerate(st.replicas):
             node = nodes.get(r.node)
             if node is None:
                 raise InputError(f"stage {st.index} replica {k}: unknown node {r.node!r}")
-            gpus_used.extend([node.gpu] * r.tp)
+            peak_flops += node.gpu.peak_flops * r.tp
             rt = replica_compute(ctx, node.gpu, node.group.intra_Bps, r.tp, r.micro_batch_share,
                                  st.num_blocks, st.embedding, st.head)
             if best is None or rt.total_s > best[1].total_s:
@@ -220,7 +223,6 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
     iteration = sum(breakdown.values())
     tokens = gbs * seq_len
     flops = model_flops_per_iteration(model, gbs, seq_len)
-    peak_flops = sum(g.peak_flops for g in gpus_used)
     money = plan_money(cluster, [r.node for st in stages for r in st.replicas], crossings, iteration)
     tps = tokens / iteration
     usd_h = money.usd_per_hour

@@ -12,14 +12,13 @@ Per set, a priori framework facts (not fitted, from the sources' own description
 - Sailor (its Megatron-DeepSpeed fork): no flash attention, no gradient-reduce overlap.
 
 What the errors say (see the table; numbers as of the last calibration):
-- vtrain-single / megatron-core-h100 are fitted (5-8 parameters on 1440 rows; 4 on 9 rows).
-  On A100 the fit puts matmuls near the 0.95 cap and explains small models by a fixed
-  ~0.5 ms per block pass and ~3 ms per micro-batch (Megatron-DeepSpeed's launch overheads).
-- vtrain-multi (unfitted): predicted ~20% fast on average.  The single-node rows are small
-  models (h <= 2048) where fixed overheads dominate, so they do not pin down the matmul
-  efficiency of the 3.6-100 B models of the multi-node runs; a lower A100 ceiling would
-  fit multi better but worsens the calibration set, and we do not tune on validation sets.
-  The measured cluster's interconnect is also unknown (800 Gbit/s per node assumed).
+- vtrain-single / megatron-core-h100 are fitted (8 parameters on 1440 rows; 4 on 9 rows).
+  On A100 the fit gives a matmul ceiling of ~0.77 of peak, half-saturation at ~430 tokens
+  and ~160 columns per shard, and a ~0.7 ms floor per block pass (Megatron-DeepSpeed's
+  kernel launches, hidden when the GPU work is longer).
+- vtrain-multi (unfitted): ~10% (vTrain's own simulator: 14.7%).  The worst rows are the
+  extreme micro-batch sizes (64 sequences per replica); the measured cluster's interconnect
+  is unknown (800 Gbit/s per node assumed).
 - sailor/GH200 (unfitted): predicted ~2x fast.  Single-node rows already show it: OPT-350M
   at tp=4, one sequence per micro-batch, takes 71 ms per micro-batch (about 2% of the
   GH200's peak), several times the per-layer overhead of either calibration stack; the
