@@ -1,0 +1,157 @@
+"""Search benchmarks: ``python -m planner.bench`` (``make bench``), ``--smoke`` for a quick run.
+
+Each scenario is solved in a fresh process (so its peak memory is its own: ``ru_maxrss``),
+three times; the table shows the median wall time.  Targets (DESIGN / brief): 1,024
+homogeneous A100 < 1 s; 2,048 mixed GPUs in three zones < 5 s; 16,384 GPUs of three types in
+three zones with GPT-3 175B < 30 s; each with a proved gap < 1% and peak memory < 2 GB.
+Anchors: Sailor's planner 0.6 s for 1,024 A100s and 101 s for 1,200 A100+V100 in three zones;
+Metis 26-265 s at 64 GPUs.  The time limit of each run is its target, so a missed target shows
+as a run stopped at its limit with the gap it had proved by then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import resource
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+GAP_TARGET = 0.01
+PEAK_TARGET_MB = 2048
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    cluster: dict
+    model: str
+    global_batch_size: int
+    seq_len: int
+    target_s: float
+
+
+def _zones(*names):
+    return [{"name": n} for n in names]
+
+
+def _links(names, bw="100 Gbit/s", latency="10 ms"):
+    return [{"between": [a, b], "bandwidth": bw, "latency": latency}
+            for i, a in enumerate(names) for b in names[i + 1:]]
+
+
+def scenarios(smoke: bool) -> list[Scenario]:
+    if smoke:
+        return [
+            Scenario("smoke-2x4-mixed", {"name": "smoke-mixed", "nodes": [
+                {"name": "a", "gpu": "A100-SXM4-80GB", "gpus_per_node": 4},
+                {"name": "v", "gpu": "V100-SXM2-32GB", "gpus_per_node": 4}]}, "opt-350m", 8, 1024, 30.0),
+            Scenario("smoke-2zone", {"name": "smoke-2zone", "zones": _zones("za", "zb"),
+                                     "links": _links(["za", "zb"], "10 Gbit/s", "20 ms"), "nodes": [
+                {"name": "a", "count": 2, "zone": "za", "gpu": "A100-SXM4-80GB", "gpus_per_node": 2},
+                {"name": "l", "count": 2, "zone": "zb", "gpu": "L4-24GB", "gpus_per_node": 2}]},
+                "opt-350m", 4, 1024, 30.0),
+        ]
+    z3 = ("us-central1-a", "us-west1-b", "us-east4-c")
+    return [
+        Scenario("a: 1,024 A100, one zone", {"name": "a100-1024", "nodes": [
+            {"name": "a100", "count": 128, "gpu": "A100-SXM4-80GB", "gpus_per_node": 8}]},
+            "gpt-neo-2.7b", 1024, 2048, 1.0),
+        Scenario("b: 2,048 A100/V100/H100, three zones", {"name": "mixed-2048", "zones": _zones(*z3),
+            "links": _links(list(z3)), "nodes": [
+                {"name": "h100", "count": 64, "zone": z3[0], "gpu": "H100-SXM5-80GB", "gpus_per_node": 8},
+                {"name": "a100", "count": 96, "zone": z3[1], "gpu": "A100-SXM4-80GB", "gpus_per_node": 8},
+                {"name": "v100", "count": 96, "zone": z3[2], "gpu": "V100-SXM2-32GB", "gpus_per_node": 8}]},
+            "gpt-neo-2.7b", 2048, 2048, 5.0),
+        Scenario("c: 16,384 H100/A100/V100, three zones, GPT-3 175B", {"name": "mixed-16k",
+            "zones": _zones(*z3), "links": _links(list(z3), "400 Gbit/s", "10 ms"), "nodes": [
+                {"name": "h100", "count": 512, "zone": z3[0], "gpu": "H100-SXM5-80GB", "gpus_per_node": 8},
+                {"name": "a100", "count": 768, "zone": z3[1], "gpu": "A100-SXM4-80GB", "gpus_per_node": 8},
+                {"name": "v100", "count": 768, "zone": z3[2], "gpu": "V100-SXM2-32GB", "gpus_per_node": 8}]},
+            "gpt3-175b", 1536, 2048, 30.0),
+    ]
+
+
+def _run(sc: Scenario, queue) -> None:
+    """One solve in a fresh process; reports wall time, peak RSS and the answer."""
+    try:
+        from planner.search import solve
+        from planner.spec import Training, cluster_from_dict, load_model
+        cluster = cluster_from_dict(sc.cluster)
+        model = load_model(sc.model)
+        training = Training(global_batch_size=sc.global_batch_size, seq_len=sc.seq_len)
+        t0 = time.perf_counter()
+        res = solve(cluster, model, training, time_limit_s=sc.target_s, gap_rel=GAP_TARGET / 2)
+        wall = time.perf_counter() - t0
+        rep = res.report
+        queue.put({"wall_s": wall, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                   "tokens_per_s": res.evaluation.tokens_per_s, "gap": rep.gap, "status": rep.status,
+                   "gpus": cluster.num_gpus, "classes": rep.node_classes,
+                   "tuples": f"{rep.knob_tuples_solved}/{rep.knob_tuples}"})
+    except Exception as exc:  # noqa: BLE001 - a bench row reports its failure instead of dying
+        queue.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def run_scenario(sc: Scenario, runs: int) -> dict:
+    ctx = mp.get_context("spawn")
+    results = []
+    for _ in range(runs):
+        q = ctx.Queue()
+        proc = ctx.Process(target=_run, args=(sc, q))
+        proc.start()
+        out = q.get()
+        proc.join()
+        results.append(out)
+    ok = [r for r in results if "error" not in r]
+    if not ok:
+        return {"scenario": sc.name, "error": results[0]["error"], "target_s": sc.target_s}
+    med = sorted(ok, key=lambda r: r["wall_s"])[len(ok) // 2]
+    row = dict(med)
+    row.update(scenario=sc.name, runs=len(ok), target_s=sc.target_s,
+               wall_median_s=statistics.median(r["wall_s"] for r in ok),
+               peak_mb=max(r["peak_mb"] for r in ok))
+    gap = row["gap"]
+    row["met"] = (row["wall_median_s"] < sc.target_s and gap is not None and gap < GAP_TARGET
+                  and row["peak_mb"] < PEAK_TARGET_MB)
+    return row
+
+
+def format_table(rows: list[dict]) -> str:
+    head = ("scenario", "GPUs", "classes", "wall median s", "peak MB", "tokens/s", "gap", "status",
+            "target s", "met?")
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for r in rows:
+        if "error" in r:
+            lines.append(" | ".join([r["scenario"], "-", "-", "-", "-", "-", "-", f"error: {r['error']}",
+                                     f"{r['target_s']:g}", "no"]))
+            continue
+        gap = "n/a" if r["gap"] is None else f"{100 * r['gap']:.3f}%"
+        lines.append(" | ".join([r["scenario"], str(r["gpus"]), str(r["classes"]), f"{r['wall_median_s']:.2f}",
+                                 f"{r['peak_mb']:.0f}", f"{r['tokens_per_s']:,.0f}", gap, r["status"],
+                                 f"{r['target_s']:g}", "yes" if r["met"] else "no"]))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m planner.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="two tiny scenarios, one run each")
+    ap.add_argument("--runs", type=int, default=None, help="runs per scenario (default 3, smoke 1)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = ap.parse_args(argv)
+    runs = args.runs or (1 if args.smoke else 3)
+    rows = []
+    for sc in scenarios(args.smoke):
+        print(f"running {sc.name} ({runs} run(s)) ...", file=sys.stderr, flush=True)
+        rows.append(run_scenario(sc, runs))
+    if args.json:
+        print(json.dumps(rows, indent=2, sort_keys=True, default=str))
+    else:
+        print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
