@@ -121,6 +121,8 @@ def evaluate(cluster, plan, as_json, profiles):
         else:
             summary += "; cost unknown (a used node has no price)"
         out.print(summary)
+        for term, value, formula in ev.details:
+            out.print(f"{term} = {value:.4g}: {formula}")
         measured = sum(1 for v in ev.sources.values() if v == "measured")
         out.print(f"layer costs: {measured} measured, {len(ev.sources) - measured} estimated (roofline)")
         out.print(_memory_table(ev, the_plan))

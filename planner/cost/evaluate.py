@@ -223,6 +223,7 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
     iteration = sum(breakdown.values())
     tokens = gbs * seq_len
     flops = model_flops_per_iteration(model, gbs, seq_len)
+    details = _details(ctx, plan, nodes, stage_timings, bottleneck_stage(stage_timings, plan.schedule, v))
     money = plan_money(cluster, [r.node for st in stages for r in st.replicas], crossings, iteration)
     tps = tokens / iteration
     usd_h = money.usd_per_hour
@@ -235,7 +236,26 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
         bottleneck_stage=bottleneck_stage(stage_timings, plan.schedule, v),
         model_flops_per_iteration=flops, nodes_usd_per_hour=money.nodes_usd_per_hour,
         egress_usd_per_hour=money.egress_usd_per_hour, memory_by_replica=by_replica,
-        sources=dict(ctx.sources), schedule=plan.schedule, num_micro_batches=m, virtual_stages=v)
+        sources=dict(ctx.sources), schedule=plan.schedule, num_micro_batches=m, virtual_stages=v,
+        details=details)
+
+
+def _details(ctx, plan, nodes, timings, k) -> list[tuple[str, float, str]]:
+    """Explain rows for the bottleneck stage's slowest replica: efficiency and its provenance."""
+    from planner.cost.compute import matmul_efficiency
+    st = plan.stages[k]
+    r = st.replicas[timings[k].slowest_replica]
+    gpu = nodes[r.node].gpu
+    cal = ctx.calibration.for_gpu(gpu)
+    eff = matmul_efficiency(ctx, gpu, r.micro_batch_share * ctx.seq_len, ctx.model.hidden_size / r.tp)
+    where = f"stage {k} replica {timings[k].slowest_replica} ({gpu.name}, tp={r.tp}, share={r.micro_batch_share})"
+    return [
+        ("matmul_efficiency", eff, f"{where}: eff_max {cal.eff_max:.3g} x n/(n+{cal.tokens_half:.4g}) x "
+         f"w/(w+{cal.width_half:.4g}), n=b s, w=h/tp; calibration: {cal.source}"),
+        ("block_launch_floor_s", cal.layer_overhead_s, "per block forward (backward 2x): block time = "
+         "max(GPU work, floor), launches overlap GPU work"),
+        ("microbatch_overhead_s", cal.microbatch_overhead_s, "fixed time per micro-batch per stage"),
+    ]
 
 
 def _gb(x: float) -> str:

@@ -53,6 +53,7 @@ class Evaluation:
     schedule: str = "1f1b"
     num_micro_batches: int = 1
     virtual_stages: int = 1
+    details: list[tuple[str, float, str]] = field(default_factory=list)  # extra explain rows
 
     def predicted(self):
         from planner.plan.model import Predicted
@@ -78,6 +79,7 @@ class Evaluation:
                          f"nodes {self.nodes_usd_per_hour:.4g} + egress {self.egress_usd_per_hour:.4g}"))
             rows.append(("usd_per_million_tokens", self.usd_per_million_tokens or 0.0,
                          "usd_per_hour / (tokens_per_s x 3600) x 1e6"))
+        rows.extend(self.details)
         return rows
 
     def to_json(self) -> dict:
