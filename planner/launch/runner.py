@@ -266,6 +266,7 @@ def _worker_env() -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MKL_NUM_THREADS", "1")
+    env["PLANNER_RUNNER_PARENT_PID"] = str(os.getpid())  # workers exit if this process dies
     if Path("/sys/class/net/lo").exists():
         # Everything is on this machine; stop gloo (also used for p2p under nccl) from picking
         # an interface by host name.

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from planner.launch import tiny_model as tm
 
 FAIL_ENV = "PLANNER_RUNNER_FAIL_RANK"  # fault injection for tests: this rank raises at step 0
+PARENT_ENV = "PLANNER_RUNNER_PARENT_PID"
 
 
 def schedule_actions(schedule: str, num_stages: int, stage: int, num_micro: int,
@@ -273,8 +274,27 @@ class Worker:
                 "split_dims": {k: dim for k, (_, dim) in self.layout.items()}}
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this worker when the runner that started it dies, so a killed
+    ``planner run`` leaves no ranks waiting in collectives. Set here rather than in a Popen
+    pre-exec hook, which is unsafe when the parent has threads (rich's spinner is one)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    expected = os.environ.get(PARENT_ENV)
+    if expected is not None and os.getppid() != int(expected):
+        os._exit(1)  # the parent died before the request took effect
+
+
 def main(argv: list[str]) -> int:
     cfg_path, rank, out_dir = argv[0], int(argv[1]), Path(argv[2])
+    _die_with_parent()
     torch.set_num_threads(1)  # several ranks share few cores: one thread each avoids thrashing
     worker = None
     try:
