@@ -55,10 +55,12 @@ def dump_yaml(data: dict) -> str:
 @click.option("--cluster", "cluster_path", default=None, metavar="CLUSTER.yaml",
               help="with --calibrate: a cluster spec holding the inline GPU type (e.g. cpu)")
 @click.option("-o", "--output", default=None, help="file to write (profile or calibration YAML)")
+@click.option("--note", default=None, help="free text kept in the file's provenance (conditions, "
+              "e.g. 'run under chrt -r 1')")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON on stdout")
 @click.option("--quiet", is_flag=True, help="no progress output")
 def profile(model_name, device, micro_batch, tp, seq_len, dtype, repeats, warmup, threads, gpu_type,
-            calibrate_path, cluster_path, output, as_json, quiet):
+            calibrate_path, cluster_path, output, note, as_json, quiet):
     """Measure forward/backward time and memory of the embedding, one block and the head."""
     out = console(quiet=as_json)
     if calibrate_path:
@@ -114,6 +116,8 @@ def profile(model_name, device, micro_batch, tp, seq_len, dtype, repeats, warmup
                   f"{warmup} warm-up + {repeats} timed runs each)")
     command = "planner profile " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
         if len(sys.argv) > 1 and sys.argv[1] == "profile" else None
+    if note and not command:  # the command line, when known, already carries the note
+        command = note
     result = measure.measure_profile(
         model, device, mbs, tps, seq_len, dtype, warmup=warmup, repeats=repeats, gpu_type=gpu_type,
         threads=threads if device == "cpu" else None, provenance=command, progress=progress)
