@@ -13,8 +13,8 @@ Per set, a priori framework facts (not fitted, from the sources' own description
 
 What the errors say (see the table; numbers as of the last calibration):
 - vtrain-single / megatron-core-h100 are fitted (8 parameters on 1440 rows; 4 on 9 rows).
-  On A100 the fit gives a matmul ceiling of ~0.77 of peak, half-saturation at ~430 tokens
-  and ~160 columns per shard, and a ~0.7 ms floor per block pass (Megatron-DeepSpeed's
+  On A100 the fit gives a matmul ceiling of ~0.80 of peak, half-saturation at ~490 tokens
+  and ~190 columns per shard, and a ~0.7 ms floor per block pass (Megatron-DeepSpeed's
   kernel launches, hidden when the GPU work is longer).
 - vtrain-multi (unfitted): ~10% (vTrain's own simulator: 14.7%).  The worst rows are the
   extreme micro-batch sizes (64 sequences per replica); the measured cluster's interconnect
