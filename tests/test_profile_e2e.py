@@ -72,8 +72,9 @@ CASES = {
 TOLERANCE = 0.25
 
 
-def predict_and_run(name: str, steps: int = 6) -> tuple[float, float, dict]:
-    """(predicted, measured median step time without the first step, breakdown)."""
+def predict_and_run(name: str, steps: int = 8) -> tuple[float, list[float], dict]:
+    """(predicted step time, measured step times without the first (start-up), breakdown);
+    the tests compare the median step with the prediction."""
     from planner.cost import evaluate
     from planner.launch.runner import run_plan
     from planner.profile import load_profiles
@@ -87,10 +88,14 @@ def predict_and_run(name: str, steps: int = 6) -> tuple[float, float, dict]:
     ev = evaluate(cluster, plan, profiles=profiles, grad_reduce_overlap=False)
     assert profiles.usage()["estimated"] == 0, profiles.usage()
     run = run_plan(plan, steps=steps, backend="gloo")
-    return ev.iteration_time_s, statistics.median(run.step_time_s[1:]), ev.breakdown_s
+    return ev.iteration_time_s, run.step_time_s[1:], ev.breakdown_s
+
 
 
 def _quiet_enough() -> None:
+    # PLANNER_TIMING_TESTS=force runs them anyway (e.g. under 'chrt -r 1' on a shared machine).
+    if os.environ.get("PLANNER_TIMING_TESTS") == "force":
+        return
     load = os.getloadavg()[0]
     cores = os.cpu_count() or 1
     if load > 0.75 * cores:
@@ -102,8 +107,23 @@ def _quiet_enough() -> None:
 @pytest.mark.parametrize("name", ["pp2", "dp2"])
 def test_two_process_prediction_within_25_percent(name):
     _quiet_enough()
-    predicted, measured, breakdown = predict_and_run(name)
+    predicted, steps, breakdown = predict_and_run(name)
+    measured = statistics.median(steps)
     error = measured / predicted - 1
     print(f"{name}: predicted {predicted * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms, "
-          f"error {error:+.1%}, breakdown {breakdown}")
+          f"error {error:+.1%}, fastest step {min(steps) * 1e3:.1f} ms, breakdown {breakdown}")
     assert abs(error) <= TOLERANCE
+
+
+@pytest.mark.slow
+def test_four_processes_on_two_cores_reported():
+    """Four processes share the two cores, which the cost model cannot see (one profile entry
+    is one process alone on a core). Measured +15..+22% under 'chrt -r 1' (docs/profiles.md);
+    the bound here is looser than the 2-process one for that reason."""
+    _quiet_enough()
+    predicted, steps, breakdown = predict_and_run("pp4")
+    measured = statistics.median(steps)
+    error = measured / predicted - 1
+    print(f"pp4: predicted {predicted * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms, "
+          f"error {error:+.1%}, fastest step {min(steps) * 1e3:.1f} ms, breakdown {breakdown}")
+    assert abs(error) <= 2 * TOLERANCE
