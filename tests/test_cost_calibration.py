@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from planner import catalog
-from planner.cost.calibration import Calibration, GpuCalibration, default_calibration, load_calibration, save_calibration
+from planner.cost.calibration import (
+    Calibration,
+    GpuCalibration,
+    default_calibration,
+    load_calibration,
+    save_calibration,
+)
 
 
 def test_shipped_calibration_has_fitted_entries_with_provenance():

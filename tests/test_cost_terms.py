@@ -9,16 +9,27 @@ import pytest
 from planner import catalog
 from planner.cost import CostContext, pipeline_breakdown, pipeline_time_s, ring_allreduce_s
 from planner.cost.calibration import Calibration, GpuCalibration
-from planner.cost.comm import boundary_bytes, boundary_time_s, dp_exposed_s, dp_sync_time_s, ring_reduce_scatter_s
+from planner.cost.comm import (
+    boundary_bytes,
+    boundary_time_s,
+    dp_exposed_s,
+    dp_sync_time_s,
+    ring_reduce_scatter_s,
+)
 from planner.cost.compute import matmul_efficiency, replica_compute
 from planner.cost.flops import block_params, model_flops_per_iteration, total_params
-from planner.cost.memory import block_activation_bytes, bytes_per_param, in_flight_micro_batches, replica_memory
+from planner.cost.memory import (
+    block_activation_bytes,
+    bytes_per_param,
+    in_flight_micro_batches,
+    replica_memory,
+)
 from planner.cost.schedule import StageTiming
 from planner.spec import load_model
 
 
 def gpt(**kw):
-    base = dict(name="t", num_layers=4, hidden_size=1024, num_attention_heads=16, vocab_size=50257)
+    base = {"name": "t", "num_layers": 4, "hidden_size": 1024, "num_attention_heads": 16, "vocab_size": 50257}
     base.update(kw)
     return load_model(base)
 

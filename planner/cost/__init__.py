@@ -3,7 +3,13 @@ first, roofline fallback), collective times over the topology, memory per device
 iteration time as a sum of named terms.  See docs/internals.md (cost) for the API the search
 relies on."""
 
-from planner.cost.calibration import Calibration, CommCalibration, GpuCalibration, default_calibration, load_calibration
+from planner.cost.calibration import (
+    Calibration,
+    CommCalibration,
+    GpuCalibration,
+    default_calibration,
+    load_calibration,
+)
 from planner.cost.comm import dp_exposed_s, dp_sync_time_s, p2p_time_s, ring_allreduce_s
 from planner.cost.compute import ReplicaTiming, optimizer_time_s, replica_compute
 from planner.cost.context import CostContext

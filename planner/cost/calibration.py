@@ -84,13 +84,13 @@ class Calibration:
                        source=f"derived from ampere, half sizes scaled by peak ratio {scale:.2f} (unfitted)")
 
     # -- yaml ---------------------------------------------------------------------------
-    def with_entry(self, key: str, entry: GpuCalibration, by: str = "architectures") -> "Calibration":
+    def with_entry(self, key: str, entry: GpuCalibration, by: str = "architectures") -> Calibration:
         """A copy with one GPU-type (``by='gpus'``) or architecture entry replaced."""
         table = dict(getattr(self, by))
         table[key] = entry
         return replace(self, _memo={}, **{by: table})
 
-    def with_comm(self, comm: CommCalibration) -> "Calibration":
+    def with_comm(self, comm: CommCalibration) -> Calibration:
         return replace(self, _memo={}, comm=comm)
 
     def to_mapping(self) -> dict:
@@ -104,7 +104,7 @@ class Calibration:
         }
 
     @classmethod
-    def from_mapping(cls, data: dict) -> "Calibration":
+    def from_mapping(cls, data: dict) -> Calibration:
         return cls(
             gpus={k: GpuCalibration(**v) for k, v in (data.get("gpus") or {}).items()},
             architectures={k: GpuCalibration(**v) for k, v in (data.get("architectures") or {}).items()},

@@ -70,11 +70,11 @@ class ReplicaTiming:
     def total_s(self) -> float:
         return self.total_forward_s + self.total_backward_s
 
-    def scaled(self, k: float) -> "ReplicaTiming":
+    def scaled(self, k: float) -> ReplicaTiming:
         return ReplicaTiming(self.forward_s * k, self.backward_s * k, self.recompute_s * k,
                              self.tp_comm_forward_s * k, self.tp_comm_backward_s * k)
 
-    def __add__(self, other: "ReplicaTiming") -> "ReplicaTiming":
+    def __add__(self, other: ReplicaTiming) -> ReplicaTiming:
         return ReplicaTiming(self.forward_s + other.forward_s, self.backward_s + other.backward_s,
                              self.recompute_s + other.recompute_s,
                              self.tp_comm_forward_s + other.tp_comm_forward_s,

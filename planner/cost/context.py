@@ -60,7 +60,7 @@ class CostContext:
 
     @classmethod
     def from_plan(cls, plan, model: ModelSpec, seq_len: int, precision: str = "bf16",
-                  calibration: Calibration | None = None, profiles=None, **extra) -> "CostContext":
+                  calibration: Calibration | None = None, profiles=None, **extra) -> CostContext:
         return cls(model=model, seq_len=seq_len, precision=precision, recompute=plan.recompute,
                    sequence_parallel=plan.sequence_parallel, zero_stage=plan.zero_stage,
                    schedule=plan.schedule, virtual_stages=plan.virtual_stages,

@@ -8,6 +8,7 @@ blocks, embedding/head) and on the paths to its neighbour stages.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -85,7 +86,7 @@ class _Paths:
             ring = self.topo.ring(devices, concurrent_rings=concurrent)
             order = self.topo.sort_devices(devices)
             zones = [self.topo.node_of(d).zone for d in order]
-            hops = list(zip(zones, zones[1:] + zones[:1])) if len(zones) > 2 else list(zip(zones, zones[1:]))
+            hops = list(zip(zones, zones[1:] + zones[:1])) if len(zones) > 2 else list(itertools.pairwise(zones))
             crossings = [tuple(sorted(h)) for h in hops if h[0] != h[1]]
             hit = self.cache[key] = (ring, crossings)
         return hit
@@ -123,7 +124,7 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
     if ctx is None:
         ctx = context_for_plan(plan, calibration, profiles, model=model, **ctx_extra)
     seq_len, gbs, _ = _training(plan)
-    _, topo, paths = _topology_entry(cluster)  # paths are memoised per cluster, across calls
+    _, _topo, paths = _topology_entry(cluster)  # paths are memoised per cluster, across calls
     nodes = cluster.node_by_name
     m, v = plan.num_micro_batches, plan.virtual_stages
     v_eff = v if plan.schedule == "interleaved-1f1b" else 1
@@ -250,10 +251,10 @@ def _details(ctx, plan, nodes, timings, k) -> list[tuple[str, float, str]]:
     eff = matmul_efficiency(ctx, gpu, r.micro_batch_share * ctx.seq_len, ctx.model.hidden_size / r.tp)
     where = f"stage {k} replica {timings[k].slowest_replica} ({gpu.name}, tp={r.tp}, share={r.micro_batch_share})"
     return [
-        ("matmul_efficiency", eff, f"{where}: eff_max {cal.eff_max:.3g} x n/(n+{cal.tokens_half:.4g}) x "
-         f"w/(w+{cal.width_half:.4g}), n=b s, w=h/tp; calibration: {cal.source}"),
-        ("block_launch_floor_s", cal.layer_overhead_s, "per block forward (backward 2x): block time = "
-         "max(GPU work, floor), launches overlap GPU work"),
+        ("matmul_efficiency", eff, (f"{where}: eff_max {cal.eff_max:.3g} x n/(n+{cal.tokens_half:.4g}) x "
+         f"w/(w+{cal.width_half:.4g}), n=b s, w=h/tp; calibration: {cal.source}")),
+        ("block_launch_floor_s", cal.layer_overhead_s, ("per block forward (backward 2x): block time = "
+         "max(GPU work, floor), launches overlap GPU work")),
         ("microbatch_overhead_s", cal.microbatch_overhead_s, "fixed time per micro-batch per stage"),
     ]
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import statistics
 import sys
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +89,7 @@ def _rows_module():
     return rows
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_rows(name: str) -> tuple:
     """(row, cluster, model) for every expressible row of a set, plans checked once."""
     from planner.spec import load_cluster, load_model

@@ -17,7 +17,13 @@ import math
 import statistics
 from dataclasses import replace
 
-from planner.cost.calibration import CALIBRATION_FILE, Calibration, GpuCalibration, default_calibration, save_calibration
+from planner.cost.calibration import (
+    CALIBRATION_FILE,
+    Calibration,
+    GpuCalibration,
+    default_calibration,
+    save_calibration,
+)
 from planner.cost.fidelity import CALIBRATION_SETS, predict_set
 
 # (parameter, lower bound, upper bound)

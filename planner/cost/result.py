@@ -68,12 +68,12 @@ class Evaluation:
         """(term, value, formula / source) rows: the seven terms, then the totals."""
         rows = [(k, self.breakdown_s[k], TERM_FORMULAS[k]) for k in BREAKDOWN_KEYS]
         rows.append(("iteration_time_s", self.iteration_time_s,
-                     f"sum of the terms; pipeline {self.pipeline_time_s:.4g} s with "
+                     (f"sum of the terms; pipeline {self.pipeline_time_s:.4g} s with "
                      f"{self.schedule}, m={self.num_micro_batches}, v={self.virtual_stages}, "
-                     f"bottleneck stage {self.bottleneck_stage}"))
+                     f"bottleneck stage {self.bottleneck_stage}")))
         rows.append(("tokens_per_s", self.tokens_per_s, "global batch x seq_len / iteration time"))
-        rows.append(("mfu", self.mfu, "model FLOPs (3 x forward, no recompute; Narayanan SC21) "
-                     "/ (sum of used GPUs' peak x iteration time)"))
+        rows.append(("mfu", self.mfu, ("model FLOPs (3 x forward, no recompute; Narayanan SC21) "
+                     "/ (sum of used GPUs' peak x iteration time)")))
         if self.usd_per_hour is not None:
             rows.append(("usd_per_hour", self.usd_per_hour,
                          f"nodes {self.nodes_usd_per_hour:.4g} + egress {self.egress_usd_per_hour:.4g}"))
