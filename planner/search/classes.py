@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from planner.topology import NodeClass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ClassInfo:
     index: int
     node_class: NodeClass
@@ -43,12 +44,12 @@ class ClassInfo:
     def zone(self) -> str:
         return self.node_class.zone
 
-    @property
+    @cached_property
     def shared_node(self) -> bool:
         """One node: stages share it GPU by GPU."""
         return self.node_class.count == 1
 
-    @property
+    @cached_property
     def capacity_units(self) -> int:
         return self.gpus_per_node if self.shared_node else self.node_class.count
 

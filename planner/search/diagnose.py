@@ -32,9 +32,9 @@ def _friendliest(model, training, info):
 
 
 def explain_infeasible(cluster, model, training, spec, classes, stats) -> str:
-    if stats.get("unexplored") and not stats.get("solved"):
-        return ("no plan found within the time limit before any knob tuple was solved; raise "
-                "--time-limit")
+    if stats.get("unexplored") or stats.get("timed_out"):
+        return (f"no plan found within the time limit ({stats.get('solved', 0)} of {stats.get('knobs', 0)} "
+                "knob tuples solved, none feasible yet); raise --time-limit")
     lines = []
     if stats.get("solved") and spec.kind == "throughput-under-budget":
         return (f"no plan fits the budget of {spec.budget_usd_per_hour:g} USD/hour: every feasible "

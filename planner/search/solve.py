@@ -124,7 +124,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         if time.monotonic() > deadline:
             stats["unexplored"] = len(knobs_list) - i
             break
-        ck = (knobs.recompute, knobs.zero_stage, knobs.schedule, knobs.virtual_stages)
+        ck = (knobs.recompute, knobs.zero_stage)   # no cost function reads the schedule from ctx
         ctx = contexts.get(ck) or contexts.setdefault(ck, make_context(model, training, knobs, profiles))
         keys = pricer.option_keys(knobs)
         if launcher:
@@ -133,6 +133,8 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     ranked.sort(key=lambda t: (t[0], t[1]))
     say(f"{len(ranked)} knob tuples ranked by their lower bound")
     time_like = spec.kind in ("throughput", "throughput-under-budget")
+    if time_like and ranked and max(len(t[4]) for t in ranked) > WARM_KEYS_ABOVE:
+        _warm_start(pricer, ranked, spec, training, best, settings, t0, time_limit_s, launcher, say)
     for j, (kb, i, knobs, ctx, keys) in enumerate(ranked):
         if time.monotonic() > deadline:
             stats["unexplored"] += len(ranked) - j
@@ -164,6 +166,55 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     return _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, profiles, launcher)
 
 
+WARM_KEYS_ABOVE = 48        # options per stage above which a warm start pays for itself
+WARM_SHARE = 0.3            # of the time limit
+
+
+def _warm_keys(pricer, knobs: Knobs, keys) -> list:
+    """A few options per (class, tp): the most replicas that fit when the class is split
+    over k = 1, 2, 3, 4, 6, 8, ... stages.  A subset of the space, for a quick incumbent."""
+    out = []
+    groups: dict = {}
+    for k in keys:
+        groups.setdefault((k.cls, k.tp), []).append(k)
+    for (c, t), ks in sorted(groups.items()):
+        cap = pricer.classes[c].capacity_units
+        for share in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32):
+            if share > knobs.num_stages:
+                break
+            fit = [k for k in ks if pricer.classes[c].units(t, k.replicas) <= cap // share]
+            if fit:
+                best_k = max(fit, key=lambda k: k.replicas)
+                if best_k not in out:
+                    out.append(best_k)
+    return out
+
+
+def _warm_start(pricer, ranked, spec, training, best, settings, t0, time_limit_s, launcher, say):
+    """Solve the best-ranked knob tuples on a small subset of options to get a good incumbent
+    quickly; the full branch and bound that follows prunes against it.  Gives no bounds."""
+    stop = t0 + WARM_SHARE * time_limit_s
+    for _, _, knobs, ctx, keys in ranked:
+        if time.monotonic() > stop:
+            break
+        sub = _warm_keys(pricer, knobs, keys)
+        prob = pricer.price(knobs, ctx, sub)
+        if not prob.options or quick_bound(prob) is None:
+            continue
+        if launcher:
+            prob.same_group = True
+            for o in prob.options:
+                o.group = (o.label.tp, o.label.replicas)
+        if spec.kind == "throughput-under-budget":
+            prob.budget_usd_per_hour = spec.budget_usd_per_hour
+        cut = best.threshold()
+        sol = CoreMilp(prob).solve(settings, deadline=stop, cutoff=cut if math.isfinite(cut) else None)
+        if sol.ok and sol.objective < best.threshold():
+            say(f"warm start {knobs.label()}: {sol.objective:.4g} s")
+            best.add(Candidate(spec.key(prob.price(sol.assign), sol.objective), sol.objective,
+                               prob.price(sol.assign), knobs, _layout(prob, sol.assign, knobs)))
+
+
 def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb):
     stats["solved"] += 1
     tokens = training.global_batch_size * training.seq_len
@@ -171,6 +222,8 @@ def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, setting
         for j in range(top_k):
             cut = best.threshold()
             sol = milp.solve(settings, deadline=deadline, cutoff=cut if math.isfinite(cut) else None)
+            if sol.status == "unknown":
+                stats["timed_out"] = stats.get("timed_out", 0) + 1
             if j == 0 and sol.status != "infeasible":      # a proved-infeasible tuple bounds nothing
                 bounds.append(max(lb, sol.bound) if sol.bound is not None else lb)
                 if sol.status in ("feasible", "unknown"):

@@ -120,8 +120,16 @@ class Pricer:
         self._paths: dict = {}
         self._bases: dict = {}
         self._sends: dict = {}
+        self._slopes: dict = {}
+        self._keys: dict = {}
 
     def option_keys(self, knobs: Knobs) -> list[OptionKey]:
+        hit = self._keys.get(knobs.micro_batch_size)
+        if hit is None:
+            hit = self._keys[knobs.micro_batch_size] = self._option_keys(knobs)
+        return hit
+
+    def _option_keys(self, knobs: Knobs) -> list[OptionKey]:
         allowed_q = set(self.training.micro_batch_sizes or ())
         keys = []
         for info in self.classes:
@@ -143,27 +151,31 @@ class Pricer:
         unit = knobs.block_unit
         L = self.model.num_layers // unit
         rows, terms = pipeline_rows(knobs)
-        slopes: dict[OptionKey, tuple] = {}
-        for key in keys:
-            slopes[key] = self._base(ctx, knobs, key, unit, False, False)[0]
-        if not slopes:
+        sk = (id(ctx), knobs.micro_batch_size, unit, id(keys), len(keys))
+        hit = self._slopes.get(sk)
+        if hit is None:
+            arr = np.array([self._base(ctx, knobs, k, unit, False, False, timing_only=True)[0] for k in keys])
+            units = np.array([self.classes[k.cls].units(k.tp, k.replicas) for k in keys], dtype=float)
+            cls = np.array([k.cls for k in keys])
+            hit = self._slopes[sk] = (arr, units, cls, keys)   # keys kept alive: id() stays unique
+        arr, units, cls, _ = hit
+        if not len(arr):
             return math.inf
         total = 0.0
         for t in terms:
             row = rows[t.row]
             if row.hinges:
                 continue
-            vals = {k: float(np.dot(row.stage, sl)) for k, sl in slopes.items()}
-            a_min = min(vals.values())
+            vals = arr @ np.array(row.stage, dtype=float)
+            a_min = float(vals.min())
             if t.kind == "sum":
                 total += t.weight * L * a_min
                 continue
-            per_class: dict[int, float] = {}
-            for k, a in vals.items():
-                if a > 0:
-                    units = self.classes[k.cls].units(k.tp, k.replicas)
-                    per_class[k.cls] = max(per_class.get(k.cls, 0.0), 1.0 / a / units)
-            speed = sum(self.classes[c].capacity_units * r for c, r in per_class.items())
+            speed = 0.0
+            with np.errstate(divide="ignore"):
+                ratio = np.where(vals > 0, 1.0 / (vals * units), 0.0)
+            for c in np.unique(cls):
+                speed += self.classes[int(c)].capacity_units * float(ratio[cls == c].max())
             if a_min > 0:
                 speed = min(speed, knobs.num_stages / a_min)
             total += t.weight * max(L * a_min / knobs.num_stages, L / speed if speed > 0 else 0.0)
@@ -217,13 +229,13 @@ class Pricer:
                            options=options, rows=rows, terms=terms, boundary=boundary,
                            wrap=knobs.schedule == "interleaved-1f1b" and p > 1, resource_price=res_price)
 
-    def _base(self, ctx, knobs, key: OptionKey, unit: int, emb: bool, head: bool):
+    def _base(self, ctx, knobs, key: OptionKey, unit: int, emb: bool, head: bool, timing_only: bool = False):
         """Per (knobs without p, option, end flags): quantity slopes/intercepts per core unit and
         the memory model mem(u, f) = c0 + c1 u + f (c2 + c3 u) in units u and in-flight f
         (weights/grads/optimizer are affine in blocks, activations blocks x in-flight)."""
-        ck = (id(ctx), knobs.micro_batch_size, key, unit, emb, head, knobs.num_micro_batches)
+        ck = (id(ctx), knobs.micro_batch_size, key, unit, emb, head)
         hit = self._bases.get(ck)
-        if hit is not None:
+        if hit is not None and (timing_only or hit[2] is not None):
             return hit
         info = self.classes[key.cls]
         gpu, intra, t, n = info.gpu, info.node_class.intra_Bps, key.tp, key.replicas
@@ -249,10 +261,17 @@ class Pricer:
             return (rt.total_forward_s, rt.total_backward_s, rs,
                     optimizer_time_s(ctx, gpu, params / t / shard), ag)
 
-        q1, q2 = quantities(unit), quantities(2 * unit)
-        self._check_exposed(ctx, gpu, intra, t, share, n, ring, unit, emb, head, q1)
-        sl = tuple(b - a for a, b in zip(q1, q2))
-        fx = tuple(a - d for a, d in zip(q1, sl))
+        if hit is None:
+            q1, q2 = quantities(unit), quantities(2 * unit)
+            sl = tuple(b - a for a, b in zip(q1, q2))
+            fx = tuple(a - d for a, d in zip(q1, sl))
+        else:
+            sl, fx = hit[0], hit[1]
+        if timing_only:
+            hit = self._bases[ck] = (sl, fx, None, None, None)
+            return hit
+        self._check_exposed(ctx, gpu, intra, t, share, n, ring, unit, emb, head,
+                            tuple(a + b for a, b in zip(sl, fx)))
 
         def mem(u: int, f: float) -> float:
             return replica_memory_bytes(ctx, gpu, t, share, u * unit, emb, head, n, f)
@@ -335,19 +354,30 @@ class Pricer:
 
 @lru_cache(maxsize=65536)
 def _busiest_points(B: int, na: int, nb: int) -> tuple[tuple[int, int], ...]:
-    """Distinct (transfers, sequences) per sender and receiver of a boundary (comm.boundary_bytes
-    layout: sequences in replica order on both sides)."""
-    sa, sb = np.array(shares(B, na)), np.array(shares(B, nb))
-    ca, cb = np.concatenate([[0], np.cumsum(sa)]), np.concatenate([[0], np.cumsum(sb)])
+    """(transfers, sequences) of the busiest senders and receivers of a boundary, in the
+    layout of comm.boundary_bytes (sequences in replica order on both sides, larger shares
+    first).  For each side and share value only the largest transfer count can be the max of
+    ``c L0 + k X`` (L0, X >= 0), so at most four points come back."""
+    def side(n_from: int, n_to: int):
+        q, r = divmod(B, n_from)
+        sizes = np.where(np.arange(n_from) < r, q + 1, q)
+        start = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        end = start + sizes - 1                           # last sequence held
+        qt, rt = divmod(B, n_to)
+        big = rt * (qt + 1)
 
-    def counts(cx, cy):
-        j0 = np.searchsorted(cy[1:], cx[:-1], side="right")
-        j1 = np.searchsorted(cy[:-1], cx[1:], side="left") - 1
-        return j1 - j0 + 1
+        def owner(x):
+            return np.where(x < big, x // (qt + 1), rt + (x - big) // max(qt, 1))
 
-    pts = set(zip(counts(ca, cb).tolist(), sa.tolist())) | set(zip(counts(cb, ca).tolist(), sb.tolist()))
-    # keep the upper-right frontier: only those can be the maximum of c L0 + k X (L0, X >= 0)
-    return tuple(sorted(pt for pt in pts if not any(o != pt and o[0] >= pt[0] and o[1] >= pt[1] for o in pts)))
+        counts = owner(end) - owner(start) + 1
+        pts = []
+        for share in (q + 1, q):
+            mask = sizes == share
+            if share > 0 and mask.any():
+                pts.append((int(counts[mask].max()), int(share)))
+        return pts
+
+    return tuple(sorted(set(side(na, nb)) | set(side(nb, na))))
 
 
 def pipeline_rows(knobs: Knobs) -> tuple[list[Row], list[Term]]:

@@ -1,0 +1,40 @@
+"""Pieces of the declared space: replica counts, shares, the boundary's busiest points."""
+
+from __future__ import annotations
+
+import itertools
+
+from planner.cost.comm import boundary_bytes
+from planner.search.space import _busiest_points, replica_counts, shares
+
+
+def test_replica_counts_are_the_fewest_for_each_largest_share():
+    assert replica_counts(8) == (1, 2, 3, 4, 8)
+    for B in range(1, 60):
+        counts = replica_counts(B)
+        largest = {-(-B // n) for n in range(1, B + 1)}
+        assert {-(-B // n) for n in counts} == largest
+        for n in counts:   # no smaller n gives the same largest share
+            assert all(-(-B // k) != -(-B // n) for k in range(1, n))
+
+
+def test_shares_sum_and_differ_by_at_most_one():
+    for B, n in itertools.product(range(1, 30), range(1, 30)):
+        if n <= B:
+            s = shares(B, n)
+            assert sum(s) == B and max(s) - min(s) <= 1 and s == sorted(s, reverse=True)
+
+
+def test_busiest_points_give_the_boundary_bottleneck():
+    """max over senders/receivers of (transfers x L0 + sequences x X), as comm.boundary_time_s."""
+    for B in range(1, 25):
+        for na, nb in itertools.product(range(1, B + 1), repeat=2):
+            per = {}
+            for i, j, seq in boundary_bytes(shares(B, na), shares(B, nb), 1.0):
+                for key in (("s", i), ("r", j)):
+                    c, k = per.get(key, (0, 0))
+                    per[key] = (c + 1, k + seq)
+            for L0, X in ((1.0, 0.0), (0.0, 1.0), (0.3, 2.0), (5.0, 0.1)):
+                want = max(c * L0 + k * X for c, k in per.values())
+                got = max(c * L0 + k * X for c, k in _busiest_points(B, na, nb))
+                assert abs(want - got) < 1e-9
