@@ -137,3 +137,12 @@ def test_cli_evaluate_prints_and_exits(tmp_path, cluster):
         "training": {"global_batch_size": 64, "seq_len": 1024}})
     ppath.write_text(big.dumps())
     assert main(["evaluate", str(cpath), str(ppath)]) == 1
+
+
+def test_predicted_passes_the_plan_schema(cluster):
+    from planner.plan.schema import validate_plan_json
+    plan = make_plan()
+    ev = evaluate(cluster, plan)
+    with_pred = plan.model_copy(update={"predicted": ev.predicted()})
+    validate_plan_json(with_pred.to_json())
+    assert Plan.from_json(with_pred.to_json()).predicted.iteration_time_s == pytest.approx(ev.iteration_time_s)
