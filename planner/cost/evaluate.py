@@ -237,8 +237,23 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
         bottleneck_stage=bottleneck_stage(stage_timings, plan.schedule, v),
         model_flops_per_iteration=flops, nodes_usd_per_hour=money.nodes_usd_per_hour,
         egress_usd_per_hour=money.egress_usd_per_hour, memory_by_replica=by_replica,
-        sources=dict(ctx.sources), schedule=plan.schedule, num_micro_batches=m, virtual_stages=v,
+        sources=_plan_sources(ctx, stages, nodes), schedule=plan.schedule, num_micro_batches=m, virtual_stages=v,
         details=details)
+
+
+def _plan_sources(ctx, stages, nodes) -> dict[str, str]:
+    """measured|estimated for the layer costs this plan used (a shared ctx holds more)."""
+    out = {}
+    for st in stages:
+        for r in st.replicas:
+            gpu = nodes[r.node].gpu.name
+            kinds = (["block"] if st.num_blocks else []) + (["embedding"] if st.embedding else []) \
+                + (["head"] if st.head else [])
+            for kind in kinds:
+                key = f"{gpu}/{kind}/mb{r.micro_batch_share}/tp{r.tp}"
+                if key in ctx.sources:
+                    out[key] = ctx.sources[key]
+    return dict(sorted(out.items()))
 
 
 def _details(ctx, plan, nodes, timings, k) -> list[tuple[str, float, str]]:
