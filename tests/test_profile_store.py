@@ -166,3 +166,20 @@ def test_reading_profiles_does_not_import_torch():
             "planner.cli.main, planner.cli.profile; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("torch_name, gpu_type", [
+    ("NVIDIA H100 80GB HBM3", "H100-SXM5-80GB"),
+    ("NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB"),
+    ("NVIDIA H100 PCIe", "H100-PCIE-80GB"),
+    ("Tesla V100-SXM2-32GB", "V100-SXM2-32GB"),
+    ("Tesla T4", "T4-16GB"),
+    ("NVIDIA GeForce RTX 4090", "RTX4090-24GB"),
+    ("NVIDIA L4", "L4-24GB"),
+    ("NVIDIA H200", "H200-SXM-141GB"),
+    ("AMD Instinct MI300X", "MI300X-192GB"),
+    ("NVIDIA Imaginary 9000", None),
+])
+def test_torch_device_names_map_to_catalog_ids(torch_name, gpu_type):
+    from planner.profile import gpu_type_for_device
+    assert gpu_type_for_device(torch_name) == gpu_type

@@ -133,6 +133,7 @@ class _Case:
     forward: Callable[[], torch.Tensor]
     backward: Callable[[torch.Tensor], None]
     live: Callable[[], list[torch.Tensor]]  # tensors alive around a step (for the CPU estimate)
+    leaf: torch.Tensor | None = None  # the input whose gradient the backward computes
 
 
 def _make_case(kind: str, s: RankShape, mb: int, seq_len: int, dtype, device) -> _Case:
@@ -151,15 +152,18 @@ def _make_case(kind: str, s: RankShape, mb: int, seq_len: int, dtype, device) ->
     if kind == "block":
         grad = torch.randn(mb, seq_len, s.hidden, generator=g, device=device, dtype=dtype)
         return _Case(module, lambda: module(x), lambda out: out.backward(grad),
-                     lambda: [x, grad] + ([x.grad] if x.grad is not None else []))
+                     lambda: [x, grad] + ([x.grad] if x.grad is not None else []), x)
     targets = torch.randint(0, s.vocab, (mb, seq_len), generator=g, device=device)
     return _Case(module, lambda: module(x, targets), lambda out: out.backward(),
-                 lambda: [x, targets] + ([x.grad] if x.grad is not None else []))
+                 lambda: [x, targets] + ([x.grad] if x.grad is not None else []), x)
 
 
 def _zero(case: _Case) -> None:
+    # Fresh gradients every pass: accumulating into old ones would add work a step does not do.
     for p in case.module.parameters():
         p.grad = None
+    if case.leaf is not None:
+        case.leaf.grad = None
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
