@@ -161,7 +161,8 @@ def test_tiny_override_keeps_blocks_and_tp_validity():
     plan = make_plan([((0, 6), [rep(1, 4, ["a:0"])])], model=model)
     shape = runner.model_shape(plan, runner.TINY_MODEL, runner.TINY_SEQ_LEN)
     assert shape == {"num_layers": 6, "hidden_size": 64, "num_heads": 8, "num_kv_heads": 4,
-                     "ffn_size": 256, "vocab_size": 128, "seq_len": 16, "mlp": "swiglu"}
+                     "ffn_size": 256, "vocab_size": 128, "seq_len": 16, "mlp": "swiglu",
+                     "tied_embeddings": False}
     with pytest.raises(InputError, match="num_layers must stay"):
         runner.model_shape(plan, {"num_layers": 2})
 

@@ -1,7 +1,7 @@
 """The reference runner against a single-process run on the same data: after 3 steps the loss
 and every parameter agree to 1e-5 (float64), for plans with uneven blocks, a stage with more
-replicas than its neighbour, uneven shares, TP 2, mixed TP inside a stage, 1F1B, GPipe and
-interleaved 1F1B.
+replicas than its neighbour, uneven shares, TP 2, mixed TP inside a stage, 1F1B, GPipe,
+interleaved 1F1B, tied and untied embeddings.
 
 One launch per plan (module-scoped fixtures): starting torch processes costs seconds each.
 """
@@ -37,8 +37,9 @@ def make_plan(model, stages, mbs, nmb, schedule, virtual_stages=1) -> Plan:
                     "replicas": reps} for i, (b, reps) in enumerate(stages)]})
 
 
+# Tied embeddings: the last stage's copy of the embedding must get the first stage's gradient.
 GELU = {"name": "tiny-gelu", "num_layers": 4, "hidden_size": 32, "num_attention_heads": 4,
-        "vocab_size": 64}
+        "vocab_size": 64, "tied_embeddings": True}
 SWIGLU_GQA = {"name": "tiny-swiglu", "num_layers": 4, "hidden_size": 32, "num_attention_heads": 4,
               "num_kv_heads": 2, "ffn_hidden_size": 48, "mlp": "swiglu", "vocab_size": 64}
 

@@ -106,7 +106,7 @@ def model_shape(plan: Plan, model_override: dict | None = None, seq_len: int | N
     return {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
             "num_heads": model.num_attention_heads, "num_kv_heads": model.kv_heads,
             "ffn_size": model.ffn_size, "vocab_size": model.vocab_size, "seq_len": seq,
-            "mlp": model.mlp}
+            "mlp": model.mlp, "tied_embeddings": model.tied_embeddings}
 
 
 def rank_map(plan: Plan) -> list[RankInfo]:
@@ -398,9 +398,9 @@ def _collect(out: Path, ranks: list[RankInfo], plan: Plan, steps: int):
             for name, dim in dims.items():
                 parts = [shards[rk][name] for rk in tp_ranks]
                 full = parts[0] if dim is None or rep.tp == 1 else np.concatenate(parts, axis=dim)
-                if j == 0:
+                if name not in params:
                     params[name] = full
-                else:
+                else:  # another replica, or the last stage's copy of a tied embedding
                     diff = max(diff, float(np.max(np.abs(full - params[name]), initial=0.0)))
     h = hashlib.sha256()
     for name in sorted(params):

@@ -8,9 +8,8 @@ Imports torch at module level: only the runner's worker processes and tests impo
 Shape (pre-norm GPT): ``embedding`` = token embedding + learned positions; ``block_i`` =
 ``x + o(attn(q, k, v of ln1(x)))`` then ``x + down(act(up(ln2(x))))`` (gelu, or swiglu with a
 gate); ``head`` = final layer norm + output projection + token cross-entropy. Linear layers have
-no bias (as in Llama), so a row-parallel layer needs nothing but the all-reduce. The output
-projection is never tied to the embedding here: tying across pipeline stages would need an extra
-all-reduce between the first and last stage, which the reference runner leaves out (documented).
+no bias (as in Llama), so a row-parallel layer needs nothing but the all-reduce. With
+``tied_embeddings`` the output projection is the embedding matrix (``embed.weight``).
 
 Tensor parallelism follows the Megatron pattern: q/k/v and up/gate are column-parallel (split by
 heads / ffn rows), o and down are row-parallel (split by columns) with one all-reduce after each;
@@ -42,6 +41,7 @@ class Shape:
     vocab_size: int
     seq_len: int
     mlp: str = "gelu"  # gelu | swiglu
+    tied_embeddings: bool = False  # the head's projection is the embedding matrix
 
     @property
     def head_dim(self) -> int:
@@ -82,7 +82,10 @@ def param_layout(shape: Shape, blocks: tuple[int, int], embedding: bool,
     if head:
         out["head.norm.weight"] = ((h,), None)
         out["head.norm.bias"] = ((h,), None)
-        out["head.out.weight"] = ((shape.vocab_size, h), None)
+        # Tied: a head on another stage keeps its own copy of the embedding under the same
+        # name, and the runner sums the two copies' gradients every step (Megatron does the
+        # same with its "embedding group").
+        out["embed.weight" if shape.tied_embeddings else "head.out.weight"] = ((shape.vocab_size, h), None)
     return out
 
 
@@ -202,7 +205,7 @@ def head_loss_sum(p: dict, x: torch.Tensor, labels: torch.Tensor, shape: Shape) 
     """Summed token cross-entropy; callers divide by the global token count so that summing the
     pieces over micro-batches and replicas gives the full-batch mean."""
     y = F.layer_norm(x, (shape.hidden_size,), p["head.norm.weight"], p["head.norm.bias"])
-    logits = y @ p["head.out.weight"].T
+    logits = y @ p["embed.weight" if shape.tied_embeddings else "head.out.weight"].T
     return F.cross_entropy(logits.reshape(-1, shape.vocab_size), labels.reshape(-1), reduction="sum")
 
 

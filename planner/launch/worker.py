@@ -112,6 +112,15 @@ class Worker:
                 g = dist.new_group([rep["ranks"][0] for rep in s["replicas"]])
                 if s is self.stage and self.tp_rank == 0:
                     self.dp_group = g
+        # Tied embeddings over more than one stage: stage 0's embedding and the last stage's
+        # copy are summed by the tp-rank-0 processes of all replicas of both stages.
+        self.tied = self.shape.tied_embeddings and len(self.stages) > 1
+        self.tie_group = None
+        if self.tied:
+            ends = (0, len(self.stages) - 1)
+            g = dist.new_group([rep["ranks"][0] for si in ends for rep in self.stages[si]["replicas"]])
+            if self.si in ends and self.tp_rank == 0:
+                self.tie_group = g
         # This stage's model chunks (one unless interleaved), by chunk index.
         self.my_chunks = [c for c in self.chunks if c["stage"] == self.si]
         self.layout, params = {}, {}
@@ -206,12 +215,29 @@ class Worker:
             g = x_in.grad if x_in.grad is not None else torch.zeros_like(x_in)
             self._send_pieces(g, (k - 1) % p, self._tag(k - 1, m, True))
 
+    def _sync_tied(self):
+        """Tied embeddings: one all-reduce over every replica of the first and last stage gives
+        each copy the whole gradient of the shared matrix (the replica sum included, so
+        ``_sync_grads`` leaves this one out)."""
+        if not self.tied or "embed.weight" not in self.params:
+            return
+        p = self.params["embed.weight"]
+        g = p.grad if p.grad is not None else torch.zeros_like(p)
+        if self.tp_rank == 0:
+            dist.all_reduce(g, group=self.tie_group)
+        if self.tp > 1:
+            dist.broadcast(g, src=self.leader, group=self.tp_group)
+        p.grad = g
+
     def _sync_grads(self):
         """Sum this stage's gradients over its replicas (see the module docstring)."""
+        self._sync_tied()
         if len(self.stage["replicas"]) == 1 or not self.params:
             return
+        names = [n for n in self.params if not (self.tied and n == "embed.weight")]
         fulls = []
-        for name, p in self.params.items():
+        for name in names:
+            p = self.params[name]
             g = p.grad if p.grad is not None else torch.zeros_like(p)
             dim = self.layout[name][1]
             if self.tp > 1 and dim is not None:
@@ -225,7 +251,8 @@ class Worker:
         if self.tp > 1:
             dist.broadcast(flat, src=self.leader, group=self.tp_group)
         off = 0
-        for name, p in self.params.items():
+        for name in names:
+            p = self.params[name]
             full_shape, dim = self.layout[name]
             n = int(np.prod(full_shape))
             full = flat[off:off + n].view(full_shape)
