@@ -146,3 +146,34 @@ def test_predicted_passes_the_plan_schema(cluster):
     with_pred = plan.model_copy(update={"predicted": ev.predicted()})
     validate_plan_json(with_pred.to_json())
     assert Plan.from_json(with_pred.to_json()).predicted.iteration_time_s == pytest.approx(ev.iteration_time_s)
+
+
+def test_measured_profiles_replace_the_roofline(tmp_path):
+    """cluster_specs/cpu-local.yaml names profiles/cpu-small.yaml for its pseudo-GPU 'cpu'."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec, model_file = root / "cluster_specs" / "cpu-local.yaml", root / "profiles" / "models" / "cpu-small.yaml"
+    if not spec.exists() or not model_file.exists():
+        pytest.skip("cpu-local profiles not present")
+    import yaml
+
+    from planner.cli.main import cli
+    from planner.profile import load_profiles
+    from planner.spec import load_cluster
+    model = yaml.safe_load(model_file.read_text())
+    plan = Plan.from_json({
+        "schema": "planner.plan/v1",
+        "inputs": {"cluster": "cpu-local", "model": model,
+                   "training": {"global_batch_size": 4, "seq_len": 128, "precision": "bf16"}},
+        "micro_batch_size": 2, "num_micro_batches": 2,
+        "stages": [{"index": 0, "blocks": [0, model["num_layers"]], "embedding": True, "head": True,
+                    "replicas": [replica("cpu", 1, 2, ["cpu:0"])]}]})
+    cluster = load_cluster(spec)
+    profiles = load_profiles(None, cluster=cluster, cluster_path=spec)
+    ev = evaluate(cluster, plan, profiles=profiles)
+    assert ev.sources and set(ev.sources.values()) == {"measured"}
+    ppath = tmp_path / "p.json"
+    ppath.write_text(plan.dumps())
+    res = CliRunner().invoke(cli, ["evaluate", str(spec), str(ppath)])
+    assert res.exit_code == 0 and "3 measured" in res.output
