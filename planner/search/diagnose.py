@@ -76,7 +76,19 @@ def explain_infeasible(cluster, model, training, spec, classes, stats) -> str:
             f"{_gib(mem.optimizer_bytes)}, activations {_gib(mem.activations_bytes)}); would fit: "
             + ", ".join(hints))
     if fits_somewhere:
+        from planner.cost.flops import total_params
+        from planner.cost.memory import WORKSPACE_BYTES, bytes_per_param
         total = sum(c.node_class.num_gpus for c in classes)
+        n_params = total_params(model)
+        per_param = sum(bytes_per_param(training.precision))
+        static = n_params * per_param
+        room = sum(c.node_class.num_gpus * (c.gpu.memory_bytes - WORKSPACE_BYTES) for c in classes)
+        if static > room:
+            lines.append(f"weights, gradients and optimizer state of {model.name} ({n_params / 1e9:.2f} B "
+                         f"parameters x {per_param:g} bytes) need {_gib(static)} even split without any "
+                         f"replication, but the {total} GPUs hold {_gib(room)} after the "
+                         f"{_gib(WORKSPACE_BYTES)} workspace each: over by {_gib(static - room)}; would fit: "
+                         f"at least {static / room * total:.0f} GPUs of these types, or GPUs with more memory")
         lines.append(f"single blocks fit, but no split of {model.num_layers} blocks (plus embedding "
                      f"and head) over the {total} GPUs fits in memory with the allowed knobs "
                      f"(schedules {', '.join(training.schedules)}, recompute "

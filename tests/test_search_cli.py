@@ -1,0 +1,63 @@
+"""`planner plan`: writes a schema-valid plan that `planner evaluate` reproduces exactly;
+stdout stays JSON with --json; bad flags exit 2, an infeasible job exits 1 with numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.cli.main import main
+from planner.cost import evaluate
+from planner.plan import Plan
+from planner.plan.schema import validate_plan_json
+from planner.spec import load_cluster
+
+CLUSTER = "cluster_specs/tiny-2gpu.yaml"
+BASE = ["plan", CLUSTER, "--model", "opt-350m", "--global-batch-size", "4", "--seq-len", "256",
+        "--time-limit", "60"]
+
+
+def test_plan_writes_a_valid_plan_that_evaluate_reproduces(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(BASE + ["-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "tokens/s" in text and "solver: optimal" in text
+    data = json.loads(out.read_text())
+    validate_plan_json(data)
+    plan = Plan.from_json(data)
+    assert out.read_text() == plan.dumps()                  # canonical, sorted keys
+    ev = evaluate(load_cluster(CLUSTER), plan)
+    assert ev.iteration_time_s == plan.predicted.iteration_time_s
+    assert ev.tokens_per_s == plan.predicted.tokens_per_s
+    assert plan.solver.status == "optimal" and plan.launch is not None
+    # and through the evaluate command
+    assert main(["evaluate", CLUSTER, str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["iteration_time_s"] == plan.predicted.iteration_time_s
+
+
+def test_json_output_is_clean(capfd):
+    assert main(BASE + ["--json"]) == 0
+    out = capfd.readouterr().out
+    assert json.loads(out)["schema"] == "planner.plan/v1"   # no solver banner on stdout
+
+
+@pytest.mark.parametrize("extra", [
+    ["--time-limit", "0"], ["--objective", "fastest"], ["--objective", "cost", "--budget-usd-per-hour", "5"],
+    ["--min-tokens-per-s", "10"], ["--top", "0"], ["--training", "cluster_specs/tiny-2gpu.yaml"],
+])
+def test_bad_flags_exit_2(extra, capsys):
+    assert main(BASE + extra) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_missing_batch_exits_2(capsys):
+    assert main(["plan", CLUSTER, "--model", "opt-350m"]) == 2
+
+
+def test_infeasible_exits_1_with_the_numbers(capsys):
+    code = main(["plan", CLUSTER, "--model", "llama3-70b", "--global-batch-size", "2", "--seq-len", "4096",
+                 "--time-limit", "60", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "GiB" in err and "over by" in err and "would fit" in err

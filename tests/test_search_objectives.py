@@ -1,0 +1,84 @@
+"""The other objectives, the Megatron launcher subset and --top K, each against the oracle."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from planner.errors import InfeasibleError, InputError
+from planner.search import parse_objective, solve
+from planner.search.objectives import ObjectiveSpec
+from planner.search.oracle import oracle
+
+from test_oracle import check_case, make_case
+
+SEEDS = [1, 6, 10, 14, 30, 37]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_cost_objective_equals_oracle(seed):
+    check_case(*make_case(seed, max_plans=600), objective="cost")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_budget_and_floor_objectives_equal_oracle(seed):
+    cluster, model, training = make_case(seed, max_plans=600)
+    fast = oracle(cluster, model, training)
+    if fast.value is None:
+        return
+    budget = ObjectiveSpec("throughput-under-budget", budget_usd_per_hour=0.6 * fast.evaluation.nodes_usd_per_hour)
+    ref = oracle(cluster, model, training, objective=budget)
+    try:
+        res = solve(cluster, model, training, objective=budget, time_limit_s=60)
+        assert ref.value is not None
+        assert math.isclose(res.evaluation.iteration_time_s, ref.value, rel_tol=1e-9)
+        assert res.evaluation.nodes_usd_per_hour <= budget.budget_usd_per_hour * (1 + 1e-9)
+    except InfeasibleError as exc:
+        assert ref.value is None and "budget" in str(exc)
+    floor = ObjectiveSpec("cost-above-floor", min_tokens_per_s=0.5 * fast.evaluation.tokens_per_s)
+    ref = oracle(cluster, model, training, objective=floor)
+    res = solve(cluster, model, training, objective=floor, time_limit_s=60)
+    assert math.isclose(res.evaluation.nodes_usd_per_hour, ref.value, rel_tol=1e-9)
+    assert res.evaluation.tokens_per_s >= floor.min_tokens_per_s * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("seed", [0, 3, 10, 24])
+def test_megatron_launcher_subset_equals_oracle(seed):
+    cluster, model, training = make_case(seed)
+    res = check_case(cluster, model, training, solve={"launcher": "megatron"}, oracle={"launcher": "megatron"})
+    if res is None:
+        return
+    plan = res[0].plan
+    assert len({(len(s.replicas), s.replicas[0].tp) for s in plan.stages}) == 1
+    assert all(len({r.micro_batch_share for r in s.replicas}) == 1 for s in plan.stages)
+    full = oracle(cluster, model, training)
+    assert full.value <= res[1].value * (1 + 1e-12)        # the subset cannot beat the whole space
+
+
+def test_top_k_plans_are_distinct_and_ordered():
+    cluster, model, training = make_case(10)
+    res = solve(cluster, model, training, top_k=3, time_limit_s=60)
+    times = [e.iteration_time_s for e in res.evaluations]
+    assert len(res.plans) == 3 and times == sorted(times)
+    assert len({p.dumps() for p in res.plans}) == 3
+    assert math.isclose(times[0], oracle(cluster, model, training).value, rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("args", [
+    dict(objective="speed"), dict(objective="cost", budget_usd_per_hour=10.0),
+    dict(objective="throughput", min_tokens_per_s=5.0), dict(budget_usd_per_hour=-1.0),
+    dict(objective="throughput-under-budget"),
+    dict(budget_usd_per_hour=1.0, min_tokens_per_s=1.0),
+])
+def test_contradictory_objectives_are_input_errors(args):
+    with pytest.raises(InputError):
+        parse_objective(**args)
+
+
+def test_bad_time_limit_and_top_are_input_errors():
+    cluster, model, training = make_case(3)
+    with pytest.raises(InputError):
+        solve(cluster, model, training, time_limit_s=0)
+    with pytest.raises(InputError):
+        solve(cluster, model, training, top_k=0)
