@@ -134,9 +134,9 @@ def rank_map(plan: Plan) -> list[RankInfo]:
 
 def check_plan(plan: Plan, shape: dict) -> None:
     """Everything the runner cannot run, as one InputError, before anything starts."""
-    problems = []
     from planner.simulate.schedules import stage_orders
 
+    problems = []
     try:  # the same op orders the worker will follow
         stage_orders(plan.schedule, plan.num_stages, plan.num_micro_batches, plan.virtual_stages)
     except ValueError as exc:

@@ -6,7 +6,7 @@ requested steps and leaves in OUT_DIR either ``rank<R>.json`` + ``rank<R>.npz`` 
 times, its parameter shards) or ``rank<R>.error.json`` (the exception) and exits 1.
 
 Communication, all on torch.distributed (point-to-point always over gloo, see ``init``):
-- activations and their gradients go replica-to-replica between adjacent stages with
+- activations and their gradients go replica-to-replica between consecutive stages with
   point-to-point sends, one message per overlap of the two replicas' sample ranges, always
   between the tp-rank-0 processes ("leaders"); a leader broadcasts what it received to the
   rest of its tp group (a tp group's output is whole on every tp rank after the row-parallel
@@ -62,8 +62,8 @@ def overlaps(lo: int, hi: int, other: list[dict]):
 
 
 class Worker:
-    def __init__(self, cfg: dict, rank: int):
-        self.cfg, self.rank = cfg, rank
+    def __init__(self, cfg: dict, rank: int, progress_path: Path):
+        self.cfg, self.rank, self.progress_path = cfg, rank, progress_path
         self.shape = tm.Shape(**cfg["shape"])
         self.stages = cfg["stages"]
         for s in self.stages:
@@ -323,11 +323,9 @@ def main(argv: list[str]) -> int:
     cfg_path, rank, out_dir = argv[0], int(argv[1]), Path(argv[2])
     _die_with_parent()
     torch.set_num_threads(1)  # several ranks share few cores: one thread each avoids thrashing
-    worker = None
     try:
         cfg = json.loads(Path(cfg_path).read_text())
-        worker = Worker(cfg, rank)
-        worker.progress_path = out_dir / f"rank{rank}.steps"
+        worker = Worker(cfg, rank, out_dir / f"rank{rank}.steps")
         worker.init()
         result = worker.train()
         shards = {k: v.detach().cpu().numpy() for k, v in worker.params.items()}
