@@ -149,3 +149,11 @@ def test_calibration_recovers_a_synthetic_device(tmp_path):
     assert yaml.safe_load(out.read_text())["gpus"]["fake"]["tokens_half"] > 0
     # An inline type unknown without --cluster: exit 2.
     assert main(["profile", "--calibrate", str(path), "--quiet"]) == 2
+
+
+def test_concurrent_measurement_runs_cotenants():
+    prof = measure.measure_profile(load_model(TINY), "cpu", [1, 2], [1], 8, "fp32", warmup=1,
+                                   repeats=2, gpu_type="cpu-x2", concurrent=2)
+    assert prof.settings.concurrent == 2 and prof.settings.timer == "wall-clock"
+    assert prof.settings.statistic == "mean" and prof.device.gpu_type == "cpu-x2"
+    assert len(prof.entries) == 6 and all(e.fits and e.forward_s > 0 for e in prof.entries)

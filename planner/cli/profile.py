@@ -47,6 +47,9 @@ def dump_yaml(data: dict) -> str:
               help="untimed runs before timing")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="torch threads on cpu (the reference runner uses 1 per process)")
+@click.option("--concurrent", type=click.IntRange(min=1), default=1, show_default=True,
+              help="cpu: measure as one of N processes running the same layers at once (the "
+                   "ranks of a CPU job share the machine); wall-clock times")
 @click.option("--gpu-type", default=None,
               help="GPU type the profile counts for (catalog id or an inline GPU's name); "
                    "default: the device name looked up in the catalog, 'cpu' on cpu")
@@ -59,8 +62,8 @@ def dump_yaml(data: dict) -> str:
               "e.g. 'run under chrt -r 1')")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON on stdout")
 @click.option("--quiet", is_flag=True, help="no progress output")
-def profile(model_name, device, micro_batch, tp, seq_len, dtype, repeats, warmup, threads, gpu_type,
-            calibrate_path, cluster_path, output, note, as_json, quiet):
+def profile(model_name, device, micro_batch, tp, seq_len, dtype, repeats, warmup, threads, concurrent,
+            gpu_type, calibrate_path, cluster_path, output, note, as_json, quiet):
     """Measure forward/backward time and memory of the embedding, one block and the head."""
     out = console(quiet=as_json)
     if calibrate_path:
@@ -120,7 +123,8 @@ def profile(model_name, device, micro_batch, tp, seq_len, dtype, repeats, warmup
         command = note
     result = measure.measure_profile(
         model, device, mbs, tps, seq_len, dtype, warmup=warmup, repeats=repeats, gpu_type=gpu_type,
-        threads=threads if device == "cpu" else None, provenance=command, progress=progress)
+        threads=threads if device == "cpu" else None, provenance=command, progress=progress,
+        concurrent=concurrent)
     write_atomic(output, dump_yaml(result.to_yaml_data()))
     if as_json:
         echo_json(result.to_yaml_data())

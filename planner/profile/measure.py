@@ -206,7 +206,8 @@ def _cpu_clock():
     return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
 
 
-def _time(case: _Case, device, warmup: int, repeats: int) -> tuple[float, float]:
+def _time(case: _Case, device, warmup: int, repeats: int, clock=None,
+          statistic=statistics.median) -> tuple[float, float]:
     fwd, bwd = [], []
     for i in range(warmup + repeats):
         _zero(case)
@@ -220,7 +221,7 @@ def _time(case: _Case, device, warmup: int, repeats: int) -> tuple[float, float]
             torch.cuda.synchronize(device)
             f_s, b_s = start.elapsed_time(mid) / 1e3, mid.elapsed_time(end) / 1e3
         else:
-            clock = _cpu_clock()
+            clock = clock or _cpu_clock()
             t0 = clock()
             out = case.forward()
             t1 = clock()
@@ -231,7 +232,7 @@ def _time(case: _Case, device, warmup: int, repeats: int) -> tuple[float, float]
         if i >= warmup:
             fwd.append(f_s)
             bwd.append(b_s)
-    return statistics.median(fwd), statistics.median(bwd)
+    return statistic(fwd), statistic(bwd)
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -242,7 +243,8 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def measure_entry(model: ModelSpec, kind: str, mb: int, tp: int, seq_len: int, dtype: str,
-                  device, warmup: int, repeats: int) -> ProfileEntry:
+                  device, warmup: int, repeats: int, clock=None,
+                  statistic=statistics.median) -> ProfileEntry:
     s = RankShape.of(model, tp)
     case = None
     try:
@@ -257,7 +259,7 @@ def measure_entry(model: ModelSpec, kind: str, mb: int, tp: int, seq_len: int, d
             _, activation = _cpu_memory(case)
         else:
             peak, activation = _cpu_memory(case)
-        f_s, b_s = _time(case, device, warmup, repeats)
+        f_s, b_s = _time(case, device, warmup, repeats, clock, statistic)
     except Exception as exc:
         if not _is_oom(exc):
             raise
@@ -304,12 +306,39 @@ def resolve_device(name: str):
     raise InputError(f"--device {name!r}: valid devices are cpu, cuda")
 
 
+def measure_entries(model: ModelSpec, device, micro_batches: list[int], tps: list[int],
+                    seq_len: int, dtype: str, warmup: int, repeats: int, clock=None,
+                    statistic=statistics.median, sync: Callable[[], None] | None = None,
+                    progress: Callable[[ProfileEntry], None] | None = None) -> list[ProfileEntry]:
+    """Every (tp, layer kind, micro-batch) in a fixed order; ``sync`` runs before each entry
+    (co-tenant processes line up there)."""
+    entries = []
+    for tp in sorted(tps):
+        for kind in LAYER_KINDS:
+            oom = False
+            for mb in sorted(micro_batches):
+                if sync:
+                    sync()
+                # Memory grows with the micro-batch: once one does not fit, larger ones cannot.
+                entry = (ProfileEntry(layer=kind, micro_batch=mb, tp=tp, fits=False) if oom else
+                         measure_entry(model, kind, mb, tp, seq_len, dtype, device, warmup,
+                                       repeats, clock, statistic))
+                oom = oom or not entry.fits
+                entries.append(entry)
+                if progress:
+                    progress(entry)
+    return entries
+
+
 def measure_profile(model: ModelSpec, device_name: str, micro_batches: list[int], tps: list[int],
                     seq_len: int, dtype: str, warmup: int = 2, repeats: int = 5,
                     gpu_type: str | None = None, threads: int | None = 1,
                     provenance: str | None = None,
-                    progress: Callable[[ProfileEntry], None] | None = None) -> ProfileFile:
-    """Measure every (tp, layer kind, micro-batch) and return the profile (not yet written)."""
+                    progress: Callable[[ProfileEntry], None] | None = None,
+                    concurrent: int = 1) -> ProfileFile:
+    """Measure every (tp, layer kind, micro-batch) and return the profile (not yet written).
+    ``concurrent`` > 1 (CPU): measure as one of that many processes running the same layers at
+    once (planner/profile/cotenants.py)."""
     for tp in tps:
         why = check_tp(model, tp)
         if why:
@@ -326,18 +355,15 @@ def measure_profile(model: ModelSpec, device_name: str, micro_batches: list[int]
             raise InputError(f"device {name!r} matches no catalog GPU type; pass --gpu-type with "
                              "a catalog id or the name of an inline GPU of your cluster")
     load_before = _load_average()
-    entries = []
-    for tp in sorted(tps):
-        for kind in LAYER_KINDS:
-            oom = False
-            for mb in sorted(micro_batches):
-                # Memory grows with the micro-batch: once one does not fit, larger ones cannot.
-                entry = (ProfileEntry(layer=kind, micro_batch=mb, tp=tp, fits=False) if oom else
-                         measure_entry(model, kind, mb, tp, seq_len, dtype, device, warmup, repeats))
-                oom = oom or not entry.fits
-                entries.append(entry)
-                if progress:
-                    progress(entry)
+    if concurrent > 1:
+        if device.type != "cpu":
+            raise InputError("--concurrent: only for --device cpu (GPU ranks do not share a device)")
+        from planner.profile.cotenants import measure_with_cotenants
+        entries = measure_with_cotenants(model, micro_batches, tps, seq_len, dtype, warmup, repeats,
+                                         threads or 1, concurrent, progress)
+    else:
+        entries = measure_entries(model, device, micro_batches, tps, seq_len, dtype, warmup,
+                                  repeats, progress=progress)
     return ProfileFile(
         schema=SCHEMA_ID,
         device={"kind": device.type, "name": name, "gpu_type": gpu_type or "cpu",
@@ -345,9 +371,12 @@ def measure_profile(model: ModelSpec, device_name: str, micro_batches: list[int]
         torch_version=torch.__version__, dtype=dtype,
         created=dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
         seq_len=seq_len, model=model.to_mapping(),
-        settings={"warmup": warmup, "repeats": repeats, "statistic": "median",
+        settings={"warmup": warmup, "repeats": repeats,
+                  "statistic": "mean" if concurrent > 1 else "median",
                   "timer": ("cuda-events" if device.type == "cuda" else
+                            "wall-clock" if concurrent > 1 else
                             "thread-cpu-time" if _cpu_clock() is time.thread_time else "wall-clock"),
+                  "concurrent": concurrent if concurrent > 1 else None,
                   "memory": ("torch.cuda.max_memory_allocated" if device.type == "cuda" else
                              "estimate: distinct live and saved-for-backward tensor storages"),
                   "load_average": (load_before, _load_average()) if load_before is not None else None},

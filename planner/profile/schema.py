@@ -40,9 +40,11 @@ class MeasureSettings(BaseModel):
 
     warmup: int = Field(ge=0)
     repeats: PositiveInt
-    statistic: Literal["median"] = "median"
+    statistic: Literal["median", "mean"] = "median"  # mean: --concurrent runs (cotenants.py)
     timer: str = Field(description="how times were taken (cuda-events | thread-cpu-time | wall-clock)")
     memory: str = Field(description="how peak memory was obtained")
+    concurrent: PositiveInt | None = Field(
+        default=None, description="measured as one of this many processes running at once (CPU)")
     load_average: tuple[float, float] | None = Field(
         default=None, description="1-minute load average before and after (CPU noise indicator)")
 
