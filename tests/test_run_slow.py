@@ -51,10 +51,11 @@ PLAN_6 = make_plan(GELU, [
     ((1, 4), [rep(2, 3, ["n1:0", "n1:1"]), rep(1, 1, ["n1:2"])]),
 ], mbs=4, nmb=3, schedule="1f1b")
 
-# 4 processes, GPipe over 3 stages: tp 2 for blocks 0-1, then 2 blocks, then the head alone;
-# swiglu and grouped-query attention (one kv head per tp rank).
-PLAN_4 = make_plan(SWIGLU_GQA, [
-    ((0, 2), [rep(2, 2, ["g:0", "g:1"])]),
+# 6 processes, GPipe over 3 stages: blocks 0-1 in two tp-2 replicas (the same-tp gradient
+# path), then 2 blocks, then the head alone; swiglu and grouped-query attention (one kv head
+# per tp rank).
+PLAN_6G = make_plan(SWIGLU_GQA, [
+    ((0, 2), [rep(2, 1, ["g:0", "g:1"]), rep(2, 1, ["g:4", "g:5"])]),
     ((2, 4), [rep(1, 2, ["g:2"])]),
     ((4, 4), [rep(1, 2, ["g:3"])]),
 ], mbs=2, nmb=3, schedule="gpipe")
@@ -92,8 +93,8 @@ def run6():
 
 
 @pytest.fixture(scope="module")
-def run4():
-    return _run(PLAN_4)
+def run6g():
+    return _run(PLAN_6G)
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,7 @@ def run4i():
     return _run(PLAN_4I)
 
 
-@pytest.mark.parametrize("name", ["run6", "run4", "run4i"])
+@pytest.mark.parametrize("name", ["run6", "run6g", "run4i"])
 def test_matches_single_process_reference(name, request):
     result, (ref_losses, ref_params) = request.getfixturevalue(name)
     assert len(result.losses) == STEPS and len(result.step_time_s) == STEPS
@@ -122,12 +123,12 @@ def test_matches_single_process_reference(name, request):
     assert result.replica_max_abs_diff <= TOL
 
 
-def test_run_reports_layout(run6, run4):
+def test_run_reports_layout(run6, run6g):
     result6, _ = run6
     assert result6.world_size == 6
     assert [(r.stage, r.replica, r.tp_rank) for r in result6.ranks] == [
         (0, 0, 0), (0, 1, 0), (0, 2, 0), (1, 0, 0), (1, 0, 1), (1, 1, 0)]
-    assert run4[0].world_size == 4
+    assert run6g[0].world_size == 6
 
 
 def test_crashed_rank_stops_the_others_and_is_named(monkeypatch, tmp_path, capsys):

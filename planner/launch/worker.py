@@ -14,10 +14,11 @@ Communication, all on torch.distributed (point-to-point always over gloo, see ``
 - sends are asynchronous and receives block, so no schedule's order can deadlock;
 - with interleaving a stage holds several chunks; virtual stage ``k = chunk * p + stage``
   receives from virtual stage ``k - 1`` (on stage ``(k - 1) % p``) and sends to ``k + 1``;
-- gradients of a stage are summed over its replicas once per step: each replica assembles the
-  full gradient on its leader (all-gather of the shards), the leaders all-reduce, and each
-  leader broadcasts back to its tp group, which keeps its shard. This path works when the
-  replicas of a stage have different tp degrees.
+- gradients of a stage are summed over its replicas once per step. When its replicas share
+  one tp degree, the ranks holding the same shard all-reduce it (one flat buffer). When they
+  do not, each replica assembles the full gradient on its leader (all-gather of the shards),
+  the leaders all-reduce, and each leader broadcasts back to its tp group, which keeps its
+  shard.
 """
 
 from __future__ import annotations
@@ -109,9 +110,15 @@ class Worker:
                     if self.rank in rep["ranks"]:
                         self.tp_group = g
             if len(s["replicas"]) > 1:
-                g = dist.new_group([rep["ranks"][0] for rep in s["replicas"]])
-                if s is self.stage and self.tp_rank == 0:
-                    self.dp_group = g
+                tps = {len(rep["ranks"]) for rep in s["replicas"]}
+                # Same tp in every replica (Megatron's case): shard t of every replica is the
+                # same slice, so the ranks holding it all-reduce it directly. Otherwise only
+                # the leaders, on full gradients (see _sync_grads).
+                s["uniform_tp"] = len(tps) == 1
+                for t in range(tps.pop() if s["uniform_tp"] else 1):
+                    g = dist.new_group([rep["ranks"][t] for rep in s["replicas"]])
+                    if s is self.stage and self.tp_rank == t:
+                        self.dp_group = g
         # Tied embeddings over more than one stage: stage 0's embedding and the last stage's
         # copy are summed by the tp-rank-0 processes of all replicas of both stages.
         self.tied = self.shape.tied_embeddings and len(self.stages) > 1
@@ -235,6 +242,16 @@ class Worker:
         if len(self.stage["replicas"]) == 1 or not self.params:
             return
         names = [n for n in self.params if not (self.tied and n == "embed.weight")]
+        if self.stage["uniform_tp"]:
+            grads = [self.params[n].grad if self.params[n].grad is not None
+                     else torch.zeros_like(self.params[n]) for n in names]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=self.dp_group)
+            off = 0
+            for n, g in zip(names, grads):
+                self.params[n].grad = flat[off:off + g.numel()].view_as(g)
+                off += g.numel()
+            return
         fulls = []
         for name in names:
             p = self.params[name]
