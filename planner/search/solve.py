@@ -134,7 +134,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     say(f"{len(ranked)} knob tuples ranked by their lower bound")
     time_like = spec.kind in ("throughput", "throughput-under-budget")
     if time_like and ranked and max(len(t[4]) for t in ranked) > WARM_KEYS_ABOVE:
-        _warm_start(pricer, ranked, spec, training, best, settings, t0, time_limit_s, launcher, say)
+        _warm_start(pricer, ranked, spec, training, best, settings, deadline, launcher, say)
     for j, (kb, i, knobs, ctx, keys) in enumerate(ranked):
         if time.monotonic() > deadline:
             stats["unexplored"] += len(ranked) - j
@@ -160,12 +160,23 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             stats["pruned"] += 1
             bounds.append(lb)
             continue
-        say(f"[{j + 1}/{len(ranked)}] {knobs.label()}: {len(prob.options)} options, bound {lb:.4g} s")
+        K = len(prob.options)
+        pairs = K * K * max(1, knobs.num_stages - 1)
+        if pairs > MAX_PAIR_TERMS or pairs / PAIR_TERMS_PER_S > deadline - time.monotonic():
+            # the pairwise send constraints alone would make the MILP too big to build in the
+            # time we have: leave this tuple unexplored (its bound still counts)
+            stats["too_big"] = stats.get("too_big", 0) + 1
+            stats["unexplored"] += 1
+            bounds.append(lb)
+            continue
+        say(f"[{j + 1}/{len(ranked)}] {knobs.label()}: {K} options, bound {lb:.4g} s")
         milp = CoreMilp(prob)
         _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb)
     return _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, profiles, launcher)
 
 
+MAX_PAIR_TERMS = 100_000    # option pairs x boundaries a MILP may carry (pulp builds ~1e5/s)
+PAIR_TERMS_PER_S = 50_000   # a pessimistic build rate, to keep within the time limit
 WARM_KEYS_ABOVE = 48        # options per stage above which a warm start pays for itself
 WARM_SHARE = 0.3            # of the time limit
 
@@ -190,10 +201,11 @@ def _warm_keys(pricer, knobs: Knobs, keys) -> list:
     return out
 
 
-def _warm_start(pricer, ranked, spec, training, best, settings, t0, time_limit_s, launcher, say):
+def _warm_start(pricer, ranked, spec, training, best, settings, deadline, launcher, say):
     """Solve the best-ranked knob tuples on a small subset of options to get a good incumbent
     quickly; the full branch and bound that follows prunes against it.  Gives no bounds."""
-    stop = t0 + WARM_SHARE * time_limit_s
+    now = time.monotonic()
+    stop = now + WARM_SHARE * max(0.0, deadline - now)
     for _, _, knobs, ctx, keys in ranked:
         if time.monotonic() > stop:
             break
@@ -299,6 +311,7 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
         candidates=stats["solved"] + stats["pruned"], knob_tuples=stats["knobs"],
         knob_tuples_solved=stats["solved"], knob_tuples_pruned=stats["pruned"],
         knob_tuples_infeasible=stats["empty"], knob_tuples_unexplored=stats["unexplored"],
+        knob_tuples_too_big=stats.get("too_big", 0),
         aggregate_compute_bound_s=agg, objective_kind=spec.kind, node_classes=len(classes))
     # The search priced each plan with the cost model's pieces; evaluate prices the whole plan.
     # They must agree (tests hold them to 1e-9); report the worst disagreement, not hide it.

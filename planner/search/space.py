@@ -122,6 +122,7 @@ class Pricer:
         self._sends: dict = {}
         self._slopes: dict = {}
         self._keys: dict = {}
+        self._term_parts: dict = {}
 
     def option_keys(self, knobs: Knobs) -> list[OptionKey]:
         hit = self._keys.get(knobs.micro_batch_size)
@@ -161,24 +162,35 @@ class Pricer:
         arr, units, cls, _ = hit
         if not len(arr):
             return math.inf
+        # Per (options, rows): the smallest slope and the classes' total speed do not depend on
+        # p; only the last arithmetic does, so knob tuples differing in p cost almost nothing.
+        tk = (sk, knobs.schedule, knobs.virtual_stages, knobs.num_micro_batches)
+        parts = self._term_parts.get(tk)
+        if parts is None:
+            parts = []
+            for t in terms:
+                row = rows[t.row]
+                if row.hinges:
+                    continue
+                vals = arr @ np.array(row.stage, dtype=float)
+                a_min = float(vals.min())
+                speed = 0.0
+                if t.kind == "max":
+                    with np.errstate(divide="ignore"):
+                        ratio = np.where(vals > 0, 1.0 / (vals * units), 0.0)
+                    for c in np.unique(cls):
+                        speed += self.classes[int(c)].capacity_units * float(ratio[cls == c].max())
+                parts.append((t.kind, t.weight, a_min, speed))
+            self._term_parts[tk] = parts
+        p = knobs.num_stages
         total = 0.0
-        for t in terms:
-            row = rows[t.row]
-            if row.hinges:
+        for kind, weight, a_min, speed in parts:
+            if kind == "sum":
+                total += weight * L * a_min
                 continue
-            vals = arr @ np.array(row.stage, dtype=float)
-            a_min = float(vals.min())
-            if t.kind == "sum":
-                total += t.weight * L * a_min
-                continue
-            speed = 0.0
-            with np.errstate(divide="ignore"):
-                ratio = np.where(vals > 0, 1.0 / (vals * units), 0.0)
-            for c in np.unique(cls):
-                speed += self.classes[int(c)].capacity_units * float(ratio[cls == c].max())
             if a_min > 0:
-                speed = min(speed, knobs.num_stages / a_min)
-            total += t.weight * max(L * a_min / knobs.num_stages, L / speed if speed > 0 else 0.0)
+                speed = min(speed, p / a_min)
+            total += weight * max(L * a_min / p, L / speed if speed > 0 else 0.0)
         return total
 
     def ring(self, key: OptionKey):
