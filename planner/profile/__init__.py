@@ -1,7 +1,9 @@
 """Measured per-layer costs (DESIGN §1: profile).
 
-Reading profiles (``ProfileSet``, ``load_profiles``) needs no torch; measuring them
-(``planner.profile.measure``) imports torch and is loaded only by ``planner profile``.
+Reading profiles (``ProfileSet``, ``load_profiles``) and fitting the roofline to them
+(``planner.profile.calibrate``) need no torch; measuring them (``planner.profile.measure`` and
+its co-tenant helper ``planner.profile.cotenants``) imports torch and is loaded only by
+``planner profile``.  docs/profiles.md describes the file format and the lookup rules.
 """
 
 from planner.profile.schema import LAYER_KINDS, SCHEMA_ID, ProfileEntry, ProfileFile
