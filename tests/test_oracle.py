@@ -8,14 +8,15 @@ import math
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from planner.cost import topology_for
 from planner.errors import InfeasibleError
 from planner.search.classes import class_infos
 from planner.search.oracle import _stage_keys, oracle
 from planner.search.solve import solve
 from planner.search.space import enumerate_knobs
-from planner.cost import topology_for
 from planner.spec import Training, cluster_from_dict, load_model
 
 GIB = 2**30

@@ -8,7 +8,8 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planner.search.core import CoreOption, CoreProblem, Row, Term
 from planner.search.core.brute import solve_brute
@@ -122,7 +123,7 @@ def test_dp_partition_equals_brute_force(p, extra, seed, alpha, beta):
         assert math.isinf(val)
     else:
         assert math.isclose(val, ref, rel_tol=1e-9)
-        assert [a for a, _ in split][0] == 0 and split[-1][1] == L
+        assert next(a for a, _ in split) == 0 and split[-1][1] == L
 
 
 @given(st.integers(0, 10**6))

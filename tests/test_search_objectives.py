@@ -5,13 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
+from test_oracle import check_case, make_case
 
 from planner.errors import InfeasibleError, InputError
 from planner.search import parse_objective, solve
 from planner.search.objectives import ObjectiveSpec
 from planner.search.oracle import oracle
-
-from test_oracle import check_case, make_case
 
 SEEDS = [1, 6, 10, 14, 30, 37]
 
@@ -66,10 +65,10 @@ def test_top_k_plans_are_distinct_and_ordered():
 
 
 @pytest.mark.parametrize("args", [
-    dict(objective="speed"), dict(objective="cost", budget_usd_per_hour=10.0),
-    dict(objective="throughput", min_tokens_per_s=5.0), dict(budget_usd_per_hour=-1.0),
-    dict(objective="throughput-under-budget"),
-    dict(budget_usd_per_hour=1.0, min_tokens_per_s=1.0),
+    {"objective": "speed"}, {"objective": "cost", "budget_usd_per_hour": 10.0},
+    {"objective": "throughput", "min_tokens_per_s": 5.0}, {"budget_usd_per_hour": -1.0},
+    {"objective": "throughput-under-budget"},
+    {"budget_usd_per_hour": 1.0, "min_tokens_per_s": 1.0},
 ])
 def test_contradictory_objectives_are_input_errors(args):
     with pytest.raises(InputError):

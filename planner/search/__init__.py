@@ -5,7 +5,8 @@ returns a ``SearchResult`` (plans with ``predicted`` and ``solver`` filled, thei
 evaluations, the solver report).  The space is written down in docs/search-space.md.
 """
 
-from planner.search.objectives import KINDS as OBJECTIVES, ObjectiveSpec, parse_objective
+from planner.search.objectives import KINDS as OBJECTIVES
+from planner.search.objectives import ObjectiveSpec, parse_objective
 from planner.search.solve import SearchResult, solve
 
 __all__ = ["OBJECTIVES", "ObjectiveSpec", "SearchResult", "parse_objective", "solve"]

@@ -52,7 +52,7 @@ def oracle(cluster, model, training, objective: str | ObjectiveSpec = "throughpu
     classes = class_infos(topology_for(cluster))
     best_key, best = None, (None, None)
     count = unfit = 0
-    tokens = training.global_batch_size * training.seq_len
+    training.global_batch_size * training.seq_len
     for knobs in enumerate_knobs(model, training, classes):
         keys = _stage_keys(model, training, classes, knobs.micro_batch_size)
         if launcher:

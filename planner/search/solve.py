@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from planner.cost import evaluate, topology_for
 from planner.cost.flops import model_flops_per_iteration
@@ -304,15 +304,15 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
     gap = relative_gap(value, bound) if bound is not None else (0.0 if complete else None)
     status = "optimal" if complete and (gap or 0.0) <= 1e-6 else "feasible"
     wall = time.monotonic() - t0
-    report_fields = dict(
-        method="milp", status=status, objective=value, bound=bound if bound is not None else (value if complete else None),
-        gap=gap, wall_s=wall, space=SPACE + (f"; launcher {launcher}: same tp and replicas per stage, "
+    report_fields = {
+        "method": "milp", "status": status, "objective": value, "bound": bound if bound is not None else (value if complete else None),
+        "gap": gap, "wall_s": wall, "space": SPACE + (f"; launcher {launcher}: same tp and replicas per stage, "
                                               "equal shares" if launcher else ""),
-        candidates=stats["solved"] + stats["pruned"], knob_tuples=stats["knobs"],
-        knob_tuples_solved=stats["solved"], knob_tuples_pruned=stats["pruned"],
-        knob_tuples_infeasible=stats["empty"], knob_tuples_unexplored=stats["unexplored"],
-        knob_tuples_too_big=stats.get("too_big", 0),
-        aggregate_compute_bound_s=agg, objective_kind=spec.kind, node_classes=len(classes))
+        "candidates": stats["solved"] + stats["pruned"], "knob_tuples": stats["knobs"],
+        "knob_tuples_solved": stats["solved"], "knob_tuples_pruned": stats["pruned"],
+        "knob_tuples_infeasible": stats["empty"], "knob_tuples_unexplored": stats["unexplored"],
+        "knob_tuples_too_big": stats.get("too_big", 0),
+        "aggregate_compute_bound_s": agg, "objective_kind": spec.kind, "node_classes": len(classes)}
     # The search priced each plan with the cost model's pieces; evaluate prices the whole plan.
     # They must agree (tests hold them to 1e-9); report the worst disagreement, not hide it.
     if time_like:

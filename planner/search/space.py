@@ -14,14 +14,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
-from planner.cost import (CostContext, dp_exposed_s, dp_sync_time_s, in_flight_micro_batches, optimizer_time_s,
-                          p2p_time_s, replica_compute, replica_memory_bytes, stage_params)
+from planner.cost import (
+    CostContext,
+    dp_exposed_s,
+    dp_sync_time_s,
+    in_flight_micro_batches,
+    optimizer_time_s,
+    p2p_time_s,
+    replica_compute,
+    replica_memory_bytes,
+    stage_params,
+)
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row, Term
+from planner.search.pieces import _busiest_points, _max_units, replica_counts, shares  # noqa: F401
 
 INTERLEAVE_V = 2            # virtual stages tried for interleaved-1f1b
 QUANTITIES = ("forward", "backward", "sync_less_backward", "optimizer", "gather_less_forward")
@@ -53,18 +62,6 @@ class OptionKey:
     cls: int
     tp: int
     replicas: int
-
-
-def shares(B: int, n: int) -> list[int]:
-    """Even split of B sequences over n replicas, the larger shares first."""
-    q, r = divmod(B, n)
-    return [q + 1] * r + [q] * (n - r)
-
-
-@lru_cache(maxsize=4096)
-def replica_counts(B: int) -> tuple[int, ...]:
-    """The declared replica counts: the fewest replicas giving each largest share."""
-    return tuple(sorted({-(-B // q) for q in range(1, B + 1)}))
 
 
 def tp_degrees(model, info: ClassInfo, max_tp: int) -> list[int]:
@@ -223,7 +220,7 @@ class Pricer:
 
     def price(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey] | None = None) -> CoreProblem:
         keys = self.option_keys(knobs) if keys is None else keys
-        p, m, B = knobs.num_stages, knobs.num_micro_batches, knobs.micro_batch_size
+        p, _m, _B = knobs.num_stages, knobs.num_micro_batches, knobs.micro_batch_size
         unit = knobs.block_unit
         L_units = self.model.num_layers // unit
         options = []
@@ -322,16 +319,7 @@ class Pricer:
             sl, fx, (c0, c1, c2, c3), exact, mem = self._base(ctx, knobs, key, unit, s == 0, s == p - 1)
             slope = slope or sl
             f = in_flight_micro_batches(knobs.schedule, p, s, m, v)
-            per_u, base = c1 + c3 * f, c0 + c2 * f
-            hi = L_units if per_u <= 0 else int(min(L_units, max(0, math.floor((cap - base) / per_u))))
-            model = (lambda u: base + per_u * u) if exact else (lambda u: mem(u, f))
-            # settle the last unit with the cost model's own function where rounding could matter
-            near = lambda u: abs(model(u) - cap) <= 1e-6 * cap  # noqa: E731
-            if not exact or (hi >= 1 and near(hi)) or (hi < L_units and near(hi + 1)):
-                while hi >= 1 and mem(hi, f) > cap:
-                    hi -= 1
-                while hi < L_units and mem(hi + 1, f) <= cap:
-                    hi += 1
+            hi = _max_units(cap, c0 + c2 * f, c1 + c3 * f, exact, lambda u, f=f, mem=mem: mem(u, f), L_units)
             fixed.append(fx if hi >= 1 else None)
             max_blocks.append(hi)
         if not any(max_blocks):
@@ -362,34 +350,6 @@ class Pricer:
                 L0 = t1 - X
                 T[0, i, j] = self._sends[ck] = max(c * L0 + k * X for c, k in _busiest_points(B, a.replicas, b.replicas))
         return T
-
-
-@lru_cache(maxsize=65536)
-def _busiest_points(B: int, na: int, nb: int) -> tuple[tuple[int, int], ...]:
-    """(transfers, sequences) of the busiest senders and receivers of a boundary, in the
-    layout of comm.boundary_bytes (sequences in replica order on both sides, larger shares
-    first).  For each side and share value only the largest transfer count can be the max of
-    ``c L0 + k X`` (L0, X >= 0), so at most four points come back."""
-    def side(n_from: int, n_to: int):
-        q, r = divmod(B, n_from)
-        sizes = np.where(np.arange(n_from) < r, q + 1, q)
-        start = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        end = start + sizes - 1                           # last sequence held
-        qt, rt = divmod(B, n_to)
-        big = rt * (qt + 1)
-
-        def owner(x):
-            return np.where(x < big, x // (qt + 1), rt + (x - big) // max(qt, 1))
-
-        counts = owner(end) - owner(start) + 1
-        pts = []
-        for share in (q + 1, q):
-            mask = sizes == share
-            if share > 0 and mask.any():
-                pts.append((int(counts[mask].max()), int(share)))
-        return pts
-
-    return tuple(sorted(set(side(na, nb)) | set(side(nb, na))))
 
 
 def pipeline_rows(knobs: Knobs) -> tuple[list[Row], list[Term]]:

@@ -6,7 +6,7 @@ so it shares no logic with the DP or the MILP it checks.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from planner.search.core.problem import CoreProblem, CoreSolution
 

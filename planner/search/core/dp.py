@@ -12,6 +12,8 @@ optimum's own maximum is one of them).  Thresholds go up, and we stop once
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from planner.search.core.problem import CoreProblem, CoreSolution
@@ -46,14 +48,14 @@ def dp_partition(cost, alpha: float, beta: float) -> tuple[float, list[tuple[int
     least one block).  Objective ``inf`` and no split when nothing fits.
     """
     cost = np.array(cost, dtype=float)
-    p, n1, _ = cost.shape
+    _p, n1, _ = cost.shape
     i, j = np.indices((n1, n1))
     cost = np.where(j > i, cost, np.inf)            # at least one block per stage
     base, cuts = _min_sum(cost, np.inf)
     if not np.isfinite(base):
         return np.inf, [], 0
     if alpha == 0:
-        return beta * base, list(zip(cuts[:-1], cuts[1:])), 1
+        return beta * base, list(itertools.pairwise(cuts)), 1
     levels = np.unique(cost[np.isfinite(cost)])
     best, best_cuts, tried = np.inf, [], 0
     for m in levels:
@@ -63,11 +65,11 @@ def dp_partition(cost, alpha: float, beta: float) -> tuple[float, list[tuple[int
         total, cs = _min_sum(cost, m)
         if not np.isfinite(total):
             continue
-        real_max = max(cost[s, a, b] for s, (a, b) in enumerate(zip(cs[:-1], cs[1:])))
+        real_max = max(cost[s, a, b] for s, (a, b) in enumerate(itertools.pairwise(cs)))
         val = alpha * real_max + beta * total
         if val < best:
             best, best_cuts = val, cs
-    return float(best), list(zip(best_cuts[:-1], best_cuts[1:])), tried
+    return float(best), list(itertools.pairwise(best_cuts)), tried
 
 
 def dp_fixed_options(prob: CoreProblem, options: list[int]) -> CoreSolution:
@@ -97,7 +99,7 @@ def dp_fixed_options(prob: CoreProblem, options: list[int]) -> CoreSolution:
                     for row in prob.rows]
             mval = vals[mrow] if mrow is not None else 0.0
             sval = sum(t.weight * vals[t.row] for t in prob.terms if t.kind == "sum")
-            for i in range(0, L - nb + 1):
+            for i in range(L - nb + 1):
                 cost[s, i, i + nb] = mval
                 extra[s, i, i + nb] = sval
     # The DP minimises alpha*max(cost) + sum(extra) with the max on the max row only: run it
@@ -113,7 +115,7 @@ def dp_fixed_options(prob: CoreProblem, options: list[int]) -> CoreSolution:
         total, cs = _min_sum(np.where(cost <= m, extra, np.inf), np.inf)
         if not np.isfinite(total):
             continue
-        split = list(zip(cs[:-1], cs[1:]))
+        split = list(itertools.pairwise(cs))
         assign = [(options[s], b - a) for s, (a, b) in enumerate(split)]
         if not prob.feasible(assign):
             continue

@@ -194,7 +194,7 @@ class CoreMilp:
         out = []
         for s in range(self.prob.num_stages):
             o = max(self.by_stage[s], key=lambda o: self.x[s, o].value() or 0.0)
-            out.append((o, int(round(self.y[s, o].value() or 0))))
+            out.append((o, round(self.y[s, o].value() or 0)))
         return out
 
     def _run(self, settings: MilpSettings, deadline: float, cutoff: float | None = None):

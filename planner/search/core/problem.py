@@ -25,8 +25,9 @@ them from below only).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -145,9 +146,7 @@ class CoreProblem:
             return False
         if self.same_group and len({self.options[o].group for o, _ in assign}) > 1:
             return False
-        if self.budget_usd_per_hour is not None and self.price(assign) > self.budget_usd_per_hour * (1 + 1e-12):
-            return False
-        return True
+        return not (self.budget_usd_per_hour is not None and self.price(assign) > self.budget_usd_per_hour * (1 + 1e-12))
 
 
 @dataclass
