@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "Cluster", "InfeasibleError", "InputError", "ModelSpec", "Plan", "PlannerError", "Training",
-    "evaluate", "launch", "load_cluster", "load_model", "load_plan", "load_training", "plan", "run", "simulate",
+    "evaluate", "launch", "load_cluster", "load_model", "load_plan", "load_training", "plan", "replan", "run", "simulate",
     "summarize_cluster",
 ]
 
@@ -77,6 +77,13 @@ def plan(cluster: Cluster, model: ModelSpec | str, training: Training, objective
         model = load_model(model)
     return solve(cluster, model, training, objective=objective, time_limit_s=time_limit_s,
                  top_k=top_k, **options)
+
+
+def replan(cluster: Cluster, old_plan: Plan, time_limit_s: float = 60.0, profiles: Any = None):
+    """Check ``old_plan`` against a changed cluster and search again (see ``planner.replan``)."""
+    from planner.replan import replan as _replan
+
+    return _replan(cluster, old_plan, time_limit_s=time_limit_s, profiles=profiles)
 
 
 def summarize_cluster(cluster: Cluster) -> dict:

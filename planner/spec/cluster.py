@@ -93,6 +93,8 @@ class Cluster(BaseModel):
     profiles: dict[str, str] = Field(
         default_factory=dict, description="GPU type -> profile file (measured per-layer costs)")
     source_sha256: str | None = Field(default=None, exclude=True)
+    source_file: str | None = Field(
+        default=None, exclude=True, description="the spec file, so relative profile paths resolve")
 
     @property
     def zone_names(self) -> list[str]:

@@ -119,7 +119,8 @@ def cluster_from_document(doc: Document) -> Cluster:
     if errors:
         raise InputErrors(errors)
     if doc.text:
-        cluster = cluster.model_copy(update={"source_sha256": hashlib.sha256(doc.text.encode()).hexdigest()})
+        cluster = cluster.model_copy(update={"source_sha256": hashlib.sha256(doc.text.encode()).hexdigest(),
+                                             "source_file": doc.file})
     return cluster
 
 

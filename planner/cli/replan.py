@@ -1,0 +1,61 @@
+"""``planner replan CLUSTER PLAN``: check an existing plan against a changed cluster and search
+again; exit 0 when the old plan is still valid, 1 when it no longer runs (a CI gate)."""
+
+from __future__ import annotations
+
+import click
+
+from planner.cli.common import console, echo_json, write_atomic
+
+
+@click.command()
+@click.argument("cluster_file", metavar="CLUSTER", type=click.Path(dir_okay=False))
+@click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("--time-limit", "time_limit_s", type=float, default=60.0, show_default=True,
+              help="Seconds for the new search.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the new plan here.")
+@click.option("--profiles", "profiles_dir", type=click.Path(), help="Measured per-layer costs.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json):
+    """Re-plan for a changed cluster and compare with the old plan."""
+    from planner import api
+    from planner.replan import replan as do_replan
+
+    cluster = api.load_cluster(cluster_file)
+    old = api.load_plan(plan_file)
+    profiles = None
+    if profiles_dir:
+        from planner.profile import load_profiles
+        profiles = load_profiles(profiles_dir, cluster=cluster)
+    result = do_replan(cluster, old, time_limit_s=time_limit_s, profiles=profiles, file=plan_file)
+    new_ev = result.search.evaluation
+    if output:
+        write_atomic(output, result.plan.dumps())
+    summary = {
+        "old_plan_valid": result.old_valid,
+        "old_plan_problems": result.old_problems,
+        "old_tokens_per_s": None if result.old_evaluation is None else result.old_evaluation.tokens_per_s,
+        "new_tokens_per_s": new_ev.tokens_per_s,
+        "speedup": result.speedup,
+        "devices_kept_in_stage": result.kept_devices,
+        "devices_moved": result.moved_devices,
+        "solver_status": result.search.report.status,
+        "gap": result.search.report.gap,
+    }
+    if as_json:
+        echo_json(summary)
+    else:
+        out = console()
+        if result.old_valid:
+            out.print(f"old plan: still valid, {summary['old_tokens_per_s']:,.0f} tokens/s on this cluster")
+        else:
+            out.print("[bold red]old plan no longer runs on this cluster:[/bold red]")
+            for line in result.old_problems:
+                out.print(f"  {line}")
+        out.print(f"new plan: {new_ev.tokens_per_s:,.0f} tokens/s ({result.search.report.status}, gap "
+                  f"{0 if result.search.report.gap is None else 100 * result.search.report.gap:.3g}%)"
+                  + ("" if result.speedup is None else f", {result.speedup:.3f}x the old plan"))
+        out.print(f"{result.kept_devices} devices keep their stage, {len(result.moved_devices)} move")
+        if output:
+            out.print(f"wrote {output}")
+    click.get_current_context().exit(0 if result.old_valid else 1)
