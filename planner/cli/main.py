@@ -44,7 +44,8 @@ def cli():
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        cli.main(args=argv, prog_name="planner", standalone_mode=False)
+        # Without standalone mode click returns ctx.exit()'s code instead of raising it.
+        rc = cli.main(args=argv, prog_name="planner", standalone_mode=False)
     except PlannerError as exc:
         click.echo(f"error: {exc}", err=True)
         return exc.exit_code
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 def run() -> None:  # pragma: no cover - console script shim
