@@ -127,12 +127,7 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
 
     result = solve(spec, model, training, objective=spec_obj, time_limit_s=time_limit_s, top_k=top_k,
                    launcher=launcher, profiles=profile_set, progress=progress)
-    best = result.plan
-    try:
-        from planner.plan.rankmap import build_launch
-        best = best.model_copy(update={"launch": build_launch(spec, best)})
-    except ImportError:  # pragma: no cover - rankmap ships with the package
-        pass
+    best = result.plan               # predicted, solver and launch filled by the search
     text = best.dumps()
     try:
         from planner.plan.schema import validate_plan_json

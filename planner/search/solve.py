@@ -321,7 +321,13 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
     final = []
     for plan, ev, cand in zip(plans, evals, best.items):
         rep = SolverReport(**{**report_fields, "objective": ev.iteration_time_s if time_like else cand.key[0]})
-        final.append(plan.model_copy(update={"predicted": ev.predicted(), "solver": rep}))
+        update = {"predicted": ev.predicted(), "solver": rep}
+        try:
+            from planner.plan.rankmap import build_launch
+            update["launch"] = build_launch(cluster, plan)
+        except ImportError:  # pragma: no cover - rankmap ships with the package
+            pass
+        final.append(plan.model_copy(update=update))
     report = SolverReport(**report_fields)
     return SearchResult(plans=final, evaluations=evals, report=report,
                         idle=idle_gpus(classes, final[0], cluster))
