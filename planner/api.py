@@ -29,6 +29,16 @@ __all__ = [
 ]
 
 
+def _profiles_for(cluster: Cluster, profiles: Any):
+    """The caller's profiles, else the ones the cluster spec names (so the API prices a plan
+    exactly as the CLI does)."""
+    if profiles is not None or not cluster.profiles:
+        return profiles
+    from planner.profile import load_profiles
+
+    return load_profiles(None, cluster=cluster)
+
+
 def load_plan(path: str | Path) -> Plan:
     """Read a plan file with errors naming the file and field."""
     from planner.plan.check import load_plan as _load
@@ -40,14 +50,14 @@ def simulate(cluster: Cluster, plan: Plan, profiles: Any = None):
     """Run the plan's pipeline schedule event by event (see ``planner.simulate``)."""
     from planner.simulate import simulate_plan
 
-    return simulate_plan(cluster, plan, profiles=profiles)
+    return simulate_plan(cluster, plan, profiles=_profiles_for(cluster, profiles))
 
 
 def evaluate(cluster: Cluster, plan: Plan, profiles: Any = None) -> "Evaluation":
     """Predict a plan's iteration time, throughput, cost and memory, term by term."""
     from planner.cost import evaluate as _evaluate
 
-    return _evaluate(cluster, plan, profiles=profiles)
+    return _evaluate(cluster, plan, profiles=_profiles_for(cluster, profiles))
 
 
 def launch(plan: Plan, fmt: str, cluster: Cluster | None = None, **options: Any) -> dict[str, str]:
@@ -75,6 +85,7 @@ def plan(cluster: Cluster, model: ModelSpec | str, training: Training, objective
 
     if isinstance(model, str):
         model = load_model(model)
+    options["profiles"] = _profiles_for(cluster, options.get("profiles"))
     return solve(cluster, model, training, objective=objective, time_limit_s=time_limit_s,
                  top_k=top_k, **options)
 
@@ -83,7 +94,7 @@ def replan(cluster: Cluster, old_plan: Plan, time_limit_s: float = 60.0, profile
     """Check ``old_plan`` against a changed cluster and search again (see ``planner.replan``)."""
     from planner.replan import replan as _replan
 
-    return _replan(cluster, old_plan, time_limit_s=time_limit_s, profiles=profiles)
+    return _replan(cluster, old_plan, time_limit_s=time_limit_s, profiles=_profiles_for(cluster, profiles))
 
 
 def summarize_cluster(cluster: Cluster) -> dict:
