@@ -206,7 +206,15 @@ def _warm_start(pricer, ranked, spec, training, best, settings, deadline, launch
     quickly; the full branch and bound that follows prunes against it.  Gives no bounds."""
     now = time.monotonic()
     stop = now + WARM_SHARE * max(0.0, deadline - now)
-    for _, _, knobs, ctx, keys in ranked:
+    # Diverse first: the best-ranked tuple of each stage count, fewest stages first (the
+    # knob bound favours long pipelines, whose real bubbles and sends it cannot see).
+    first: dict[int, tuple] = {}
+    for item in ranked:
+        first.setdefault(item[2].num_stages, item)
+    order = [first[p] for p in sorted(first)]
+    seen = {id(x) for x in order}
+    order += [x for x in ranked if id(x) not in seen]
+    for _, _, knobs, ctx, keys in order:
         if time.monotonic() > stop:
             break
         sub = _warm_keys(pricer, knobs, keys)
