@@ -133,8 +133,10 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     ranked.sort(key=lambda t: (t[0], t[1]))
     say(f"{len(ranked)} knob tuples ranked by their lower bound")
     time_like = spec.kind in ("throughput", "throughput-under-budget")
-    if time_like and ranked and max(len(t[4]) for t in ranked) > WARM_KEYS_ABOVE:
-        _warm_start(pricer, ranked, spec, training, best, settings, deadline, launcher, say)
+    warm = time_like and ranked and max(len(t[4]) for t in ranked) > WARM_KEYS_ABOVE
+    warm_done: set = set()
+    if warm:
+        _warm_start(pricer, ranked, spec, training, best, settings, deadline, launcher, say, done=warm_done)
     for j, (kb, i, knobs, ctx, keys) in enumerate(ranked):
         if time.monotonic() > deadline:
             stats["unexplored"] += len(ranked) - j
@@ -144,6 +146,11 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             stats["pruned"] += len(ranked) - j
             bounds.append(kb)
             break
+        if len(keys) ** 2 * max(1, knobs.num_stages - 1) > MAX_PAIR_TERMS and warm:
+            stats["too_big"] = stats.get("too_big", 0) + 1     # see below: too big to build
+            stats["unexplored"] += 1
+            bounds.append(kb)
+            continue
         prob = pricer.price(knobs, ctx, keys)
         if launcher:
             prob.same_group = True
@@ -172,6 +179,10 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         say(f"[{j + 1}/{len(ranked)}] {knobs.label()}: {K} options, bound {lb:.4g} s")
         milp = CoreMilp(prob)
         _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb)
+    if warm and time.monotonic() < deadline:
+        # time left over (tuples too big for the exact MILP): more incumbents on option subsets
+        _warm_start(pricer, ranked, spec, training, best, settings, deadline, launcher, say, share=1.0,
+                    done=warm_done)
     return _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, profiles, launcher)
 
 
@@ -201,11 +212,15 @@ def _warm_keys(pricer, knobs: Knobs, keys) -> list:
     return out
 
 
-def _warm_start(pricer, ranked, spec, training, best, settings, deadline, launcher, say):
+def _warm_start(pricer, ranked, spec, training, best, settings, deadline, launcher, say,
+                share: float = WARM_SHARE, done: set | None = None):
     """Solve the best-ranked knob tuples on a small subset of options to get a good incumbent
-    quickly; the full branch and bound that follows prunes against it.  Gives no bounds."""
+    quickly; the full branch and bound that follows prunes against it.  Gives no bounds.
+    ``done`` collects the tuples tried, so a second pass (after the exact pass, with the time
+    left) continues where the first stopped."""
     now = time.monotonic()
-    stop = now + WARM_SHARE * max(0.0, deadline - now)
+    stop = now + share * max(0.0, deadline - now)
+    done = set() if done is None else done
     # Diverse first: the best-ranked tuple of each stage count, fewest stages first (the
     # knob bound favours long pipelines, whose real bubbles and sends it cannot see).
     first: dict[int, tuple] = {}
@@ -214,9 +229,12 @@ def _warm_start(pricer, ranked, spec, training, best, settings, deadline, launch
     order = [first[p] for p in sorted(first)]
     seen = {id(x) for x in order}
     order += [x for x in ranked if id(x) not in seen]
-    for _, _, knobs, ctx, keys in order:
+    for kb, _, knobs, ctx, keys in order:
         if time.monotonic() > stop:
             break
+        if knobs in done or kb >= best.threshold():
+            continue
+        done.add(knobs)
         sub = _warm_keys(pricer, knobs, keys)
         prob = pricer.price(knobs, ctx, sub)
         if not prob.options or quick_bound(prob) is None:

@@ -233,8 +233,10 @@ class CoreMilp:
         try:
             status, sol_status, info = self._run(settings, deadline, cutoff)
         finally:
-            for name in names:
-                del self.lp.constraints[name]
+            with warnings.catch_warnings():   # pulp 3.3 deprecates the dict view; 3.x has no other
+                warnings.simplefilter("ignore", DeprecationWarning)
+                for name in names:
+                    del self.lp.constraints[name]
         if sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
             if sol_status == pulp.LpSolutionInfeasible or status == pulp.LpStatusInfeasible:
                 if cutoff is not None and math.isfinite(cutoff):
