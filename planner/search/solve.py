@@ -356,7 +356,7 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
         final.append(plan.model_copy(update=update))
     report = SolverReport(**report_fields)
     return SearchResult(plans=final, evaluations=evals, report=report,
-                        idle=idle_gpus(classes, final[0], cluster))
+                        idle=idle_gpus(classes, final[0], cluster, proved=status == "optimal"))
 
 
 def aggregate_compute_bound_s(model, training, classes) -> float:
@@ -366,20 +366,24 @@ def aggregate_compute_bound_s(model, training, classes) -> float:
     return flops / peak
 
 
-def idle_gpus(classes, plan: Plan, cluster) -> list[str]:
+def idle_gpus(classes, plan: Plan, cluster, proved: bool = True) -> list[str]:
+    """GPUs the plan leaves idle, per class, with the reason we can give."""
     used = set(plan.devices())
+    used_nodes = {d.rpartition(":")[0] for d in used}
+    used_zones = sorted({c.zone for c in classes if used_nodes & set(c.node_class.node_names)})
+    verdict = "the optimum under the cost model" if proved else "the best plan found"
     out = []
     for c in classes:
         devs = [f"{n}:{i}" for n in c.node_class.node_names for i in range(c.gpus_per_node)]
         idle = [d for d in devs if d not in used]
         if not idle:
             continue
-        if len(idle) == len(devs):
-            why = ("unused: under the cost model every plan that uses them is slower (or "
-                   "costlier); e.g. their link to the other zones or their speed would hold the "
-                   "pipeline back" if len(classes) > 1 else "unused")
-        else:
-            why = ("left over: a stage takes whole nodes and its replica count follows the "
-                   "micro-batch split; more replicas would not shorten the iteration")
+        why = f"{verdict} does not use them: adding them (as more replicas or more stages) does not shorten the iteration"
+        if len(idle) == len(devs) and c.zone not in used_zones:
+            links = [cluster.link(c.zone, z) for z in used_zones]
+            bw = [f"{lk.bandwidth_Bps * 8 / 1e9:g} Gbit/s, {lk.latency_s * 1e3:g} ms to {z}"
+                  for lk, z in zip(links, used_zones) if lk is not None]
+            if bw:
+                why += f" (zone {c.zone}: {'; '.join(bw)})"
         out.append(f"{len(idle)} of {len(devs)} GPUs of {c.name} idle: {why}")
     return out
