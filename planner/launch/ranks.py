@@ -38,21 +38,10 @@ def _plan_slots(plan: Plan) -> list[tuple[int, int, int, str]]:
 
 
 def derive_launch(plan: Plan) -> LaunchInfo:
-    """The rank map DESIGN §4 describes, from the plan alone (no cluster at hand): node ranks in
-    the order nodes first appear, ranks numbered node by node, by local GPU index inside a node.
-    The same rule as ``planner.plan.rankmap.build_launch``, which needs a cluster only to check
-    node names; a test keeps the two equal."""
-    by_node: dict[str, list[tuple[int, int, int, str]]] = {}
-    for slot in _plan_slots(plan):
-        by_node.setdefault(_node_of(slot[3]), []).append(slot)
-    nodes, ranks = [], []
-    for node_rank, (node, slots) in enumerate(by_node.items()):
-        nodes.append({"node": node, "node_rank": node_rank, "nproc_per_node": len(slots)})
-        slots.sort(key=lambda slot: int(slot[3].rpartition(":")[2]))
-        for stage, replica, tp_rank, device in slots:
-            ranks.append({"rank": len(ranks), "device": device, "stage": stage, "replica": replica,
-                          "tp_rank": tp_rank})
-    return LaunchInfo.model_validate({"nodes": nodes, "ranks": ranks})
+    """The rank map of DESIGN §4 from the plan alone (no cluster at hand)."""
+    from planner.plan.rankmap import rank_map
+
+    return rank_map(plan)
 
 
 def _launch_info(plan: Plan, cluster) -> tuple[LaunchInfo, str]:

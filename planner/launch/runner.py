@@ -111,9 +111,8 @@ def model_shape(plan: Plan, model_override: dict | None = None, seq_len: int | N
 
 def rank_map(plan: Plan) -> list[RankInfo]:
     """One rank per device. The plan's own ``launch.ranks`` when present; otherwise the rule of
-    ``planner.plan.rankmap.build_launch`` (which needs a cluster the runner does not have):
-    nodes in the order they first appear in the plan, ranks numbered node by node, devices by
-    local index inside a node."""
+    ``planner.plan.rankmap.rank_map``: nodes in the order they first appear in the plan, ranks
+    numbered node by node, devices by local index inside a node."""
     slots = {d: (s.index, j, t) for s in plan.stages for j, r in enumerate(s.replicas)
              for t, d in enumerate(r.devices)}
     if plan.launch is not None:
@@ -125,11 +124,9 @@ def rank_map(plan: Plan) -> list[RankInfo]:
             raise InputError("plan.launch.ranks does not number the plan's devices 0..n-1 with "
                              "their stage, replica and tp rank; remove it or fix it")
         return out
-    by_node: dict[str, list[str]] = {}
-    for d in plan.devices():
-        by_node.setdefault(d.rpartition(":")[0], []).append(d)
-    devices = [d for ds in by_node.values() for d in sorted(ds, key=lambda d: int(d.rpartition(":")[2]))]
-    return [RankInfo(i, d, *slots[d]) for i, d in enumerate(devices)]
+    from planner.plan.rankmap import rank_map as plan_rank_map
+
+    return [RankInfo(r.rank, r.device, r.stage, r.replica, r.tp_rank) for r in plan_rank_map(plan).ranks]
 
 
 def check_plan(plan: Plan, shape: dict) -> None:

@@ -15,32 +15,33 @@ from planner.plan.model import LaunchInfo, LaunchNode, LaunchRank, Plan
 from planner.spec.cluster import Cluster
 
 
-def build_launch(cluster: Cluster, plan: Plan) -> LaunchInfo:
-    """The node list and the rank of every device the plan uses; deterministic."""
+def rank_map(plan: Plan) -> LaunchInfo:
+    """The node list and the rank of every device, from the plan alone; deterministic."""
     placement: dict[str, tuple[int, int, int]] = {}  # device -> (stage, replica, tp_rank)
-    node_order: list[str] = []
-    by_node: dict[str, list[str]] = {}
+    by_node: dict[str, list[str]] = {}  # insertion order = first appearance
     for stage in plan.stages:
         for r, rep in enumerate(stage.replicas):
             for t, dev in enumerate(rep.devices):
                 if dev in placement:
                     raise InputError(f"device {dev!r} is used twice in the plan; check it with "
                                      "planner.plan.check.check_plan first")
-                node = dev.rpartition(":")[0]
-                if node not in cluster.node_by_name:
-                    raise InputError(f"device {dev!r} is on node {node!r}, which cluster "
-                                     f"{cluster.name!r} does not have")
                 placement[dev] = (stage.index, r, t)
-                if node not in by_node:
-                    node_order.append(node)
-                    by_node[node] = []
-                by_node[node].append(dev)
+                by_node.setdefault(dev.rpartition(":")[0], []).append(dev)
     nodes, ranks = [], []
-    for node_rank, node in enumerate(node_order):
-        devices = sorted(by_node[node], key=lambda d: int(d.rpartition(":")[2]))
+    for node_rank, (node, devices) in enumerate(by_node.items()):
         nodes.append(LaunchNode(node=node, node_rank=node_rank, nproc_per_node=len(devices)))
-        for dev in devices:
+        for dev in sorted(devices, key=lambda d: int(d.rpartition(":")[2])):
             stage, replica, tp_rank = placement[dev]
             ranks.append(LaunchRank(rank=len(ranks), device=dev, stage=stage, replica=replica,
                                     tp_rank=tp_rank))
     return LaunchInfo(nodes=tuple(nodes), ranks=tuple(ranks))
+
+
+def build_launch(cluster: Cluster, plan: Plan) -> LaunchInfo:
+    """``rank_map`` after checking that every node the plan uses is in ``cluster``."""
+    for dev in plan.devices():
+        node = dev.rpartition(":")[0]
+        if node not in cluster.node_by_name:
+            raise InputError(f"device {dev!r} is on node {node!r}, which cluster "
+                             f"{cluster.name!r} does not have")
+    return rank_map(plan)
