@@ -61,8 +61,8 @@ def test_interleaved_knobs_are_checked(no_spawn):
     with pytest.raises(InputError) as err:
         runner.run_plan(plan)
     assert "multiple of the number of stages" in str(err.value)
-    assert "stage 0 holds 2 blocks, not a multiple of virtual_stages 3" in str(err.value)
-    with pytest.raises(InputError, match="virtual_stages > 1 needs the interleaved-1f1b schedule"):
+    assert "stages[0].blocks: 2 blocks do not split into virtual_stages=3 equal chunks" in str(err.value)
+    with pytest.raises(InputError, match="virtual_stages=2 needs schedule \"interleaved-1f1b\""):
         runner.run_plan(two_stage(virtual_stages=2))
 
 
@@ -82,9 +82,9 @@ def test_bad_layout_lists_every_problem(no_spawn):
     with pytest.raises(InputError) as err:
         runner.run_plan(plan)
     text = str(err.value)
-    assert "stage 1 starts at block 2, expected 1" in text
-    assert "stage 0: micro_batch_share sums to 3, not micro_batch_size 4" in text
-    assert "devices used twice: a:0" in text
+    assert "stage 1 should start at block 1, not 2" in text
+    assert "stages[0].replicas: micro_batch_share of the replicas sums to 3, but micro_batch_size is 4" in text
+    assert "device 'a:0' is used twice" in text
 
 
 def test_too_many_processes_for_the_cpu(no_spawn, monkeypatch):
@@ -114,7 +114,7 @@ def test_global_batch_must_match_inputs(no_spawn):
     plan = Plan.from_json({**json.loads(two_stage().dumps()),
                            "inputs": {"cluster": "local", "model": TINY,
                                       "training": {"global_batch_size": 7, "seq_len": 8}}})
-    with pytest.raises(InputError, match="global_batch_size = 7"):
+    with pytest.raises(InputError, match="inputs.training.global_batch_size is 7"):
         runner.run_plan(plan)
 
 

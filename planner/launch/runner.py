@@ -28,8 +28,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from planner.errors import InputError, PlannerError
+from planner.errors import InputError, InputErrors, PlannerError
 from planner.plan import Plan
+from planner.plan.check import check_layout
 
 PROCS_PER_CORE = 4  # beyond this many CPU processes per core a run is all contention
 # --tiny: keeps the plan's number of blocks (and so its stages) but makes every block small.
@@ -134,50 +135,23 @@ def check_plan(plan: Plan, shape: dict) -> None:
     from planner.simulate.schedules import stage_orders
 
     problems = []
-    try:  # the same op orders the worker will follow
-        stage_orders(plan.schedule, plan.num_stages, plan.num_micro_batches, plan.virtual_stages)
-    except ValueError as exc:
-        problems.append(f"schedule: {exc}")
-    stages = plan.stages
-    if plan.virtual_stages > 1:
-        for s in stages:
-            if s.num_blocks % plan.virtual_stages:
-                problems.append(f"stage {s.index} holds {s.num_blocks} blocks, not a multiple of "
-                                f"virtual_stages {plan.virtual_stages} (each stage is cut into "
-                                "that many equal chunks)")
-    if [s.index for s in stages] != list(range(len(stages))):
-        problems.append("stage indices must be 0, 1, ... in order")
-    expect = 0
-    for s in stages:
-        if s.blocks[0] != expect:
-            problems.append(f"stage {s.index} starts at block {s.blocks[0]}, expected {expect} "
-                            "(stages hold contiguous blocks)")
-        expect = s.blocks[1]
-        if s.embedding != (s.index == 0):
-            problems.append(f"stage {s.index}: the embedding belongs to stage 0 and only there")
-        if s.head != (s.index == len(stages) - 1):
-            problems.append(f"stage {s.index}: the head belongs to the last stage and only there")
-        shares = sum(r.micro_batch_share for r in s.replicas)
-        if shares != plan.micro_batch_size:
-            problems.append(f"stage {s.index}: micro_batch_share sums to {shares}, not "
-                            f"micro_batch_size {plan.micro_batch_size}")
+    try:  # the layout rules every consumer of a plan shares
+        check_layout(plan)
+    except InputErrors as exc:
+        problems.extend(f"{e.location.field + ': ' if e.location and e.location.field else ''}{e.message}"
+                        for e in exc.errors)
+    if not problems:
+        try:  # the same op orders the worker will follow
+            stage_orders(plan.schedule, plan.num_stages, plan.num_micro_batches, plan.virtual_stages)
+        except ValueError as exc:
+            problems.append(f"schedule: {exc}")
+    for s in plan.stages:  # the (possibly shrunk) shape this run builds
         for j, r in enumerate(s.replicas):
             for what, n in (("attention heads", shape["num_heads"]),
                             ("kv heads", shape["num_kv_heads"]), ("ffn size", shape["ffn_size"])):
                 if n % r.tp:
                     problems.append(f"stage {s.index} replica {j}: tp={r.tp} does not divide the "
                                     f"model's {n} {what} (after any --tiny/model override)")
-    if expect != shape["num_layers"]:
-        problems.append(f"the stages end at block {expect} but the model has {shape['num_layers']}")
-    devices = plan.devices()
-    dup = sorted({d for d in devices if devices.count(d) > 1})
-    if dup:
-        problems.append(f"devices used twice: {', '.join(dup)}")
-    gb = plan.micro_batch_size * plan.num_micro_batches
-    declared = plan.inputs.training.get("global_batch_size")
-    if declared is not None and declared != gb:
-        problems.append(f"micro_batch_size x num_micro_batches = {gb} but inputs.training."
-                        f"global_batch_size = {declared}")
     if problems:
         raise InputError("cannot run this plan:\n  " + "\n  ".join(problems))
 

@@ -211,6 +211,31 @@ def _check_training(plan: Plan, report: _Report) -> None:
                    f"is {training.global_batch_size}")
 
 
+def _check_duplicates(plan: Plan, report: _Report) -> None:
+    first_use: dict[str, str] = {}
+    for i, stage in enumerate(plan.stages):
+        for j, rep in enumerate(stage.replicas):
+            for k, dev in enumerate(rep.devices):
+                path = ("stages", i, "replicas", j, "devices", k)
+                if dev in first_use:
+                    report.add(path, f"device {dev!r} is used twice (also at {first_use[dev]})")
+                else:
+                    first_use[dev] = format_field_path(path)
+
+
+def check_layout(plan: Plan, model=None, file: str = "<plan>") -> None:
+    """The checks that need no cluster (stages, shares, schedule, batch, model, devices used
+    once): what a runner on local processes can check.  Raises ``InputErrors``."""
+    report = _Report(file)
+    resolved = _resolve_model(plan, model, report)
+    _check_training(plan, report)
+    _check_stages(plan, resolved, report)
+    _check_schedule(plan, report)
+    _check_duplicates(plan, report)
+    if report.errors:
+        raise InputErrors(report.errors)
+
+
 def check_plan(cluster: Cluster, plan: Plan, model=None, file: str = "<plan>") -> None:
     """Raise ``InputErrors`` listing every way ``plan`` does not fit ``cluster`` and its model.
 
