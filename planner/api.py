@@ -53,7 +53,7 @@ def simulate(cluster: Cluster, plan: Plan, profiles: Any = None):
     return simulate_plan(cluster, plan, profiles=_profiles_for(cluster, profiles))
 
 
-def evaluate(cluster: Cluster, plan: Plan, profiles: Any = None) -> "Evaluation":
+def evaluate(cluster: Cluster, plan: Plan, profiles: Any = None) -> Evaluation:
     """Predict a plan's iteration time, throughput, cost and memory, term by term."""
     from planner.cost import evaluate as _evaluate
 

@@ -10,7 +10,7 @@ import pytest
 from planner.cli.main import main
 from planner.errors import InputError
 from planner.spec import load_cluster, load_model, load_training
-from planner.spec.units import parse_bandwidth_Bps, parse_size_bytes, parse_time_s, UnitError
+from planner.spec.units import UnitError, parse_bandwidth_Bps, parse_size_bytes, parse_time_s
 
 EXAMPLES = sorted(Path(__file__).parent.parent.joinpath("cluster_specs").glob("*.yaml"))
 

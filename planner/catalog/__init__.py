@@ -12,7 +12,6 @@ from pathlib import Path
 from planner.errors import InputError
 from planner.spec.gpu import GpuType
 from planner.spec.model import ModelSpec
-from planner.spec.quantities import numbers_in_base_units  # noqa: F401  (re-export for callers)
 from planner.spec.source import load_yaml, validate_model
 
 _HERE = Path(__file__).parent

@@ -38,7 +38,7 @@ def gpus(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON, sources included.")
 def models(as_json: bool) -> None:
     """Model shapes: layers, hidden size, heads, FFN, vocabulary, parameters."""
-    from planner.cost.flops import parameter_count  # noqa: PLC0415 - keep catalog light
+    from planner.cost.flops import parameter_count
 
     entries = data.models()
     if as_json:

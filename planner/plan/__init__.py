@@ -1,12 +1,21 @@
 """The Plan model, JSON (de)serialisation, the JSON Schema and the rank map."""
 
+from planner.plan.check import check_plan, load_plan, plan_from_data
 from planner.plan.model import (
-    SCHEMA_ID, LaunchInfo, LaunchNode, LaunchRank, Objective, Plan, PlanInputs, Predicted, Replica,
-    SolverReport, Stage,
+    SCHEMA_ID,
+    LaunchInfo,
+    LaunchNode,
+    LaunchRank,
+    Objective,
+    Plan,
+    PlanInputs,
+    Predicted,
+    Replica,
+    SolverReport,
+    Stage,
 )
-from planner.plan.check import check_plan, load_plan, plan_from_data  # noqa: E402
-from planner.plan.rankmap import build_launch  # noqa: E402
-from planner.plan.schema import plan_schema, validate_plan_json  # noqa: E402
+from planner.plan.rankmap import build_launch
+from planner.plan.schema import plan_schema, validate_plan_json
 
 __all__ = [
     "SCHEMA_ID", "LaunchInfo", "LaunchNode", "LaunchRank", "Objective", "Plan", "PlanInputs",

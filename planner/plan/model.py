@@ -155,7 +155,7 @@ class Plan(BaseModel):
 
     # -- (de)serialisation ---------------------------------------------------------------
     @classmethod
-    def from_json(cls, data: dict) -> "Plan":
+    def from_json(cls, data: dict) -> Plan:
         return cls.model_validate(data)
 
     def to_json(self) -> dict:

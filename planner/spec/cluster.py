@@ -104,7 +104,7 @@ class Cluster(BaseModel):
         return group.zone or (self.zones[0].name if self.zones else DEFAULT_ZONE)
 
     @cached_property
-    def node_list(self) -> list["Node"]:
+    def node_list(self) -> list[Node]:
         out = []
         for group in self.nodes:
             for name in group.node_names:
@@ -112,7 +112,7 @@ class Cluster(BaseModel):
         return out
 
     @cached_property
-    def node_by_name(self) -> dict[str, "Node"]:
+    def node_by_name(self) -> dict[str, Node]:
         return {n.name: n for n in self.node_list}
 
     @property

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from planner import catalog
 from planner.errors import InputError, InputErrors
-from planner.spec.cluster import Cluster, DEFAULT_ZONE
+from planner.spec.cluster import DEFAULT_ZONE, Cluster
 from planner.spec.gpu import GpuType
 from planner.spec.model import ModelSpec
 from planner.spec.source import Document, document_from_data, load_yaml, validate_model

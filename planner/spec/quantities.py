@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 from typing import Annotated
 
 from pydantic import BeforeValidator, Field
@@ -22,8 +23,6 @@ def _passthrough_float(parse):
 
 # When specs are built in Python (api), numbers are already in base units; a context flag
 # lets validators accept them.  Files always go through the unit parser.
-import contextvars  # noqa: E402
-
 _from_code: contextvars.ContextVar[bool] = contextvars.ContextVar("planner_from_code", default=False)
 
 BandwidthBps = Annotated[float, BeforeValidator(_passthrough_float(units.parse_bandwidth_Bps))]

@@ -168,8 +168,7 @@ def validate_model(model: type[BaseModel], doc: Document, path: PathKey = (), da
                 continue
             loc = path + tuple(err["loc"])
             msg = err["msg"]
-            if msg.startswith("Value error, "):
-                msg = msg[len("Value error, "):]
+            msg = msg.removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 msg = f"unknown key {loc[-1]!r}" + _describe(model, tuple(err["loc"]))
             elif err["type"] == "missing":
