@@ -172,7 +172,7 @@ class Pricer:
                 vals = arr @ np.array(row.stage, dtype=float)
                 a_min = float(vals.min())
                 speed = 0.0
-                if t.kind == "max":
+                if a_min > 0:
                     with np.errstate(divide="ignore"):
                         ratio = np.where(vals > 0, 1.0 / (vals * units), 0.0)
                     for c in np.unique(cls):
@@ -183,7 +183,7 @@ class Pricer:
         total = 0.0
         for kind, weight, a_min, speed in parts:
             if kind == "sum":
-                total += weight * L * a_min
+                total += weight * sum_bound(L, p, a_min, speed)
                 continue
             if a_min > 0:
                 speed = min(speed, p / a_min)
@@ -350,6 +350,18 @@ class Pricer:
                 L0 = t1 - X
                 T[0, i, j] = self._sends[ck] = max(c * L0 + k * X for c, k in _busiest_points(B, a.replicas, b.replicas))
         return T
+
+
+def sum_bound(L: int, p: int, a_min: float, speed: float) -> float:
+    """Lower bound on sum_s a(o_s) nb_s over p stages holding L blocks: at least L a_min, and,
+    with w_s = 1 / a(o_s) the stages' speeds (their total at most ``speed``), by
+    Cauchy-Schwarz at least (sum_s sqrt(nb_s))^2 / speed >= (p - 1 + sqrt(L - p + 1))^2 / speed
+    (the sum of square roots is least when all blocks but p - 1 sit on one stage).  This is
+    what a long pipeline's fill costs."""
+    out = L * a_min
+    if speed > 0 and a_min > 0:
+        out = max(out, (p - 1 + math.sqrt(L - p + 1)) ** 2 / speed)
+    return out
 
 
 def pipeline_rows(knobs: Knobs) -> tuple[list[Row], list[Term]]:

@@ -25,6 +25,7 @@ them from below only).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -197,15 +198,19 @@ def quick_bound(prob: CoreProblem) -> float | None:
             fixed_sum += min(vals)
             nonneg &= min(vals) >= 0
         S = L * min(slopes) + fixed_sum
-        if t.kind == "sum":
-            total += t.weight * S
-            continue
-        best = max(0.0, S / p)
+        speed = 0.0
         if nonneg and min(slopes) > 0:
             per_class: dict[int, float] = {}
             for o, a in zip(prob.options, slopes):
                 per_class[o.resource] = max(per_class.get(o.resource, 0.0), 1.0 / a / o.units)
-            speed = min(sum(prob.capacity[c] * r for c, r in per_class.items()), p / min(slopes))
-            best = max(best, L / speed)
+            speed = sum(prob.capacity[c] * r for c, r in per_class.items())
+            # Cauchy-Schwarz on sum_s nb_s / w_s with the stages' speeds w_s summing to <= speed
+            S = max(S, (p - 1 + math.sqrt(L - p + 1)) ** 2 / speed + fixed_sum)
+        if t.kind == "sum":
+            total += t.weight * S
+            continue
+        best = max(0.0, S / p)
+        if speed > 0:
+            best = max(best, L / min(speed, p / min(slopes)))
         total += t.weight * best
     return total
