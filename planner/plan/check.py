@@ -16,19 +16,14 @@ from planner.errors import InputError, InputErrors, Location
 from planner.plan.model import SCHEMA_ID, Plan
 from planner.spec.cluster import Cluster
 from planner.spec.model import ModelSpec
-from planner.spec.source import PathKey, document_from_data, format_field_path, validate_model
+from planner.spec.source import PathKey, document_from_data, format_field_path, read_text, validate_model
 from planner.spec.training import Training
 
 
 def load_plan(path: str | Path) -> Plan:
     """Read a plan JSON file; bad JSON, a foreign schema or bad fields become InputError."""
     file = str(path)
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise InputError(f"plan file not found: {file}") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read plan {file}: {exc}") from None
+    text = read_text(path, "plan file")
     duplicates: list[str] = []
 
     def no_duplicates(pairs):

@@ -92,16 +92,21 @@ class _Builder:
         return value
 
 
+def read_text(path: str | Path, what: str = "file") -> str:
+    """A file's text; a missing or unreadable file is an ``InputError`` naming it."""
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        raise InputError(f"{what} not found: {path}") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {what} {path}: {exc}") from None
+
+
 def load_yaml(path: str | Path, text: str | None = None) -> Document:
     """Read a YAML file into a ``Document``; syntax errors become ``InputError``."""
     file = str(path)
     if text is None:
-        try:
-            text = Path(path).read_text()
-        except FileNotFoundError:
-            raise InputError(f"file not found: {file}") from None
-        except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-            raise InputError(f"cannot read {file}: {exc}") from None
+        text = read_text(path)
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
