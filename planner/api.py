@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 
-def _profiles_for(cluster: Cluster, profiles: Any):
+def resolve_profiles(cluster: Cluster, profiles: Any):
     """The caller's profiles, else the ones the cluster spec names (so the API prices a plan
     exactly as the CLI does)."""
     if profiles is not None or not cluster.profiles:
@@ -50,14 +50,14 @@ def simulate(cluster: Cluster, plan: Plan, profiles: Any = None):
     """Run the plan's pipeline schedule event by event (see ``planner.simulate``)."""
     from planner.simulate import simulate_plan
 
-    return simulate_plan(cluster, plan, profiles=_profiles_for(cluster, profiles))
+    return simulate_plan(cluster, plan, profiles=resolve_profiles(cluster, profiles))
 
 
 def evaluate(cluster: Cluster, plan: Plan, profiles: Any = None) -> Evaluation:
     """Predict a plan's iteration time, throughput, cost and memory, term by term."""
     from planner.cost import evaluate as _evaluate
 
-    return _evaluate(cluster, plan, profiles=_profiles_for(cluster, profiles))
+    return _evaluate(cluster, plan, profiles=resolve_profiles(cluster, profiles))
 
 
 def launch(plan: Plan, fmt: str, cluster: Cluster | None = None, **options: Any) -> dict[str, str]:
@@ -85,16 +85,31 @@ def plan(cluster: Cluster, model: ModelSpec | str, training: Training, objective
 
     if isinstance(model, str):
         model = load_model(model)
-    options["profiles"] = _profiles_for(cluster, options.get("profiles"))
-    return solve(cluster, model, training, objective=objective, time_limit_s=time_limit_s,
-                 top_k=top_k, **options)
+    profiles = options["profiles"] = resolve_profiles(cluster, options.get("profiles"))
+    result = solve(cluster, model, training, objective=objective, time_limit_s=time_limit_s,
+                   top_k=top_k, **options)
+    result.plans = [_record_cost_sources(p, e, profiles) for p, e in zip(result.plans, result.evaluations)]
+    return result
+
+
+def _record_cost_sources(plan_: Plan, evaluation: Evaluation, profiles: Any) -> Plan:
+    """Write into ``inputs.profiles`` which layer costs were measured and which estimated
+    (issue: a prediction says what it rests on)."""
+    record: dict[str, Any] = {
+        "measured": sorted(k for k, v in evaluation.sources.items() if v != "estimated"),
+        "estimated": sorted(k for k, v in evaluation.sources.items() if v == "estimated"),
+    }
+    if profiles is not None and hasattr(profiles, "usage"):
+        record["files"] = profiles.usage().get("files", [])
+    inputs = plan_.inputs.model_copy(update={"profiles": record})
+    return plan_.model_copy(update={"inputs": inputs})
 
 
 def replan(cluster: Cluster, old_plan: Plan, time_limit_s: float = 60.0, profiles: Any = None):
     """Check ``old_plan`` against a changed cluster and search again (see ``planner.replan``)."""
     from planner.replan import replan as _replan
 
-    return _replan(cluster, old_plan, time_limit_s=time_limit_s, profiles=_profiles_for(cluster, profiles))
+    return _replan(cluster, old_plan, time_limit_s=time_limit_s, profiles=resolve_profiles(cluster, profiles))
 
 
 def summarize_cluster(cluster: Cluster) -> dict:

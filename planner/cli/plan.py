@@ -96,10 +96,14 @@ def _summary(out, result) -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="write the plan JSON here")
 @click.option("--json", "as_json", is_flag=True, help="print the plan JSON on stdout")
 @click.option("--quiet", is_flag=True, help="no summary; only errors")
+@click.option("--profiles", "profiles_path", type=click.Path(), default=None,
+              help="folder or file of measured per-layer profiles (default: the cluster spec's profiles:)")
 def plan(cluster, model_name, training_path, global_batch_size, seq_len, precision, objective,
-         budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, launcher, output, as_json, quiet):
+         budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, launcher, output, as_json, quiet,
+         profiles_path):
     """Find the fastest (or cheapest) layout of MODEL on CLUSTER, with a proof of how close it is."""
-    from planner.search import parse_objective, solve
+    from planner import api
+    from planner.search import parse_objective
     from planner.spec import load_cluster, load_model
 
     if time_limit_s <= 0:
@@ -116,17 +120,17 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     model = load_model(model_name)
     training = _training(training_path, global_batch_size, seq_len, precision)
     profile_set = None
-    if spec.profiles:
+    if profiles_path is not None:
         from planner.profile import load_profiles
-        profile_set = load_profiles(None, cluster=spec, cluster_path=cluster)
+        profile_set = load_profiles(profiles_path, cluster=spec, cluster_path=cluster)
     err = console(quiet=True)       # progress always on stderr
 
     def progress(msg: str) -> None:
         if not quiet:
             err.print(f"[dim]{msg}[/dim]", highlight=False)
 
-    result = solve(spec, model, training, objective=spec_obj, time_limit_s=time_limit_s, top_k=top_k,
-                   launcher=launcher, profiles=profile_set, progress=progress)
+    result = api.plan(spec, model, training, objective=spec_obj, time_limit_s=time_limit_s, top_k=top_k,
+                      launcher=launcher, profiles=profile_set, progress=progress)
     best = result.plan               # predicted, solver and launch filled by the search
     text = best.dumps()
     try:

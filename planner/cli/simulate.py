@@ -18,7 +18,9 @@ _STYLE = {"fwd": "cyan", "bwd": "magenta", "send": "yellow", "idle": "dim"}
 @click.option("--json", "as_json", is_flag=True, help="Print times, stages and the full timeline as JSON.")
 @click.option("--width", default=64, show_default=True, type=click.IntRange(10, 400),
               help="Characters of the text timeline.")
-def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int) -> None:
+@click.option("--profiles", "profiles_path", type=click.Path(), default=None,
+              help="Folder or file of measured per-layer profiles (default: the cluster spec's profiles:).")
+def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int, profiles_path: str | None) -> None:
     """Simulate PLAN's schedule on CLUSTER; compare with the closed-form iteration time."""
     from planner.plan.check import load_plan
     from planner.simulate.plan import simulate_plan, timeline_rows
@@ -26,7 +28,13 @@ def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int) -> No
 
     cluster = load_cluster(cluster_file)
     plan = load_plan(plan_file)
-    sim = simulate_plan(cluster, plan, file=plan_file)
+    from planner.api import resolve_profiles
+
+    profiles = None
+    if profiles_path is not None:
+        from planner.profile import load_profiles
+        profiles = load_profiles(profiles_path, cluster=cluster)
+    sim = simulate_plan(cluster, plan, profiles=resolve_profiles(cluster, profiles), file=plan_file)
     if as_json:
         echo_json(sim.to_json())
         return

@@ -1,0 +1,63 @@
+"""The Python API (DESIGN §7) prices a plan exactly as the CLI does and says what it rests on."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from planner import api
+from planner.cli.main import main
+
+ROOT = Path(__file__).parent.parent
+SMALL = ROOT / "profiles" / "models" / "cpu-small.yaml"
+
+
+@pytest.fixture(scope="module")
+def cpu_result():
+    cluster = api.load_cluster(ROOT / "cluster_specs" / "cpu-local.yaml")
+    return cluster, api.plan(cluster, api.load_model(SMALL), api.Training(global_batch_size=4, seq_len=128),
+                             time_limit_s=30)
+
+
+def test_plan_records_measured_layer_costs(cpu_result):
+    _, result = cpu_result
+    record = result.plan.inputs.profiles
+    assert record["estimated"] == []
+    assert {k.split("/")[1] for k in record["measured"]} == {"embedding", "block", "head"}
+    assert record["files"] and record["files"][0]["gpu_type"] == "cpu"
+
+
+def test_api_evaluate_uses_the_cluster_profiles(cpu_result):
+    cluster, result = cpu_result
+    ev = api.evaluate(cluster, result.plan)
+    assert ev.iteration_time_s == result.plan.predicted.iteration_time_s
+    assert set(ev.sources.values()) == {"measured"}
+
+
+def test_without_profiles_everything_is_estimated():
+    cluster = api.load_cluster(ROOT / "cluster_specs" / "tiny-2gpu.yaml")
+    result = api.plan(cluster, api.load_model(SMALL), api.Training(global_batch_size=4, seq_len=128),
+                      time_limit_s=30)
+    record = result.plan.inputs.profiles
+    assert record["measured"] == [] and record["estimated"]
+    assert "files" not in record
+
+
+def test_cli_plan_file_matches_api_and_evaluate(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    code = main(["plan", str(ROOT / "cluster_specs" / "cpu-local.yaml"), "--model", str(SMALL),
+                 "--global-batch-size", "4", "--seq-len", "128", "-o", str(out), "--quiet"])
+    assert code == 0
+    written = json.loads(out.read_text())
+    assert written["inputs"]["profiles"]["estimated"] == []
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask, "mode as a plain open() would give"
+    capsys.readouterr()
+    assert main(["evaluate", str(ROOT / "cluster_specs" / "cpu-local.yaml"), str(out), "--json"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    assert evaluated["iteration_time_s"] == written["predicted"]["iteration_time_s"]
