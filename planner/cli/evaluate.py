@@ -106,7 +106,10 @@ def evaluate(cluster, plan, as_json, profiles):
     if profiles is not None or spec.profiles:
         from planner.profile import load_profiles
         profile_set = load_profiles(profiles, cluster=spec, cluster_path=cluster)
-    ev = cost_evaluate(spec, the_plan, profiles=profile_set)
+    from planner.plan.check import check_plan
+
+    check_plan(spec, the_plan, file=plan)  # here, so errors name the plan file
+    ev = cost_evaluate(spec, the_plan, profiles=profile_set, check=False)
     if as_json:
         echo_json(ev.to_json())
     else:
