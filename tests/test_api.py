@@ -61,3 +61,15 @@ def test_cli_plan_file_matches_api_and_evaluate(tmp_path, capsys):
     assert main(["evaluate", str(ROOT / "cluster_specs" / "cpu-local.yaml"), str(out), "--json"]) == 0
     evaluated = json.loads(capsys.readouterr().out)
     assert evaluated["iteration_time_s"] == written["predicted"]["iteration_time_s"]
+
+
+def test_cli_evaluate_bad_plan_names_the_file(cpu_result, tmp_path, capsys):
+    _, result = cpu_result
+    data = result.plan.to_json()
+    data["stages"][0]["replicas"][0]["devices"] = ["nope:0"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    assert main(["evaluate", str(ROOT / "cluster_specs" / "cpu-local.yaml"), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: stages[0].replicas[0].devices[0]: unknown device 'nope:0'" in err
+    assert "Traceback" not in err
