@@ -38,7 +38,7 @@ def gpus(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON, sources included.")
 def models(as_json: bool) -> None:
     """Model shapes: layers, hidden size, heads, FFN, vocabulary, parameters."""
-    from planner.cost.flops import parameter_count
+    from planner.cost.flops import total_params  # here: keep `catalog gpus` light
 
     entries = data.models()
     if as_json:
@@ -50,5 +50,5 @@ def models(as_json: bool) -> None:
     for mid, m in entries.items():
         table.add_row(mid, str(m.num_layers), str(m.hidden_size), str(m.num_attention_heads),
                       str(m.kv_heads), str(m.ffn_size), m.mlp, str(m.vocab_size),
-                      f"{parameter_count(m) / 1e9:.2f} B", (m.source or "")[:40])
+                      f"{total_params(m) / 1e9:.2f} B", (m.source or "")[:40])
     console().print(table)

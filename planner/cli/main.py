@@ -5,7 +5,9 @@ traceback (DESIGN §8)."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import traceback
 
 import click
 
@@ -59,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # noqa: BLE001 - a bug: say so in one line; the traceback on request
+        if os.environ.get("PLANNER_DEBUG"):
+            traceback.print_exc()
+        click.echo(f"internal error (a bug in planner, please report it): {type(exc).__name__}: {exc}; "
+                   "set PLANNER_DEBUG=1 for the traceback", err=True)
+        return 3
     return rc if isinstance(rc, int) else 0
 
 

@@ -1,0 +1,37 @@
+"""The command group: every command loads, the catalog lists, bugs never print a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.cli import main as cli_main
+from planner.cli.main import COMMANDS, main
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_command_has_help(name, capsys):
+    assert main([name, "--help"]) == 0
+    assert "Usage" in capsys.readouterr().out
+
+
+def test_catalog_lists_gpus_and_models_with_sources(capsys):
+    assert main(["catalog", "gpus", "--json"]) == 0
+    gpus = json.loads(capsys.readouterr().out)
+    assert len(gpus) == 19 and all(g["sources"] for g in gpus.values())
+    assert main(["catalog", "models", "--json"]) == 0
+    models = json.loads(capsys.readouterr().out)
+    assert {"llama3-70b", "gpt3-175b", "opt-350m"} <= set(models)
+    assert main(["catalog", "models"]) == 0
+    assert "Model catalog" in capsys.readouterr().out
+
+
+def test_unexpected_error_is_one_line_exit_3(monkeypatch, capsys):
+    def boom(*args, **kwargs):
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(cli_main.cli, "main", boom)
+    assert main(["validate", "x.yaml"]) == 3
+    err = capsys.readouterr().err
+    assert "internal error" in err and "kaboom" in err and "Traceback" not in err
