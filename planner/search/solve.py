@@ -11,6 +11,7 @@ bound is the least, over all tuples, of the MILP's dual bound or the pruning bou
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Callable
@@ -129,7 +130,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         keys = pricer.option_keys(knobs)
         if launcher:
             keys = [k for k in keys if knobs.micro_batch_size % k.replicas == 0]
-        ranked.append((pricer.knob_bound(knobs, ctx, keys), i, knobs, ctx, keys))
+        ranked.append((pricer.knob_bound(knobs, ctx, keys, memory=False), i, knobs, ctx, keys))
     ranked.sort(key=lambda t: (t[0], t[1]))
     say(f"{len(ranked)} knob tuples ranked by their lower bound")
     time_like = spec.kind in ("throughput", "throughput-under-budget")
@@ -137,15 +138,28 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     warm_done: set = set()
     if warm:
         _warm_start(pricer, ranked, spec, training, best, settings, deadline, launcher, say, done=warm_done)
-    for j, (kb, i, knobs, ctx, keys) in enumerate(ranked):
+    # A heap on the bounds: a tuple first comes up with its memory-free bound, is then given
+    # its memory-aware bound (core of the same tuple, more expensive) and goes back in; it is
+    # priced and solved when it comes up again.  The least bound in the heap bounds the rest.
+    heap = [(kb, i, 0, knobs, ctx, keys) for kb, i, knobs, ctx, keys in ranked]
+    heapq.heapify(heap)
+    j = 0
+    while heap:
+        kb, i, level, knobs, ctx, keys = heap[0]
         if time.monotonic() > deadline:
-            stats["unexplored"] += len(ranked) - j
-            bounds.extend(t[0] for t in ranked[j:j + 1])   # sorted: the first one bounds the rest
-            break
-        if time_like and kb >= best.threshold() * (1 - gap_rel):
-            stats["pruned"] += len(ranked) - j
+            stats["unexplored"] += len(heap)
             bounds.append(kb)
             break
+        if time_like and kb >= best.threshold() * (1 - gap_rel):
+            stats["pruned"] += len(heap)
+            bounds.append(kb)
+            break
+        heapq.heappop(heap)
+        if level == 0:
+            kb2 = max(kb, pricer.knob_bound(knobs, ctx, keys))
+            heapq.heappush(heap, (kb2, i, 1, knobs, ctx, keys))
+            continue
+        j += 1
         if len(keys) ** 2 * max(1, knobs.num_stages - 1) > MAX_PAIR_TERMS and warm:
             stats["too_big"] = stats.get("too_big", 0) + 1     # see below: too big to build
             stats["unexplored"] += 1
@@ -176,7 +190,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             stats["unexplored"] += 1
             bounds.append(lb)
             continue
-        say(f"[{j + 1}/{len(ranked)}] {knobs.label()}: {K} options, bound {lb:.4g} s")
+        say(f"[{j}/{len(ranked)}] {knobs.label()}: {K} options, bound {lb:.4g} s")
         milp = CoreMilp(prob)
         _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb)
     if warm and time.monotonic() < deadline:

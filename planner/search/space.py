@@ -30,9 +30,11 @@ from planner.cost import (
 )
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row, Term
+from planner.search.core.problem import max_row_bound
 from planner.search.pieces import _busiest_points, _max_units, replica_counts, shares  # noqa: F401
 
 INTERLEAVE_V = 2            # virtual stages tried for interleaved-1f1b
+_F_BUCKETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0)
 QUANTITIES = ("forward", "backward", "sync_less_backward", "optimizer", "gather_less_forward")
 
 
@@ -120,6 +122,7 @@ class Pricer:
         self._slopes: dict = {}
         self._keys: dict = {}
         self._term_parts: dict = {}
+        self._fmin: dict = {}
 
     def option_keys(self, knobs: Knobs) -> list[OptionKey]:
         hit = self._keys.get(knobs.micro_batch_size)
@@ -140,54 +143,104 @@ class Pricer:
                     keys.append(OptionKey(info.index, t, n))
         return keys
 
-    def knob_bound(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey]) -> float:
-        """A lower bound on every plan of this knob tuple, from middle-stage slopes only (no
-        memory, no sends, no per-position work): the pipeline row's max term is at least L / S
-        (S: the most blocks per second the classes' units can give, or p times the fastest
-        option), its sum term at least L times the smallest slope.  Cheap enough to rank
-        thousands of knob tuples before pricing any of them."""
+    def knob_bound(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool = True) -> float:
+        """A lower bound on every plan of this knob tuple, from middle-stage slopes and memory
+        only (no sends, no per-position work).  An option holds at most ``U`` blocks, its
+        memory limit at the fewest in-flight micro-batches of any position with the middle
+        stages' memory (the ends add the embedding / head); options that cannot hold one block
+        drop out.  The pipeline row's max term is then at least the least M with which the
+        classes' units can hold L blocks (each option at most min(M / slope, U) blocks per
+        stage) and at least ceil(L / p) blocks on one stage; its sum term at least the
+        cheapest filling of L blocks into p stages of at most U blocks each, and the
+        Cauchy-Schwarz fill of ``sum_bound``.  ``memory=False``: the same without memory
+        limits (every U = L), cheaper still (no memory pricing): the first ranking of thousands
+        of knob tuples; the search tightens a tuple's bound with memory when it gets to it."""
         unit = knobs.block_unit
         L = self.model.num_layers // unit
         rows, terms = pipeline_rows(knobs)
-        sk = (id(ctx), knobs.micro_batch_size, unit, id(keys), len(keys))
+        sk = (id(ctx), knobs.micro_batch_size, unit, id(keys), len(keys), memory)
         hit = self._slopes.get(sk)
         if hit is None:
-            arr = np.array([self._base(ctx, knobs, k, unit, False, False, timing_only=True)[0] for k in keys])
+            bases = [self._base(ctx, knobs, k, unit, False, False, timing_only=not memory) for k in keys]
+            arr = np.array([b[0] for b in bases])
+            if memory:
+                coef = np.array([b[2] for b in bases]) if bases else np.zeros((0, 4))
+                exact = np.array([bool(b[3]) for b in bases], dtype=bool)
+            else:
+                coef, exact = np.zeros((len(bases), 4)), np.zeros(len(bases), dtype=bool)
+            caps = np.array([self.classes[k.cls].gpu.memory_bytes for k in keys], dtype=float)
             units = np.array([self.classes[k.cls].units(k.tp, k.replicas) for k in keys], dtype=float)
             cls = np.array([k.cls for k in keys])
-            hit = self._slopes[sk] = (arr, units, cls, keys)   # keys kept alive: id() stays unique
-        arr, units, cls, _ = hit
+            hit = self._slopes[sk] = (arr, units, cls, keys, coef, exact, caps)   # keys kept alive: id() stays unique
+        arr, units, cls, _, coef, exact, caps = hit
         if not len(arr):
             return math.inf
-        # Per (options, rows): the smallest slope and the classes' total speed do not depend on
-        # p; only the last arithmetic does, so knob tuples differing in p cost almost nothing.
-        tk = (sk, knobs.schedule, knobs.virtual_stages, knobs.num_micro_batches)
+        p, m, v = knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages
+        fk = (knobs.schedule, p, m, v)
+        f_min = self._fmin.get(fk) if memory else 1.0
+        if f_min is None:
+            f_min = min(in_flight_micro_batches(knobs.schedule, p, s, m, v) for s in range(p))
+            # fewer in flight only loosens the bound: round down to a few values so that knob
+            # tuples share the work below
+            f_min = self._fmin[fk] = max((b for b in _F_BUCKETS if b <= f_min), default=f_min)
+        # Per (options, rows, fewest in flight): nothing below depends on p but the last lines,
+        # so knob tuples differing in p cost almost nothing.
+        tk = (sk, knobs.schedule, v, m, f_min)
         parts = self._term_parts.get(tk)
         if parts is None:
+            c0, c1, c2, c3 = (coef[:, i] for i in range(4))
+            room, per_u = caps - c0 - c2 * f_min, c1 + c3 * f_min
+            with np.errstate(divide="ignore", invalid="ignore"):
+                U = np.where(per_u > 0, np.floor(room / per_u * (1 + 1e-9) + 1e-9), np.where(room >= 0, L, 0))
+            U = np.clip(np.where(exact, U, L), 0, L)     # not affine: no memory limit (still a bound)
+            usable = U >= 1
             parts = []
             for t in terms:
                 row = rows[t.row]
                 if row.hinges:
                     continue
-                vals = arr @ np.array(row.stage, dtype=float)
+                vals = (arr @ np.array(row.stage, dtype=float))[usable]
+                if not len(vals):
+                    parts.append(None)
+                    continue
                 a_min = float(vals.min())
-                speed = 0.0
+                speed, m_cap, order = 0.0, 0.0, None
+                uu, cc, nn = U[usable], cls[usable], units[usable]
                 if a_min > 0:
-                    with np.errstate(divide="ignore"):
-                        ratio = np.where(vals > 0, 1.0 / (vals * units), 0.0)
-                    for c in np.unique(cls):
-                        speed += self.classes[int(c)].capacity_units * float(ratio[cls == c].max())
-                parts.append((t.kind, t.weight, a_min, speed))
+                    ratio = 1.0 / (vals * nn)
+                    for c in np.unique(cc):
+                        speed += self.classes[int(c)].capacity_units * float(ratio[cc == c].max())
+                if a_min > 0 and memory:
+                    m_cap = max_row_bound(L, vals, uu[:, None], None, nn, cc,
+                                          [c.capacity_units for c in self.classes], [L], rel_tol=1e-5)
+                order = np.argsort(vals, kind="stable")
+                a_sorted = vals[order]
+                da = a_sorted - np.append(a_sorted[1:], 0.0)   # fill = sum_j a_j (N_j - N_j-1) = da @ N
+                # for ceil(L/p) blocks on one stage: the least slope among options holding k blocks
+                by_u = np.argsort(-uu, kind="stable")
+                parts.append((t.kind, t.weight, a_min, speed, m_cap, da,
+                              np.maximum.accumulate(uu[order]), uu[by_u], np.minimum.accumulate(vals[by_u])))
             self._term_parts[tk] = parts
-        p = knobs.num_stages
         total = 0.0
-        for kind, weight, a_min, speed in parts:
+        for part in parts:
+            if part is None:
+                return math.inf
+            kind, weight, a_min, speed, m_cap, da, u_cum, u_desc, a_prefix = part
+            N = np.minimum(p * u_cum, L)
+            if N[-1] < L:
+                return math.inf                        # p stages cannot hold the blocks
+            fill = float(da @ N)
             if kind == "sum":
-                total += weight * sum_bound(L, p, a_min, speed)
+                total += weight * max(fill, sum_bound(L, p, a_min, speed))
                 continue
+            k = -(-L // p)
+            j = int(np.searchsorted(-u_desc, -k, side="right"))   # options with U >= k: the first j
+            if j == 0 or not math.isfinite(m_cap):
+                return math.inf
+            m_p = k * float(a_prefix[j - 1])
             if a_min > 0:
                 speed = min(speed, p / a_min)
-            total += weight * max(L * a_min / p, L / speed if speed > 0 else 0.0)
+            total += weight * max(L * a_min / p, L / speed if speed > 0 else 0.0, m_cap, m_p, fill / p)
         return total
 
     def ring(self, key: OptionKey):

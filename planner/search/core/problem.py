@@ -198,6 +198,14 @@ def quick_bound(prob: CoreProblem) -> float | None:
             fixed_sum += min(vals)
             nonneg &= min(vals) >= 0
         S = L * min(slopes) + fixed_sum
+        # memory: a stage holds at most max_blocks[s] blocks, which cheap fast options often cannot
+        A = np.array(slopes)
+        U = np.array([[o.max_blocks[s] if o.allowed(s) else 0 for s in range(p)] for o in prob.options],
+                     dtype=float)
+        greedy = sum_slope_bound(L, A, U)
+        if not math.isfinite(greedy):
+            return None
+        S = max(S, greedy + fixed_sum)
         speed = 0.0
         if nonneg and min(slopes) > 0:
             per_class: dict[int, float] = {}
@@ -212,5 +220,94 @@ def quick_bound(prob: CoreProblem) -> float | None:
         best = max(0.0, S / p)
         if speed > 0:
             best = max(best, L / min(speed, p / min(slopes)))
+        if min(slopes) > 0:
+            F = np.array([[float(np.dot(row.stage, o.fixed[s])) if o.allowed(s) else math.inf
+                           for s in range(p)] for o in prob.options])
+            mb = max_row_bound(L, A, U, F, [o.units for o in prob.options],
+                               [o.resource for o in prob.options], prob.capacity)
+            if not math.isfinite(mb):
+                return None
+            best = max(best, mb)
         total += t.weight * best
     return total
+
+
+def _capacity_ok(M: float, L: int, A: np.ndarray, U: np.ndarray, F: np.ndarray, per_unit: np.ndarray,
+                 groups: list[tuple[float, np.ndarray]], weights: np.ndarray) -> bool:
+    """Can stages whose row (``A nb + F``) is at most M hold L blocks?  Two necessary
+    conditions: per stage position, the most blocks any option can take (every position at
+    least one); per resource, its capacity times the most blocks per unit of any option."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        nb = np.floor((M - F) / A[:, None] * (1 + 1e-12) + 1e-9)
+    nb = np.minimum(np.maximum(nb, 0.0), U)
+    per_pos = nb.max(axis=0)
+    if (per_pos < 1).any() or float(per_pos @ weights) < L:
+        return False
+    ratio = nb.max(axis=1) * per_unit
+    return sum(cap * float(ratio[mask].max()) for cap, mask in groups) >= L
+
+
+def max_row_bound(L: int, A, U, F=None, units=None, resource=None, capacity=None, weights=None,
+                  rel_tol: float = 1e-9) -> float:
+    """Lower bound on ``max_s (A[o_s] nb_s + F[o_s, s])`` over assignments of L blocks to
+    stages (1 <= nb_s <= U[o_s, s]); ``inf`` when no assignment exists.
+
+    ``U``, ``F``: shape [K, P] (P stage positions, each standing for ``weights[j]`` stages;
+    ``U = 0`` / ``F = inf`` where an option is not allowed).  With ``units``, ``resource`` and
+    ``capacity`` the resources' capacities also bound the blocks.  Needs every ``A > 0``.
+    The least M passing both conditions of ``_capacity_ok`` (monotone in M) by bisection; the
+    infeasible end is returned, so rounding can only lower the bound (stopping once the bracket
+    is within ``rel_tol`` of it)."""
+    A = np.asarray(A, dtype=float)
+    U = np.asarray(U, dtype=float)
+    K, P = U.shape
+    F = np.zeros((K, P)) if F is None else np.asarray(F, dtype=float)
+    weights = np.ones(P) if weights is None else np.asarray(weights, dtype=float)
+    if K == 0:
+        return math.inf
+    if units is None:
+        per_unit = np.ones(K)
+        groups = [(math.inf, np.ones(K, dtype=bool))]
+    else:
+        per_unit = 1.0 / np.asarray(units, dtype=float)
+        res = np.asarray(resource)
+        groups = [(float(capacity[c]), res == c) for c in np.unique(res)]
+    ok_mask = (U >= 1) & np.isfinite(F)
+    if not ok_mask.any():
+        return math.inf
+    U = np.where(ok_mask, U, 0.0)
+    F = np.where(ok_mask, F, np.inf)
+    hi = float(np.max(np.where(ok_mask, A[:, None] * U + F, -np.inf)))
+    if not _capacity_ok(hi, L, A, U, F, per_unit, groups, weights):
+        return math.inf
+    lo = float(np.min(np.where(ok_mask, A[:, None] + F, np.inf)))
+    lo = lo - 1e-9 * max(1.0, abs(lo))
+    if _capacity_ok(lo, L, A, U, F, per_unit, groups, weights):
+        return lo
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi or hi - lo <= rel_tol * abs(hi):
+            break
+        if _capacity_ok(mid, L, A, U, F, per_unit, groups, weights):
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def sum_slope_bound(L: int, A, U, weights=None) -> float:
+    """Lower bound on ``sum_s A[o_s] nb_s`` over L blocks (nb_s <= U[o_s, s]): blocks at a
+    slope at most a fit only in stages whose option has a slope at most a, so at most
+    ``N(a) = sum_j weights_j max{U[o, j] : A_o <= a}`` of them; the k-th cheapest block costs
+    at least the least a with N(a) >= k.  ``inf`` when even N(max A) < L."""
+    A = np.asarray(A, dtype=float)
+    U = np.asarray(U, dtype=float)
+    if not len(A):
+        return math.inf
+    weights = np.ones(U.shape[1]) if weights is None else np.asarray(weights, dtype=float)
+    order = np.argsort(A, kind="stable")
+    N = np.minimum(np.maximum.accumulate(U[order], axis=0) @ weights, L)
+    if N[-1] < L:
+        return math.inf
+    got = np.diff(np.concatenate([[0.0], N]))
+    return float(A[order] @ got)
