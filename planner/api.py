@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "Cluster", "InfeasibleError", "InputError", "ModelSpec", "Plan", "PlannerError", "Training",
     "evaluate", "launch", "load_cluster", "load_model", "load_plan", "load_training", "plan", "replan", "run", "simulate",
-    "summarize_cluster",
+    "summarize_cluster", "use_calibration",
 ]
 
 
@@ -37,6 +37,14 @@ def resolve_profiles(cluster: Cluster, profiles: Any):
     from planner.profile import load_profiles
 
     return load_profiles(None, cluster=cluster)
+
+
+def use_calibration(path: str | Path | None) -> None:
+    """Price everything (search included) with a calibration file written by
+    ``planner profile --calibrate``; ``None`` restores the shipped fit."""
+    from planner.cost.calibration import use_calibration as _use
+
+    _use(path)
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -73,3 +73,30 @@ def test_cli_evaluate_bad_plan_names_the_file(cpu_result, tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{bad}: stages[0].replicas[0].devices[0]: unknown device 'nope:0'" in err
     assert "Traceback" not in err
+
+
+def test_calibration_flag_changes_the_roofline_for_one_command(tmp_path, capsys):
+    import yaml
+
+    from planner.cost.calibration import default_calibration
+
+    cluster = ROOT / "cluster_specs" / "tiny-2gpu.yaml"
+    result = api.plan(api.load_cluster(cluster), api.load_model(SMALL),
+                      api.Training(global_batch_size=4, seq_len=128), time_limit_s=30)
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(result.plan.dumps())
+    data = default_calibration().to_mapping()
+    for entry in list(data["gpus"].values()) + list(data["architectures"].values()):
+        entry["eff_max"] = entry["eff_max"] / 2  # a GPU half as efficient as the shipped fit
+    slow = tmp_path / "slow.yaml"
+    slow.write_text(yaml.safe_dump(data))
+
+    def compute_s(*extra):
+        assert main(["evaluate", str(cluster), str(plan_file), "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)["breakdown_s"]["compute"]
+
+    shipped = compute_s()
+    assert compute_s("--calibration", str(slow)) > shipped
+    assert compute_s() == shipped  # the flag held for one command only
+    assert main(["evaluate", str(cluster), str(plan_file), "--calibration", str(tmp_path / "none.yaml")]) == 2
+    assert "calibration file not found" in capsys.readouterr().err

@@ -95,11 +95,16 @@ def _memory_table(ev, plan) -> Table:
 @click.option("--json", "as_json", is_flag=True, help="print the Evaluation as JSON (predicted form)")
 @click.option("--profiles", type=click.Path(), default=None,
               help="folder or file of measured per-layer profiles (used before the roofline)")
-def evaluate(cluster, plan, as_json, profiles):
+@click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False), default=None,
+              help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
+def evaluate(cluster, plan, as_json, profiles, calibration_path):
     """Predict a plan's iteration time, throughput, MFU, cost and per-device memory."""
     from planner.cost import evaluate as cost_evaluate
     from planner.spec import load_cluster
 
+    if calibration_path is not None:
+        from planner.cost.calibration import use_calibration
+        use_calibration(calibration_path)
     spec = load_cluster(cluster)
     the_plan = _load_plan(plan)
     profile_set = None

@@ -44,7 +44,23 @@ def cli():
     """Heterogeneity-aware placement optimizer for distributed training."""
 
 
+def _chosen_calibration():
+    cal = sys.modules.get("planner.cost.calibration")
+    return cal._chosen if cal is not None else None
+
+
 def main(argv: list[str] | None = None) -> int:
+    # `--calibration` holds for one command: in-process callers (tests, notebooks) get back the
+    # calibration they had before it.
+    before = _chosen_calibration()
+    try:
+        return _main(argv)
+    finally:
+        if _chosen_calibration() != before:
+            sys.modules["planner.cost.calibration"].use_calibration(before)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         # Without standalone mode click returns ctx.exit()'s code instead of raising it.
         rc = cli.main(args=argv, prog_name="planner", standalone_mode=False)

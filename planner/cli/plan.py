@@ -98,9 +98,11 @@ def _summary(out, result) -> None:
 @click.option("--quiet", is_flag=True, help="no summary; only errors")
 @click.option("--profiles", "profiles_path", type=click.Path(), default=None,
               help="folder or file of measured per-layer profiles (default: the cluster spec's profiles:)")
+@click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False), default=None,
+              help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
 def plan(cluster, model_name, training_path, global_batch_size, seq_len, precision, objective,
          budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, launcher, output, as_json, quiet,
-         profiles_path):
+         profiles_path, calibration_path):
     """Find the fastest (or cheapest) layout of MODEL on CLUSTER, with a proof of how close it is."""
     from planner import api
     from planner.search import parse_objective
@@ -116,6 +118,9 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
         raise InputError("--budget-usd-per-hour goes with --objective throughput (fastest plan within "
                          "the budget), not --objective cost")
     spec_obj = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
+    if calibration_path is not None:
+        from planner.cost.calibration import use_calibration
+        use_calibration(calibration_path)
     spec = load_cluster(cluster)
     model = load_model(model_name)
     training = _training(training_path, global_batch_size, seq_len, precision)

@@ -16,11 +16,16 @@ from planner.cli.common import console, echo_json, write_atomic
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the new plan here.")
 @click.option("--profiles", "profiles_dir", type=click.Path(), help="Measured per-layer costs.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
-def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json):
+@click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False), default=None,
+              help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
+def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json, calibration_path):
     """Re-plan for a changed cluster and compare with the old plan."""
     from planner import api
     from planner.replan import replan as do_replan
 
+    if calibration_path is not None:
+        from planner.cost.calibration import use_calibration
+        use_calibration(calibration_path)
     cluster = api.load_cluster(cluster_file)
     old = api.load_plan(plan_file)
     profiles = None

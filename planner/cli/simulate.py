@@ -20,12 +20,18 @@ _STYLE = {"fwd": "cyan", "bwd": "magenta", "send": "yellow", "idle": "dim"}
               help="Characters of the text timeline.")
 @click.option("--profiles", "profiles_path", type=click.Path(), default=None,
               help="Folder or file of measured per-layer profiles (default: the cluster spec's profiles:).")
-def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int, profiles_path: str | None) -> None:
+@click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False), default=None,
+              help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
+def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int, profiles_path: str | None,
+             calibration_path: str | None) -> None:
     """Simulate PLAN's schedule on CLUSTER; compare with the closed-form iteration time."""
     from planner.plan.check import load_plan
     from planner.simulate.plan import simulate_plan, timeline_rows
     from planner.spec import load_cluster
 
+    if calibration_path is not None:
+        from planner.cost.calibration import use_calibration
+        use_calibration(calibration_path)
     cluster = load_cluster(cluster_file)
     plan = load_plan(plan_file)
     from planner.api import resolve_profiles

@@ -18,6 +18,7 @@ GPU types without fitted values get defaults by architecture (``Calibration.for_
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -116,12 +117,38 @@ class Calibration:
 def load_calibration(path: str | Path | None = None) -> Calibration:
     if path is None:
         return default_calibration()
-    return Calibration.from_mapping(yaml.safe_load(Path(path).read_text()) or {})
+    from planner.errors import InputError
+    from planner.spec.source import read_text
+
+    try:
+        return Calibration.from_mapping(yaml.safe_load(read_text(path, "calibration file")) or {})
+    except (yaml.YAMLError, TypeError, AttributeError) as exc:
+        raise InputError(f"{path}: not a calibration file ({exc}); write one with "
+                         "`planner profile --calibrate PROFILE -o FILE`") from None
+
+
+# A calibration chosen by the user (`--calibration FILE`, `PLANNER_CALIBRATION`, or
+# `use_calibration`) replaces the shipped one everywhere, the search included.
+_chosen: Path | None = None
+
+
+def use_calibration(path: str | Path | None) -> None:
+    """Price everything in this process with the calibration file at ``path`` (None: shipped)."""
+    global _chosen
+    if path is not None:
+        load_calibration(path)  # fail now, with the file named, not mid-search
+    _chosen = None if path is None else Path(path)
+    default_calibration.cache_clear()
 
 
 @lru_cache(maxsize=1)
 def default_calibration() -> Calibration:
-    """The shipped calibration (``calibration.yaml``); built-in guesses if it is missing."""
+    """The calibration in force: the user's (see ``use_calibration``), else the shipped
+    ``calibration.yaml``; built-in guesses if that is missing."""
+    chosen = _chosen or (Path(os.environ["PLANNER_CALIBRATION"]) if os.environ.get("PLANNER_CALIBRATION")
+                         else None)
+    if chosen is not None:
+        return load_calibration(chosen)
     if CALIBRATION_FILE.exists():
         return Calibration.from_mapping(yaml.safe_load(CALIBRATION_FILE.read_text()) or {})
     return Calibration(architectures={"ampere": GpuCalibration(), "hopper": GpuCalibration()})
