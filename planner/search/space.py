@@ -123,6 +123,7 @@ class Pricer:
         self._keys: dict = {}
         self._term_parts: dict = {}
         self._fmin: dict = {}
+        self._fb: dict = {}
 
     def option_keys(self, knobs: Knobs) -> list[OptionKey]:
         hit = self._keys.get(knobs.micro_batch_size)
@@ -157,12 +158,15 @@ class Pricer:
         of knob tuples; the search tightens a tuple's bound with memory when it gets to it."""
         unit = knobs.block_unit
         L = self.model.num_layers // unit
-        rows, terms = pipeline_rows(knobs)
         sk = (id(ctx), knobs.micro_batch_size, unit, id(keys), len(keys), memory)
         hit = self._slopes.get(sk)
         if hit is None:
-            bases = [self._base(ctx, knobs, k, unit, False, False, timing_only=not memory) for k in keys]
-            arr = np.array([b[0] for b in bases])
+            if memory:
+                bases = [self._base(ctx, knobs, k, unit, False, False) for k in keys]
+                arr = np.array([b[0] for b in bases])
+            else:
+                bases = keys
+                arr = np.array([self._light(ctx, knobs, k, unit) for k in keys])
             if memory:
                 coef = np.array([b[2] for b in bases]) if bases else np.zeros((0, 4))
                 exact = np.array([bool(b[3]) for b in bases], dtype=bool)
@@ -188,6 +192,7 @@ class Pricer:
         tk = (sk, knobs.schedule, v, m, f_min)
         parts = self._term_parts.get(tk)
         if parts is None:
+            rows, terms = pipeline_rows(knobs)
             c0, c1, c2, c3 = (coef[:, i] for i in range(4))
             room, per_u = caps - c0 - c2 * f_min, c1 + c3 * f_min
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -218,6 +223,9 @@ class Pricer:
                 da = a_sorted - np.append(a_sorted[1:], 0.0)   # fill = sum_j a_j (N_j - N_j-1) = da @ N
                 # for ceil(L/p) blocks on one stage: the least slope among options holding k blocks
                 by_u = np.argsort(-uu, kind="stable")
+                if (uu >= L).all():                 # no memory limit binds: closed forms below
+                    parts.append((t.kind, t.weight, a_min, speed, m_cap, None, None, None, None))
+                    continue
                 parts.append((t.kind, t.weight, a_min, speed, m_cap, da,
                               np.maximum.accumulate(uu[order]), uu[by_u], np.minimum.accumulate(vals[by_u])))
             self._term_parts[tk] = parts
@@ -226,18 +234,23 @@ class Pricer:
             if part is None:
                 return math.inf
             kind, weight, a_min, speed, m_cap, da, u_cum, u_desc, a_prefix = part
-            N = np.minimum(p * u_cum, L)
-            if N[-1] < L:
-                return math.inf                        # p stages cannot hold the blocks
-            fill = float(da @ N)
+            k = -(-L // p)
+            if da is None:
+                fill, m_p = L * a_min, k * a_min
+            else:
+                N = np.minimum(p * u_cum, L)
+                if N[-1] < L:
+                    return math.inf                        # p stages cannot hold the blocks
+                fill = float(da @ N)
+                j = int(np.searchsorted(-u_desc, -k, side="right"))   # options with U >= k: the first j
+                if j == 0:
+                    return math.inf
+                m_p = k * float(a_prefix[j - 1])
             if kind == "sum":
                 total += weight * max(fill, sum_bound(L, p, a_min, speed))
                 continue
-            k = -(-L // p)
-            j = int(np.searchsorted(-u_desc, -k, side="right"))   # options with U >= k: the first j
-            if j == 0 or not math.isfinite(m_cap):
+            if not math.isfinite(m_cap):
                 return math.inf
-            m_p = k * float(a_prefix[j - 1])
             if a_min > 0:
                 speed = min(speed, p / a_min)
             total += weight * max(L * a_min / p, L / speed if speed > 0 else 0.0, m_cap, m_p, fill / p)
@@ -290,6 +303,26 @@ class Pricer:
         return CoreProblem(num_blocks=L_units, num_stages=p, capacity=[c.capacity_units for c in self.classes],
                            options=options, rows=rows, terms=terms, boundary=boundary,
                            wrap=knobs.schedule == "interleaved-1f1b" and p > 1, resource_price=res_price)
+
+    def _light(self, ctx, knobs, key: OptionKey, unit: int) -> tuple[float, ...]:
+        """Middle-stage slopes of the quantities a knob bound reads (forward, backward,
+        optimizer; the sync columns only feed hinge rows, which it skips: 0 here).  Forward and
+        backward do not read the ZeRO stage (planner.cost.compute), so they are shared by
+        the contexts that differ only in it."""
+        B = knobs.micro_batch_size
+        info = self.classes[key.cls]
+        gpu, intra, t, n = info.gpu, info.node_class.intra_Bps, key.tp, key.replicas
+        fk = (ctx.recompute, B, key, unit)
+        fb = self._fb.get(fk)
+        if fb is None:
+            share = -(-B // n)
+            r1 = replica_compute(ctx, gpu, intra, t, share, unit, False, False)
+            r2 = replica_compute(ctx, gpu, intra, t, share, 2 * unit, False, False)
+            fb = self._fb[fk] = (r2.total_forward_s - r1.total_forward_s, r2.total_backward_s - r1.total_backward_s)
+        shard = n if knobs.zero_stage >= 1 else 1
+        o1 = optimizer_time_s(ctx, gpu, stage_params(ctx, unit, False, False) / t / shard)
+        o2 = optimizer_time_s(ctx, gpu, stage_params(ctx, 2 * unit, False, False) / t / shard)
+        return (fb[0], fb[1], 0.0, o2 - o1, 0.0)
 
     def _base(self, ctx, knobs, key: OptionKey, unit: int, emb: bool, head: bool, timing_only: bool = False):
         """Per (knobs without p, option, end flags): quantity slopes/intercepts per core unit and
