@@ -162,8 +162,8 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         j += 1
         if len(keys) ** 2 * max(1, knobs.num_stages - 1) > MAX_PAIR_TERMS and warm:
             stats["too_big"] = stats.get("too_big", 0) + 1     # see below: too big to build
-            stats["unexplored"] += 1
-            bounds.append(kb)
+            _relaxed(pricer, knobs, ctx, keys, kb, spec, launcher, best, bounds, stats, settings, deadline,
+                     gap_rel, time_like)
             continue
         prob = pricer.price(knobs, ctx, keys)
         if launcher:
@@ -187,8 +187,8 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             # the pairwise send constraints alone would make the MILP too big to build in the
             # time we have: leave this tuple unexplored (its bound still counts)
             stats["too_big"] = stats.get("too_big", 0) + 1
-            stats["unexplored"] += 1
-            bounds.append(lb)
+            _relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, settings, deadline,
+                     gap_rel, time_like)
             continue
         say(f"[{j}/{len(ranked)}] {knobs.label()}: {K} options, bound {lb:.4g} s")
         milp = CoreMilp(prob)
@@ -204,6 +204,66 @@ MAX_PAIR_TERMS = 100_000    # option pairs x boundaries a MILP may carry (pulp b
 PAIR_TERMS_PER_S = 50_000   # a pessimistic build rate, to keep within the time limit
 WARM_KEYS_ABOVE = 48        # options per stage above which a warm start pays for itself
 WARM_SHARE = 0.3            # of the time limit
+
+
+RELAX_MAX_VARS = 20_000      # stage x option pairs of a send-free MILP we still build
+
+
+def _prepare(prob, spec, launcher) -> None:
+    if launcher:
+        prob.same_group = True
+        for o in prob.options:
+            o.group = (o.label.tp, o.label.replicas)
+    if spec.kind == "throughput-under-budget":
+        prob.budget_usd_per_hour = spec.budget_usd_per_hour
+
+
+def _relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, settings, deadline, gap_rel,
+             time_like) -> None:
+    """A tuple too big for the exact MILP: solve it without the pipeline sends (no pairwise
+    terms; a relaxation, so its dual bound bounds the tuple), and price the plan it finds with
+    its sends as an incumbent.  The tuple stays unexplored unless the bound prunes it."""
+    if (not time_like or len(keys) * knobs.num_stages > RELAX_MAX_VARS
+            or time.monotonic() > deadline):
+        stats["unexplored"] += 1
+        bounds.append(lb)
+        return
+    prob = pricer.price(knobs, ctx, keys, sends=False)
+    _prepare(prob, spec, launcher)
+    qb = quick_bound(prob) if prob.options else None
+    if qb is None:
+        stats["empty"] += 1
+        return
+    lb = max(lb, qb)
+    cut = best.threshold() * (1 - gap_rel)
+    if lb >= cut:
+        stats["pruned"] += 1
+        bounds.append(lb)
+        return
+    sol = CoreMilp(prob).solve(settings, deadline=deadline, cutoff=cut if math.isfinite(cut) else None)
+    stats["relaxed"] = stats.get("relaxed", 0) + 1
+    if sol.status == "infeasible":
+        stats["empty"] += 1
+        return
+    bound = max(lb, sol.bound) if sol.bound is not None else lb
+    bounds.append(bound)
+    if sol.status == "cutoff" or bound >= cut:
+        stats["pruned"] += 1
+        return
+    stats["unexplored"] += 1
+    if not sol.ok:
+        return
+    # the plan it found, priced with its sends
+    chosen = list(dict.fromkeys(prob.options[o].label for o, _ in sol.assign))
+    full = pricer.price(knobs, ctx, chosen)
+    _prepare(full, spec, launcher)
+    index = {opt.label: i for i, opt in enumerate(full.options)}
+    assign = [(index[prob.options[o].label], nb) for o, nb in sol.assign]
+    if not full.feasible(assign):
+        return
+    t = full.objective(assign)
+    if t < best.threshold():
+        best.add(Candidate(spec.key(full.price(assign), t), t, full.price(assign), knobs, _layout(full, assign, knobs)))
 
 
 def _warm_keys(pricer, knobs: Knobs, keys) -> list:
