@@ -155,3 +155,35 @@ def test_price_mode_matches_brute_force():
         m = solve_milp(prob, mode="price", time_cap=cap)[0]
         assert math.isclose(prob.price(b.assign), prob.price(m.assign), rel_tol=1e-9)
         assert prob.objective(m.assign) <= cap * (1 + 1e-9)
+
+
+def test_memory_aware_bounds_hold_on_random_problems():
+    """quick_bound (with its memory-aware max-row bisection and greedy sum fill) never exceeds
+    the brute-force optimum, is None only when no assignment exists, and max_row_bound /
+    sum_slope_bound bound their own quantities."""
+    from planner.search.core.problem import max_row_bound, sum_slope_bound
+    checked = 0
+    for seed in range(300):
+        rng = random.Random(5000 + seed)
+        prob = random_problem(rng, with_boundary=rng.random() < 0.5, one_max=rng.random() < 0.5)
+        brute = solve_brute(prob)[0]
+        qb = quick_bound(prob)
+        if brute.status == "infeasible":
+            continue
+        assert qb is not None and qb <= brute.objective * (1 + 1e-9) + 1e-12, (seed, qb, brute.objective)
+        # the pieces on their own: max / sum of row 0's block part over the optimum's stages
+        p, L = prob.num_stages, prob.num_blocks
+        row = prob.rows[0]
+        A = np.array([float(np.dot(row.stage, o.slope)) for o in prob.options])
+        U = np.array([[o.max_blocks[s] if o.allowed(s) else 0 for s in range(p)] for o in prob.options])
+        F = np.array([[float(np.dot(row.stage, o.fixed[s])) if o.allowed(s) else np.inf for s in range(p)]
+                      for o in prob.options])
+        a = brute.assign
+        got_max = max(A[o] * nb + F[o, s] for s, (o, nb) in enumerate(a))
+        got_sum = sum(A[o] * nb for o, nb in a)
+        mb = max_row_bound(L, A, U, F, [o.units for o in prob.options], [o.resource for o in prob.options],
+                           prob.capacity)
+        assert mb <= got_max + 1e-12
+        assert sum_slope_bound(L, A, U) <= got_sum + 1e-12
+        checked += 1
+    assert checked > 100
