@@ -301,3 +301,13 @@ def test_schema_and_pydantic_model_name_the_same_fields():
     assert set(launch["ranks"]["items"]["properties"]) == names(LaunchRank)
     enum = schema["properties"]["schedule"]["enum"]
     assert set(enum) == set(Plan.model_fields["schedule"].annotation.__args__)
+
+
+@pytest.mark.parametrize("device", ["a100:00", "a100:\u00b2", "a100: 1", "a100", ":0", "a100:-1"])
+def test_device_ids_are_canonical(device):
+    # One GPU, one id: "a100:00" beside "a100:0" would put two ranks on one GPU.
+    from planner.plan.model import parse_device
+
+    with pytest.raises(ValueError, match="is not '<node name>:<local GPU index>'"):
+        parse_device(device)
+    assert parse_device("a100-0:12") == ("a100-0", 12)

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -16,6 +17,19 @@ from planner.spec.quantities import PositiveInt
 SCHEMA_ID = "planner.plan/v1"
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+# '<node name>:<local GPU index>', the index in canonical ASCII form, so that one GPU has one id
+# ("a100:0", never "a100:00" or a non-ASCII digit beside it).
+DEVICE_ID = re.compile(r"^(?P<node>[^:\s]+):(?P<index>0|[1-9][0-9]*)$")
+
+
+def parse_device(device: str) -> tuple[str, int]:
+    """``"a100-0:3"`` -> ``("a100-0", 3)``; ``ValueError`` for anything else."""
+    m = DEVICE_ID.match(device)
+    if m is None:
+        raise ValueError(f"device id {device!r} is not '<node name>:<local GPU index>' "
+                         "(an index such as 0, 1, 12)")
+    return m["node"], int(m["index"])
 
 
 class Replica(BaseModel):
@@ -34,9 +48,7 @@ class Replica(BaseModel):
             raise ValueError(f"a replica with tp={self.tp} needs {self.tp} devices, "
                              f"got {len(self.devices)}")
         for d in self.devices:
-            node, _, idx = d.rpartition(":")
-            if not node or not idx.isdigit():
-                raise ValueError(f"device id {d!r} is not '<node name>:<local GPU index>'")
+            parse_device(d)
         return self
 
     @property

@@ -28,6 +28,7 @@ from itertools import pairwise
 import networkx as nx
 
 from planner.errors import InputError
+from planner.plan.model import parse_device
 from planner.spec.cluster import Cluster, Node
 from planner.topology.paths import (
     INTRA_NODE_LATENCY_S,
@@ -89,17 +90,18 @@ class Topology:
 
     def node_of(self, device: str) -> Node:
         """The node holding ``device`` (``'<node>:<index>'``); InputError if it does not exist."""
-        name, _, idx = device.rpartition(":")
-        node = self._node_by_name.get(name)
-        if node is None or not idx.isdigit() or int(idx) >= node.gpus_per_node:
+        if not self.has_device(device):
             raise InputError(f"unknown device {device!r}; devices are '<node>:<0..gpus_per_node-1>' "
                              f"with nodes {self._describe_nodes()}")
-        return node
+        return self._node_by_name[device.rpartition(":")[0]]
 
     def has_device(self, device: str) -> bool:
-        name, _, idx = device.rpartition(":")
+        try:
+            name, idx = parse_device(device)
+        except ValueError:
+            return False
         node = self._node_by_name.get(name)
-        return node is not None and idx.isdigit() and int(idx) < node.gpus_per_node
+        return node is not None and idx < node.gpus_per_node
 
     def _describe_nodes(self, limit: int = 12) -> str:
         names = [f"{n.name} ({n.gpus_per_node}x {n.gpu.name})" for n in self.nodes[:limit]]
