@@ -133,3 +133,18 @@ def test_training(tmp_path):
         load_training(path)
     path.write_text("global_batch_size: 64\nseq_len: 2048\nschedules: [1f1b]\n")
     assert load_training(path).schedules == ("1f1b",)
+
+
+def test_one_gpu_name_one_gpu(tmp_path):
+    inline = ("gpu: {name: %s, memory: 24 GB, peak_tflops: %d, memory_bandwidth: 900 GB/s, "
+              "intra_node_bandwidth: 32 GB/s}")
+    text = (GOOD.replace("gpu: A100-SXM4-80GB", inline % ("mine", 10))
+            .replace("gpu: v100-sxm2-32gb", inline % ("mine", 1000)))
+    with pytest.raises(InputError, match="two different GPUs are named 'mine'"):
+        load_cluster(write(tmp_path, text))
+    text = GOOD.replace("gpu: A100-SXM4-80GB", inline % ("A100-SXM4-80GB", 10))
+    with pytest.raises(InputError, match="which is the catalog's A100-SXM4-80GB with other figures"):
+        load_cluster(write(tmp_path, text))
+    same = GOOD.replace("gpu: A100-SXM4-80GB", inline % ("mine", 10)).replace(
+        "gpu: v100-sxm2-32gb", inline % ("MINE", 10))
+    assert load_cluster(write(tmp_path, same)).num_gpus == 20

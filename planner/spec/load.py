@@ -60,7 +60,29 @@ def _fill_defaults(cluster: Cluster, doc: Document, errors: list[InputError]) ->
     return cluster.model_copy(update={"nodes": tuple(groups)})
 
 
+def _figures(gpu: GpuType) -> tuple:
+    return (gpu.memory_bytes, gpu.peak_tflops, gpu.memory_bandwidth_Bps, gpu.intra_node_bandwidth_Bps)
+
+
+def _check_gpu_names(cluster: Cluster, doc: Document, errors: list[InputError]) -> None:
+    """One name, one GPU: costs, calibration and profiles are looked up by the GPU's name."""
+    seen: dict[str, tuple[GpuType, int]] = {}
+    for i, group in enumerate(cluster.nodes):
+        gpu, key = group.gpu, group.gpu.name.lower()
+        path = ("nodes", i, "gpu")
+        catalog_gpu = catalog.find_gpu(gpu.name)
+        if catalog_gpu is not None and _figures(catalog_gpu) != _figures(gpu):
+            errors.append(doc.error(path, f"the inline GPU is named {gpu.name!r}, which is the catalog's "
+                                    f"{catalog_gpu.name} with other figures; use the catalog id alone "
+                                    "or give your GPU a name of its own"))
+        elif key in seen and _figures(seen[key][0]) != _figures(gpu):
+            errors.append(doc.error(path, f"two different GPUs are named {gpu.name!r} (the other at "
+                                    f"nodes[{seen[key][1]}].gpu); give each its own name"))
+        seen.setdefault(key, (gpu, i))
+
+
 def _cross_check(cluster: Cluster, doc: Document, errors: list[InputError]) -> None:
+    _check_gpu_names(cluster, doc, errors)
     zone_names = [z.name for z in cluster.zones]
     seen: dict[str, int] = {}
     for i, zone in enumerate(cluster.zones):
