@@ -30,8 +30,13 @@ __all__ = [
 
 
 def resolve_profiles(cluster: Cluster, profiles: Any):
-    """The caller's profiles, else the ones the cluster spec names (so the API prices a plan
-    exactly as the CLI does)."""
+    """The profiles to price with: a ``ProfileSet`` as given; a folder or file path loaded;
+    ``None``: the ones the cluster spec names.  Every entry point uses this, so the API and
+    the commands price a plan alike."""
+    if isinstance(profiles, (str, Path)):
+        from planner.profile import load_profiles
+
+        return load_profiles(profiles, cluster=cluster)
     if profiles is not None or not cluster.profiles:
         return profiles
     from planner.profile import load_profiles
@@ -113,11 +118,13 @@ def _record_cost_sources(plan_: Plan, evaluation: Evaluation, profiles: Any) -> 
     return plan_.model_copy(update={"inputs": inputs})
 
 
-def replan(cluster: Cluster, old_plan: Plan, time_limit_s: float = 60.0, profiles: Any = None):
+def replan(cluster: Cluster, old_plan: Plan, time_limit_s: float = 60.0, profiles: Any = None,
+           file: str = "<plan>"):
     """Check ``old_plan`` against a changed cluster and search again (see ``planner.replan``)."""
     from planner.replan import replan as _replan
 
-    return _replan(cluster, old_plan, time_limit_s=time_limit_s, profiles=resolve_profiles(cluster, profiles))
+    return _replan(cluster, old_plan, time_limit_s=time_limit_s,
+                   profiles=resolve_profiles(cluster, profiles), file=file)
 
 
 def summarize_cluster(cluster: Cluster) -> dict:

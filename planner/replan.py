@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from planner.errors import InputError
 from planner.plan import Plan, check_plan
-from planner.spec import Cluster, Training, load_model
+from planner.plan.check import plan_training
+from planner.spec import Cluster, load_model
 
 
 @dataclass
@@ -32,34 +33,39 @@ class ReplanResult:
         return self.search.evaluation.tokens_per_s / self.old_evaluation.tokens_per_s
 
 
-def _training_of(plan: Plan) -> Training:
-    spec = dict(plan.inputs.training)
-    known = {k: spec[k] for k in ("global_batch_size", "seq_len", "precision") if k in spec}
-    return Training(**known)
-
-
 def _stage_of_device(plan: Plan) -> dict[str, int]:
     return {d: s.index for s in plan.stages for r in s.replicas for d in r.devices}
 
 
+def old_plan_status(cluster: Cluster, old: Plan, profiles=None, file: str = "<plan>"):
+    """(problems, evaluation): why ``old`` no longer runs on ``cluster`` (devices gone, memory
+    over), or ``([], its evaluation on the new cluster)``."""
+    from planner.cost import evaluate
+
+    try:
+        check_plan(cluster, old, file=file)
+        ev = evaluate(cluster, old, profiles=profiles, check=False)
+    except InputError as exc:
+        return str(exc).splitlines(), None
+    if not ev.fits:
+        return list(ev.memory_problems), None
+    return [], ev
+
+
 def replan(cluster: Cluster, old: Plan, time_limit_s: float = 60.0, profiles=None,
            file: str = "<plan>") -> ReplanResult:
-    from planner.cost import evaluate
-    from planner.search import solve
+    """``profiles``: as ``planner.api.resolve_profiles`` gives them (the API and CLI call this
+    through ``api.replan``)."""
+    from planner import api
 
+    # The model and training are the job itself: without them there is nothing to re-plan (exit 2).
     model = load_model(old.inputs.model)
-    training = _training_of(old)
-    problems: list[str] = []
-    old_ev = None
-    try:
-        check_plan(cluster, old, model, file=file)
-        old_ev = evaluate(cluster, old, profiles=profiles, model=model)
-    except InputError as exc:
-        problems = str(exc).splitlines()
+    training = plan_training(old, file)
+    problems, old_ev = old_plan_status(cluster, old, profiles, file)
     objective = old.objective
-    result = solve(cluster, model, training, objective=objective.kind, time_limit_s=time_limit_s,
-                   budget_usd_per_hour=objective.budget_usd_per_hour,
-                   min_tokens_per_s=objective.min_tokens_per_s, profiles=profiles)
+    result = api.plan(cluster, model, training, objective=objective.kind, time_limit_s=time_limit_s,
+                      budget_usd_per_hour=objective.budget_usd_per_hour,
+                      min_tokens_per_s=objective.min_tokens_per_s, profiles=profiles)
     before, after = _stage_of_device(old), _stage_of_device(result.plan)
     kept = sum(1 for d, s in after.items() if before.get(d) == s)
     moved = sorted(d for d, s in after.items() if d in before and before[d] != s)

@@ -107,10 +107,9 @@ def evaluate(cluster, plan, as_json, profiles, calibration_path):
         use_calibration(calibration_path)
     spec = load_cluster(cluster)
     the_plan = _load_plan(plan)
-    profile_set = None
-    if profiles is not None or spec.profiles:
-        from planner.profile import load_profiles
-        profile_set = load_profiles(profiles, cluster=spec, cluster_path=cluster)
+    from planner.api import resolve_profiles
+
+    profile_set = resolve_profiles(spec, profiles)
     from planner.plan.check import check_plan
 
     check_plan(spec, the_plan, file=plan)  # here, so errors name the plan file

@@ -124,10 +124,6 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     spec = load_cluster(cluster)
     model = load_model(model_name)
     training = _training(training_path, global_batch_size, seq_len, precision)
-    profile_set = None
-    if profiles_path is not None:
-        from planner.profile import load_profiles
-        profile_set = load_profiles(profiles_path, cluster=spec, cluster_path=cluster)
     err = console(quiet=True)       # progress always on stderr
 
     def progress(msg: str) -> None:
@@ -135,7 +131,7 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
             err.print(f"[dim]{msg}[/dim]", highlight=False)
 
     result = api.plan(spec, model, training, objective=spec_obj, time_limit_s=time_limit_s, top_k=top_k,
-                      launcher=launcher, profiles=profile_set, progress=progress)
+                      launcher=launcher, profiles=profiles_path, progress=progress)
     best = result.plan               # predicted, solver and launch filled by the search
     text = best.dumps()
     try:

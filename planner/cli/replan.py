@@ -1,11 +1,15 @@
 """``planner replan CLUSTER PLAN``: check an existing plan against a changed cluster and search
-again; exit 0 when the old plan is still valid, 1 when it no longer runs (a CI gate)."""
+again.  A CI gate: exit 0 when the old plan still runs, 4 when it no longer does (a new plan was
+found), 1 when no plan fits the new cluster, 2 for bad input."""
 
 from __future__ import annotations
 
 import click
 
 from planner.cli.common import console, echo_json, write_atomic
+
+# Not 1 (no feasible plan) nor 2 (bad input): CI can tell "re-deploy" from "broken".
+OLD_PLAN_INVALID_EXIT = 4
 
 
 @click.command()
@@ -19,20 +23,18 @@ from planner.cli.common import console, echo_json, write_atomic
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False), default=None,
               help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
 def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json, calibration_path):
-    """Re-plan for a changed cluster and compare with the old plan."""
+    """Re-plan for a changed cluster and compare with the old plan.
+
+    Exit 0: the old plan still runs; 4: it no longer does (the new plan is written with -o);
+    1: no plan fits the new cluster; 2: bad input."""
     from planner import api
-    from planner.replan import replan as do_replan
 
     if calibration_path is not None:
         from planner.cost.calibration import use_calibration
         use_calibration(calibration_path)
     cluster = api.load_cluster(cluster_file)
     old = api.load_plan(plan_file)
-    profiles = None
-    if profiles_dir:
-        from planner.profile import load_profiles
-        profiles = load_profiles(profiles_dir, cluster=cluster)
-    result = do_replan(cluster, old, time_limit_s=time_limit_s, profiles=profiles, file=plan_file)
+    result = api.replan(cluster, old, time_limit_s=time_limit_s, profiles=profiles_dir, file=plan_file)
     new_ev = result.search.evaluation
     if output:
         write_atomic(output, result.plan.dumps())
@@ -63,4 +65,4 @@ def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json,
         out.print(f"{result.kept_devices} devices keep their stage, {len(result.moved_devices)} move")
         if output:
             out.print(f"wrote {output}")
-    click.get_current_context().exit(0 if result.old_valid else 1)
+    click.get_current_context().exit(0 if result.old_valid else OLD_PLAN_INVALID_EXIT)

@@ -36,11 +36,7 @@ def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int, profi
     plan = load_plan(plan_file)
     from planner.api import resolve_profiles
 
-    profiles = None
-    if profiles_path is not None:
-        from planner.profile import load_profiles
-        profiles = load_profiles(profiles_path, cluster=cluster)
-    sim = simulate_plan(cluster, plan, profiles=resolve_profiles(cluster, profiles), file=plan_file)
+    sim = simulate_plan(cluster, plan, profiles=resolve_profiles(cluster, profiles_path), file=plan_file)
     if as_json:
         echo_json(sim.to_json())
         return

@@ -191,10 +191,14 @@ def _check_schedule(plan: Plan, report: _Report) -> None:
                                         f"(the schedule is {plan.schedule!r}); use 1")
 
 
+def plan_training(plan: Plan, file: str = "<plan>") -> Training:
+    """The plan's ``inputs.training`` as a validated ``Training`` (errors name the file)."""
+    return validate_model(Training, document_from_data(plan.inputs.training, file), ("inputs", "training"))
+
+
 def _check_training(plan: Plan, report: _Report) -> None:
-    doc = document_from_data(plan.inputs.training, report.file)
     try:
-        training = validate_model(Training, doc, ("inputs", "training"))
+        training = plan_training(plan, report.file)
     except InputErrors as exc:
         report.errors.extend(exc.errors)
         return
