@@ -35,3 +35,13 @@ def test_unexpected_error_is_one_line_exit_3(monkeypatch, capsys):
     assert main(["validate", "x.yaml"]) == 3
     err = capsys.readouterr().err
     assert "internal error" in err and "kaboom" in err and "Traceback" not in err
+
+
+def test_unwritable_output_is_bad_input_and_nothing_is_left(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    code = main(["plan", "cluster_specs/tiny-2gpu.yaml", "--model", "profiles/models/cpu-small.yaml",
+                 "--global-batch-size", "4", "--seq-len", "128", "-o", str(blocker / "plan.json")])
+    assert code == 2
+    assert "cannot write" in capsys.readouterr().err
+    assert blocker.read_text() == "not a folder"

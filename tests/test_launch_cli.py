@@ -11,6 +11,7 @@ import pytest
 from test_launch_formats import make_plan, rep
 
 from planner.cli.main import main
+from planner.errors import InputError
 from planner.launch import render, write
 
 UNEVEN = [[rep(["a:0", "a:1"]), rep(["a:2", "a:3"])],
@@ -82,7 +83,7 @@ def test_failed_write_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", failing_fsync)
-    with pytest.raises(OSError):
+    with pytest.raises(InputError, match="No space left on device"):  # a user-facing error, exit 2
         write(files, out)
     assert sorted(p.name for p in out.iterdir()) == ["rank_map.json"]  # no temporaries left
     assert (out / "rank_map.json").read_text() == "old\n"

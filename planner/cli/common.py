@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import click
@@ -21,18 +20,19 @@ def echo_json(data) -> None:
 
 
 def write_atomic(path: str | Path, text: str) -> None:
-    """Write via a temp file in the same folder and rename, so no half-written file is left."""
+    """Write one file via a temp file in the same folder and a rename: never half-written."""
+    from planner.launch.output import write
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        # mkstemp makes the file 0600; give it the mode a plain open() would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write({path.name: text}, path.parent)
+
+
+def check_writable(path: str | Path) -> None:
+    """Fail before long work, not after it, when ``path`` cannot be written."""
+    from planner.errors import InputError
+
+    folder = Path(path).parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise InputError(f"cannot write {path}: {folder} is not a writable folder")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from planner.cli.common import console, echo_json, write_atomic
+from planner.cli.common import check_writable, console, echo_json, write_atomic
 from planner.errors import InputError
 
 
@@ -118,6 +118,8 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
         raise InputError("--budget-usd-per-hour goes with --objective throughput (fastest plan within "
                          "the budget), not --objective cost")
     spec_obj = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
+    if output:
+        check_writable(output)
     if calibration_path is not None:
         from planner.cost.calibration import use_calibration
         use_calibration(calibration_path)

@@ -15,6 +15,8 @@ from planner.errors import InputError
 
 
 def write(files: dict[str, str], out_dir: str | Path) -> list[Path]:
+    """Write ``files`` (name -> text) into ``out_dir``: all of them or none; an OS failure is an
+    ``InputError`` naming the folder."""
     out = Path(out_dir)
     for name in files:
         # Names come from our own writers; refuse anything that could leave the folder.
@@ -23,7 +25,10 @@ def write(files: dict[str, str], out_dir: str | Path) -> list[Path]:
     if out.exists() and not out.is_dir():
         raise InputError(f"launch: -o {out} exists and is not a folder")
     created_dir = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the folder {out}: {exc.strerror or exc}") from None
     staged: list[tuple[str, Path]] = []
     try:
         for name in sorted(files):
@@ -35,7 +40,7 @@ def write(files: dict[str, str], out_dir: str | Path) -> list[Path]:
                 os.fsync(fh.fileno())
             # Node scripts are run directly; the rest are data.
             os.chmod(tmp, 0o755 if name.endswith(".sh") else 0o644)
-    except BaseException:
+    except BaseException as exc:
         for tmp, _ in staged:
             Path(tmp).unlink(missing_ok=True)
         if created_dir:
@@ -43,6 +48,8 @@ def write(files: dict[str, str], out_dir: str | Path) -> list[Path]:
                 out.rmdir()
             except OSError:
                 pass
+        if isinstance(exc, OSError):
+            raise InputError(f"cannot write to {out}: {exc.strerror or exc}") from None
         raise
     for tmp, final in staged:
         os.replace(tmp, final)
