@@ -311,3 +311,11 @@ def test_device_ids_are_canonical(device):
     with pytest.raises(ValueError, match="is not '<node name>:<local GPU index>'"):
         parse_device(device)
     assert parse_device("a100-0:12") == ("a100-0", 12)
+
+
+def test_plan_from_json_errors_are_input_errors():
+    from planner.errors import InputError
+
+    with pytest.raises(InputError, match="micro_batch_size"):
+        Plan.from_json({"schema": "planner.plan/v1", "inputs": {"cluster": "c", "model": "opt-350m",
+                        "training": {}}, "num_micro_batches": 1, "stages": []})

@@ -148,3 +148,15 @@ def test_one_gpu_name_one_gpu(tmp_path):
     same = GOOD.replace("gpu: A100-SXM4-80GB", inline % ("mine", 10)).replace(
         "gpu: v100-sxm2-32gb", inline % ("MINE", 10))
     assert load_cluster(write(tmp_path, same)).num_gpus == 20
+
+
+def test_inline_gpu_errors_are_reported_once(tmp_path):
+    text = GOOD.replace("gpu: A100-SXM4-80GB", "gpu: {name: mine, memory: 24 GB}")
+    with pytest.raises(InputError) as info:
+        load_cluster(write(tmp_path, text))
+    lines = str(info.value).splitlines()
+    assert len(lines) == len(set(lines)) == 3  # peak_tflops, memory_bandwidth, intra_node_bandwidth
+
+
+def test_microsecond_sign_parses():
+    assert parse_time_s("5 µs") == pytest.approx(5e-6)

@@ -33,7 +33,9 @@ class LazyGroup(click.Group):
             return None
         try:
             module = importlib.import_module(f"planner.cli.{module_name}")
-        except ModuleNotFoundError:
+        except ModuleNotFoundError as exc:
+            if exc.name != f"planner.cli.{module_name}":
+                raise  # a missing dependency inside the command is a bug, not "no such command"
             return None
         return getattr(module, name.replace("-", "_"), None)
 

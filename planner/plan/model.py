@@ -167,8 +167,11 @@ class Plan(BaseModel):
 
     # -- (de)serialisation ---------------------------------------------------------------
     @classmethod
-    def from_json(cls, data: dict) -> Plan:
-        return cls.model_validate(data)
+    def from_json(cls, data: dict, file: str = "<plan>") -> Plan:
+        """Validate plan data; problems are ``InputErrors`` naming the field paths."""
+        from planner.spec.source import document_from_data, validate_model
+
+        return validate_model(cls, document_from_data(data, file))
 
     def to_json(self) -> dict:
         return json.loads(self.dumps())

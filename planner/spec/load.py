@@ -11,17 +11,20 @@ from planner.errors import InputError, InputErrors
 from planner.spec.cluster import DEFAULT_ZONE, Cluster
 from planner.spec.gpu import GpuType
 from planner.spec.model import ModelSpec
-from planner.spec.source import Document, document_from_data, load_yaml, validate_model
+from planner.spec.source import Document, document_from_data, format_field_path, load_yaml, validate_model
 from planner.spec.training import Training
 
 # A node whose GPU type has no catalog NIC figure and whose spec gives none: we refuse to
 # guess, since the inter-node bandwidth decides data- and pipeline-parallel costs.
 
 
-def _resolve_gpus(doc: Document, errors: list[InputError]) -> None:
+def _resolve_gpus(doc: Document, errors: list[InputError]) -> set[str]:
+    """Replace each node's ``gpu`` by a ``GpuType``; returns the field paths of the GPUs whose
+    errors are already in ``errors`` (the cluster model would report them a second time)."""
+    failed: set[str] = set()
     nodes = doc.data.get("nodes") if isinstance(doc.data, dict) else None
     if not isinstance(nodes, list):
-        return
+        return failed
     for i, node in enumerate(nodes):
         if not isinstance(node, dict) or "gpu" not in node:
             continue
@@ -40,8 +43,10 @@ def _resolve_gpus(doc: Document, errors: list[InputError]) -> None:
                 node["gpu"] = validate_model(GpuType, doc, path, data=value)
             except InputErrors as exc:
                 errors.extend(exc.errors)
+                failed.add(format_field_path(path))
         else:
             errors.append(doc.error(path, "gpu must be a catalog id or a mapping"))
+    return failed
 
 
 def _fill_defaults(cluster: Cluster, doc: Document, errors: list[InputError]) -> Cluster:
@@ -131,11 +136,13 @@ def cluster_from_document(doc: Document) -> Cluster:
     if not isinstance(doc.data, dict):
         raise doc.error((), "a cluster spec is a mapping with name, nodes and optionally zones, links")
     errors: list[InputError] = []
-    _resolve_gpus(doc, errors)
+    failed = _resolve_gpus(doc, errors)
     try:
         cluster = validate_model(Cluster, doc)
     except InputErrors as exc:
-        raise InputErrors(errors + exc.errors) from None
+        fresh = [e for e in exc.errors
+                 if not (e.location and any((e.location.field or "").startswith(f) for f in failed))]
+        raise InputErrors(errors + fresh) from None
     _cross_check(cluster, doc, errors)
     cluster = _fill_defaults(cluster, doc, errors)
     if errors:

@@ -10,14 +10,14 @@ import math
 import re
 
 _NUMBER = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|NaN|inf|Inf)"
-_PATTERN = re.compile(rf"^\s*{_NUMBER}\s*([A-Za-z/]+)\s*$")
+_PATTERN = re.compile(rf"^\s*{_NUMBER}\s*([A-Za-zµ/]+)\s*$")
 
 # unit -> bytes per second
 BANDWIDTH_UNITS_BPS = {
     "bit/s": 1 / 8, "bps": 1 / 8,
     "kbit/s": 1e3 / 8, "kbps": 1e3 / 8,
     "mbit/s": 1e6 / 8, "mbps": 1e6 / 8,
-    "gbit/s": 1e9 / 8, "gbps": 1e9 / 8, "gb/s_bits": 1e9 / 8,
+    "gbit/s": 1e9 / 8, "gbps": 1e9 / 8,
     "tbit/s": 1e12 / 8, "tbps": 1e12 / 8,
     "b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9, "tb/s": 1e12,
     "kib/s": 2**10, "mib/s": 2**20, "gib/s": 2**30,
