@@ -71,7 +71,7 @@ BAD_CASES = {
     "negative bandwidth": (GOOD.replace("100 Gbps", "-100 Gbps"), "7:", "positive"),
     "nan": (GOOD.replace("gpus_per_node: 8", "gpus_per_node: .nan"), "6:", "finite"),
     "unknown gpu": (GOOD.replace("A100-SXM4-80GB", "B300"), "6:", "unknown GPU type 'B300'"),
-    "unknown link zone": (GOOD.replace("[a, b]", "[a, c]"), "9:", "unknown zone 'c'"),
+    "unknown link zone": (GOOD.replace("[a, b]", "[a, c]"), "9:", "link to unknown zone or region 'c'"),
     "node in unknown zone": (GOOD.replace("zone: b", "zone: q"), "7:", "unknown zone 'q'"),
     "no link": (GOOD.replace("links:\n  - {between: [a, b], bandwidth: 10 Gbit/s, latency: 30 ms}\n", ""),
                 "", "no link joins them"),
@@ -90,6 +90,8 @@ def test_bad_cluster_is_one_located_error(tmp_path, case, capsys):
         load_cluster(path)
     message = str(info.value)
     assert needle in message
+    # One problem, one message (the inline GPU lacks three figures: three problems).
+    assert len(message.splitlines()) == (3 if case == "inline gpu missing figure" else 1), message
     assert f"{path}:{where}" in message
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
@@ -160,3 +162,30 @@ def test_inline_gpu_errors_are_reported_once(tmp_path):
 
 def test_microsecond_sign_parses():
     assert parse_time_s("5 µs") == pytest.approx(5e-6)
+
+
+def test_links_may_join_regions(tmp_path):
+    text = """\
+name: regions
+zones:
+  - {name: a1, region: east}
+  - {name: a2, region: east}
+  - {name: b1, region: west}
+nodes:
+  - {name: x, zone: a1, gpu: A100-SXM4-80GB, gpus_per_node: 8}
+  - {name: y, zone: a2, gpu: A100-SXM4-80GB, gpus_per_node: 8}
+  - {name: z, zone: b1, gpu: A100-SXM4-80GB, gpus_per_node: 8}
+links:
+  - {between: [a1, a2], bandwidth: 100 Gbit/s, latency: 1 ms}
+  - {between: [east, west], bandwidth: 5 Gbit/s, latency: 40 ms}
+"""
+    cluster = load_cluster(write(tmp_path, text))
+    assert cluster.link("a2", "b1").latency_s == pytest.approx(0.04)   # via the regions
+    assert cluster.link("a1", "a2").latency_s == pytest.approx(0.001)  # the zones' own link
+    from planner.topology import Topology
+
+    path = Topology(cluster).p2p("y:0", "z:0")
+    assert path.kind == "zone-link" and path.bandwidth_Bps == pytest.approx(5e9 / 8)
+    bad = text.replace("[east, west]", "[east, north]")
+    with pytest.raises(InputError, match="unknown zone or region 'north'"):
+        load_cluster(write(tmp_path, bad))

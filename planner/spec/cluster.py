@@ -119,11 +119,18 @@ class Cluster(BaseModel):
     def num_gpus(self) -> int:
         return sum(n.group.gpus_per_node for n in self.node_list)
 
+    def region_of(self, zone: str) -> str | None:
+        return next((z.region for z in self.zones if z.name == zone), None)
+
     def link(self, zone_a: str, zone_b: str) -> LinkSpec | None:
-        for link in self.links:
-            if set(link.between) == {zone_a, zone_b} or (zone_a == zone_b == link.between[0] ==
-                                                          link.between[1]):
-                return link
+        """The link between two zones: one named for the zones themselves, else one between
+        their regions (DESIGN §2: links join zones or regions)."""
+        for pair in ((zone_a, zone_b), (self.region_of(zone_a), self.region_of(zone_b))):
+            if None in pair:
+                continue
+            for link in self.links:
+                if set(link.between) == set(pair) and (pair[0] != pair[1] or link.between[0] == link.between[1]):
+                    return link
         return None
 
     def sha256(self) -> str:

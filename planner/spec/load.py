@@ -36,6 +36,7 @@ def _resolve_gpus(doc: Document, errors: list[InputError]) -> set[str]:
                 errors.append(doc.error(path, f"unknown GPU type {value!r}; use a catalog id "
                                         f"({', '.join(catalog.gpus())}) or a mapping with name, "
                                         "memory, peak_tflops, memory_bandwidth, intra_node_bandwidth"))
+                failed.add(format_field_path(path))
             else:
                 node["gpu"] = found
         elif isinstance(value, dict):
@@ -46,6 +47,7 @@ def _resolve_gpus(doc: Document, errors: list[InputError]) -> set[str]:
                 failed.add(format_field_path(path))
         else:
             errors.append(doc.error(path, "gpu must be a catalog id or a mapping"))
+            failed.add(format_field_path(path))
     return failed
 
 
@@ -110,12 +112,14 @@ def _cross_check(cluster: Cluster, doc: Document, errors: list[InputError]) -> N
                                         f"{doc.locate(node_names[name])})"))
                 break
             node_names[name] = ("nodes", i)
+    regions = {z.region for z in cluster.zones if z.region}
     pairs: set[frozenset] = set()
     for i, link in enumerate(cluster.links):
         for j, zone in enumerate(link.between):
-            if zone not in zone_names:
-                errors.append(doc.error(("links", i, "between", j), f"link to unknown zone "
-                                        f"{zone!r}; zones: {', '.join(zone_names) or '(none)'}"))
+            if zone not in zone_names and zone not in regions:
+                errors.append(doc.error(("links", i, "between", j), f"link to unknown zone or region "
+                                        f"{zone!r}; zones: {', '.join(zone_names) or '(none)'}"
+                                        + (f"; regions: {', '.join(sorted(regions))}" if regions else "")))
         key = frozenset(link.between)
         if key in pairs:
             errors.append(doc.error(("links", i, "between"), "duplicate link between "
@@ -124,9 +128,12 @@ def _cross_check(cluster: Cluster, doc: Document, errors: list[InputError]) -> N
         if link.aggregate_bandwidth_Bps is not None and link.aggregate_bandwidth_Bps < link.bandwidth_Bps:
             errors.append(doc.error(("links", i, "aggregate_bandwidth"),
                                     "aggregate_bandwidth must be at least the per-flow bandwidth"))
+    typo_in_links = any(z not in zone_names and z not in regions for link in cluster.links for z in link.between)
     used = sorted({cluster.zone_of(g) for g in cluster.nodes})
     for a, b in combinations(used, 2):
-        if frozenset((a, b)) not in pairs and a in zone_names and b in zone_names:
+        if typo_in_links:
+            break  # a link to an unknown zone is most likely the missing one: one message
+        if frozenset((a, b)) not in pairs and cluster.link(a, b) is None and a in zone_names and b in zone_names:
             errors.append(doc.error(("links",), f"zones {a!r} and {b!r} both hold nodes but no link "
                                     f"joins them; add e.g. '- {{between: [{a}, {b}], bandwidth: "
                                     "10 Gbit/s, latency: 20 ms}'"))

@@ -21,6 +21,7 @@ Choices:
 
 from __future__ import annotations
 
+import itertools
 import math
 from functools import lru_cache
 from itertools import pairwise
@@ -69,13 +70,13 @@ class Topology:
             g.add_nodes_from(devs, kind="device", node=node.name)
             g.add_edges_from(((d, ("node", node.name)) for d in devs),
                              bandwidth_Bps=node.group.intra_Bps, latency_s=INTRA_NODE_LATENCY_S)
-        for link in self.cluster.links:
-            a, b = link.between
-            if a == b:
-                continue
-            g.add_edge(("zone", a), ("zone", b), bandwidth_Bps=link.bandwidth_Bps,
-                       aggregate_Bps=link.aggregate_bandwidth_Bps or math.inf,
-                       latency_s=link.latency_s)
+        zones = self.cluster.zone_names
+        for a, b in itertools.combinations(zones, 2):  # zone links, or their regions' link
+            link = self.cluster.link(a, b)
+            if link is not None:
+                g.add_edge(("zone", a), ("zone", b), bandwidth_Bps=link.bandwidth_Bps,
+                           aggregate_Bps=link.aggregate_bandwidth_Bps or math.inf,
+                           latency_s=link.latency_s)
         return g
 
     # -- look-ups ----------------------------------------------------------------------
