@@ -23,6 +23,7 @@ class GpuType(BaseModel):
     # Catalog-only figures (optional inline).
     nic_bandwidth_per_gpu_Bps: BandwidthBps | None = Field(default=None, alias="nic_bandwidth_per_gpu")
     typical_gpus_per_node: PositiveInt | None = None
+    supports_bf16: bool = Field(default=True, alias="bf16", description="false for Volta and Turing")
     vendor: str | None = None
     architecture: str | None = None
     aliases: tuple[str, ...] = ()
