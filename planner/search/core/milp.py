@@ -41,13 +41,39 @@ class MilpSettings:
     threads: int | None = 1       # HiGHS threads are process-wide; one keeps runs reproducible
 
 
+if HAVE_HIGHS:
+    class _HiGHS(pulp.HiGHS):
+        """pulp's HiGHS with a wall-clock guard: HiGHS's own time limit is not checked
+        everywhere (a 1f1b tuple of the README job ran past it by minutes), so its interrupt
+        callbacks stop it shortly after the limit too."""
+
+        def __init__(self, *args, hard_deadline: float | None = None, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.hard_deadline = hard_deadline
+
+        def createAndConfigureSolver(self, lp):
+            super().createAndConfigureSolver(lp)
+            stop = self.hard_deadline
+            if stop is None:
+                return
+
+            def guard(event):
+                if time.monotonic() > stop:
+                    event.interrupt()
+
+            model = lp.solverModel
+            model.cbMipInterrupt += guard
+            model.cbSimplexInterrupt += guard
+            model.cbIpmInterrupt += guard
+
+
 def _solver(settings: MilpSettings, time_left_s: float, cutoff: float | None = None):
     limit = max(0.05, time_left_s)
     if HAVE_HIGHS:
         extra = {"objective_bound": float(cutoff)} if cutoff is not None and math.isfinite(cutoff) else {}
-        return pulp.HiGHS(msg=False, timeLimit=limit, gapRel=settings.gap_rel, threads=settings.threads,
-                          mip_abs_gap=1e-12, mip_feasibility_tolerance=1e-9,
-                          primal_feasibility_tolerance=1e-9, **extra)
+        return _HiGHS(msg=False, timeLimit=limit, gapRel=settings.gap_rel, threads=settings.threads,
+                      mip_abs_gap=1e-12, mip_feasibility_tolerance=1e-9,
+                      primal_feasibility_tolerance=1e-9, hard_deadline=time.monotonic() + limit + 0.05, **extra)
     return pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, math.ceil(limit)), gapRel=settings.gap_rel)
 
 
@@ -212,8 +238,10 @@ class CoreMilp:
               deadline: float | None = None, cutoff: float | None = None) -> CoreSolution:
         """``mode="time"``: min objective.  ``mode="price"``: min price with objective <= cap.
 
-        ``cutoff``: only solutions below it are of interest (HiGHS ``objective_bound``); when
-        none exists the status is ``cutoff`` and ``bound`` is the cutoff.
+        ``cutoff``: only solutions below it are of interest (a constraint ``objective <=
+        cutoff``; HiGHS's ``objective_bound`` option made a 1f1b tuple of the README job run
+        past every time limit); when none exists the status is ``cutoff`` and ``bound`` the
+        cutoff.
         """
         deadline = deadline or time.monotonic() + settings.time_limit_s
         if self.empty_stage:
@@ -225,13 +253,15 @@ class CoreMilp:
             self.lp.setObjective(self.price)
         else:
             self.lp.setObjective(self.obj)
+            if cutoff is not None and math.isfinite(cutoff):
+                extra.append(self.obj <= cutoff)
         names = []
         for i, c in enumerate(extra):
             name = f"cap_{i}_{id(c)}"
             self.lp.addConstraint(c, name)
             names.append(name)
         try:
-            status, sol_status, info = self._run(settings, deadline, cutoff)
+            status, sol_status, info = self._run(settings, deadline)
         finally:
             with warnings.catch_warnings():   # pulp 3.3 deprecates the dict view; 3.x has no other
                 warnings.simplefilter("ignore", DeprecationWarning)
@@ -245,6 +275,8 @@ class CoreMilp:
             bound = None
             if info is not None and math.isfinite(info.mip_dual_bound):
                 bound = float(info.mip_dual_bound)
+                if cutoff is not None and math.isfinite(cutoff):
+                    bound = min(bound, cutoff)     # it bounds the solutions under the cutoff only
             return CoreSolution(status="unknown", bound=bound)
         if cutoff is not None and math.isfinite(cutoff) and info is not None and \
                 math.isfinite(info.mip_dual_bound) and info.mip_dual_bound >= cutoff * (1 - 1e-12):
