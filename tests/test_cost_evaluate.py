@@ -36,7 +36,7 @@ def make_plan(**kw) -> Plan:
     data = {
         "schema": "planner.plan/v1",
         "inputs": {"cluster": "two-zones", "model": MODEL,
-                   "training": {"global_batch_size": 64, "seq_len": 1024, "precision": "bf16"}},
+                   "training": {"global_batch_size": 64, "seq_len": 1024, "precision": "fp16"}},
         "micro_batch_size": 4, "num_micro_batches": 16, "schedule": "1f1b",
         "recompute": "selective", "zero_stage": 1, "sequence_parallel": True,
         "stages": [
@@ -107,7 +107,7 @@ def test_schedule_and_recompute_move_the_terms(cluster):
 def test_memory_problem_names_device_amount_and_fixes(cluster):
     big = dict(MODEL, num_layers=8, hidden_size=16384, num_attention_heads=128)
     plan = make_plan(inputs={"cluster": "two-zones", "model": big,
-                             "training": {"global_batch_size": 64, "seq_len": 1024}},
+                             "training": {"global_batch_size": 64, "seq_len": 1024, "precision": "fp16"}},
                      zero_stage=0, recompute="none")
     ev = evaluate(cluster, plan)
     assert not ev.fits
@@ -134,7 +134,7 @@ def test_cli_evaluate_prints_and_exits(tmp_path, cluster):
     assert res.exit_code == 0 and "dp_sync_exposed" in res.output and "MFU" in res.output
     big = make_plan(zero_stage=0, recompute="none", inputs={
         "cluster": "two-zones", "model": dict(MODEL, hidden_size=16384, num_attention_heads=128),
-        "training": {"global_batch_size": 64, "seq_len": 1024}})
+        "training": {"global_batch_size": 64, "seq_len": 1024, "precision": "fp16"}})
     ppath.write_text(big.dumps())
     assert main(["evaluate", str(cpath), str(ppath)]) == 1
 

@@ -29,7 +29,7 @@ def hand_plan() -> dict:
     return {
         "schema": "planner.plan/v1",
         "inputs": {"cluster": "tiny-mixed", "model": "opt-350m",
-                   "training": {"global_batch_size": 32, "seq_len": 2048, "precision": "bf16"}},
+                   "training": {"global_batch_size": 32, "seq_len": 2048, "precision": "fp16"}},
         "micro_batch_size": 4, "num_micro_batches": 8, "schedule": "1f1b",
         "stages": [
             {"index": 0, "blocks": [0, 14], "embedding": True, "head": False, "replicas": [
@@ -267,7 +267,7 @@ def test_rank_map_node_order_follows_plan():
     cluster = load_cluster(SPECS / "tiny-2zone.yaml")
     data = {**hand_plan(), "micro_batch_size": 2, "num_micro_batches": 16,
             "inputs": {"cluster": "tiny-2zone", "model": "opt-350m",
-                       "training": {"global_batch_size": 32, "seq_len": 1024}}}
+                       "training": {"global_batch_size": 32, "seq_len": 1024, "precision": "fp16"}}}
     data["stages"] = [
         {"index": 0, "blocks": [0, 12], "embedding": True, "replicas": [
             {"gpu_type": "L4", "tp": 2, "micro_batch_share": 2, "devices": ["l4-1:0", "l4-1:1"]}]},
@@ -319,3 +319,14 @@ def test_plan_from_json_errors_are_input_errors():
     with pytest.raises(InputError, match="micro_batch_size"):
         Plan.from_json({"schema": "planner.plan/v1", "inputs": {"cluster": "c", "model": "opt-350m",
                         "training": {}}, "num_micro_batches": 1, "stages": []})
+
+
+def test_bf16_on_a_gpu_without_bf16_is_refused():
+    from planner.errors import InputError
+    from planner.plan.check import check_plan
+
+    data = hand_plan()
+    data["inputs"]["training"]["precision"] = "bf16"
+    cluster = load_cluster(SPECS / "tiny-mixed.yaml")
+    with pytest.raises(InputError, match="V100-SXM2-32GB has no bf16, but inputs.training.precision is bf16"):
+        check_plan(cluster, Plan.from_json(data))

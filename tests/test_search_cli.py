@@ -4,6 +4,7 @@ stdout stays JSON with --json; bad flags exit 2, an infeasible job exits 1 with 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +62,17 @@ def test_infeasible_exits_1_with_the_numbers(capsys):
     err = capsys.readouterr().err
     assert code == 1
     assert "GiB" in err and "over by" in err and "would fit" in err
+
+
+def test_bf16_search_leaves_gpus_without_bf16_idle_and_says_why():
+    from planner import api
+
+    cluster = api.load_cluster(Path(__file__).parent.parent / "cluster_specs" / "tiny-mixed.yaml")
+    model = api.load_model({"name": "small", "num_layers": 4, "hidden_size": 256,
+                            "num_attention_heads": 4, "vocab_size": 1000})
+    bf16 = api.plan(cluster, model, api.Training(global_batch_size=8, seq_len=256), time_limit_s=30)
+    assert all(d.startswith("a100") for d in bf16.plan.devices())
+    assert any("V100-SXM2-32GB has no bf16" in line for line in bf16.idle)
+    fp16 = api.plan(cluster, model, api.Training(global_batch_size=8, seq_len=256, precision="fp16"),
+                    time_limit_s=30)
+    assert not any("no bf16" in line for line in fp16.idle)

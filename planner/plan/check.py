@@ -89,7 +89,7 @@ def _gpu_matches(name: str, node_gpu: str) -> bool:
     return found is not None and found.name == node_gpu
 
 
-def _check_devices(cluster: Cluster, plan: Plan, report: _Report) -> None:
+def _check_devices(cluster: Cluster, plan: Plan, report: _Report, precision: str | None) -> None:
     nodes = cluster.node_by_name
     node_names = ", ".join(f"{n.name} ({n.gpus_per_node}x {n.gpu.name})" for n in cluster.node_list[:12])
     if len(cluster.node_list) > 12:
@@ -122,10 +122,13 @@ def _check_devices(cluster: Cluster, plan: Plan, report: _Report) -> None:
                 report.add(rep_path + ("devices",), f"a replica lives inside one node, but these "
                                                     f"devices span {', '.join(rep_nodes)}")
             if rep_nodes:
-                gpu = nodes[rep_nodes[0]].gpu.name
-                if not _gpu_matches(rep.gpu_type, gpu):
+                gpu = nodes[rep_nodes[0]].gpu
+                if not _gpu_matches(rep.gpu_type, gpu.name):
                     report.add(rep_path + ("gpu_type",), f"gpu_type {rep.gpu_type!r} does not match "
-                                                         f"node {rep_nodes[0]!r}, which holds {gpu}")
+                                                         f"node {rep_nodes[0]!r}, which holds {gpu.name}")
+                elif precision == "bf16" and not gpu.supports_bf16:
+                    report.add(rep_path + ("gpu_type",), f"{gpu.name} has no bf16, but "
+                               "inputs.training.precision is bf16; use fp16 or another GPU type")
 
 
 def _check_stages(plan: Plan, model: ModelSpec | None, report: _Report) -> None:
@@ -245,6 +248,6 @@ def check_plan(cluster: Cluster, plan: Plan, model=None, file: str = "<plan>") -
     _check_training(plan, report)
     _check_stages(plan, resolved, report)
     _check_schedule(plan, report)
-    _check_devices(cluster, plan, report)
+    _check_devices(cluster, plan, report, plan.inputs.training.get("precision", "bf16"))
     if report.errors:
         raise InputErrors(report.errors)

@@ -93,5 +93,12 @@ class ClassInfo:
         return out
 
 
-def class_infos(topology) -> list[ClassInfo]:
-    return [ClassInfo(i, c) for i, c in enumerate(topology.node_classes())]
+def class_infos(topology, precision: str | None = None) -> list[ClassInfo]:
+    """The node classes a plan may use; with ``precision="bf16"`` only GPU types that have
+    bf16 (Volta and Turing do not: a bf16 job would not start on them)."""
+    usable = [c for c in topology.node_classes() if precision != "bf16" or c.gpu.supports_bf16]
+    return [ClassInfo(i, c) for i, c in enumerate(usable)]
+
+
+def classes_without_bf16(topology) -> list:
+    return [c for c in topology.node_classes() if not c.gpu.supports_bf16]

@@ -49,7 +49,7 @@ def _compositions(total: int, parts: int, step: int):
 def oracle(cluster, model, training, objective: str | ObjectiveSpec = "throughput",
            launcher: str | None = None, max_plans: int = 2_000_000) -> OracleResult:
     spec = parse_objective(objective) if isinstance(objective, str) else objective
-    classes = class_infos(topology_for(cluster))
+    classes = class_infos(topology_for(cluster), training.precision)
     best_key, best = None, (None, None)
     count = unfit = 0
     training.global_batch_size * training.seq_len

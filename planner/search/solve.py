@@ -22,7 +22,7 @@ from planner.cost.flops import model_flops_per_iteration
 from planner.errors import InfeasibleError, InputError
 from planner.plan import Plan
 from planner.plan.model import SolverReport
-from planner.search.classes import class_infos
+from planner.search.classes import class_infos, classes_without_bf16
 from planner.search.core.milp import CoreMilp, MilpSettings
 from planner.search.core.problem import quick_bound, relative_gap
 from planner.search.diagnose import explain_infeasible
@@ -104,7 +104,12 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     spec = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
     deadline = t0 + time_limit_s
     topo = topology_for(cluster)
-    classes = class_infos(topo)
+    classes = class_infos(topo, training.precision)
+    no_bf16 = classes_without_bf16(topo) if training.precision == "bf16" else []
+    if not classes:
+        raise InfeasibleError(f"no GPU type of cluster {cluster.name!r} computes in bf16 "
+                              f"({', '.join(sorted({c.gpu.name for c in no_bf16}))}); train with "
+                              "--precision fp16 (training.precision: fp16)")
     if spec.needs_prices and any(c.node_price_usd_per_hour is None for c in classes):
         missing = sorted({c.gpu.name for c in classes if c.node_price_usd_per_hour is None})
         raise InputError(f"objective {spec.kind!r} needs prices, but nodes of {', '.join(missing)} have "
@@ -429,8 +434,11 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
             pass
         final.append(plan.model_copy(update=update))
     report = SolverReport(**report_fields)
-    return SearchResult(plans=final, evaluations=evals, report=report,
-                        idle=idle_gpus(classes, final[0], cluster, proved=status == "optimal"))
+    idle = idle_gpus(classes, final[0], cluster, proved=status == "optimal")
+    for c in classes_without_bf16(topology_for(cluster)) if training.precision == "bf16" else []:
+        idle.append(f"{c.num_gpus} GPUs of {c.name} idle: {c.gpu.name} has no bf16; train with "
+                    "--precision fp16 to use them")
+    return SearchResult(plans=final, evaluations=evals, report=report, idle=idle)
 
 
 def aggregate_compute_bound_s(model, training, classes) -> float:
