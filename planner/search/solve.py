@@ -171,12 +171,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
                      gap_rel, time_like)
             continue
         prob = pricer.price(knobs, ctx, keys)
-        if launcher:
-            prob.same_group = True
-            for o in prob.options:
-                o.group = (o.label.tp, o.label.replicas)
-        if spec.kind == "throughput-under-budget":
-            prob.budget_usd_per_hour = spec.budget_usd_per_hour
+        _prepare(prob, spec, launcher)
         lb = quick_bound(prob) if prob.options else None
         if lb is None:
             stats["empty"] += 1
