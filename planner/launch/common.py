@@ -221,11 +221,13 @@ def check_uniform(plan: Plan, fmt: str, tool: str) -> None:
             problems.add(f"stage {stage.index} has {len(stage.replicas)} replicas, stage 0 has "
                          f"{len(ref.replicas)}: {tool} needs the same data-parallel size on every stage")
     for stage in plan.stages:
-        for j, replica in enumerate(stage.replicas):
-            if replica.tp != ref_tp:
-                problems.add(f"stage {stage.index} replica {j} has tp {replica.tp}, stage 0 replica 0 "
-                             f"has tp {ref_tp}: {tool} needs the same tensor-parallel size on every "
-                             "replica of every stage")
+        odd = [j for j, replica in enumerate(stage.replicas) if replica.tp != ref_tp]
+        if odd:  # one line per stage, naming the first replica that differs
+            j = odd[0]
+            others = f" (and {len(odd) - 1} more of its replicas)" if len(odd) > 1 else ""
+            problems.add(f"stage {stage.index} replica {j}{others} has tp {stage.replicas[j].tp}, stage 0 "
+                         f"replica 0 has tp {ref_tp}: {tool} needs the same tensor-parallel size on every "
+                         "replica of every stage")
         shares = [r.micro_batch_share for r in stage.replicas]
         if len(set(shares)) > 1:
             problems.add(f"stage {stage.index} splits each micro-batch unevenly between its replicas "
