@@ -109,8 +109,8 @@ def _record_cost_sources(plan_: Plan, evaluation: Evaluation, profiles: Any) -> 
     """Write into ``inputs.profiles`` which layer costs were measured and which estimated
     (issue: a prediction says what it rests on)."""
     record: dict[str, Any] = {
-        "measured": sorted(k for k, v in evaluation.sources.items() if v != "estimated"),
-        "estimated": sorted(k for k, v in evaluation.sources.items() if v == "estimated"),
+        kind: sorted(k for k, v in evaluation.sources.items() if v == kind)
+        for kind in ("measured", "interpolated", "estimated")
     }
     if profiles is not None and hasattr(profiles, "usage"):
         record["files"] = profiles.usage().get("files", [])

@@ -100,3 +100,14 @@ def test_calibration_flag_changes_the_roofline_for_one_command(tmp_path, capsys)
     assert compute_s() == shipped  # the flag held for one command only
     assert main(["evaluate", str(cluster), str(plan_file), "--calibration", str(tmp_path / "none.yaml")]) == 2
     assert "calibration file not found" in capsys.readouterr().err
+
+
+def test_interpolated_layer_costs_are_recorded_as_such():
+    cluster = api.load_cluster(ROOT / "cluster_specs" / "cpu-local.yaml")
+    # The cpu profiles measured micro-batches 1, 2, 4, 8: a share of 3 is interpolated.
+    result = api.plan(cluster, api.load_model(SMALL),
+                      api.Training(global_batch_size=3, seq_len=128, micro_batch_sizes=(3,)),
+                      time_limit_s=30)
+    record = result.plan.inputs.profiles
+    assert any("/mb3/" in k for k in record["interpolated"]), record
+    assert not any("/mb3/" in k for k in record["measured"])

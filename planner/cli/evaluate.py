@@ -130,8 +130,9 @@ def evaluate(cluster, plan, as_json, profiles, calibration_path):
         out.print(summary)
         for term, value, formula in ev.details:
             out.print(f"{term} = {value:.4g}: {formula}")
-        measured = sum(1 for v in ev.sources.values() if v == "measured")
-        out.print(f"layer costs: {measured} measured, {len(ev.sources) - measured} estimated (roofline)")
+        count = {k: sum(1 for v in ev.sources.values() if v == k) for k in ("measured", "interpolated", "estimated")}
+        out.print(f"layer costs: {count['measured']} measured, {count['interpolated']} interpolated between "
+                  f"measured micro-batches, {count['estimated']} estimated (roofline)")
         out.print(_memory_table(ev, the_plan))
     if not ev.fits:
         raise InfeasibleError("the plan does not fit in memory:\n  " + "\n  ".join(ev.memory_problems))

@@ -121,12 +121,19 @@ def _block_roofline(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> tupl
 
 
 def _lookup(ctx: CostContext, gpu: GpuType, kind: str, share: int, tp: int):
-    if ctx.profiles is None:
-        return None
-    try:
-        return ctx.profiles.lookup(gpu.name, kind, share, tp, ctx.seq_len, ctx.model)
-    except (KeyError, LookupError):
-        return None
+    """Measured (forward_s, backward_s) or None; records in ``ctx.sources`` whether the layer
+    cost was measured, interpolated between measured micro-batches, or estimated (roofline)."""
+    found, source = None, "estimated"
+    if ctx.profiles is not None:
+        try:
+            found = ctx.profiles.lookup(gpu.name, kind, share, tp, ctx.seq_len, ctx.model)
+        except (KeyError, LookupError):
+            found = None
+        if found is not None:
+            source_of = getattr(ctx.profiles, "source_of", None)
+            source = source_of(gpu.name, kind, share, tp, ctx.seq_len) if source_of else "measured"
+    ctx.sources[f"{gpu.name}/{kind}/mb{share}/tp{tp}"] = source
+    return found
 
 
 def block_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, share: int) -> ReplicaTiming:
@@ -139,7 +146,6 @@ def block_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, shar
     measured = _lookup(ctx, gpu, "block", share, tp)
     if measured is not None:
         fwd, bwd = measured
-    ctx.sources[f"{gpu.name}/block/mb{share}/tp{tp}"] = "measured" if measured else "estimated"
     recompute = {"none": 0.0, "selective": core, "full": fwd}[ctx.recompute]
     act = share * ctx.seq_len * ctx.model.hidden_size * ctx.activation_bytes
     coll = tp_collective_s(ctx, act, tp, intra_Bps, gpu)
@@ -164,7 +170,6 @@ def embedding_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, 
     measured = _lookup(ctx, gpu, "embedding", share, tp)
     if measured is not None:
         fwd, bwd = measured
-    ctx.sources[f"{gpu.name}/embedding/mb{share}/tp{tp}"] = "measured" if measured else "estimated"
     coll = tp_collective_s(ctx, sbh * ctx.activation_bytes, tp, intra_Bps, gpu)
     out = ReplicaTiming(fwd, bwd, fwd if ctx.recompute == "full" else 0.0, coll, 0.0)
     ctx.cache[key] = out
@@ -186,7 +191,6 @@ def head_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, share
     measured = _lookup(ctx, gpu, "head", share, tp)
     if measured is not None:
         fwd, bwd = measured
-    ctx.sources[f"{gpu.name}/head/mb{share}/tp{tp}"] = "measured" if measured else "estimated"
     coll = tp_collective_s(ctx, share * s * m.hidden_size * ctx.activation_bytes, tp, intra_Bps, gpu)
     out = ReplicaTiming(fwd, bwd, 0.0, 0.0, coll)
     ctx.cache[key] = out

@@ -242,7 +242,7 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
 
 
 def _plan_sources(ctx, stages, nodes) -> dict[str, str]:
-    """measured|estimated for the layer costs this plan used (a shared ctx holds more)."""
+    """measured|interpolated|estimated for the layer costs this plan used (a shared ctx holds more)."""
     out = {}
     for st in stages:
         for r in st.replicas:

@@ -175,6 +175,10 @@ class ProfileSet:
         self._usage[record] = source
         return result
 
+    def source_of(self, gpu_name: str, layer_kind: str, micro_batch: int, tp: int, seq_len: int) -> str:
+        """How the last lookup of this entry was answered: measured, interpolated or estimated."""
+        return self._usage.get((gpu_name, layer_kind, micro_batch, tp, seq_len), "estimated")
+
     def usage(self) -> dict:
         """What the lookups so far found, for the plan's ``inputs.profiles`` (sorted, stable)."""
         counts = {"measured": 0, "interpolated": 0, "estimated": 0}
