@@ -15,6 +15,10 @@ def console(quiet: bool = False) -> Console:
     return Console(stderr=quiet, highlight=False, soft_wrap=False)
 
 
+def format_seconds(x: float) -> str:
+    return f"{x * 1e3:.2f} ms" if x < 1 else f"{x:.3f} s"
+
+
 def echo_json(data) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True))
 

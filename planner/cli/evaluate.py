@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from planner.cli.common import console, echo_json
+from planner.cli.common import console, echo_json, format_seconds
 from planner.errors import InfeasibleError, InputError
 
 _GiB = 2**30
@@ -29,10 +29,6 @@ def _load_plan(path: str):
     return load_plan(path)
 
 
-def _fmt_s(x: float) -> str:
-    return f"{x * 1e3:.2f} ms" if x < 1 else f"{x:.3f} s"
-
-
 def _terms_table(ev) -> Table:
     t = Table(title="Iteration time, term by term", title_justify="left")
     t.add_column("term")
@@ -41,8 +37,8 @@ def _terms_table(ev) -> Table:
     t.add_column("formula / source", overflow="fold", max_width=80)
     total = ev.iteration_time_s
     for term, value, formula in ev.explain()[:7]:
-        t.add_row(term, _fmt_s(value), f"{100 * value / total:.1f}%", formula)
-    t.add_row("[bold]iteration[/bold]", f"[bold]{_fmt_s(total)}[/bold]", "100%", "")
+        t.add_row(term, format_seconds(value), f"{100 * value / total:.1f}%", formula)
+    t.add_row("[bold]iteration[/bold]", f"[bold]{format_seconds(total)}[/bold]", "100%", "")
     return t
 
 
@@ -53,9 +49,9 @@ def _stages_table(ev, plan) -> Table:
         t.add_column(col, justify="right")
     for st, timing in zip(plan.stages, ev.stages):
         t.add_row(str(st.index), f"{st.blocks[0]}-{st.blocks[1]}" + (" +emb" if st.embedding else "")
-                  + (" +head" if st.head else ""), str(len(st.replicas)), _fmt_s(timing.forward_s),
-                  _fmt_s(timing.backward_s), _fmt_s(timing.send_forward_s), _fmt_s(timing.send_backward_s),
-                  _fmt_s(timing.dp_sync_s), _fmt_s(timing.dp_sync_exposed_s), _fmt_s(timing.optimizer_s))
+                  + (" +head" if st.head else ""), str(len(st.replicas)), format_seconds(timing.forward_s),
+                  format_seconds(timing.backward_s), format_seconds(timing.send_forward_s), format_seconds(timing.send_backward_s),
+                  format_seconds(timing.dp_sync_s), format_seconds(timing.dp_sync_exposed_s), format_seconds(timing.optimizer_s))
     return t
 
 

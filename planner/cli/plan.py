@@ -7,12 +7,8 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from planner.cli.common import check_writable, console, echo_json, write_atomic
+from planner.cli.common import check_writable, console, echo_json, format_seconds, write_atomic
 from planner.errors import InputError
-
-
-def _fmt_s(x: float) -> str:
-    return f"{x * 1e3:.2f} ms" if x < 1 else f"{x:.3f} s"
 
 
 def _training(training_path, global_batch_size, seq_len, precision):
@@ -56,7 +52,7 @@ def _summary(out, result) -> None:
     out.print(_stage_rows(plan))
     for line in result.idle:
         out.print(f"idle: {line}")
-    line = (f"predicted: {ev.tokens_per_s:,.0f} tokens/s, iteration {_fmt_s(ev.iteration_time_s)}, "
+    line = (f"predicted: {ev.tokens_per_s:,.0f} tokens/s, iteration {format_seconds(ev.iteration_time_s)}, "
             f"MFU {100 * ev.mfu:.1f}%")
     if ev.usd_per_hour is not None:
         line += f", {ev.usd_per_hour:,.2f} USD/hour, {ev.usd_per_million_tokens:,.4f} USD per million tokens"
@@ -64,7 +60,7 @@ def _summary(out, result) -> None:
         line += ", cost unknown (a used node has no price)"
     out.print(line)
     gap = "n/a" if rep.gap is None else f"{100 * rep.gap:.3g}%"
-    out.print(f"solver: {rep.status} (gap {gap}, bound {rep.bound if rep.bound is None else _fmt_s(rep.bound)}), "
+    out.print(f"solver: {rep.status} (gap {gap}, bound {rep.bound if rep.bound is None else format_seconds(rep.bound)}), "
               f"{rep.wall_s:.2f} s, {rep.candidates} knob tuples examined of {rep.knob_tuples} "
               f"({rep.knob_tuples_solved} solved exactly, {rep.knob_tuples_pruned} pruned by bound)")
     if len(result.plans) > 1:
@@ -112,11 +108,6 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
         raise InputError(f"--time-limit must be positive, got {time_limit_s}")
     if top_k < 1:
         raise InputError(f"--top must be at least 1, got {top_k}")
-    if objective == "throughput" and min_tokens_per_s is not None:
-        raise InputError("--min-tokens-per-s goes with --objective cost (cheapest plan above the floor)")
-    if objective == "cost" and budget_usd_per_hour is not None:
-        raise InputError("--budget-usd-per-hour goes with --objective throughput (fastest plan within "
-                         "the budget), not --objective cost")
     spec_obj = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
     if output:
         check_writable(output)
