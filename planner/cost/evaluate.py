@@ -2,7 +2,8 @@
 
 Decomposition (what the search may rely on, docs/internals.md):
     iteration_time = pipeline_time_s(stage timings) + max_s dp_sync_exposed_s + max_s optimizer_s
-where each ``StageTiming`` depends only on the stage's own replicas (GPU type, tp, share,
+(plus, only where a plan's devices outnumber a node's ``cores``, the core-sharing slowdown of
+planner.cost.sharing, which the search does not price) where each ``StageTiming`` depends only on the stage's own replicas (GPU type, tp, share,
 blocks, embedding/head) and on the paths to its neighbour stages.
 """
 
@@ -21,6 +22,7 @@ from planner.cost.memory import in_flight_micro_batches, replica_memory, stage_p
 from planner.cost.money import plan_money
 from planner.cost.result import Evaluation
 from planner.cost.schedule import StageTiming, bottleneck_stage, pipeline_breakdown, pipeline_time_s
+from planner.cost.sharing import core_shares, price_core_sharing
 from planner.errors import InputError
 
 _TOPOLOGIES: dict[int, tuple[object, object, object]] = {}
@@ -221,10 +223,17 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
     # -- totals -------------------------------------------------------------------------------
     pipe = pipeline_time_s(stage_timings, m, plan.schedule, v)
     breakdown = pipeline_breakdown(stage_timings, m, plan.schedule, v)
+    details = _details(ctx, plan, nodes, stage_timings, bottleneck_stage(stage_timings, plan.schedule, v))
+    shares = core_shares(cluster, plan)
+    if shares:  # only then: plans on nodes without (enough) sharing keep the closed form exactly
+        sharing = price_core_sharing(ctx, plan, nodes, stage_timings, shares, breakdown["optimizer"])
+        pipe += sharing.pipeline_extra_s
+        breakdown["compute"] += sharing.pipeline_extra_s  # the compute ops are what is stretched
+        breakdown["optimizer"] = sharing.optimizer_s
+        details.append(("core_sharing_s", sharing.total_extra_s, sharing.explain()))
     iteration = sum(breakdown.values())
     tokens = gbs * seq_len
     flops = model_flops_per_iteration(model, gbs, seq_len)
-    details = _details(ctx, plan, nodes, stage_timings, bottleneck_stage(stage_timings, plan.schedule, v))
     money = plan_money(cluster, [r.node for st in stages for r in st.replicas], crossings, iteration)
     tps = tokens / iteration
     usd_h = money.usd_per_hour

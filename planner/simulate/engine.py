@@ -17,14 +17,21 @@ when the stage is free and its input has arrived.  Model:
   ``send_forward_s`` and a gradient from ``s`` to ``s - 1`` its ``send_backward_s``; in the
   interleaved schedule the wrap-around from the last stage to the first uses the last stage's
   ``send_forward_s`` and the first stage's ``send_backward_s``.
+- Shared cores (``core_shares``, planner.simulate.sharing): when a node's processes outnumber
+  its cores, each running op advances at ``min(1, C/k)`` of its alone speed while ``k`` of
+  them compute, and ``busy_s`` and the timeline hold the stretched times.  Without an
+  oversubscribed share the ops keep their fixed end times (the closed forms' model, exactly).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from planner.simulate.schedules import stage_orders
+from planner.simulate.sharing import CoreShare, SharedCores
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,7 @@ def as_sim_stages(stages) -> list[SimStage]:
 
 def simulate_pipeline(stages, num_micro_batches: int, schedule: str = "1f1b",
                       virtual_stages: int = 1, blocking_sends: bool = True,
-                      serialize_links: bool = True) -> SimResult:
+                      serialize_links: bool = True, core_shares: Sequence[CoreShare] = ()) -> SimResult:
     """Run the schedule event by event; returns the makespan and the timeline."""
     st = as_sim_stages(stages)
     p, v, m = len(st), virtual_stages, num_micro_batches
@@ -106,6 +113,7 @@ def simulate_pipeline(stages, num_micro_batches: int, schedule: str = "1f1b",
                 raise ValueError(f"stage {i}: {name} must be a non-negative number, got {value!r}")
     orders = stage_orders(schedule, p, m, v)
     last_vs = p * v - 1
+    cores = SharedCores(core_shares, p) if any(sh.oversubscribed for sh in core_shares) else None
 
     # "input of op (kind, vs, mb) is available" -> time; forwards of vs 0 start ready.
     ready: dict[tuple[str, int, int], float] = {("fwd", 0, mb): 0.0 for mb in range(m)}
@@ -156,18 +164,28 @@ def simulate_pipeline(stages, num_micro_batches: int, schedule: str = "1f1b",
         secs = (st[stage].forward_s if kind == "fwd" else st[stage].backward_s) / v
         busy[stage] = True
         next_op[stage] += 1
-        busy_s[stage] += secs
         if kind == "fwd":
             in_flight[stage] += 1
             max_in_flight[stage] = max(max_in_flight[stage], in_flight[stage])
+        if cores is not None:  # its end depends on what else computes meanwhile
+            cores.start(stage, now, secs, (stage, kind, chunk, mb, vs))
+            return
+        busy_s[stage] += secs
         timeline.append(SimEvent(stage, chunk, mb, kind, now, now + secs, vs))
         push(now + secs, "done", (stage, kind, chunk, mb, vs))
 
     now = 0.0
     for s in range(p):
         try_start(s, now)
-    while heap:
-        now = heap[0][0]
+    while heap or (cores is not None and cores.running):
+        now = heap[0][0] if heap else math.inf
+        if cores is not None:
+            now = min(now, cores.next_finish_s())
+            for start, op in cores.advance(now):
+                stage, kind, chunk, mb, vs = op
+                busy_s[stage] += now - start
+                timeline.append(SimEvent(stage, chunk, mb, kind, start, now, vs))
+                push(now, "done", op)
         touched: set[int] = set()  # only these stages can start something now
         while heap and heap[0][0] == now:
             _, _, what, payload = heapq.heappop(heap)

@@ -73,8 +73,13 @@ def simulate_plan(cluster, plan, profiles=None, file: str = "<plan>") -> PlanSim
         raise InputError("simulate needs the cost model (planner.cost), which this installation "
                          "lacks") from None
     check_plan(cluster, plan, file=file)
+    from planner.cost.sharing import core_shares
+
     ev = evaluate(cluster, plan, profiles=profiles, check=False)
-    result = simulate_pipeline(ev.stages, plan.num_micro_batches, plan.schedule, plan.virtual_stages)
+    # Where the plan's devices outnumber a node's cores, the "closed form" pipeline time already
+    # holds the simulated sharing slowdown (planner.cost.sharing), so simulate it shared too.
+    result = simulate_pipeline(ev.stages, plan.num_micro_batches, plan.schedule, plan.virtual_stages,
+                               core_shares=[sh for _, sh in core_shares(cluster, plan)])
     return PlanSimulation(evaluation=ev, result=result, closed_form_pipeline_s=ev.pipeline_time_s,
                           closed_form_iteration_s=ev.iteration_time_s)
 

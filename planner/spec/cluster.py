@@ -36,6 +36,10 @@ class NodeGroupSpec(BaseModel):
         default=None, alias="network_bandwidth", description="the node's NICs together")
     price_per_hour_usd: NonNegativeFloat | None = Field(
         default=None, alias="price_per_hour", description="USD per node-hour")
+    cores: PositiveInt | None = Field(
+        default=None, description="the node's devices share this many compute cores (CPU "
+        "processes on a smaller machine): more devices computing at once than cores run at "
+        "cores/devices speed; absent: each device computes on its own")
 
     @property
     def gpu_type(self) -> GpuType:
