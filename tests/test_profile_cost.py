@@ -27,7 +27,7 @@ def synthetic_profile(tmp_path):
         entries.append({"layer": "head", "micro_batch": mb, "tp": 1, "forward_s": HEAD[0] * mb,
                         "backward_s": HEAD[1] * mb, "peak_memory_bytes": 1})
     data = {"schema": "planner.profile/v1", "device": {"kind": "cpu", "name": "test cpu"},
-            "torch_version": "x", "dtype": "fp32", "created": "2026-12-02T00:00:00+00:00",
+            "torch_version": "x", "dtype": "bf16", "created": "2026-12-02T00:00:00+00:00",
             "seq_len": SEQ_LEN, "model": load_model(MODEL_FILE).to_mapping(),
             "settings": {"warmup": 0, "repeats": 1, "timer": "wall-clock", "memory": "none"},
             "entries": entries}

@@ -15,6 +15,16 @@ def console(quiet: bool = False) -> Console:
     return Console(stderr=quiet, highlight=False, soft_wrap=False)
 
 
+def warn_skipped_profiles(files: list[dict] | None) -> None:
+    """One stderr line per profile file the plan could not use (e.g. another dtype), so a
+    prediction resting on the roofline is never mistaken for a measured one."""
+    for row in files or ():
+        if row.get("skipped"):
+            # click.echo, not rich: a warning stays one line whatever the terminal width.
+            click.echo(f"warning: profile {row['path']} skipped ({row['skipped']}); "
+                       "its layers are estimated by the roofline", err=True)
+
+
 def format_seconds(x: float) -> str:
     return f"{x * 1e3:.2f} ms" if x < 1 else f"{x:.3f} s"
 

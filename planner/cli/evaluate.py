@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from planner.cli.common import console, echo_json, format_seconds
+from planner.cli.common import console, echo_json, format_seconds, warn_skipped_profiles
 from planner.errors import InfeasibleError, InputError
 
 _GiB = 2**30
@@ -110,6 +110,8 @@ def evaluate(cluster, plan, as_json, profiles, calibration_path):
 
     check_plan(spec, the_plan, file=plan)  # here, so errors name the plan file
     ev = cost_evaluate(spec, the_plan, profiles=profile_set, check=False)
+    if profile_set is not None and hasattr(profile_set, "usage"):
+        warn_skipped_profiles(profile_set.usage().get("files"))
     if as_json:
         echo_json(ev.to_json())
     else:

@@ -7,7 +7,14 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from planner.cli.common import check_writable, console, echo_json, format_seconds, write_atomic
+from planner.cli.common import (
+    check_writable,
+    console,
+    echo_json,
+    format_seconds,
+    warn_skipped_profiles,
+    write_atomic,
+)
 from planner.errors import InputError
 
 
@@ -126,6 +133,7 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     result = api.plan(spec, model, training, objective=spec_obj, time_limit_s=time_limit_s, top_k=top_k,
                       launcher=launcher, profiles=profiles_path, progress=progress)
     best = result.plan               # predicted, solver and launch filled by the search
+    warn_skipped_profiles((best.inputs.profiles or {}).get("files"))
     text = best.dumps()
     try:
         from planner.plan.schema import validate_plan_json

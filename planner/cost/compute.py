@@ -122,11 +122,14 @@ def _block_roofline(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> tupl
 
 def _lookup(ctx: CostContext, gpu: GpuType, kind: str, share: int, tp: int):
     """Measured (forward_s, backward_s) or None; records in ``ctx.sources`` whether the layer
-    cost was measured, interpolated between measured micro-batches, or estimated (roofline)."""
+    cost was measured, interpolated between measured micro-batches, or estimated (roofline).
+    Profiles that know their dtype get the plan's precision, so a layer timed in another
+    precision prices nothing (the roofline does, and the profiles' usage says why)."""
     found, source = None, "estimated"
     if ctx.profiles is not None:
+        extra = {"precision": ctx.precision} if getattr(ctx.profiles, "matches_precision", False) else {}
         try:
-            found = ctx.profiles.lookup(gpu.name, kind, share, tp, ctx.seq_len, ctx.model)
+            found = ctx.profiles.lookup(gpu.name, kind, share, tp, ctx.seq_len, ctx.model, **extra)
         except (KeyError, LookupError):
             found = None
         if found is not None:

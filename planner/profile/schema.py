@@ -20,6 +20,7 @@ from planner.spec.quantities import PositiveInt
 SCHEMA_ID = "planner.profile/v1"
 LAYER_KINDS = ("embedding", "block", "head")
 LayerKind = Literal["embedding", "block", "head"]
+Dtype = Literal["bf16", "fp16", "fp32"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -105,7 +106,10 @@ class ProfileFile(BaseModel):
     schema_id: Literal["planner.profile/v1"] = Field(alias="schema")
     device: DeviceInfo
     torch_version: str
-    dtype: Literal["bf16", "fp16", "fp32"]
+    dtype: Dtype
+    stands_in_for: tuple[Dtype, ...] = Field(
+        default=(), description="plan precisions besides dtype this file may price, on purpose "
+        "(written by hand; e.g. fp32 CPU timings for bf16 plans the CPU runner runs in fp32)")
     created: str = Field(description="UTC date and time of the measurement, ISO 8601")
     seq_len: PositiveInt
     model: ModelShape
@@ -124,12 +128,27 @@ class ProfileFile(BaseModel):
             seen.add(key)
         return self
 
+    @field_validator("stands_in_for")
+    @classmethod
+    def _distinct(cls, value, info):
+        if len(set(value)) != len(value):
+            raise ValueError(f"stands_in_for lists a precision twice: {list(value)}")
+        if info.data.get("dtype") in value:
+            raise ValueError(f"stands_in_for need not list the file's own dtype {info.data['dtype']!r}")
+        return value
+
+    def serves(self, precision: str) -> bool:
+        """Whether this file may price a plan trained in ``precision``."""
+        return precision == self.dtype or precision in self.stands_in_for
+
     def to_yaml_data(self) -> dict:
         """Plain data in a stable key order, for writing."""
         data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if not data.get("stands_in_for"):
+            data.pop("stands_in_for", None)
         data["entries"] = [_entry_data(e) for e in self.entries]
-        head = ["schema", "device", "torch_version", "dtype", "created", "seq_len", "model",
-                "settings", "provenance", "entries"]
+        head = ["schema", "device", "torch_version", "dtype", "stands_in_for", "created", "seq_len",
+                "model", "settings", "provenance", "entries"]
         return {k: data[k] for k in head if k in data}
 
 

@@ -1,17 +1,22 @@
 """Measured profiles as the cost model reads them: ``ProfileSet.lookup``.
 
 A lookup answers with the measured forward and backward time of one layer on one GPU type, or
-``None`` so that the cost model falls back to its roofline.  In order:
+``None`` so that the cost model falls back to its roofline.  Only files whose ``dtype`` is the
+plan's training precision answer, or files that say they stand in for it (``stands_in_for``):
+a layer timed in fp32 is not a bf16 layer.  In order:
 1. an exact entry (same GPU type, layer kind, micro-batch, tp, seq_len and layer shape);
 2. linear interpolation between the two nearest measured micro-batch sizes around the one asked
    for (same everything else; entries that did not fit are not used);
-3. ``None``.  We do not extrapolate beyond the measured range: below the smallest micro-batch
-   fixed per-kernel costs dominate and above the largest the device may run out of memory or
-   change kernels, so a straight line would be a guess dressed as a measurement; the roofline,
-   calibrated with ``planner profile --calibrate``, is the better-founded guess there.
+3. 1 and 2 over the entries of files of another dtype that stand in for the plan's precision;
+4. ``None``; when a file of another dtype would have answered, the usage record says so.
+We do not extrapolate beyond the measured range: below the smallest micro-batch fixed
+per-kernel costs dominate and above the largest the device may run out of memory or change
+kernels, so a straight line would be a guess dressed as a measurement; the roofline,
+calibrated with ``planner profile --calibrate``, is the better-founded guess there.
 
 Every lookup is recorded as measured, interpolated or estimated (a miss); ``usage()`` sums them
-up for the plan's ``inputs.profiles``.
+up for the plan's ``inputs.profiles``, with the reason for a miss that a dtype caused and, per
+file, why it was skipped.
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from planner import catalog
 from planner.errors import InputError, Location
-from planner.profile.schema import SCHEMA_ID, ProfileFile, layer_shape
+from planner.profile.schema import SCHEMA_ID, Dtype, ProfileFile, layer_shape
 from planner.spec.source import Document, load_yaml, validate_model
+
+DTYPES: tuple[str, ...] = get_args(Dtype)
 
 # Vendor prefixes torch puts before the product name; stripped when the full name is no alias.
 _DEVICE_PREFIXES = ("NVIDIA GeForce ", "NVIDIA ", "Tesla ", "AMD Instinct ", "AMD ")
@@ -69,11 +76,13 @@ class _Point:
     micro_batch: int
     forward_s: float
     backward_s: float
+    stands_in_for: tuple[str, ...] = ()  # the file's: other precisions it may price
 
 
 @dataclass
 class _Series:
-    """The fitting points of one (GPU type, layer, tp, seq_len, shape), sorted by micro-batch."""
+    """The fitting points of one (GPU type, layer, tp, seq_len, shape, dtype), sorted by
+    micro-batch."""
 
     points: list[_Point] = field(default_factory=list)
     origin: dict[int, str] = field(default_factory=dict)  # micro-batch -> file (for conflicts)
@@ -94,6 +103,9 @@ class ProfileSet:
         self.profiles: list[LoadedProfile] = []
         self._series: dict[tuple, _Series] = {}
         self._usage: dict[tuple, str] = {}
+        # Per recorded lookup: the dtype of a stand-in file that answered, or why none did.
+        self._notes: dict[tuple, dict[str, str]] = {}
+        self._precisions: set[str] = set()  # plan precisions looked up since the last reset
         for loaded in profiles:
             self.add(loaded)
 
@@ -104,10 +116,11 @@ class ProfileSet:
         for i, e in enumerate(prof.entries):
             if not e.fits:
                 continue
-            key = (gpu_key(loaded.gpu_type), e.layer, e.tp, prof.seq_len, layer_shape(model, e.layer))
+            key = (gpu_key(loaded.gpu_type), e.layer, e.tp, prof.seq_len,
+                   layer_shape(model, e.layer), prof.dtype)
             where = doc.locate(("entries", i)) if doc else Location(loaded.path, field=f"entries[{i}]")
             self._series.setdefault(key, _Series()).add(
-                _Point(e.micro_batch, e.forward_s, e.backward_s), loaded.path, where)
+                _Point(e.micro_batch, e.forward_s, e.backward_s, prof.stands_in_for), loaded.path, where)
         self.profiles.append(loaded)
 
     @classmethod
@@ -162,39 +175,86 @@ class ProfileSet:
     def gpu_types(self) -> list[str]:
         return sorted({p.gpu_type for p in self.profiles})
 
+    # The cost model checks this before passing ``precision`` (its minimal protocol has none).
+    matches_precision = True
+
     def lookup(self, gpu_name: str, layer_kind: str, micro_batch: int, tp: int, seq_len: int,
-               model: Any) -> tuple[float, float] | None:
-        """(forward_s, backward_s) of one micro-batch on one TP rank, or None (use the roofline)."""
+               model: Any, precision: str | None = None) -> tuple[float, float] | None:
+        """(forward_s, backward_s) of one micro-batch on one TP rank, or None (use the roofline).
+
+        ``precision``: the plan's training precision; only files of that dtype, or standing in
+        for it, answer.  None (callers that predate dtypes) takes a file of any dtype."""
         mapping = _model_mapping(model)
-        key = (gpu_key(gpu_name), layer_kind, tp, seq_len, layer_shape(mapping, layer_kind))
+        base = (gpu_key(gpu_name), layer_kind, tp, seq_len, layer_shape(mapping, layer_kind))
         record = (gpu_name, layer_kind, micro_batch, tp, seq_len)
-        series = self._series.get(key)
-        result, source = None, "estimated"
-        if series is not None:
-            result, source = _interpolate(series.points, micro_batch)
+        dtypes = [d for d in DTYPES if (*base, d) in self._series]
+        if precision is not None:
+            self._precisions.add(precision)
+        result, source, note = None, "estimated", {}
+        if precision is None or precision in dtypes:
+            # None keeps the old answer: the series of the one dtype a key usually has.
+            own = precision if precision is not None else (dtypes[0] if dtypes else None)
+            if own is not None:
+                result, source = _interpolate(self._series[(*base, own)].points, micro_batch)
+        if result is None and precision is not None:
+            for dtype in (d for d in dtypes if d != precision):
+                points = self._series[(*base, dtype)].points
+                result, source = _interpolate([p for p in points if precision in p.stands_in_for],
+                                              micro_batch)
+                if result is not None:
+                    note = {"profile_dtype": dtype}
+                    break
+                if not note and _interpolate(points, micro_batch)[0] is not None:
+                    note = {"reason": f"profile dtype {dtype} != plan precision {precision}"}
         self._usage[record] = source
+        if note:
+            self._notes[record] = note
+        else:
+            self._notes.pop(record, None)
         return result
 
     def source_of(self, gpu_name: str, layer_kind: str, micro_batch: int, tp: int, seq_len: int) -> str:
         """How the last lookup of this entry was answered: measured, interpolated or estimated."""
         return self._usage.get((gpu_name, layer_kind, micro_batch, tp, seq_len), "estimated")
 
+    def skipped(self, precision: str) -> list[tuple[str, str]]:
+        """(path, reason) of each file a plan trained in ``precision`` cannot use."""
+        return [(p.path, f"profile dtype {p.profile.dtype} != plan precision {precision}")
+                for p in sorted(self.profiles, key=lambda p: p.path) if not p.profile.serves(precision)]
+
     def usage(self) -> dict:
-        """What the lookups so far found, for the plan's ``inputs.profiles`` (sorted, stable)."""
+        """What the lookups so far found, for the plan's ``inputs.profiles`` (sorted, stable).
+
+        A lookup that a file of another dtype would have answered carries a ``reason``; one a
+        stand-in file answered carries that file's ``profile_dtype``.  A file that a looked-up
+        precision cannot use carries ``skipped`` (why)."""
         counts = {"measured": 0, "interpolated": 0, "estimated": 0}
         lookups = []
-        for (gpu, layer, mb, tp, seq), source in sorted(self._usage.items()):
+        for record, source in sorted(self._usage.items()):
+            gpu, layer, mb, tp, seq = record
             counts[source] += 1
             lookups.append({"gpu_type": gpu, "layer": layer, "micro_batch": mb, "tp": tp,
-                            "seq_len": seq, "source": source})
-        files = [{"path": p.path, "gpu_type": p.gpu_type, "device": p.profile.device.name,
-                  "dtype": p.profile.dtype, "created": p.profile.created}
-                 for p in sorted(self.profiles, key=lambda p: p.path)]
+                            "seq_len": seq, "source": source, **self._notes.get(record, {})})
+        skipped: dict[str, list[str]] = {}
+        for precision in sorted(self._precisions):
+            for path, reason in self.skipped(precision):
+                skipped.setdefault(path, []).append(reason)
+        files = []
+        for p in sorted(self.profiles, key=lambda p: p.path):
+            row = {"path": p.path, "gpu_type": p.gpu_type, "device": p.profile.device.name,
+                   "dtype": p.profile.dtype, "created": p.profile.created}
+            if p.profile.stands_in_for:
+                row["stands_in_for"] = list(p.profile.stands_in_for)
+            if p.path in skipped:
+                row["skipped"] = "; ".join(skipped[p.path])
+            files.append(row)
         return {"files": files, **counts, "lookups": lookups}
 
     def reset_usage(self) -> None:
         """Forget recorded lookups (e.g. after a search, before evaluating the chosen plan)."""
         self._usage.clear()
+        self._notes.clear()
+        self._precisions.clear()
 
 
 def _interpolate(points: list[_Point], micro_batch: int) -> tuple[tuple[float, float] | None, str]:
