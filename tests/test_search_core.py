@@ -187,3 +187,58 @@ def test_memory_aware_bounds_hold_on_random_problems():
         assert sum_slope_bound(L, A, U) <= got_sum + 1e-12
         checked += 1
     assert checked > 100
+
+
+def _small_problems(first_seed: int, count: int):
+    """Random problems of one or two stages (those CoreEnum takes)."""
+    seed, out = first_seed, []
+    while len(out) < count:
+        prob = random_problem(random.Random(seed))
+        seed += 1
+        if prob.num_stages <= 2:
+            if len(out) % 3 == 2:
+                prob.budget_usd_per_hour = 7.0      # binds on some: options cost 1-4 plus 0-3 per resource
+            out.append(prob)
+    return out
+
+
+@pytest.mark.parametrize("prob", _small_problems(3000, 60), ids=lambda p: f"p{p.num_stages}")
+def test_enumeration_equals_brute_force_and_milp(prob):
+    from planner.search.core.enum import CoreEnum
+    brute = solve_brute(prob)[0]
+    enum = CoreEnum(prob).solve()
+    assert (brute.status == "infeasible") == (enum.status == "infeasible"), (brute, enum)
+    if brute.status == "infeasible":
+        return
+    assert enum.status == "optimal" and prob.feasible(enum.assign)
+    assert math.isclose(enum.objective, brute.objective, rel_tol=1e-9, abs_tol=1e-9)
+    milp = solve_milp(prob, MilpSettings(time_limit_s=20))[0]
+    assert math.isclose(enum.objective, milp.objective, rel_tol=1e-9, abs_tol=1e-9)
+    # a cutoff at the optimum leaves nothing below it, and says what the optimum is
+    cut = CoreEnum(prob).solve(cutoff=brute.objective)
+    assert cut.status == "cutoff" and math.isclose(cut.bound, brute.objective, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_enumeration_top_k_and_price_mode_match_brute_force():
+    from planner.search.core.enum import CoreEnum
+    checked = 0
+    for prob in _small_problems(4000, 30):
+        b = solve_brute(prob, top_k=3)
+        if not b[0].ok:
+            continue
+        enum = CoreEnum(prob)
+        got = []
+        for _ in range(3):
+            sol = enum.solve()
+            if not sol.ok:
+                break
+            got.append(sol)
+            enum.exclude(sol.assign)
+        assert [round(x.objective, 9) for x in b] == [round(y.objective, 9) for y in got]
+        cap = b[0].objective * 1.5
+        bp = solve_brute(prob, mode="price", time_cap=cap)[0]
+        ep = CoreEnum(prob).solve(mode="price", time_cap=cap)
+        assert math.isclose(prob.price(bp.assign), ep.objective, rel_tol=1e-9)
+        assert prob.objective(ep.assign) <= cap * (1 + 1e-9)
+        checked += 1
+    assert checked >= 10

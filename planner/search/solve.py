@@ -23,6 +23,7 @@ from planner.errors import InfeasibleError, InputError
 from planner.plan import Plan
 from planner.plan.model import SolverReport
 from planner.search.classes import class_infos, classes_without_bf16
+from planner.search.core import enum
 from planner.search.core.milp import CoreMilp, MilpSettings
 from planner.search.core.problem import quick_bound, relative_gap
 from planner.search.diagnose import explain_infeasible
@@ -165,7 +166,9 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             heapq.heappush(heap, (kb2, i, 1, knobs, ctx, keys))
             continue
         j += 1
-        if len(keys) ** 2 * max(1, knobs.num_stages - 1) > MAX_PAIR_TERMS and warm:
+        small = knobs.num_stages == 1 or (knobs.num_stages == 2 and
+                                          len(keys) ** 2 * (model.num_layers // knobs.block_unit - 1) <= enum.MAX_CELLS)
+        if not small and len(keys) ** 2 * max(1, knobs.num_stages - 1) > MAX_PAIR_TERMS and warm:
             stats["too_big"] = stats.get("too_big", 0) + 1     # see below: too big to build
             _relaxed(pricer, knobs, ctx, keys, kb, spec, launcher, best, bounds, stats, settings, deadline,
                      gap_rel, time_like)
@@ -183,7 +186,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             continue
         K = len(prob.options)
         pairs = K * K * max(1, knobs.num_stages - 1)
-        if pairs > MAX_PAIR_TERMS or pairs / PAIR_TERMS_PER_S > deadline - time.monotonic():
+        if not enum.fits(prob) and (pairs > MAX_PAIR_TERMS or pairs / PAIR_TERMS_PER_S > deadline - time.monotonic()):
             # the pairwise send constraints alone would make the MILP too big to build in the
             # time we have: leave this tuple unexplored (its bound still counts)
             stats["too_big"] = stats.get("too_big", 0) + 1
@@ -191,7 +194,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
                      gap_rel, time_like)
             continue
         say(f"[{j}/{len(ranked)}] {knobs.label()}: {K} options, bound {lb:.4g} s")
-        milp = CoreMilp(prob)
+        milp = exact_solver(prob)
         _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb)
     if warm and time.monotonic() < deadline:
         # time left over (tuples too big for the exact MILP): more incumbents on option subsets
@@ -207,6 +210,11 @@ WARM_SHARE = 0.3            # of the time limit
 
 
 RELAX_MAX_VARS = 20_000      # stage x option pairs of a send-free MILP we still build
+
+
+def exact_solver(prob):
+    """One or two stages: every assignment priced at once (core.enum); longer pipelines: the MILP."""
+    return enum.CoreEnum(prob) if enum.fits(prob) else CoreMilp(prob)
 
 
 def _prepare(prob, spec, launcher) -> None:
@@ -240,7 +248,7 @@ def _relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, 
         stats["pruned"] += 1
         bounds.append(lb)
         return
-    sol = CoreMilp(prob).solve(settings, deadline=deadline, cutoff=cut if math.isfinite(cut) else None)
+    sol = exact_solver(prob).solve(settings, deadline=deadline, cutoff=cut if math.isfinite(cut) else None)
     stats["relaxed"] = stats.get("relaxed", 0) + 1
     if sol.status == "infeasible":
         stats["empty"] += 1
@@ -320,7 +328,7 @@ def _warm_start(pricer, ranked, spec, training, best, settings, deadline, launch
         if spec.kind == "throughput-under-budget":
             prob.budget_usd_per_hour = spec.budget_usd_per_hour
         cut = best.threshold()
-        sol = CoreMilp(prob).solve(settings, deadline=stop, cutoff=cut if math.isfinite(cut) else None)
+        sol = exact_solver(prob).solve(settings, deadline=stop, cutoff=cut if math.isfinite(cut) else None)
         if sol.ok and sol.objective < best.threshold():
             say(f"warm start {knobs.label()}: {sol.objective:.4g} s")
             best.add(Candidate(spec.key(prob.price(sol.assign), sol.objective), sol.objective,
@@ -353,7 +361,7 @@ def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, setting
         if not sol.ok:
             return
         prob.budget_usd_per_hour = sol.objective * (1 + 1e-12)
-        fast = CoreMilp(prob).solve(settings, deadline=deadline)
+        fast = exact_solver(prob).solve(settings, deadline=deadline)
         pick = fast if fast.ok else sol
         if pick.status != "optimal" or sol.status != "optimal":
             stats["milp_optimal"] = False
@@ -370,7 +378,7 @@ def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, setting
     budget = None
     while True:
         prob.budget_usd_per_hour = budget
-        sol = CoreMilp(prob).solve(settings, deadline=deadline)
+        sol = exact_solver(prob).solve(settings, deadline=deadline)
         if not sol.ok:
             break
         if sol.status != "optimal":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from planner.search.pieces import _busiest_points, _max_units, replica_counts, s
 INTERLEAVE_V = 2            # virtual stages tried for interleaved-1f1b
 _F_BUCKETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0)
 QUANTITIES = ("forward", "backward", "sync_less_backward", "optimizer", "gather_less_forward")
+POSITIONS = ((False, False), (True, False), (False, True), (True, True))   # middle, first, last, only
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,7 @@ class Pricer:
         self._fmin: dict = {}
         self._fb: dict = {}
         self._opt: dict = {}
+        self._icpt: dict = {}
 
     def option_keys(self, knobs: Knobs) -> list[OptionKey]:
         hit = self._keys.get(knobs.micro_batch_size)
@@ -176,8 +179,10 @@ class Pricer:
             caps = np.array([self.classes[k.cls].gpu.memory_bytes for k in keys], dtype=float)
             units = np.array([self.classes[k.cls].units(k.tp, k.replicas) for k in keys], dtype=float)
             cls = np.array([k.cls for k in keys])
-            hit = self._slopes[sk] = (arr, units, cls, keys, coef, exact, caps)   # keys kept alive: id() stays unique
-        arr, units, cls, _, coef, exact, caps = hit
+            icpt = (np.array([self._intercepts(ctx, knobs, k, unit) for k in keys]) if keys
+                    else np.zeros((0, len(POSITIONS), len(QUANTITIES))))
+            hit = self._slopes[sk] = (arr, units, cls, keys, coef, exact, caps, icpt)   # keys kept alive: id() stays unique
+        arr, units, cls, _, coef, exact, caps, icpt = hit
         if not len(arr):
             return math.inf
         p, m, v = knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages
@@ -209,6 +214,7 @@ class Pricer:
                 if not len(vals):
                     parts.append(None)
                     continue
+                c_min = (icpt @ np.array(row.stage, dtype=float))[usable].min(axis=0)   # per position
                 a_min = float(vals.min())
                 speed, m_cap, order = 0.0, 0.0, None
                 uu, cc, nn = U[usable], cls[usable], units[usable]
@@ -225,17 +231,23 @@ class Pricer:
                 # for ceil(L/p) blocks on one stage: the least slope among options holding k blocks
                 by_u = np.argsort(-uu, kind="stable")
                 if (uu >= L).all():                 # no memory limit binds: closed forms below
-                    parts.append((t.kind, t.weight, a_min, speed, m_cap, None, None, None, None))
+                    parts.append((t.kind, t.weight, a_min, speed, m_cap, c_min, None, None, None, None))
                     continue
-                parts.append((t.kind, t.weight, a_min, speed, m_cap, da,
+                parts.append((t.kind, t.weight, a_min, speed, m_cap, c_min, da,
                               np.maximum.accumulate(uu[order]), uu[by_u], np.minimum.accumulate(vals[by_u])))
             self._term_parts[tk] = parts
         total = 0.0
         for part in parts:
             if part is None:
                 return math.inf
-            kind, weight, a_min, speed, m_cap, da, u_cum, u_desc, a_prefix = part
+            kind, weight, a_min, speed, m_cap, c_min, da, u_cum, u_desc, a_prefix = part
             k = -(-L // p)
+            # intercepts: the sum over the p positions, and the least any one stage pays
+            if p == 1:
+                c_sum = c_stage = float(c_min[3])
+            else:
+                c_sum = float(c_min[1] + c_min[2] + (p - 2) * c_min[0])
+                c_stage = float(min(c_min[1], c_min[2], c_min[0] if p > 2 else math.inf))
             if da is None:
                 fill, m_p = L * a_min, k * a_min
             else:
@@ -248,13 +260,14 @@ class Pricer:
                     return math.inf
                 m_p = k * float(a_prefix[j - 1])
             if kind == "sum":
-                total += weight * max(fill, sum_bound(L, p, a_min, speed))
+                total += weight * (max(fill, sum_bound(L, p, a_min, speed)) + c_sum)
                 continue
             if not math.isfinite(m_cap):
                 return math.inf
             if a_min > 0:
                 speed = min(speed, p / a_min)
-            total += weight * max(L * a_min / p, L / speed if speed > 0 else 0.0, m_cap, m_p, fill / p)
+            total += weight * max(max(L * a_min / p, L / speed if speed > 0 else 0.0, m_cap, m_p) + c_stage,
+                                  (fill + c_sum) / p)
         return total
 
     def ring(self, key: OptionKey):
@@ -334,6 +347,35 @@ class Pricer:
             o2 = optimizer_time_s(ctx, gpu, stage_params(ctx, 2 * unit, False, False) / t / shard)
             opt = self._opt[ok] = o2 - o1
         return (fb[0], fb[1], 0.0, opt, 0.0)
+
+    def _intercepts(self, ctx, knobs, key: OptionKey, unit: int) -> np.ndarray:
+        """Per stage position (middle, first, last, only) the intercepts of the quantities a
+        knob bound reads (as ``_light``: forward, backward, optimizer; 0 for the sync columns):
+        the per-micro-batch overhead everywhere, the embedding on the first stage, the head on
+        the last.  Every stage pays its position's intercept whatever its block count, so the
+        least intercept over options is a valid addition to the knob bound."""
+        B = knobs.micro_batch_size
+        info = self.classes[key.cls]
+        gpu, intra, t, n = info.gpu, info.node_class.intra_Bps, key.tp, key.replicas
+        # forward/backward do not read the ZeRO stage, the optimizer not the recompute or B:
+        # cache them apart so the contexts of one search share the work
+        fk = (ctx.recompute, B, key, unit)
+        fb = self._icpt.get(fk)
+        if fb is None:
+            share = -(-B // n)
+            sf, sb, _, _, _ = self._light(ctx, knobs, key, unit)
+            rs = [replica_compute(ctx, gpu, intra, t, share, unit, emb, head) for emb, head in POSITIONS]
+            fb = self._icpt[fk] = np.array([(r.total_forward_s - sf, r.total_backward_s - sb) for r in rs])
+        ok = (knobs.zero_stage >= 1, key, unit)
+        opt = self._icpt.get(ok)
+        if opt is None:
+            shard = n if knobs.zero_stage >= 1 else 1
+            so = self._light(ctx, knobs, key, unit)[3]
+            opt = self._icpt[ok] = np.array([optimizer_time_s(ctx, gpu, stage_params(ctx, unit, emb, head) / t / shard)
+                                             - so for emb, head in POSITIONS])
+        out = np.zeros((len(POSITIONS), len(QUANTITIES)))
+        out[:, 0], out[:, 1], out[:, 3] = fb[:, 0], fb[:, 1], opt
+        return out
 
     def _base(self, ctx, knobs, key: OptionKey, unit: int, emb: bool, head: bool, timing_only: bool = False):
         """Per (knobs without p, option, end flags): quantity slopes/intercepts per core unit and
@@ -426,27 +468,56 @@ class Pricer:
                           label=key)
 
     def _boundary(self, ctx, knobs, options: list[CoreOption]) -> np.ndarray:
-        """Send time between adjacent stages for every option pair (evaluate's bottleneck rule)."""
+        """Send time between adjacent stages for every option pair (evaluate's bottleneck rule):
+        ``max(c L0 + k X)`` over the boundary's busiest points (c transfers, k sequences), with
+        the path's (L0, X) per (class, TP) pair and the points per replica-count pair, so the
+        K x K table is filled by numpy, not a K^2 Python loop."""
         B = knobs.micro_batch_size
-        per_seq = ctx.seq_len * ctx.model.hidden_size * ctx.activation_bytes
-        K = len(options)
-        T = np.zeros((1, K, K))
-        for i, oa in enumerate(options):
-            for j, ob in enumerate(options):
-                a, b = oa.label, ob.label
-                ck = (id(ctx), B, a, b)
-                hit = self._sends.get(ck)
-                if hit is not None:
-                    T[0, i, j] = hit
-                    continue
-                path, cap, flows = self.send_path(a, b)
-                gpu = self.classes[a.cls].gpu              # evaluate prices a send on the sender's GPU
-                t1 = p2p_time_s(per_seq, path, ctx, flows, cap, gpu)
-                t2 = p2p_time_s(2 * per_seq, path, ctx, flows, cap, gpu)
-                X = t2 - t1
-                L0 = t1 - X
-                T[0, i, j] = self._sends[ck] = max(c * L0 + k * X for c, k in _busiest_points(B, a.replicas, b.replicas))
-        return T
+        labels = [o.label for o in options]
+        groups = list(dict.fromkeys((k.cls, k.tp) for k in labels))
+        counts = list(dict.fromkeys(k.replicas for k in labels))
+        gi = np.array([groups.index((k.cls, k.tp)) for k in labels])
+        ri = np.array([counts.index(k.replicas) for k in labels])
+        L0 = np.zeros((len(groups), len(groups)))
+        X = np.zeros_like(L0)
+        for a, (ca, ta) in enumerate(groups):
+            for b, (cb, tb) in enumerate(groups):
+                L0[a, b], X[a, b] = self._send_line(ctx, OptionKey(ca, ta, 1), OptionKey(cb, tb, 1))
+        pc, pk = _point_tables(B, tuple(counts))
+        c = pc[ri[:, None], ri[None, :]]                   # [K, K, points]
+        k = pk[ri[:, None], ri[None, :]]
+        T = (c * L0[gi[:, None], gi[None, :], None] + k * X[gi[:, None], gi[None, :], None]).max(axis=2)
+        return T[None]
+
+    def _send_line(self, ctx, a: OptionKey, b: OptionKey) -> tuple[float, float]:
+        """(L0, X) of a send from class/TP ``a`` to ``b``: k sequences take L0 + k X
+        (p2p_time_s is affine in bytes; the sender's GPU prices it, as in evaluate)."""
+        ck = (id(ctx), a.cls, a.tp, b.cls, b.tp)
+        hit = self._sends.get(ck)
+        if hit is None:
+            per_seq = ctx.seq_len * ctx.model.hidden_size * ctx.activation_bytes
+            path, cap, flows = self.send_path(a, b)
+            gpu = self.classes[a.cls].gpu
+            t1 = p2p_time_s(per_seq, path, ctx, flows, cap, gpu)
+            t2 = p2p_time_s(2 * per_seq, path, ctx, flows, cap, gpu)
+            X = t2 - t1
+            hit = self._sends[ck] = (t1 - X, X)
+        return hit
+
+
+@lru_cache(maxsize=256)
+def _point_tables(B: int, counts: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The busiest points per replica-count pair, padded with (0, 0) (a zero-cost point never
+    wins the max, as L0, X >= 0): arrays [counts, counts, points] of transfers and sequences."""
+    pts = {(x, y): _busiest_points(B, x, y) for x in counts for y in counts}
+    width = max(len(v) for v in pts.values())
+    pc = np.zeros((len(counts), len(counts), width))
+    pk = np.zeros_like(pc)
+    for i, x in enumerate(counts):
+        for j, y in enumerate(counts):
+            for w, (c, k) in enumerate(pts[x, y]):
+                pc[i, j, w], pk[i, j, w] = c, k
+    return pc, pk
 
 
 def sum_bound(L: int, p: int, a_min: float, speed: float) -> float:
