@@ -76,3 +76,20 @@ def test_bf16_search_leaves_gpus_without_bf16_idle_and_says_why():
     fp16 = api.plan(cluster, model, api.Training(global_batch_size=8, seq_len=256, precision="fp16"),
                     time_limit_s=30)
     assert not any("no bf16" in line for line in fp16.idle)
+
+
+def test_solver_banner_silenced():
+    """HiGHS prints a banner on fd 1 at its first use; the MILP runs with fd 1 on /dev/null, so
+    neither stdout (JSON) nor stderr (--quiet) carries it.  A fresh process: the banner comes
+    once per process."""
+    import subprocess
+    import sys
+    code = ("import random, sys; sys.path.insert(0, 'tests'); from test_search_core import random_problem;"
+            "from planner.search.core.milp import solve_milp;"
+            "prob = next(p for p in (random_problem(random.Random(s)) for s in range(100)) if p.num_stages == 3);"
+            "print('status', solve_milp(prob)[0].status)")
+    run = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in __import__("os").environ.items() if k != "PLANNER_DEBUG"})
+    assert run.returncode == 0, run.stderr
+    assert "status" in run.stdout
+    assert "HiGHS" not in run.stdout and "HiGHS" not in run.stderr

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pulp
 
-from planner.search.core.guard import stdout_to_stderr
+from planner.search.core.guard import solver_output_silenced
 from planner.search.core.problem import CoreProblem, CoreSolution, relative_gap
 
 try:  # highspy is a dependency, but keep CBC as the fallback DESIGN §6 asks for
@@ -224,7 +224,7 @@ class CoreMilp:
         return out
 
     def _run(self, settings: MilpSettings, deadline: float, cutoff: float | None = None):
-        with stdout_to_stderr():
+        with solver_output_silenced():
             self.lp.solve(_solver(settings, deadline - time.monotonic(), cutoff))
         info = None
         if HAVE_HIGHS and getattr(self.lp, "solverModel", None) is not None:
