@@ -282,6 +282,11 @@ class CoreMilp:
                 math.isfinite(info.mip_dual_bound) and info.mip_dual_bound >= cutoff * (1 - 1e-12):
             return CoreSolution(status="cutoff", bound=float(info.mip_dual_bound))
         assign = self._read()
+        if not self.prob.feasible(assign):
+            # a solve stopped by the wall-clock interrupt may report an integer-feasible status
+            # with values that are no solution (once on the README job a warm start priced a
+            # 14 s job at 4.8 s and the search then crashed); never hand such values on
+            return CoreSolution(status="unknown", bound=None)
         value = self.prob.objective(assign) if mode == "time" else self.prob.price(assign)
         solver_value = pulp.value(self.lp.objective)
         bound = None
