@@ -38,3 +38,40 @@ def test_busiest_points_give_the_boundary_bottleneck():
                 want = max(c * L0 + k * X for c, k in per.values())
                 got = max(c * L0 + k * X for c, k in _busiest_points(B, na, nb))
                 assert abs(want - got) < 1e-9
+
+
+def test_knob_bounds_hold_on_every_tuple_of_the_oracle_cases():
+    """The branch and bound prunes a knob tuple on its knob bound, so the bound (memory-free
+    and memory-aware: intercepts, least sends) must never exceed the tuple's own optimum, which
+    brute force over its priced problem gives."""
+    import math
+    import random
+
+    from test_oracle import make_case
+
+    from planner.cost import topology_for
+    from planner.search.classes import class_infos
+    from planner.search.core.brute import solve_brute
+    from planner.search.space import Pricer, enumerate_knobs, make_context
+
+    checked = tight = 0
+    for seed in range(16):
+        cluster, model, training = make_case(seed)
+        classes = class_infos(topology_for(cluster), training.precision)
+        pricer = Pricer(model, training, classes, topology_for(cluster))
+        tuples = enumerate_knobs(model, training, classes)
+        for knobs in random.Random(seed).sample(tuples, min(12, len(tuples))):
+            ctx = make_context(model, training, knobs)
+            keys = pricer.option_keys(knobs)
+            best = solve_brute(pricer.price(knobs, ctx, keys))[0]
+            for memory in (False, True):
+                kb = pricer.knob_bound(knobs, ctx, keys, memory=memory)
+                if best.ok:
+                    assert kb <= best.objective * (1 + 1e-9), (seed, knobs, memory, kb, best.objective)
+                    tight += kb >= 0.9 * best.objective
+                else:
+                    assert kb >= 0 or math.isinf(kb)
+            checked += best.ok
+    print(f'{checked} tuples, {tight} bounds within 10%')
+    assert checked >= 40
+    assert tight >= checked           # not vacuous: half the bounds (2 per tuple) within 10%

@@ -128,6 +128,7 @@ class Pricer:
         self._fb: dict = {}
         self._opt: dict = {}
         self._icpt: dict = {}
+        self._least: dict = {}
 
     def option_keys(self, knobs: Knobs) -> list[OptionKey]:
         hit = self._keys.get(knobs.micro_batch_size)
@@ -215,6 +216,7 @@ class Pricer:
                     parts.append(None)
                     continue
                 c_min = (icpt @ np.array(row.stage, dtype=float))[usable].min(axis=0)   # per position
+                sends = (sum(row.out), sum(row.inn))      # coefficients of a stage's out / in send
                 a_min = float(vals.min())
                 speed, m_cap, order = 0.0, 0.0, None
                 uu, cc, nn = U[usable], cls[usable], units[usable]
@@ -231,16 +233,16 @@ class Pricer:
                 # for ceil(L/p) blocks on one stage: the least slope among options holding k blocks
                 by_u = np.argsort(-uu, kind="stable")
                 if (uu >= L).all():                 # no memory limit binds: closed forms below
-                    parts.append((t.kind, t.weight, a_min, speed, m_cap, c_min, None, None, None, None))
+                    parts.append((t.kind, t.weight, a_min, speed, m_cap, (c_min, sends), None, None, None, None))
                     continue
-                parts.append((t.kind, t.weight, a_min, speed, m_cap, c_min, da,
+                parts.append((t.kind, t.weight, a_min, speed, m_cap, (c_min, sends), da,
                               np.maximum.accumulate(uu[order]), uu[by_u], np.minimum.accumulate(vals[by_u])))
             self._term_parts[tk] = parts
         total = 0.0
         for part in parts:
             if part is None:
                 return math.inf
-            kind, weight, a_min, speed, m_cap, c_min, da, u_cum, u_desc, a_prefix = part
+            kind, weight, a_min, speed, m_cap, (c_min, (c_out, c_in)), da, u_cum, u_desc, a_prefix = part
             k = -(-L // p)
             # intercepts: the sum over the p positions, and the least any one stage pays
             if p == 1:
@@ -248,6 +250,13 @@ class Pricer:
             else:
                 c_sum = float(c_min[1] + c_min[2] + (p - 2) * c_min[0])
                 c_stage = float(min(c_min[1], c_min[2], c_min[0] if p > 2 else math.inf))
+                if c_out or c_in:
+                    # every boundary costs at least the cheapest send of any option pair; the
+                    # ends of a pipeline that does not wrap send on one side only
+                    e = self._least_send(ctx, knobs, keys)
+                    wraps = knobs.schedule == "interleaved-1f1b"
+                    c_sum += (c_out + c_in) * (p if wraps else p - 1) * e
+                    c_stage += (c_out + c_in if wraps else min(c_out, c_in)) * e
             if da is None:
                 fill, m_p = L * a_min, k * a_min
             else:
@@ -472,8 +481,9 @@ class Pricer:
         ``max(c L0 + k X)`` over the boundary's busiest points (c transfers, k sequences), with
         the path's (L0, X) per (class, TP) pair and the points per replica-count pair, so the
         K x K table is filled by numpy, not a K^2 Python loop."""
-        B = knobs.micro_batch_size
-        labels = [o.label for o in options]
+        return self._send_table(ctx, knobs.micro_batch_size, [o.label for o in options])[None]
+
+    def _send_table(self, ctx, B: int, labels: list[OptionKey]) -> np.ndarray:
         groups = list(dict.fromkeys((k.cls, k.tp) for k in labels))
         counts = list(dict.fromkeys(k.replicas for k in labels))
         gi = np.array([groups.index((k.cls, k.tp)) for k in labels])
@@ -486,8 +496,7 @@ class Pricer:
         pc, pk = _point_tables(B, tuple(counts))
         c = pc[ri[:, None], ri[None, :]]                   # [K, K, points]
         k = pk[ri[:, None], ri[None, :]]
-        T = (c * L0[gi[:, None], gi[None, :], None] + k * X[gi[:, None], gi[None, :], None]).max(axis=2)
-        return T[None]
+        return (c * L0[gi[:, None], gi[None, :], None] + k * X[gi[:, None], gi[None, :], None]).max(axis=2)
 
     def _send_line(self, ctx, a: OptionKey, b: OptionKey) -> tuple[float, float]:
         """(L0, X) of a send from class/TP ``a`` to ``b``: k sequences take L0 + k X
@@ -503,6 +512,24 @@ class Pricer:
             X = t2 - t1
             hit = self._sends[ck] = (t1 - X, X)
         return hit
+
+
+    def _least_send(self, ctx, knobs, keys: list[OptionKey]) -> float:
+        """A lower bound on any one boundary's send: a boundary's busiest point carries at least
+        one transfer of a whole share, and no share is below ``ceil(B / most replicas)``; so
+        ``L0 + k X`` at that k, least over the (class, TP) pairs of ``keys``.  Needs only the
+        paths, not the K x K table, so every knob tuple can afford it."""
+        if not keys:
+            return 0.0
+        B = knobs.micro_batch_size
+        k = -(-B // max(key.replicas for key in keys))
+        groups = sorted({(key.cls, key.tp) for key in keys})
+        ck = (id(ctx), tuple(groups))
+        lines = self._least.get(ck)
+        if lines is None:
+            lines = self._least[ck] = [self._send_line(ctx, OptionKey(ca, ta, 1), OptionKey(cb, tb, 1))
+                                       for ca, ta in groups for cb, tb in groups]
+        return min(L0 + k * X for L0, X in lines)
 
 
 @lru_cache(maxsize=256)
