@@ -522,14 +522,15 @@ class Pricer:
         if not keys:
             return 0.0
         B = knobs.micro_batch_size
-        k = -(-B // max(key.replicas for key in keys))
-        groups = sorted({(key.cls, key.tp) for key in keys})
-        ck = (id(ctx), tuple(groups))
-        lines = self._least.get(ck)
-        if lines is None:
-            lines = self._least[ck] = [self._send_line(ctx, OptionKey(ca, ta, 1), OptionKey(cb, tb, 1))
-                                       for ca, ta in groups for cb, tb in groups]
-        return min(L0 + k * X for L0, X in lines)
+        ck = (id(ctx), B, id(keys), len(keys))
+        hit = self._least.get(ck)
+        if hit is None:
+            k = -(-B // max(key.replicas for key in keys))
+            groups = sorted({(key.cls, key.tp) for key in keys})
+            least = min(L0 + k * X for L0, X in (self._send_line(ctx, OptionKey(ca, ta, 1), OptionKey(cb, tb, 1))
+                                                 for ca, ta in groups for cb, tb in groups))
+            hit = self._least[ck] = (least, keys)        # keys kept alive: id() stays unique
+        return hit[0]
 
 
 @lru_cache(maxsize=256)
