@@ -36,6 +36,8 @@ attention core (the s^2 matmuls and softmax); ``full`` the whole block forward.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 from planner.cost.comm import tp_collective_s
@@ -139,12 +141,31 @@ def _lookup(ctx: CostContext, gpu: GpuType, kind: str, share: int, tp: int):
     return found
 
 
+def _cached_per_context(kind: str):
+    """Memoise a layer-timing function in ``ctx.cache`` under (kind, GPU name, arguments):
+    the functions are pure given the context, and the search prices the same layer for
+    thousands of options."""
+    def wrap(fn):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def cached(ctx: CostContext, gpu: GpuType, *args, **kwargs):
+            if kwargs:      # rare (tests, callers naming flags): the key of the positional call
+                bound = signature.bind(ctx, gpu, *args, **kwargs)
+                bound.apply_defaults()
+                args = tuple(bound.arguments.values())[2:]
+            key = (kind, gpu.name, *args)
+            hit = ctx.cache.get(key)
+            if hit is None:
+                hit = ctx.cache[key] = fn(ctx, gpu, *args)
+            return hit
+        return cached
+    return wrap
+
+
+@_cached_per_context("block")
 def block_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, share: int) -> ReplicaTiming:
     """One transformer block, one micro-batch share: profile if measured, else roofline."""
-    key = ("block", gpu.name, tp, share, intra_Bps)
-    hit = ctx.cache.get(key)
-    if hit is not None:
-        return hit
     fwd, bwd, core, gemm = _block_roofline(ctx, gpu, tp, share)
     measured = _lookup(ctx, gpu, "block", share, tp)
     if measured is not None:
@@ -157,15 +178,11 @@ def block_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, shar
         tp_fwd, tp_bwd = max(0.0, tp_fwd - gemm), max(0.0, tp_bwd - 2 * gemm)
     extra = tp_fwd if ctx.recompute == "full" else 0.0
     out = ReplicaTiming(fwd, bwd, recompute, tp_fwd, tp_bwd + extra)
-    ctx.cache[key] = out
     return out
 
 
+@_cached_per_context("embedding")
 def embedding_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, share: int) -> ReplicaTiming:
-    key = ("embedding", gpu.name, tp, share, intra_Bps)
-    hit = ctx.cache.get(key)
-    if hit is not None:
-        return hit
     m, s = ctx.model, ctx.seq_len
     sbh = share * s * m.hidden_size
     fwd = _mem_time_s(ctx, gpu, 2 * sbh * ctx.activation_bytes)
@@ -175,15 +192,11 @@ def embedding_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, 
         fwd, bwd = measured
     coll = tp_collective_s(ctx, sbh * ctx.activation_bytes, tp, intra_Bps, gpu)
     out = ReplicaTiming(fwd, bwd, fwd if ctx.recompute == "full" else 0.0, coll, 0.0)
-    ctx.cache[key] = out
     return out
 
 
+@_cached_per_context("head")
 def head_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, share: int) -> ReplicaTiming:
-    key = ("head", gpu.name, tp, share, intra_Bps)
-    hit = ctx.cache.get(key)
-    if hit is not None:
-        return hit
     m, s = ctx.model, ctx.seq_len
     eff = matmul_efficiency(ctx, gpu, share * s, m.hidden_size)
     t_mm = head_forward_flops(m, share, s) / tp / (gpu.peak_flops * eff)
@@ -196,19 +209,14 @@ def head_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, share
         fwd, bwd = measured
     coll = tp_collective_s(ctx, share * s * m.hidden_size * ctx.activation_bytes, tp, intra_Bps, gpu)
     out = ReplicaTiming(fwd, bwd, 0.0, 0.0, coll)
-    ctx.cache[key] = out
     return out
 
 
+@_cached_per_context("replica")
 def replica_compute(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, share: int,
                     blocks: int, embedding: bool = False, head: bool = False) -> ReplicaTiming:
     """One replica (``tp`` GPUs of type ``gpu``) running ``blocks`` blocks (+ embedding / head)
-    on ``share`` sequences of one micro-batch.  Pure given ``ctx``; cached per
-    (gpu, tp, share, blocks, embedding, head, intra_Bps)."""
-    key = ("replica", gpu.name, tp, share, blocks, embedding, head, intra_Bps)
-    hit = ctx.cache.get(key)
-    if hit is not None:
-        return hit
+    on ``share`` sequences of one micro-batch.  Pure given ``ctx``, cached in it."""
     out = block_timing(ctx, gpu, intra_Bps, tp, share).scaled(blocks) if blocks else ZERO
     overhead = ctx.calibration.for_gpu(gpu).microbatch_overhead_s
     if overhead:
@@ -217,7 +225,6 @@ def replica_compute(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, s
         out = out + embedding_timing(ctx, gpu, intra_Bps, tp, share)
     if head:
         out = out + head_timing(ctx, gpu, intra_Bps, tp, share)
-    ctx.cache[key] = out
     return out
 
 
