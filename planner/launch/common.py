@@ -160,54 +160,24 @@ def global_batch_size(plan: Plan) -> int:
 
 
 def check_structure(plan: Plan, fmt: str) -> None:
-    """What every format relies on: stages in order covering the blocks once, the embedding on
-    the first stage, the head on the last, shares summing to the micro-batch, sane node names."""
+    """What every format relies on: the plan's layout checks (``plan.check.check_layout``:
+    stages in order covering the blocks once, embedding first, head last, shares summing to
+    the micro-batch, schedule and batch consistent, no device twice), then what a launcher
+    adds: each replica inside one node, node names that can be file names and arguments."""
+    from planner.plan.check import check_layout
+
+    check_layout(plan)
     problems = Problems(fmt)
-    expected_first = 0
-    last_index = len(plan.stages) - 1
-    for i, stage in enumerate(plan.stages):
-        if stage.index != i:
-            problems.add(f"stages[{i}].index is {stage.index}; stages must be listed in order 0..{last_index}")
-        if stage.blocks[0] != expected_first:
-            problems.add(f"stage {i} starts at block {stage.blocks[0]}, expected {expected_first}: "
-                         "stages must hold contiguous, non-overlapping blocks from block 0")
-        if stage.num_blocks == 0 and not (stage.embedding or stage.head):
-            problems.add(f"stage {i} holds no blocks, embedding or head")
-        expected_first = stage.blocks[1]
-        if stage.embedding != (i == 0):
-            problems.add(f"stage {i} {'holds' if stage.embedding else 'lacks'} the embedding; "
-                         "it belongs to stage 0 and only there")
-        if stage.head != (i == last_index):
-            problems.add(f"stage {i} {'holds' if stage.head else 'lacks'} the head; "
-                         f"it belongs to the last stage ({last_index}) and only there")
-        shares = sum(r.micro_batch_share for r in stage.replicas)
-        if shares != plan.micro_batch_size:
-            problems.add(f"stage {i}'s micro_batch_share values sum to {shares}, not the plan's "
-                         f"micro_batch_size {plan.micro_batch_size}")
-    seen: dict[str, str] = {}
     for i, stage in enumerate(plan.stages):
         for j, replica in enumerate(stage.replicas):
             nodes = {d.rpartition(":")[0] for d in replica.devices}
             if len(nodes) != 1:
                 problems.add(f"stage {i} replica {j} spans nodes {sorted(nodes)}; a replica is "
                              "inside one node")
-            for device in replica.devices:
-                node = device.rpartition(":")[0]
+            for node in sorted(nodes):
                 if not _NODE_NAME.match(node):
                     problems.add(f"stage {i} replica {j}: node name {node!r} must be letters, digits, "
                                  "'_', '.', '-' (it becomes a file name and a command argument)")
-                where = f"stage {i} replica {j}"
-                if device in seen:
-                    problems.add(f"device {device} is used twice ({seen[device]} and {where})")
-                seen[device] = where
-    wanted = plan.inputs.training.get("global_batch_size")
-    if wanted is not None and wanted != global_batch_size(plan):
-        problems.add(f"micro_batch_size {plan.micro_batch_size} x num_micro_batches "
-                     f"{plan.num_micro_batches} = {global_batch_size(plan)} sequences, but "
-                     f"inputs.training.global_batch_size is {wanted}")
-    if plan.virtual_stages > 1 and plan.schedule != "interleaved-1f1b":
-        problems.add(f"virtual_stages is {plan.virtual_stages} but schedule is {plan.schedule!r}; "
-                     "virtual stages need schedule 'interleaved-1f1b'")
     problems.raise_if_any()
 
 
