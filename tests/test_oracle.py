@@ -53,8 +53,11 @@ def make_case(seed: int, max_plans: int = 1500):
             continue
         spec = {"name": f"case{seed}", "zones": [{"name": f"z{i}"} for i in range(zones)], "nodes": nodes}
         if zones == 2:
-            spec["links"] = [{"between": ["z0", "z1"], "bandwidth": f"{rng.choice([1, 10])} Gbit/s",
+            gbit = rng.choice([1, 10])
+            spec["links"] = [{"between": ["z0", "z1"], "bandwidth": f"{gbit} Gbit/s",
                               "latency": f"{rng.choice([1, 20])} ms"}]
+            if seed % 2 == 0:   # a cap that two flows at once already hit (no rng draw: same cases)
+                spec["links"][0]["aggregate_bandwidth"] = f"{gbit} Gbit/s"
         cluster = cluster_from_dict(spec)
         L = rng.randint(4, 8)
         heads = rng.choice([4, 8])

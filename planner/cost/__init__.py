@@ -10,7 +10,7 @@ from planner.cost.calibration import (
     default_calibration,
     load_calibration,
 )
-from planner.cost.comm import dp_exposed_s, dp_sync_time_s, p2p_time_s, ring_allreduce_s
+from planner.cost.comm import dp_exposed_s, dp_sync_time_s, p2p_time_s, ring_allreduce_s, shared_link_time_s
 from planner.cost.compute import ReplicaTiming, optimizer_time_s, replica_compute
 from planner.cost.context import CostContext
 from planner.cost.evaluate import context_for_plan, evaluate, topology_for
@@ -23,5 +23,5 @@ __all__ = [
     "StageTiming", "context_for_plan", "default_calibration", "dp_exposed_s", "dp_sync_time_s",
     "evaluate", "in_flight_micro_batches", "iteration_time_s", "load_calibration", "optimizer_time_s",
     "p2p_time_s", "pipeline_breakdown", "pipeline_time_s", "replica_compute", "replica_memory",
-    "replica_memory_bytes", "ring_allreduce_s", "stage_params", "topology_for",
+    "replica_memory_bytes", "ring_allreduce_s", "shared_link_time_s", "stage_params", "topology_for",
 ]

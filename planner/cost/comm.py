@@ -18,6 +18,8 @@ message pays the calibrated NCCL latency on top of the path's wire latency.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 from planner.cost.context import CostContext
@@ -69,6 +71,17 @@ def p2p_time_s(num_bytes: float, path, ctx: CostContext | None = None, parallel_
     if cap_Bps is not None:
         bw = min(bw, cap_Bps)
     return path.latency_s + lat + num_bytes / (bw * eff)
+
+
+def shared_link_time_s(num_bytes: float, path, aggregate_Bps: float, ctx: CostContext | None = None,
+                       gpu=None) -> float:
+    """Transfers of one stage boundary that cross the same zone link run at once and share its
+    ``aggregate_bandwidth`` (DESIGN: it caps all flows across the link together): together they
+    take at least the path's latency plus their total bytes over the aggregate.  0 when the
+    link has no cap.  ``path``: the path one of them takes."""
+    if num_bytes <= 0 or not math.isfinite(aggregate_Bps):
+        return 0.0
+    return p2p_time_s(num_bytes, dataclasses.replace(path, bandwidth_Bps=aggregate_Bps), ctx, 1, None, gpu)
 
 
 def boundary_bytes(shares_a: list[int], shares_b: list[int], bytes_per_sequence: float) -> list[tuple[int, int, float]]:

@@ -14,7 +14,14 @@ import math
 from dataclasses import replace
 
 from planner.cost.calibration import Calibration
-from planner.cost.comm import boundary_bytes, boundary_time_s, dp_exposed_s, dp_sync_time_s, p2p_time_s
+from planner.cost.comm import (
+    boundary_bytes,
+    boundary_time_s,
+    dp_exposed_s,
+    dp_sync_time_s,
+    p2p_time_s,
+    shared_link_time_s,
+)
 from planner.cost.compute import optimizer_time_s, replica_compute
 from planner.cost.context import CostContext
 from planner.cost.flops import model_flops_per_iteration
@@ -95,11 +102,13 @@ class _Paths:
 
 
 def _boundary(ctx, paths, sa, sb, crossings, m_sends, ctx_gpu):
-    """Send time between stage ``sa`` and ``sb`` (bottleneck over replicas); records egress."""
+    """Send time between stage ``sa`` and ``sb``: the busiest replica, and no less than the
+    transfers crossing a capped zone link take together; records egress."""
     per_seq = ctx.seq_len * ctx.model.hidden_size * ctx.activation_bytes
     shares_a = [r.micro_batch_share for r in sa.replicas]
     shares_b = [r.micro_batch_share for r in sb.replicas]
     times = []
+    over_links: dict = {}     # (zone, zone) -> [bytes, a path, the sender's GPU]
     for i, j, nbytes in boundary_bytes(shares_a, shares_b, per_seq):
         ra, rb = sa.replicas[i], sb.replicas[j]
         flows = min(ra.tp, rb.tp)
@@ -108,7 +117,10 @@ def _boundary(ctx, paths, sa, sb, crossings, m_sends, ctx_gpu):
         if zones[0] != zones[1]:
             key = tuple(sorted(zones))
             crossings[key] = crossings.get(key, 0.0) + 2 * nbytes * m_sends  # both directions
-    return boundary_time_s(times)
+            over_links.setdefault(zones, [0.0, path, ctx_gpu(ra)])[0] += nbytes
+    shared = [shared_link_time_s(nbytes, path, paths.topo.zone_path(*zones)[1], ctx, gpu)
+              for zones, (nbytes, path, gpu) in over_links.items()]
+    return max([boundary_time_s(times), *shared])
 
 
 def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = None, *,

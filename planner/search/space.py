@@ -27,6 +27,7 @@ from planner.cost import (
     p2p_time_s,
     replica_compute,
     replica_memory_bytes,
+    shared_link_time_s,
     stage_params,
 )
 from planner.search.classes import ClassInfo
@@ -496,7 +497,20 @@ class Pricer:
         pc, pk = _point_tables(B, tuple(counts))
         c = pc[ri[:, None], ri[None, :]]                   # [K, K, points]
         k = pk[ri[:, None], ri[None, :]]
-        return (c * L0[gi[:, None], gi[None, :], None] + k * X[gi[:, None], gi[None, :], None]).max(axis=2)
+        T = (c * L0[gi[:, None], gi[None, :], None] + k * X[gi[:, None], gi[None, :], None]).max(axis=2)
+        shared = np.array([[self._shared_link(ctx, B, ga, gb) for gb in groups] for ga in groups])
+        return np.maximum(T, shared[gi[:, None], gi[None, :]])
+
+    def _shared_link(self, ctx, B: int, a: tuple[int, int], b: tuple[int, int]) -> float:
+        """A whole micro-batch crossing a capped zone link between the classes of ``a`` and
+        ``b`` ((class, TP) each): evaluate's shared-link floor of a boundary."""
+        ia, ib = self.classes[a[0]], self.classes[b[0]]
+        if ia.zone == ib.zone:
+            return 0.0
+        aggregate = self.topo.zone_path(ia.zone, ib.zone)[1]
+        path = self.send_path(OptionKey(a[0], a[1], 1), OptionKey(b[0], b[1], 1))[0]
+        per_seq = ctx.seq_len * ctx.model.hidden_size * ctx.activation_bytes
+        return shared_link_time_s(B * per_seq, path, aggregate, ctx, ia.gpu)
 
     def _send_line(self, ctx, a: OptionKey, b: OptionKey) -> tuple[float, float]:
         """(L0, X) of a send from class/TP ``a`` to ``b``: k sequences take L0 + k X
