@@ -84,6 +84,26 @@ def test_sends_are_not_slowed_and_sharing_only_lengthens():
     assert shared.makespan_s >= 3 * (1 + 2 + 2 + 4) - 1e-9
 
 
+def test_random_pipelines_sharing_is_bounded_by_work_and_by_full_slowdown():
+    import random
+    rng = random.Random(7)
+    for _ in range(200):
+        p = rng.randint(1, 5)
+        schedule = rng.choice(["gpipe", "1f1b", "interleaved-1f1b"])
+        v = rng.randint(2, 3) if schedule == "interleaved-1f1b" else 1
+        m = p * rng.randint(1, 3)
+        stages = [SimStage(rng.uniform(0.1, 2), rng.uniform(0.1, 4)) for _ in range(p)]
+        procs = tuple(rng.randint(1, 3) for _ in range(p))
+        cores = rng.randint(1, sum(procs))
+        alone = simulate_pipeline(stages, m, schedule, v)
+        shared = simulate_pipeline(stages, m, schedule, v, core_shares=[CoreShare(cores, procs)])
+        work = m * sum(n * (s.forward_s + s.backward_s) for n, s in zip(procs, stages))
+        slowest = max(1.0, sum(procs) / cores)  # everything at the worst speed
+        assert alone.makespan_s - 1e-9 <= shared.makespan_s <= slowest * alone.makespan_s + 1e-9
+        assert shared.makespan_s >= work / cores - 1e-9
+        assert len(shared.timeline) == len(alone.timeline) == 2 * m * p * v
+
+
 def test_bad_shares_are_refused():
     with pytest.raises(ValueError, match="cores must be positive"):
         CoreShare(0, (1,))
