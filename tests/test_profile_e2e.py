@@ -1,7 +1,8 @@
 """End-to-end check of measured profiles (docs/profiles.md): predict a CPU job's step time from
-the profiles its cluster spec maps (profiles/cpu-small-x2.yaml, -x4.yaml: the cpu-small model
-measured as one of 2 or 4 co-tenant processes), run the same plan with the reference runner,
-compare.
+the profile its cluster spec maps (profiles/cpu-small-x2.yaml: the cpu-small model measured as
+one of 2 co-tenant processes, one per core of this 2-core machine; cpu-local-4 adds `cores: 2`,
+so its 4 processes share the cores under processor sharing), run the same plan with the
+reference runner, compare.
 
 The plans are built by hand (a few devices need no search); test_profile_cost.py reuses them.
 """
@@ -64,8 +65,8 @@ def data_parallel_plan(num_stages: int, replicas: int, micro_batch_size: int = 2
     return _plan(stages, micro_batch_size, num_micro_batches, cluster)
 
 
-# (name, plan, cluster spec): 2 processes on the 2-core machine, and a 4-process pipeline that
-# puts two processes on each core.
+# (name, plan, cluster spec): 2 processes on the 2-core machine, and a 4-process pipeline on
+# its 2 cores.
 CASES = {
     "pp2": (lambda: pipeline_plan(2), "cpu-local"),
     "dp2": (lambda: data_parallel_plan(1, 2), "cpu-local"),
@@ -105,10 +106,7 @@ def _quiet_enough() -> None:
                     "measure the other processes, not the plan")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["pp2", "dp2"])
-def test_two_process_prediction_within_25_percent(name):
-    _quiet_enough()
+def _measure_and_compare(name: str) -> None:
     # A measurement is a few seconds of wall clock on a shared machine; one disturbed by
     # another process (seen: +29% once, +3..+13% on repeats) is measured once more. Both
     # measurements are printed; the last must agree.
@@ -125,15 +123,16 @@ def test_two_process_prediction_within_25_percent(name):
 
 
 @pytest.mark.slow
-def test_four_processes_on_two_cores_reported():
-    """Four processes share the two cores. cpu-local-4 maps the profile measured with four
-    co-tenants (--concurrent 4), right when all four compute at once; this pipeline's bubbles
-    leave cores idle, so it runs faster than predicted: measured -31..-36% under 'chrt -r 1'
-    (docs/profiles.md). Hence the looser bound."""
+@pytest.mark.parametrize("name", ["pp2", "dp2"])
+def test_two_process_prediction_within_25_percent(name):
     _quiet_enough()
-    predicted, steps, breakdown = predict_and_run("pp4")
-    measured = statistics.median(steps)
-    error = measured / predicted - 1
-    print(f"pp4: predicted {predicted * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms, "
-          f"error {error:+.1%}, fastest step {min(steps) * 1e3:.1f} ms, breakdown {breakdown}")
-    assert abs(error) <= 2 * TOLERANCE
+    _measure_and_compare(name)
+
+
+@pytest.mark.slow
+def test_four_processes_on_two_cores_within_25_percent():
+    """Four processes share the two cores (cpu-local-4: `cores: 2`). The prediction runs the
+    1F1B schedule under processor sharing, so the fill and drain, where fewer than four
+    compute, are not slowed as much as the steady state (docs/profiles.md)."""
+    _quiet_enough()
+    _measure_and_compare("pp4")
