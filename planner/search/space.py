@@ -128,7 +128,6 @@ class Pricer:
         self._fmin: dict = {}
         self._fb: dict = {}
         self._opt: dict = {}
-        self._icpt: dict = {}
         self._least: dict = {}
 
     def option_keys(self, knobs: Knobs) -> list[OptionKey]:
@@ -336,9 +335,25 @@ class Pricer:
 
     def _light(self, ctx, knobs, key: OptionKey, unit: int) -> tuple[float, ...]:
         """Middle-stage slopes of the quantities a knob bound reads (forward, backward,
-        optimizer; the sync columns only feed hinge rows, which it skips: 0 here).  Forward and
-        backward do not read the ZeRO stage (planner.cost.compute), so they are shared by
-        the contexts that differ only in it."""
+        optimizer; the sync columns only feed hinge rows, which it skips: 0 here)."""
+        (sf, sb, _), (so, _) = self._lines(ctx, knobs, key, unit)
+        return (sf, sb, 0.0, so, 0.0)
+
+    def _intercepts(self, ctx, knobs, key: OptionKey, unit: int) -> np.ndarray:
+        """Per stage position (middle, first, last, only) the intercepts of the same
+        quantities: the per-micro-batch overhead everywhere, the embedding on the first stage,
+        the head on the last.  Every stage pays its position's intercept whatever its block
+        count, so the least intercept over options is a valid addition to the knob bound."""
+        (_, _, fb), (_, opt) = self._lines(ctx, knobs, key, unit)
+        out = np.zeros((len(POSITIONS), len(QUANTITIES)))
+        out[:, 0], out[:, 1], out[:, 3] = fb[:, 0], fb[:, 1], opt
+        return out
+
+    def _lines(self, ctx, knobs, key: OptionKey, unit: int):
+        """Forward/backward and optimizer time as lines in the block count: the middle-stage
+        slopes and each position's intercept.  Forward and backward do not read the ZeRO stage,
+        the optimizer step neither the recompute nor B (planner.cost.compute): cached apart, so
+        the knob tuples of one search share the work."""
         B = knobs.micro_batch_size
         info = self.classes[key.cls]
         gpu, intra, t, n = info.gpu, info.node_class.intra_Bps, key.tp, key.replicas
@@ -346,46 +361,18 @@ class Pricer:
         fb = self._fb.get(fk)
         if fb is None:
             share = -(-B // n)
-            r1 = replica_compute(ctx, gpu, intra, t, share, unit, False, False)
+            at = [replica_compute(ctx, gpu, intra, t, share, unit, emb, head) for emb, head in POSITIONS]
             r2 = replica_compute(ctx, gpu, intra, t, share, 2 * unit, False, False)
-            fb = self._fb[fk] = (r2.total_forward_s - r1.total_forward_s, r2.total_backward_s - r1.total_backward_s)
-        ok = (id(ctx), key, unit)                   # the optimizer step does not read B
+            sf, sb = r2.total_forward_s - at[0].total_forward_s, r2.total_backward_s - at[0].total_backward_s
+            fb = self._fb[fk] = (sf, sb, np.array([(r.total_forward_s - sf, r.total_backward_s - sb) for r in at]))
+        ok = (knobs.zero_stage >= 1, key, unit)
         opt = self._opt.get(ok)
         if opt is None:
             shard = n if knobs.zero_stage >= 1 else 1
-            o1 = optimizer_time_s(ctx, gpu, stage_params(ctx, unit, False, False) / t / shard)
-            o2 = optimizer_time_s(ctx, gpu, stage_params(ctx, 2 * unit, False, False) / t / shard)
-            opt = self._opt[ok] = o2 - o1
-        return (fb[0], fb[1], 0.0, opt, 0.0)
-
-    def _intercepts(self, ctx, knobs, key: OptionKey, unit: int) -> np.ndarray:
-        """Per stage position (middle, first, last, only) the intercepts of the quantities a
-        knob bound reads (as ``_light``: forward, backward, optimizer; 0 for the sync columns):
-        the per-micro-batch overhead everywhere, the embedding on the first stage, the head on
-        the last.  Every stage pays its position's intercept whatever its block count, so the
-        least intercept over options is a valid addition to the knob bound."""
-        B = knobs.micro_batch_size
-        info = self.classes[key.cls]
-        gpu, intra, t, n = info.gpu, info.node_class.intra_Bps, key.tp, key.replicas
-        # forward/backward do not read the ZeRO stage, the optimizer not the recompute or B:
-        # cache them apart so the contexts of one search share the work
-        fk = (ctx.recompute, B, key, unit)
-        fb = self._icpt.get(fk)
-        if fb is None:
-            share = -(-B // n)
-            sf, sb, _, _, _ = self._light(ctx, knobs, key, unit)
-            rs = [replica_compute(ctx, gpu, intra, t, share, unit, emb, head) for emb, head in POSITIONS]
-            fb = self._icpt[fk] = np.array([(r.total_forward_s - sf, r.total_backward_s - sb) for r in rs])
-        ok = (knobs.zero_stage >= 1, key, unit)
-        opt = self._icpt.get(ok)
-        if opt is None:
-            shard = n if knobs.zero_stage >= 1 else 1
-            so = self._light(ctx, knobs, key, unit)[3]
-            opt = self._icpt[ok] = np.array([optimizer_time_s(ctx, gpu, stage_params(ctx, unit, emb, head) / t / shard)
-                                             - so for emb, head in POSITIONS])
-        out = np.zeros((len(POSITIONS), len(QUANTITIES)))
-        out[:, 0], out[:, 1], out[:, 3] = fb[:, 0], fb[:, 1], opt
-        return out
+            at = [optimizer_time_s(ctx, gpu, stage_params(ctx, unit, emb, head) / t / shard) for emb, head in POSITIONS]
+            so = optimizer_time_s(ctx, gpu, stage_params(ctx, 2 * unit, False, False) / t / shard) - at[0]
+            opt = self._opt[ok] = (so, np.array(at) - so)
+        return fb, opt
 
     def _base(self, ctx, knobs, key: OptionKey, unit: int, emb: bool, head: bool, timing_only: bool = False):
         """Per (knobs without p, option, end flags): quantity slopes/intercepts per core unit and
