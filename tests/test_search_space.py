@@ -75,3 +75,30 @@ def test_knob_bounds_hold_on_every_tuple_of_the_oracle_cases():
     print(f'{checked} tuples, {tight} bounds within 10%')
     assert checked >= 40
     assert tight >= checked           # not vacuous: half the bounds (2 per tuple) within 10%
+
+
+def test_most_speed_equals_enumerating_option_multisets():
+    """most_speed's knapsack against every multiset of at most k options that fits."""
+    import itertools
+    import random
+
+    import numpy as np
+
+    from planner.search.pieces import most_speed
+
+    for seed in range(30):
+        rng = random.Random(seed)
+        K = rng.randint(1, 6)
+        rates = np.array([rng.uniform(0.1, 5) for _ in range(K)])
+        units = np.array([rng.randint(1, 4) for _ in range(K)])
+        classes = np.array([rng.randrange(2) for _ in range(K)])
+        capacity = [rng.randint(1, 6), rng.randint(1, 6)]
+        got = most_speed(rates, units, classes, capacity, 4)
+        for k in range(1, 5):
+            best = 0.0
+            for n in range(k + 1):
+                for combo in itertools.combinations_with_replacement(range(K), n):
+                    used = [sum(units[o] for o in combo if classes[o] == c) for c in (0, 1)]
+                    if all(u <= cap for u, cap in zip(used, capacity)):
+                        best = max(best, sum(rates[o] for o in combo))
+            assert abs(got[k - 1] - best) <= 1e-9 * max(1.0, best), (seed, k, got, best)

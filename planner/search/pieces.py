@@ -60,3 +60,29 @@ def _busiest_points(B: int, na: int, nb: int) -> tuple[tuple[int, int], ...]:
         return pts
 
     return tuple(sorted(set(side(na, nb)) | set(side(nb, na))))
+
+
+def most_speed(rates: np.ndarray, units: np.ndarray, classes: np.ndarray, capacity: list[int],
+               max_stages: int) -> np.ndarray:
+    """``out[k-1]``: the largest total rate (blocks per second, ``sum 1 / slope``) that at most
+    ``k`` stages can have, one option each, within every class's capacity in units; for
+    k = 1..max_stages.  The fractional bound (each class's capacity at its best rate per unit)
+    ignores that a stage takes a whole option: one option often cannot use a class's last
+    nodes, and p stages cannot all use the fastest.  An unbounded knapsack with a cardinality
+    per class, then a max-plus combination over classes."""
+    total = np.zeros(max_stages + 1)                      # with 0 stages: 0
+    for c in np.unique(classes):
+        cap = int(capacity[int(c)])
+        mask = classes == c
+        best = np.full((max_stages + 1, cap + 1), -np.inf)
+        best[0, :] = 0.0
+        for k in range(1, max_stages + 1):
+            row = best[k - 1].copy()                      # at most k: k - 1 stages is allowed
+            for u, r in zip(units[mask].astype(int), rates[mask]):
+                if u <= cap:
+                    row[u:] = np.maximum(row[u:], best[k - 1, :cap + 1 - u] + r)
+            best[k] = row
+        per_class = best[:, cap]
+        # combine: the best split of k stages between the classes so far and this one
+        total = np.array([max(total[k - j] + per_class[j] for j in range(k + 1)) for k in range(max_stages + 1)])
+    return total[1:]

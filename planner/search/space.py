@@ -33,9 +33,10 @@ from planner.cost import (
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row, Term
 from planner.search.core.problem import max_row_bound
-from planner.search.pieces import _busiest_points, _max_units, replica_counts, shares  # noqa: F401
+from planner.search.pieces import _busiest_points, _max_units, most_speed, replica_counts, shares  # noqa: F401
 
 INTERLEAVE_V = 2            # virtual stages tried for interleaved-1f1b
+KNAPSACK_STAGES = 8         # stage counts up to which the knob bound packs whole options
 _F_BUCKETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0)
 QUANTITIES = ("forward", "backward", "sync_less_backward", "optimizer", "gather_less_forward")
 POSITIONS = ((False, False), (True, False), (False, True), (True, True))   # middle, first, last, only
@@ -225,6 +226,9 @@ class Pricer:
                     for c in np.unique(cc):
                         speed += self.classes[int(c)].capacity_units * float(ratio[cc == c].max())
                 if a_min > 0 and memory:
+                    # at most p whole options, not the classes' capacity at their best rates
+                    speed = (speed, most_speed(1.0 / vals, nn, cc, [c.capacity_units for c in self.classes],
+                                               min(KNAPSACK_STAGES, L)))
                     m_cap = max_row_bound(L, vals, uu[:, None], None, nn, cc,
                                           [c.capacity_units for c in self.classes], [L], rel_tol=1e-5)
                 order = np.argsort(vals, kind="stable")
@@ -243,6 +247,8 @@ class Pricer:
             if part is None:
                 return math.inf
             kind, weight, a_min, speed, m_cap, (c_min, (c_out, c_in)), da, u_cum, u_desc, a_prefix = part
+            if isinstance(speed, tuple):
+                speed = min(speed[0], float(speed[1][p - 1])) if p <= len(speed[1]) else speed[0]
             k = -(-L // p)
             # intercepts: the sum over the p positions, and the least any one stage pays
             if p == 1:
