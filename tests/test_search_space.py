@@ -102,3 +102,31 @@ def test_most_speed_equals_enumerating_option_multisets():
                     if all(u <= cap for u, cap in zip(used, capacity)):
                         best = max(best, sum(rates[o] for o in combo))
             assert abs(got[k - 1] - best) <= 1e-9 * max(1.0, best), (seed, k, got, best)
+
+
+def test_joint_row_bound_under_every_allocation():
+    """joint_row_bound with the stages' own rates (prefix sums as R) never exceeds
+    w_max max t + w_sum sum t over any split of L blocks (t_s = nb_s / r_s), and is tight
+    for one stage."""
+    import itertools
+    import math
+    import random
+
+    import numpy as np
+
+    from planner.search.space import joint_row_bound
+
+    for seed in range(200):
+        rng = random.Random(seed)
+        p, L = rng.randint(1, 4), rng.randint(1, 9)
+        r = sorted((rng.uniform(0.2, 5) for _ in range(p)), reverse=True)
+        w_max, w_sum = rng.choice([0.5, 1.0, 3.0, 31.0]), rng.choice([0.5, 1.0])
+        best = math.inf
+        for split in itertools.product(range(L + 1), repeat=p):
+            if sum(split) == L:
+                t = [n / x for n, x in zip(split, r)]
+                best = min(best, w_max * max(t) + w_sum * sum(t))
+        got = joint_row_bound(L, np.cumsum(r), 0.0, 0.0, w_max, w_sum)
+        assert got <= best * (1 + 1e-9), (seed, got, best)
+        if p == 1:
+            assert math.isclose(got, best, rel_tol=1e-9)

@@ -237,53 +237,71 @@ class Pricer:
                 # for ceil(L/p) blocks on one stage: the least slope among options holding k blocks
                 by_u = np.argsort(-uu, kind="stable")
                 if (uu >= L).all():                 # no memory limit binds: closed forms below
-                    parts.append((t.kind, t.weight, a_min, speed, m_cap, (c_min, sends), None, None, None, None))
+                    parts.append(_TermPart(t.kind, t.row, t.weight, a_min, speed, m_cap, c_min, sends))
                     continue
-                parts.append((t.kind, t.weight, a_min, speed, m_cap, (c_min, sends), da,
-                              np.maximum.accumulate(uu[order]), uu[by_u], np.minimum.accumulate(vals[by_u])))
+                parts.append(_TermPart(t.kind, t.row, t.weight, a_min, speed, m_cap, c_min, sends, da,
+                                       np.maximum.accumulate(uu[order]), uu[by_u],
+                                       np.minimum.accumulate(vals[by_u])))
             self._term_parts[tk] = parts
         total = 0.0
+        rows: dict[int, dict] = {}       # per row, its max and sum terms' pieces for the joint bound
         for part in parts:
             if part is None:
                 return math.inf
-            kind, weight, a_min, speed, m_cap, (c_min, (c_out, c_in)), da, u_cum, u_desc, a_prefix = part
+            speed, rates = part.speed, None
             if isinstance(speed, tuple):
-                speed = min(speed[0], float(speed[1][p - 1])) if p <= len(speed[1]) else speed[0]
+                speed, rates = speed[0], speed[1] if p <= len(speed[1]) else None
+                if rates is not None:
+                    speed = min(speed, float(rates[p - 1]))
             k = -(-L // p)
-            # intercepts: the sum over the p positions, and the least any one stage pays
-            if p == 1:
-                c_sum = c_stage = float(c_min[3])
+            c_sum, c_stage = self._fixed_costs(ctx, knobs, keys, part, p)
+            if part.da is None:
+                fill, m_p = L * part.a_min, k * part.a_min
             else:
-                c_sum = float(c_min[1] + c_min[2] + (p - 2) * c_min[0])
-                c_stage = float(min(c_min[1], c_min[2], c_min[0] if p > 2 else math.inf))
-                if c_out or c_in:
-                    # every boundary costs at least the cheapest send of any option pair; the
-                    # ends of a pipeline that does not wrap send on one side only
-                    e = self._least_send(ctx, knobs, keys)
-                    wraps = knobs.schedule == "interleaved-1f1b"
-                    c_sum += (c_out + c_in) * (p if wraps else p - 1) * e
-                    c_stage += (c_out + c_in if wraps else min(c_out, c_in)) * e
-            if da is None:
-                fill, m_p = L * a_min, k * a_min
-            else:
-                N = np.minimum(p * u_cum, L)
+                N = np.minimum(p * part.u_cum, L)
                 if N[-1] < L:
                     return math.inf                        # p stages cannot hold the blocks
-                fill = float(da @ N)
-                j = int(np.searchsorted(-u_desc, -k, side="right"))   # options with U >= k: the first j
+                fill = float(part.da @ N)
+                j = int(np.searchsorted(-part.u_desc, -k, side="right"))   # options with U >= k: the first j
                 if j == 0:
                     return math.inf
-                m_p = k * float(a_prefix[j - 1])
-            if kind == "sum":
-                total += weight * (max(fill, sum_bound(L, p, a_min, speed)) + c_sum)
+                m_p = k * float(part.a_prefix[j - 1])
+            if part.kind == "sum":
+                fill = max(fill, sum_bound(L, p, part.a_min, speed))
+                total += part.weight * (fill + c_sum)
+                rows.setdefault(part.row, {})["sum"] = (part.weight, fill, c_sum)
                 continue
-            if not math.isfinite(m_cap):
+            if not math.isfinite(part.m_cap):
                 return math.inf
-            if a_min > 0:
-                speed = min(speed, p / a_min)
-            total += weight * max(max(L * a_min / p, L / speed if speed > 0 else 0.0, m_cap, m_p) + c_stage,
-                                  (fill + c_sum) / p)
+            if part.a_min > 0:
+                speed = min(speed, p / part.a_min)
+            m_lb = max(L * part.a_min / p, L / speed if speed > 0 else 0.0, part.m_cap, m_p)
+            total += part.weight * max(m_lb + c_stage, (fill + c_sum) / p)
+            rows.setdefault(part.row, {})["max"] = (part.weight, m_lb, c_stage, (fill + c_sum) / p, rates)
+        for row in rows.values():
+            if "max" not in row or "sum" not in row or row["max"][4] is None:
+                continue
+            (w_max, m_lb, c_stage, mean, rates), (w_sum, fill, c_sum) = row["max"], row["sum"]
+            separate = w_max * max(m_lb + c_stage, mean) + w_sum * (fill + c_sum)
+            joint = joint_row_bound(L, rates[:p], m_lb, fill, w_max, w_sum) + w_max * c_stage + w_sum * c_sum
+            total += max(0.0, joint - separate)
         return total
+
+    def _fixed_costs(self, ctx, knobs, keys, part, p: int) -> tuple[float, float]:
+        """What the p stages pay whatever their block counts: (summed over stages, the least
+        one stage pays): their positions' least intercepts and, in a pipeline, the least send
+        of each boundary (the ends of one that does not wrap send on one side only)."""
+        c_min, (c_out, c_in) = part.c_min, part.sends
+        if p == 1:
+            return float(c_min[3]), float(c_min[3])
+        c_sum = float(c_min[1] + c_min[2] + (p - 2) * c_min[0])
+        c_stage = float(min(c_min[1], c_min[2], c_min[0] if p > 2 else math.inf))
+        if c_out or c_in:
+            e = self._least_send(ctx, knobs, keys)
+            wraps = knobs.schedule == "interleaved-1f1b"
+            c_sum += (c_out + c_in) * (p if wraps else p - 1) * e
+            c_stage += (c_out + c_in if wraps else min(c_out, c_in)) * e
+        return c_sum, c_stage
 
     def ring(self, key: OptionKey):
         hit = self._rings.get(key)
@@ -553,6 +571,63 @@ def _point_tables(B: int, counts: tuple[int, ...]) -> tuple[np.ndarray, np.ndarr
             for w, (c, k) in enumerate(pts[x, y]):
                 pc[i, j, w], pk[i, j, w] = c, k
     return pc, pk
+
+
+@dataclass
+class _TermPart:
+    """What a knob bound keeps per objective term, for every p at once."""
+    kind: str                  # "max" or "sum"
+    row: int
+    weight: float
+    a_min: float               # least slope (seconds per block) of a usable option
+    speed: object              # fractional rate cap, or (it, knapsack rates per stage count)
+    m_cap: float               # memory/capacity bound on the max row (0 when not computed)
+    c_min: np.ndarray          # least intercept per stage position
+    sends: tuple[float, float]  # the row's out / in send coefficients
+    da: np.ndarray | None = None        # with memory limits: the cheapest-fill pieces
+    u_cum: np.ndarray | None = None
+    u_desc: np.ndarray | None = None
+    a_prefix: np.ndarray | None = None
+
+
+def joint_row_bound(L: int, rates: np.ndarray, m_lb: float, fill_lb: float, w_max: float,
+                    w_sum: float) -> float:
+    """Lower bound on ``w_max max_s t_s + w_sum sum_s t_s`` over stages with t_s = nb_s / r_s
+    holding L blocks (intercepts apart), when the top-j stage rates sum to at most
+    ``R_j = rates[j-1]`` (most_speed), max_s t_s >= m_lb and sum_s t_s >= fill_lb.
+
+    The two terms pull apart: a small bottleneck M needs blocks spread over slow stages, which
+    costs fill.  With the bottleneck M, the least fill puts M on the fastest stages in turn;
+    the increments of R, sorted, dominate every real set of rates prefix by prefix, so that
+    fill T(M) is a lower bound.  ``w_max M + w_sum max(fill_lb, T(M))`` is piecewise linear
+    in M; its least value over M >= m_lb is at a segment end or where T(M) crosses fill_lb."""
+    d = np.sort(np.diff(np.concatenate([[0.0], np.asarray(rates, dtype=float)])))[::-1]
+    d = d[d > 0]
+    if not len(d):
+        return 0.0
+    P = np.cumsum(d)
+
+    def fill(M: float) -> float:
+        # j stages full (time M each), the next takes the rest
+        j = int(np.searchsorted(M * P * (1 + 1e-12), L, side="left"))   # slack: M = L / P exactly
+        if j >= len(d):
+            return math.inf
+        done = min(L, M * P[j - 1]) if j else 0.0
+        return j * M + (L - done) / d[j]
+
+    candidates = {max(m_lb, L / P[-1])}
+    for j in range(len(d)):
+        lo, hi = L / P[j], (L / P[j - 1] if j else math.inf)      # segment of j full stages
+        for M in (lo, hi):
+            if math.isfinite(M) and M >= m_lb:
+                candidates.add(M)
+        # where j M + (L - M P_{j-1}) / d_j equals fill_lb, inside the segment
+        slope = j - (P[j - 1] if j else 0.0) / d[j]
+        if slope:
+            M = (fill_lb - L / d[j]) / slope
+            if lo <= M <= hi and M >= m_lb:
+                candidates.add(M)
+    return min(w_max * M + w_sum * max(fill_lb, fill(M)) for M in candidates)
 
 
 def sum_bound(L: int, p: int, a_min: float, speed: float) -> float:
