@@ -135,11 +135,14 @@ def _quiet_enough() -> None:
                     "measure the other processes, not the plan")
 
 
-def _measure_and_compare(name: str, clusters: Path) -> None:
-    # A measurement is a few seconds of wall clock on a shared machine; one disturbed by
-    # another process (seen: +29% once, +3..+13% on repeats) is measured once more. Both
-    # measurements are printed; the last must agree.
+def _measure_and_compare(name: str, clusters: Path, again: Path) -> None:
+    # Profile and run are each a few seconds of wall clock on a shared machine; either can be
+    # disturbed by another process (seen: a profile's entries 10-20% apart three times in a
+    # row, a run +29% once).  A comparison outside the tolerance is made once more with both
+    # measured anew (profile into ``again``); both are printed and the second must agree.
     for attempt in (1, 2):
+        if attempt == 2:
+            clusters = profile_here(again)
         predicted, steps, breakdown = predict_and_run(name, clusters=clusters)
         measured = statistics.median(steps)
         error = measured / predicted - 1
@@ -153,15 +156,15 @@ def _measure_and_compare(name: str, clusters: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["pp2", "dp2"])
-def test_two_process_prediction_within_25_percent(name, clusters_here):
+def test_two_process_prediction_within_25_percent(name, clusters_here, tmp_path):
     _quiet_enough()
-    _measure_and_compare(name, clusters_here)
+    _measure_and_compare(name, clusters_here, tmp_path)
 
 
 @pytest.mark.slow
-def test_four_processes_on_two_cores_within_25_percent(clusters_here):
+def test_four_processes_on_two_cores_within_25_percent(clusters_here, tmp_path):
     """Four processes share the two cores (cpu-local-4: `cores: 2`). The prediction runs the
     1F1B schedule under processor sharing, so the fill and drain, where fewer than four
     compute, are not slowed as much as the steady state (docs/profiles.md)."""
     _quiet_enough()
-    _measure_and_compare("pp4", clusters_here)
+    _measure_and_compare("pp4", clusters_here, tmp_path)
