@@ -147,6 +147,7 @@ def _cached_per_context(kind: str):
     thousands of options."""
     def wrap(fn):
         signature = inspect.signature(fn)
+        params = list(signature.parameters.values())[2:]
 
         @functools.wraps(fn)
         def cached(ctx: CostContext, gpu: GpuType, *args, **kwargs):
@@ -154,6 +155,8 @@ def _cached_per_context(kind: str):
                 bound = signature.bind(ctx, gpu, *args, **kwargs)
                 bound.apply_defaults()
                 args = tuple(bound.arguments.values())[2:]
+            elif len(args) < len(params) and all(p.default is not p.empty for p in params[len(args):]):
+                args = (*args, *(p.default for p in params[len(args):]))   # one key per call
             key = (kind, gpu.name, *args)
             hit = ctx.cache.get(key)
             if hit is None:

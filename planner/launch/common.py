@@ -166,8 +166,12 @@ def check_structure(plan: Plan, fmt: str) -> None:
     adds: each replica inside one node, node names that can be file names and arguments."""
     from planner.plan.check import check_layout
 
-    check_layout(plan)
     problems = Problems(fmt)
+    try:
+        check_layout(plan)
+    except InputError as exc:           # reported with the launcher's own, in one pass
+        for error in exc.errors if isinstance(exc, InputErrors) else [exc]:
+            problems.add(str(error))
     for i, stage in enumerate(plan.stages):
         for j, replica in enumerate(stage.replicas):
             nodes = {d.rpartition(":")[0] for d in replica.devices}

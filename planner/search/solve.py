@@ -359,6 +359,8 @@ def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, setting
         cap = tokens / spec.min_tokens_per_s
         sol = milp.solve(settings, mode="price", time_cap=cap * (1 + 1e-12), deadline=deadline)
         if not sol.ok:
+            if sol.status == "unknown":
+                stats["milp_optimal"] = False
             return
         prob.budget_usd_per_hour = sol.objective * (1 + 1e-12)
         fast = exact_solver(prob).solve(settings, deadline=deadline)
@@ -373,13 +375,20 @@ def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, setting
     # price; a point can improve price x time only while (its time) x (cheapest price) < best.
     cheapest = milp.solve(settings, mode="price", deadline=deadline)
     if not cheapest.ok:
+        if cheapest.status == "unknown":
+            stats["milp_optimal"] = False
         return
     pmin = cheapest.objective
     budget = None
     while True:
+        if time.monotonic() > deadline:      # the walk is cut short: not proved
+            stats["milp_optimal"] = False
+            break
         prob.budget_usd_per_hour = budget
         sol = exact_solver(prob).solve(settings, deadline=deadline)
         if not sol.ok:
+            if sol.status == "unknown":            # stopped by the deadline: not proved
+                stats["milp_optimal"] = False
             break
         if sol.status != "optimal":
             stats["milp_optimal"] = False

@@ -130,6 +130,11 @@ class Pricer:
         self._fb: dict = {}
         self._opt: dict = {}
         self._least: dict = {}
+        self._contexts: dict = {}       # id -> context: kept alive, so cache keys by id stay unique
+
+    def _cid(self, ctx) -> int:
+        """The context's id for cache keys; the pricer holds the context so the id is not reused."""
+        return id(self._contexts.setdefault(id(ctx), ctx))
 
     def option_keys(self, knobs: Knobs) -> list[OptionKey]:
         hit = self._keys.get(knobs.micro_batch_size)
@@ -164,7 +169,7 @@ class Pricer:
         of knob tuples; the search tightens a tuple's bound with memory when it gets to it."""
         unit = knobs.block_unit
         L = self.model.num_layers // unit
-        sk = (id(ctx), knobs.micro_batch_size, unit, id(keys), len(keys), memory)
+        sk = (self._cid(ctx), knobs.micro_batch_size, unit, id(keys), len(keys), memory)
         hit = self._slopes.get(sk)
         if hit is None:
             if memory:
@@ -402,7 +407,7 @@ class Pricer:
         """Per (knobs without p, option, end flags): quantity slopes/intercepts per core unit and
         the memory model mem(u, f) = c0 + c1 u + f (c2 + c3 u) in units u and in-flight f
         (weights/grads/optimizer are affine in blocks, activations blocks x in-flight)."""
-        ck = (id(ctx), knobs.micro_batch_size, key, unit, emb, head)
+        ck = (self._cid(ctx), knobs.micro_batch_size, key, unit, emb, head)
         hit = self._bases.get(ck)
         if hit is not None and (timing_only or hit[2] is not None):
             return hit
@@ -526,7 +531,7 @@ class Pricer:
     def _send_line(self, ctx, a: OptionKey, b: OptionKey) -> tuple[float, float]:
         """(L0, X) of a send from class/TP ``a`` to ``b``: k sequences take L0 + k X
         (p2p_time_s is affine in bytes; the sender's GPU prices it, as in evaluate)."""
-        ck = (id(ctx), a.cls, a.tp, b.cls, b.tp)
+        ck = (self._cid(ctx), a.cls, a.tp, b.cls, b.tp)
         hit = self._sends.get(ck)
         if hit is None:
             per_seq = ctx.seq_len * ctx.model.hidden_size * ctx.activation_bytes
@@ -547,7 +552,7 @@ class Pricer:
         if not keys:
             return 0.0
         B = knobs.micro_batch_size
-        ck = (id(ctx), B, id(keys), len(keys))
+        ck = (self._cid(ctx), B, id(keys), len(keys))
         hit = self._least.get(ck)
         if hit is None:
             k = -(-B // max(key.replicas for key in keys))

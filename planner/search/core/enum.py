@@ -10,11 +10,13 @@ and the same answers: tests/test_search_core.py checks it against brute force an
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
 from planner.search.core.problem import CoreProblem, CoreSolution
 
+TIMED_OUT = object()
 MAX_CELLS = 40_000_000          # assignments we price for one solve (about a second of numpy)
 _CHUNK_CELLS = 2_000_000        # per slice of first-stage options, to bound memory (~16 MB/array)
 _REL = 1e-12
@@ -44,7 +46,7 @@ class CoreEnum:
         groups = {g: i for i, g in enumerate(dict.fromkeys(o.group for o in opts))}
         self.group = np.array([groups[o.group] for o in opts], dtype=int)
         # per stage position: the rows' stage parts, shape [rows, K, L + 1] (index = block count)
-        self.stage_rows = [self._stage_rows(s) for s in range(prob.num_stages)]
+        self.stage_rows = [self._stage_rows(s) for s in range(prob.num_stages)] if opts else []
         self.nodes = 0
         self._K = K
 
@@ -69,9 +71,12 @@ class CoreEnum:
         return rows, ok
 
     # -- one pass over every assignment -------------------------------------------------
-    def _scan(self, mode: str, time_cap: float | None):
-        """The best assignment by (objective) or (price, objective); None when none is allowed."""
+    def _scan(self, mode: str, time_cap: float | None, deadline: float | None = None):
+        """The best assignment by (objective) or (price, objective); None when none is allowed;
+        ``TIMED_OUT`` when the deadline passed between chunks."""
         prob = self.prob
+        if not prob.options:
+            return None
         if prob.num_stages == 1:
             return self._scan_one(mode, time_cap)
         L, K = prob.num_blocks, self._K
@@ -81,6 +86,8 @@ class CoreEnum:
         step = max(1, _CHUNK_CELLS // max(1, K * len(n1)))
         best = None
         for a in range(0, K, step):
+            if deadline is not None and a and time.monotonic() > deadline:
+                return TIMED_OUT
             sl = slice(a, min(K, a + step))
             obj, price, ok = self._chunk(sl, n1, rows0, ok0, rows1, ok1)
             self.nodes += obj.size
@@ -182,9 +189,12 @@ class CoreEnum:
     def solve(self, settings=None, mode: str = "time", time_cap: float | None = None,
               deadline: float | None = None, cutoff: float | None = None) -> CoreSolution:
         """Exact: ``optimal`` with bound = objective, ``cutoff`` (bound = the optimum) when the
-        optimum is not below ``cutoff``, or ``infeasible``.  ``settings`` and ``deadline`` are
-        accepted for the MILP's interface; one pass is bounded by MAX_CELLS instead."""
-        found = self._scan(mode, time_cap if mode == "price" else None)
+        optimum is not below ``cutoff``, or ``infeasible``; ``unknown`` (no bound) when
+        ``deadline`` passes between chunks of a pass.  ``settings`` is accepted for the MILP's
+        interface."""
+        found = self._scan(mode, time_cap if mode == "price" else None, deadline)
+        if found is TIMED_OUT:
+            return CoreSolution(status="unknown", nodes=self.nodes)
         if found is None:
             return CoreSolution(status="infeasible", nodes=self.nodes)
         _, assign = found

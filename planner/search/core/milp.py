@@ -282,11 +282,19 @@ class CoreMilp:
                 math.isfinite(info.mip_dual_bound) and info.mip_dual_bound >= cutoff * (1 - 1e-12):
             return CoreSolution(status="cutoff", bound=float(info.mip_dual_bound))
         assign = self._read()
-        if not self.prob.feasible(assign):
+        over_cap = mode == "price" and time_cap is not None and \
+            self.prob.objective(assign) > time_cap * (1 + 1e-9)
+        if not self.prob.feasible(assign) or over_cap:
             # a solve stopped by the wall-clock interrupt may report an integer-feasible status
             # with values that are no solution (once on the README job a warm start priced a
-            # 14 s job at 4.8 s and the search then crashed); never hand such values on
-            return CoreSolution(status="unknown", bound=None)
+            # 14 s job at 4.8 s and the search then crashed); never hand such values on.  The
+            # dual bound still holds.
+            bound = None
+            if info is not None and math.isfinite(info.mip_dual_bound):
+                bound = float(info.mip_dual_bound)
+                if cutoff is not None and math.isfinite(cutoff):
+                    bound = min(bound, cutoff)
+            return CoreSolution(status="unknown", bound=bound)
         value = self.prob.objective(assign) if mode == "time" else self.prob.price(assign)
         solver_value = pulp.value(self.lp.objective)
         bound = None
