@@ -242,3 +242,24 @@ def test_enumeration_top_k_and_price_mode_match_brute_force():
         assert prob.objective(ep.assign) <= cap * (1 + 1e-9)
         checked += 1
     assert checked >= 10
+
+
+def test_enumeration_edges_empty_and_deadline():
+    """No options: infeasible (as the MILP says).  A deadline that passed: ``unknown`` with no
+    bound once the first chunk is done (a pass over 4e7 assignments takes seconds)."""
+    import time
+
+    import planner.search.core.enum as enum_mod
+    from planner.search.core.enum import CoreEnum
+    empty = CoreProblem(num_blocks=4, num_stages=1, capacity=[1], options=[], rows=[Row(stage=(1,))],
+                        terms=[Term("max", 0)])
+    assert CoreEnum(empty).solve().status == "infeasible"
+    prob = next(p for p in _small_problems(5000, 50) if p.num_stages == 2 and len(p.options) >= 3)
+    chunk = enum_mod._CHUNK_CELLS
+    try:
+        enum_mod._CHUNK_CELLS = 1          # one first-stage option per chunk
+        late = CoreEnum(prob).solve(deadline=time.monotonic() - 1)
+        assert late.status == "unknown" and late.bound is None
+        assert CoreEnum(prob).solve(deadline=time.monotonic() + 60).status in ("optimal", "infeasible")
+    finally:
+        enum_mod._CHUNK_CELLS = chunk
