@@ -74,13 +74,19 @@ def most_speed(rates: np.ndarray, units: np.ndarray, classes: np.ndarray, capaci
     for c in np.unique(classes):
         cap = int(capacity[int(c)])
         mask = classes == c
+        # only options no other beats with as few units matter (the search's options of one
+        # class are mostly (tp, replicas) pairs on the same node counts): a Pareto front
+        front, top = [], -np.inf
+        for u, r in sorted(zip(units[mask].astype(int), rates[mask]), key=lambda t: (t[0], -t[1])):
+            if u <= cap and r > top:
+                front.append((u, r))
+                top = r
         best = np.full((max_stages + 1, cap + 1), -np.inf)
         best[0, :] = 0.0
         for k in range(1, max_stages + 1):
             row = best[k - 1].copy()                      # at most k: k - 1 stages is allowed
-            for u, r in zip(units[mask].astype(int), rates[mask]):
-                if u <= cap:
-                    row[u:] = np.maximum(row[u:], best[k - 1, :cap + 1 - u] + r)
+            for u, r in front:
+                row[u:] = np.maximum(row[u:], best[k - 1, :cap + 1 - u] + r)
             best[k] = row
         per_class = best[:, cap]
         # combine: the best split of k stages between the classes so far and this one

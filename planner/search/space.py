@@ -36,7 +36,7 @@ from planner.search.core.problem import max_row_bound
 from planner.search.pieces import _busiest_points, _max_units, most_speed, replica_counts, shares  # noqa: F401
 
 INTERLEAVE_V = 2            # virtual stages tried for interleaved-1f1b
-KNAPSACK_STAGES = 8         # stage counts up to which the knob bound packs whole options
+KNAPSACK_STAGES = 128       # stage counts up to which the knob bound packs whole options (all, for the models we know)
 _F_BUCKETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0)
 QUANTITIES = ("forward", "backward", "sync_less_backward", "optimizer", "gather_less_forward")
 POSITIONS = ((False, False), (True, False), (False, True), (True, True))   # middle, first, last, only
