@@ -64,3 +64,10 @@ class InfeasibleError(PlannerError):
     """No plan satisfies the constraints. Exit code 1; the message carries the numbers."""
 
     exit_code = 1
+
+
+def debug_enabled() -> bool:
+    """``PLANNER_DEBUG`` set to anything but empty, 0, false, no or off: tracebacks and solver
+    output are shown."""
+    import os
+    return os.environ.get("PLANNER_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")

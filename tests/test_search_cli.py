@@ -93,3 +93,12 @@ def test_solver_banner_silenced():
     assert run.returncode == 0, run.stderr
     assert "status" in run.stdout
     assert "HiGHS" not in run.stdout and "HiGHS" not in run.stderr
+
+
+def test_debug_switch_reads_off_values(monkeypatch):
+    from planner.errors import debug_enabled
+    for value, on in (("", False), ("0", False), ("false", False), ("off", False), ("1", True), ("yes", True)):
+        monkeypatch.setenv("PLANNER_DEBUG", value)
+        assert debug_enabled() is on, value
+    monkeypatch.delenv("PLANNER_DEBUG")
+    assert debug_enabled() is False

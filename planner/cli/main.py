@@ -5,13 +5,12 @@ traceback (DESIGN §8)."""
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 import traceback
 
 import click
 
-from planner.errors import PlannerError
+from planner.errors import PlannerError, debug_enabled
 
 # command name -> module under planner.cli holding a click command of the same name
 COMMANDS = {
@@ -80,7 +79,7 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - a bug: say so in one line; the traceback on request
-        if os.environ.get("PLANNER_DEBUG"):
+        if debug_enabled():
             traceback.print_exc()
         click.echo(f"internal error (a bug in planner, please report it): {type(exc).__name__}: {exc}; "
                    "set PLANNER_DEBUG=1 for the traceback", err=True)

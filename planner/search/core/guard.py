@@ -13,6 +13,8 @@ import contextlib
 import os
 import sys
 
+from planner.errors import debug_enabled
+
 
 @contextlib.contextmanager
 def solver_output_silenced():
@@ -22,7 +24,7 @@ def solver_output_silenced():
     except (OSError, ValueError):  # no real fd 1 (some test runners): nothing to guard
         yield
         return
-    target = os.dup(2) if os.environ.get("PLANNER_DEBUG") else os.open(os.devnull, os.O_WRONLY)
+    target = os.dup(2) if debug_enabled() else os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(target, 1)
         yield
