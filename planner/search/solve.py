@@ -170,8 +170,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             heapq.heappush(heap, (kb2, i, 1, knobs, ctx, keys))
             continue
         j += 1
-        small = knobs.num_stages == 1 or (knobs.num_stages == 2 and
-                                          len(keys) ** 2 * (model.num_layers // knobs.block_unit - 1) <= enum.MAX_CELLS)
+        small = enum.fits_size(knobs.num_stages, len(keys), model.num_layers // knobs.block_unit)
         if not small and len(keys) ** 2 * max(1, knobs.num_stages - 1) > MAX_PAIR_TERMS and warm:
             stats["too_big"] = stats.get("too_big", 0) + 1     # see below: too big to build
             _relaxed(pricer, knobs, ctx, keys, kb, spec, launcher, best, bounds, stats, settings, deadline,
@@ -333,12 +332,7 @@ def _warm_start(pricer, ranked, spec, training, best, settings, deadline, launch
         prob = pricer.price(knobs, ctx, sub)
         if not prob.options or quick_bound(prob) is None:
             continue
-        if launcher:
-            prob.same_group = True
-            for o in prob.options:
-                o.group = (o.label.tp, o.label.replicas)
-        if spec.kind == "throughput-under-budget":
-            prob.budget_usd_per_hour = spec.budget_usd_per_hour
+        _prepare(prob, spec, launcher)
         cut = best.threshold()
         sol = exact_solver(prob).solve(settings, deadline=stop, cutoff=cut if math.isfinite(cut) else None)
         if sol.ok and sol.objective < best.threshold():

@@ -24,8 +24,12 @@ _REL = 1e-12
 
 def fits(prob: CoreProblem) -> bool:
     """Whether this solver takes the problem: one or two stages, not too many assignments."""
-    K, L = len(prob.options), prob.num_blocks
-    return prob.num_stages == 1 or (prob.num_stages == 2 and K * K * max(1, L - 1) <= MAX_CELLS)
+    return fits_size(prob.num_stages, len(prob.options), prob.num_blocks)
+
+
+def fits_size(num_stages: int, num_options: int, num_blocks: int) -> bool:
+    """``fits`` before the problem is priced (the search decides how to treat a tuple)."""
+    return num_stages == 1 or (num_stages == 2 and num_options ** 2 * max(1, num_blocks - 1) <= MAX_CELLS)
 
 
 class CoreEnum:
