@@ -156,17 +156,20 @@ class Pricer:
         return keys
 
     def knob_bound(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool = True) -> float:
-        """A lower bound on every plan of this knob tuple, from middle-stage slopes and memory
-        only (no sends, no per-position work).  An option holds at most ``U`` blocks, its
+        """A lower bound on every plan of this knob tuple, from middle-stage slopes, memory,
+        each position's least intercept and the least send (no per-position pricing, no send
+        table).  An option holds at most ``U`` blocks, its
         memory limit at the fewest in-flight micro-batches of any position with the middle
         stages' memory (the ends add the embedding / head); options that cannot hold one block
         drop out.  The pipeline row's max term is then at least the least M with which the
         classes' units can hold L blocks (each option at most min(M / slope, U) blocks per
         stage) and at least ceil(L / p) blocks on one stage; its sum term at least the
         cheapest filling of L blocks into p stages of at most U blocks each, and the
-        Cauchy-Schwarz fill of ``sum_bound``.  ``memory=False``: the same without memory
-        limits (every U = L), cheaper still (no memory pricing): the first ranking of thousands
-        of knob tuples; the search tightens a tuple's bound with memory when it gets to it."""
+        Cauchy-Schwarz fill of ``sum_bound``; with memory also the rate cap of at most p whole
+        options (``most_speed``) and the joint bottleneck/fill bound (``joint_row_bound``).
+        ``memory=False``: without memory limits (every U = L) and those two, cheaper still (no
+        memory pricing): the first ranking of thousands of knob tuples; the search tightens a
+        tuple's bound with memory when it gets to it."""
         unit = knobs.block_unit
         L = self.model.num_layers // unit
         sk = (self._cid(ctx), knobs.micro_batch_size, unit, id(keys), len(keys), memory)
@@ -175,14 +178,11 @@ class Pricer:
             if memory:
                 bases = [self._base(ctx, knobs, k, unit, False, False) for k in keys]
                 arr = np.array([b[0] for b in bases])
-            else:
-                bases = keys
-                arr = np.array([self._light(ctx, knobs, k, unit) for k in keys])
-            if memory:
                 coef = np.array([b[2] for b in bases]) if bases else np.zeros((0, 4))
                 exact = np.array([bool(b[3]) for b in bases], dtype=bool)
             else:
-                coef, exact = np.zeros((len(bases), 4)), np.zeros(len(bases), dtype=bool)
+                arr = np.array([self._light(ctx, knobs, k, unit) for k in keys])
+                coef, exact = np.zeros((len(keys), 4)), np.zeros(len(keys), dtype=bool)
             caps = np.array([self.classes[k.cls].gpu.memory_bytes for k in keys], dtype=float)
             units = np.array([self.classes[k.cls].units(k.tp, k.replicas) for k in keys], dtype=float)
             cls = np.array([k.cls for k in keys])
@@ -224,7 +224,7 @@ class Pricer:
                 c_min = (icpt @ np.array(row.stage, dtype=float))[usable].min(axis=0)   # per position
                 sends = (sum(row.out), sum(row.inn))      # coefficients of a stage's out / in send
                 a_min = float(vals.min())
-                speed, m_cap, order = 0.0, 0.0, None
+                speed, m_cap, rates = 0.0, 0.0, None
                 uu, cc, nn = U[usable], cls[usable], units[usable]
                 if a_min > 0:
                     ratio = 1.0 / (vals * nn)
@@ -232,8 +232,8 @@ class Pricer:
                         speed += self.classes[int(c)].capacity_units * float(ratio[cc == c].max())
                 if a_min > 0 and memory:
                     # at most p whole options, not the classes' capacity at their best rates
-                    speed = (speed, most_speed(1.0 / vals, nn, cc, [c.capacity_units for c in self.classes],
-                                               min(KNAPSACK_STAGES, L)))
+                    rates = most_speed(1.0 / vals, nn, cc, [c.capacity_units for c in self.classes],
+                                       min(KNAPSACK_STAGES, L))
                     m_cap = max_row_bound(L, vals, uu[:, None], None, nn, cc,
                                           [c.capacity_units for c in self.classes], [L], rel_tol=1e-5)
                 order = np.argsort(vals, kind="stable")
@@ -242,9 +242,9 @@ class Pricer:
                 # for ceil(L/p) blocks on one stage: the least slope among options holding k blocks
                 by_u = np.argsort(-uu, kind="stable")
                 if (uu >= L).all():                 # no memory limit binds: closed forms below
-                    parts.append(_TermPart(t.kind, t.row, t.weight, a_min, speed, m_cap, c_min, sends))
+                    parts.append(_TermPart(t.kind, t.row, t.weight, a_min, speed, rates, m_cap, c_min, sends))
                     continue
-                parts.append(_TermPart(t.kind, t.row, t.weight, a_min, speed, m_cap, c_min, sends, da,
+                parts.append(_TermPart(t.kind, t.row, t.weight, a_min, speed, rates, m_cap, c_min, sends, da,
                                        np.maximum.accumulate(uu[order]), uu[by_u],
                                        np.minimum.accumulate(vals[by_u])))
             self._term_parts[tk] = parts
@@ -253,11 +253,10 @@ class Pricer:
         for part in parts:
             if part is None:
                 return math.inf
-            speed, rates = part.speed, None
-            if isinstance(speed, tuple):
-                speed, rates = speed[0], speed[1] if p <= len(speed[1]) else None
-                if rates is not None:
-                    speed = min(speed, float(rates[p - 1]))
+            speed = part.speed
+            rates = part.rates if part.rates is not None and p <= len(part.rates) else None
+            if rates is not None:
+                speed = min(speed, float(rates[p - 1]))
             k = -(-L // p)
             c_sum, c_stage = self._fixed_costs(ctx, knobs, keys, part, p)
             if part.da is None:
@@ -585,7 +584,8 @@ class _TermPart:
     row: int
     weight: float
     a_min: float               # least slope (seconds per block) of a usable option
-    speed: object              # fractional rate cap, or (it, knapsack rates per stage count)
+    speed: float               # rate cap: each class's capacity at its best rate per unit
+    rates: np.ndarray | None   # memory level: rate cap of at most k whole options, k = 1, 2, ...
     m_cap: float               # memory/capacity bound on the max row (0 when not computed)
     c_min: np.ndarray          # least intercept per stage position
     sends: tuple[float, float]  # the row's out / in send coefficients
