@@ -130,3 +130,57 @@ def test_joint_row_bound_under_every_allocation():
         assert got <= best * (1 + 1e-9), (seed, got, best)
         if p == 1:
             assert math.isclose(got, best, rel_tol=1e-9)
+
+
+def _subset_bounds(cluster, model, training):
+    """(bound over class subsets, bound over all options at once, brute-force optimum) per
+    knob tuple with a feasible plan."""
+    from planner.cost import topology_for
+    from planner.search.classes import class_infos
+    from planner.search.core.brute import solve_brute
+    from planner.search.space import Pricer, enumerate_knobs, make_context
+
+    classes = class_infos(topology_for(cluster), training.precision)
+    pricer = Pricer(model, training, classes, topology_for(cluster))
+    for knobs in enumerate_knobs(model, training, classes):
+        ctx = make_context(model, training, knobs)
+        keys = pricer.option_keys(knobs)
+        best = solve_brute(pricer.price(knobs, ctx, keys))[0]
+        if best.ok:
+            yield knobs, pricer.knob_bound(knobs, ctx, keys), pricer._knob_bound(knobs, ctx, keys, True), best.objective
+
+
+def test_class_subset_bound_lifts_and_still_holds():
+    """knob_bound's least over the sets of classes a plan can use (with their sends between
+    classes) against the same bound over all options at once: never lower, strictly higher on
+    many multi-class tuples, and never above a tuple's brute-force optimum."""
+    from test_oracle import make_case
+
+    checked = lifted = 0
+    for seed in range(0, 40, 2):
+        cluster, model, training = make_case(seed)
+        for knobs, kb, whole, best in _subset_bounds(cluster, model, training):
+            assert whole * (1 - 1e-12) <= kb <= best * (1 + 1e-9), (seed, knobs, kb, whole, best)
+            checked += 1
+            lifted += kb > whole * (1 + 1e-6)
+    print(f"{checked} tuples, {lifted} lifted")
+    assert checked >= 100 and lifted >= checked // 5
+
+
+def test_class_subset_bound_counts_each_crossing_once():
+    """Two zones behind a thin link, where the best two-stage plans cross it once: the bound
+    with one crossing send is the optimum itself there (counting one crossing too many would
+    put it above), and holds on every tuple with up to four stages and all schedules."""
+    from test_shared_link import MODEL, two_zones
+
+    from planner.spec import Training, cluster_from_dict, load_model
+
+    training = Training(global_batch_size=8, seq_len=2048, schedules=("1f1b", "interleaved-1f1b", "gpipe"),
+                        recompute_modes=("none",), zero_stages=(1,), max_tp=1, max_stages=4)
+    exact = 0
+    for aggregate in (None, "20 Gbit/s"):
+        for knobs, kb, whole, best in _subset_bounds(cluster_from_dict(two_zones(aggregate)), load_model(MODEL),
+                                                     training):
+            assert whole * (1 - 1e-12) <= kb <= best * (1 + 1e-9), (aggregate, knobs, kb, whole, best)
+            exact += kb >= best * (1 - 1e-6) and whole < 0.95 * best
+    assert exact >= 2

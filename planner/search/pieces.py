@@ -72,23 +72,36 @@ def most_speed(rates: np.ndarray, units: np.ndarray, classes: np.ndarray, capaci
     per class, then a max-plus combination over classes."""
     total = np.zeros(max_stages + 1)                      # with 0 stages: 0
     for c in np.unique(classes):
-        cap = int(capacity[int(c)])
         mask = classes == c
-        # only options no other beats with as few units matter (the search's options of one
-        # class are mostly (tp, replicas) pairs on the same node counts): a Pareto front
-        front, top = [], -np.inf
-        for u, r in sorted(zip(units[mask].astype(int), rates[mask]), key=lambda t: (t[0], -t[1])):
-            if u <= cap and r > top:
-                front.append((u, r))
-                top = r
-        best = np.full((max_stages + 1, cap + 1), -np.inf)
-        best[0, :] = 0.0
-        for k in range(1, max_stages + 1):
-            row = best[k - 1].copy()                      # at most k: k - 1 stages is allowed
-            for u, r in front:
-                row[u:] = np.maximum(row[u:], best[k - 1, :cap + 1 - u] + r)
-            best[k] = row
-        per_class = best[:, cap]
+        per_class = _class_speeds(units[mask].astype(int).tobytes(), np.asarray(rates[mask], dtype=float).tobytes(),
+                                  int(capacity[int(c)]), max_stages)
         # combine: the best split of k stages between the classes so far and this one
-        total = np.array([max(total[k - j] + per_class[j] for j in range(k + 1)) for k in range(max_stages + 1)])
+        k, j = np.indices((max_stages + 1, max_stages + 1))
+        total = np.where(j <= k, total[np.maximum(k - j, 0)] + per_class[j], -np.inf).max(axis=1)
     return total[1:]
+
+
+@lru_cache(maxsize=4096)
+def _class_speeds(units_bytes: bytes, rates_bytes: bytes, cap: int, max_stages: int) -> np.ndarray:
+    """One class's part of ``most_speed``: the largest total rate of at most k of its options
+    within ``cap`` units, k = 0..max_stages.  Cached: knob tuples and the knob bound's class
+    subsets share a class's options and rates."""
+    units = np.frombuffer(units_bytes, dtype=int)
+    rates = np.frombuffer(rates_bytes, dtype=float)
+    # only options no other beats with as few units matter (the search's options of one
+    # class are mostly (tp, replicas) pairs on the same node counts): a Pareto front
+    front, top = [], -np.inf
+    for u, r in sorted(zip(units, rates), key=lambda t: (t[0], -t[1])):
+        if u <= cap and r > top:
+            front.append((int(u), float(r)))
+            top = r
+    best = np.full((max_stages + 1, cap + 1), -np.inf)
+    best[0, :] = 0.0
+    for k in range(1, max_stages + 1):
+        row = best[k - 1].copy()                      # at most k: k - 1 stages is allowed
+        for u, r in front:
+            row[u:] = np.maximum(row[u:], best[k - 1, :cap + 1 - u] + r)
+        best[k] = row
+    out = best[:, cap]
+    out.setflags(write=False)
+    return out

@@ -12,6 +12,7 @@ slope and intercept at two block counts and re-check memory at the chosen limit.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -36,6 +37,7 @@ from planner.search.core.problem import max_row_bound
 from planner.search.pieces import _busiest_points, _max_units, most_speed, replica_counts, shares  # noqa: F401
 
 INTERLEAVE_V = 2            # virtual stages tried for interleaved-1f1b
+SUBSET_CLASSES = 4          # classes up to which the knob bound goes over every set of them (2^4 - 1)
 KNAPSACK_STAGES = 128       # stage counts up to which the knob bound packs whole options (all, for the models we know)
 _F_BUCKETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0)
 QUANTITIES = ("forward", "backward", "sync_less_backward", "optimizer", "gather_less_forward")
@@ -130,6 +132,9 @@ class Pricer:
         self._fb: dict = {}
         self._opt: dict = {}
         self._least: dict = {}
+        self._subsets: dict = {}
+        self._memory: dict = {}
+        self._subset_parent: dict = {}  # id(subset keys) -> (those keys, all keys, the classes)
         self._contexts: dict = {}       # id -> context: kept alive, so cache keys by id stay unique
 
     def _cid(self, ctx) -> int:
@@ -156,6 +161,62 @@ class Pricer:
         return keys
 
     def knob_bound(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool = True) -> float:
+        """A lower bound on every plan of this knob tuple (``_knob_bound``).  With memory and
+        options of a few classes, the least of that bound over the sets S of classes a plan
+        can use (every plan uses exactly one S): on S's options alone, where a pipeline over
+        |S| >= 2 classes also has at least |S| - 1 boundaries between stages of different
+        classes (|S| when it wraps) and p must be at least |S|.  The two pull apart: the rates
+        of several classes come only with their sends between classes (often across a zone
+        link), one class's sends only with its own rates."""
+        present = sorted({k.cls for k in keys})
+        if not memory or not 2 <= len(present) <= SUBSET_CLASSES:
+            return self._knob_bound(knobs, ctx, keys, memory)
+        best = math.inf
+        for size in range(1, min(len(present), knobs.num_stages) + 1):
+            for subset in itertools.combinations(present, size):
+                best = min(best, self._knob_bound(knobs, ctx, self._subset_keys(keys, subset), True, size))
+        return best
+
+    def _slope_arrays(self, sk, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool) -> tuple:
+        """Per option of ``keys``: middle-stage slopes, units, class, memory model, capacity and
+        per-position intercepts (cached under ``sk``).  A class subset's arrays are its parent's
+        rows, not priced again."""
+        unit = knobs.block_unit
+        parent = self._subset_parent.get(id(keys))
+        if parent is not None and parent[0] is keys:
+            _, full, subset = parent
+            psk = (sk[0], sk[1], sk[2], id(full), len(full), memory)
+            arrays = self._slopes.get(psk) or self._slope_arrays(psk, knobs, ctx, full, memory)
+            mask = np.isin(arrays[2], subset)
+            hit = tuple(a[mask] if i != 3 else keys for i, a in enumerate(arrays))
+            self._slopes[sk] = hit
+            return hit
+        arr = np.array([self._light(ctx, knobs, k, unit) for k in keys])
+        if memory:
+            models = [self._memory_model(ctx, knobs, k, unit, False, False) for k in keys]
+            coef = np.array([mm[0] for mm in models]) if models else np.zeros((0, 4))
+            exact = np.array([bool(mm[1]) for mm in models], dtype=bool)
+        else:
+            coef, exact = np.zeros((len(keys), 4)), np.zeros(len(keys), dtype=bool)
+        caps = np.array([self.classes[k.cls].gpu.memory_bytes for k in keys], dtype=float)
+        units = np.array([self.classes[k.cls].units(k.tp, k.replicas) for k in keys], dtype=float)
+        cls = np.array([k.cls for k in keys])
+        icpt = (np.array([self._intercepts(ctx, knobs, k, unit) for k in keys]) if keys
+                else np.zeros((0, len(POSITIONS), len(QUANTITIES))))
+        hit = self._slopes[sk] = (arr, units, cls, keys, coef, exact, caps, icpt)   # keys kept alive: id() stays unique
+        return hit
+
+    def _subset_keys(self, keys: list[OptionKey], subset: tuple[int, ...]) -> list[OptionKey]:
+        """The keys of ``subset`` 's classes, one list per (keys, subset): the caches key by id."""
+        ck = (id(keys), len(keys), subset)
+        hit = self._subsets.get(ck)
+        if hit is None:
+            hit = self._subsets[ck] = ([k for k in keys if k.cls in subset], keys)   # keys kept alive
+            self._subset_parent[id(hit[0])] = (hit[0], keys, subset)
+        return hit[0]
+
+    def _knob_bound(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool,
+                    num_classes: int = 0) -> float:
         """A lower bound on every plan of this knob tuple, from middle-stage slopes, memory,
         each position's least intercept and the least send (no per-position pricing, no send
         table).  An option holds at most ``U`` blocks, its
@@ -173,22 +234,7 @@ class Pricer:
         unit = knobs.block_unit
         L = self.model.num_layers // unit
         sk = (self._cid(ctx), knobs.micro_batch_size, unit, id(keys), len(keys), memory)
-        hit = self._slopes.get(sk)
-        if hit is None:
-            if memory:
-                bases = [self._base(ctx, knobs, k, unit, False, False) for k in keys]
-                arr = np.array([b[0] for b in bases])
-                coef = np.array([b[2] for b in bases]) if bases else np.zeros((0, 4))
-                exact = np.array([bool(b[3]) for b in bases], dtype=bool)
-            else:
-                arr = np.array([self._light(ctx, knobs, k, unit) for k in keys])
-                coef, exact = np.zeros((len(keys), 4)), np.zeros(len(keys), dtype=bool)
-            caps = np.array([self.classes[k.cls].gpu.memory_bytes for k in keys], dtype=float)
-            units = np.array([self.classes[k.cls].units(k.tp, k.replicas) for k in keys], dtype=float)
-            cls = np.array([k.cls for k in keys])
-            icpt = (np.array([self._intercepts(ctx, knobs, k, unit) for k in keys]) if keys
-                    else np.zeros((0, len(POSITIONS), len(QUANTITIES))))
-            hit = self._slopes[sk] = (arr, units, cls, keys, coef, exact, caps, icpt)   # keys kept alive: id() stays unique
+        hit = self._slopes.get(sk) or self._slope_arrays(sk, knobs, ctx, keys, memory)
         arr, units, cls, _, coef, exact, caps, icpt = hit
         if not len(arr):
             return math.inf
@@ -234,8 +280,9 @@ class Pricer:
                     # at most p whole options, not the classes' capacity at their best rates
                     rates = most_speed(1.0 / vals, nn, cc, [c.capacity_units for c in self.classes],
                                        min(KNAPSACK_STAGES, L))
-                    m_cap = max_row_bound(L, vals, uu[:, None], None, nn, cc,
-                                          [c.capacity_units for c in self.classes], [L], rel_tol=1e-5)
+                    if t.kind == "max":             # the sum term does not read it
+                        m_cap = max_row_bound(L, vals, uu[:, None], None, nn, cc,
+                                              [c.capacity_units for c in self.classes], [L], rel_tol=1e-5)
                 order = np.argsort(vals, kind="stable")
                 a_sorted = vals[order]
                 da = a_sorted - np.append(a_sorted[1:], 0.0)   # fill = sum_j a_j (N_j - N_j-1) = da @ N
@@ -258,7 +305,7 @@ class Pricer:
             if rates is not None:
                 speed = min(speed, float(rates[p - 1]))
             k = -(-L // p)
-            c_sum, c_stage = self._fixed_costs(ctx, knobs, keys, part, p)
+            c_sum, c_stage = self._fixed_costs(ctx, knobs, keys, part, p, num_classes)
             if part.da is None:
                 fill, m_p = L * part.a_min, k * part.a_min
             else:
@@ -291,20 +338,26 @@ class Pricer:
             total += max(0.0, joint - separate)
         return total
 
-    def _fixed_costs(self, ctx, knobs, keys, part, p: int) -> tuple[float, float]:
+    def _fixed_costs(self, ctx, knobs, keys, part, p: int, num_classes: int = 0) -> tuple[float, float]:
         """What the p stages pay whatever their block counts: (summed over stages, the least
         one stage pays): their positions' least intercepts and, in a pipeline, the least send
-        of each boundary (the ends of one that does not wrap send on one side only)."""
+        of each boundary (the ends of one that does not wrap send on one side only).  A plan
+        using exactly ``num_classes`` >= 2 classes has boundaries between classes (see
+        ``knob_bound``), which pay at least the least send between two of them; with p = 2
+        every stage is at such a boundary."""
         c_min, (c_out, c_in) = part.c_min, part.sends
         if p == 1:
             return float(c_min[3]), float(c_min[3])
         c_sum = float(c_min[1] + c_min[2] + (p - 2) * c_min[0])
         c_stage = float(min(c_min[1], c_min[2], c_min[0] if p > 2 else math.inf))
         if c_out or c_in:
-            e = self._least_send(ctx, knobs, keys)
             wraps = knobs.schedule == "interleaved-1f1b"
-            c_sum += (c_out + c_in) * (p if wraps else p - 1) * e
-            c_stage += (c_out + c_in if wraps else min(c_out, c_in)) * e
+            e = self._least_send(ctx, knobs, keys)
+            boundaries = p if wraps else p - 1
+            cross = 0 if num_classes < 2 else min(boundaries, num_classes if wraps else num_classes - 1)
+            e_cross = self._least_send(ctx, knobs, keys, between_classes=True) if cross else e
+            c_sum += (c_out + c_in) * ((boundaries - cross) * e + cross * e_cross)
+            c_stage += (c_out + c_in if wraps else min(c_out, c_in)) * (e_cross if p == 2 else e)
         return c_sum, c_stage
 
     def ring(self, key: OptionKey):
@@ -446,6 +499,23 @@ class Pricer:
         self._check_exposed(ctx, gpu, intra, t, share, n, ring, unit, emb, head,
                             tuple(a + b for a, b in zip(sl, fx)))
 
+        coef, exact, mem = self._memory_model(ctx, knobs, key, unit, emb, head)
+        hit = self._bases[ck] = (sl, fx, coef, exact, mem)
+        return hit
+
+    def _memory_model(self, ctx, knobs, key: OptionKey, unit: int, emb: bool, head: bool):
+        """(c0..c3, exact, mem) with mem(u, f) = c0 + c1 u + f (c2 + c3 u) bytes for u units of
+        blocks and f micro-batches in flight; ``exact`` when a third point agrees (else the
+        callers settle limits with ``mem`` itself).  Apart from ``_base`` so that the knob
+        bound reads memory without pricing the timings."""
+        ck = (self._cid(ctx), knobs.micro_batch_size, key, unit, emb, head)
+        hit = self._memory.get(ck)
+        if hit is not None:
+            return hit
+        info = self.classes[key.cls]
+        gpu, t, n = info.gpu, key.tp, key.replicas
+        share = -(-knobs.micro_batch_size // n)
+
         def mem(u: int, f: float) -> float:
             return replica_memory_bytes(ctx, gpu, t, share, u * unit, emb, head, n, f)
 
@@ -454,10 +524,9 @@ class Pricer:
         c1 = (m21 - m11) - c3
         c2 = (m12 - m11) - c3
         c0 = m11 - c1 - c2 - c3
-        coef = (c0, c1, c2, c3)
         probe = mem(3, 3.0)
         exact = abs(c0 + 3 * c1 + 3 * (c2 + 3 * c3) - probe) <= 1e-9 * probe
-        hit = self._bases[ck] = (sl, fx, coef, exact, mem)
+        hit = self._memory[ck] = ((c0, c1, c2, c3), exact, mem)
         return hit
 
     def _check_exposed(self, ctx, gpu, intra, t, share, n, ring, nb, emb, head, q) -> None:
@@ -543,22 +612,27 @@ class Pricer:
         return hit
 
 
-    def _least_send(self, ctx, knobs, keys: list[OptionKey]) -> float:
-        """A lower bound on any one boundary's send: a boundary's busiest point carries at least
-        one transfer of a whole share, and no share is below ``ceil(B / most replicas)``; so
-        ``L0 + k X`` at that k, least over the (class, TP) pairs of ``keys``.  Needs only the
-        paths, not the K x K table, so every knob tuple can afford it."""
+    def _least_send(self, ctx, knobs, keys: list[OptionKey], between_classes: bool = False) -> float:
+        """A lower bound on any one boundary's send (``between_classes``: of one whose two
+        stages are of different classes): a boundary's busiest point carries at least one
+        transfer of a whole share, and no share is below ``ceil(B / most replicas)``; so
+        ``L0 + k X`` at that k, and across a capped zone link no less than the whole
+        micro-batch over its aggregate bandwidth; least over the (class, TP) pairs of ``keys``.
+        Needs only the paths, not the K x K table, so every knob tuple can afford it."""
         if not keys:
             return 0.0
         B = knobs.micro_batch_size
-        ck = (self._cid(ctx), B, id(keys), len(keys))
+        ck = (self._cid(ctx), B, id(keys), len(keys), between_classes)
         hit = self._least.get(ck)
         if hit is None:
             k = -(-B // max(key.replicas for key in keys))
             groups = sorted({(key.cls, key.tp) for key in keys})
-            least = min(L0 + k * X for L0, X in (self._send_line(ctx, OptionKey(ca, ta, 1), OptionKey(cb, tb, 1))
-                                                 for ca, ta in groups for cb, tb in groups))
-            hit = self._least[ck] = (least, keys)        # keys kept alive: id() stays unique
+            pairs = [(a, b) for a in groups for b in groups if not between_classes or a[0] != b[0]]
+            least = math.inf
+            for a, b in pairs:
+                L0, X = self._send_line(ctx, OptionKey(a[0], a[1], 1), OptionKey(b[0], b[1], 1))
+                least = min(least, max(L0 + k * X, self._shared_link(ctx, B, a, b)))
+            hit = self._least[ck] = (least if pairs else 0.0, keys)   # keys kept alive: id() stays unique
         return hit[0]
 
 
