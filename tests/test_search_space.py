@@ -170,17 +170,54 @@ def test_class_subset_bound_lifts_and_still_holds():
 def test_class_subset_bound_counts_each_crossing_once():
     """Two zones behind a thin link, where the best two-stage plans cross it once: the bound
     with one crossing send is the optimum itself there (counting one crossing too many would
-    put it above), and holds on every tuple with up to four stages and all schedules."""
+    put it above), and holds on every tuple with up to three stages and all schedules (eight
+    blocks: the brute force stays at a few seconds)."""
     from test_shared_link import MODEL, two_zones
 
     from planner.spec import Training, cluster_from_dict, load_model
 
     training = Training(global_batch_size=8, seq_len=2048, schedules=("1f1b", "interleaved-1f1b", "gpipe"),
-                        recompute_modes=("none",), zero_stages=(1,), max_tp=1, max_stages=4)
+                        recompute_modes=("none",), zero_stages=(1,), max_tp=1, max_stages=3)
+    model = load_model(dict(MODEL, num_layers=8))
     exact = 0
     for aggregate in (None, "20 Gbit/s"):
-        for knobs, kb, whole, best in _subset_bounds(cluster_from_dict(two_zones(aggregate)), load_model(MODEL),
-                                                     training):
+        for knobs, kb, whole, best in _subset_bounds(cluster_from_dict(two_zones(aggregate)), model, training):
             assert whole * (1 - 1e-12) <= kb <= best * (1 + 1e-9), (aggregate, knobs, kb, whole, best)
             exact += kb >= best * (1 - 1e-6) and whole < 0.95 * best
     assert exact >= 2
+
+
+def test_class_slots_bound_the_blocks_of_every_feasible_stage_set():
+    """_slot_blocks: for each slope prefix, at least the most blocks any set of at most p
+    stages (options among the prefix, within the classes' capacities) holds; equal when a
+    class's options all take the same units."""
+    import itertools
+    import random
+
+    import numpy as np
+
+    from planner.search.space import _class_slots, _slot_blocks
+
+    equal = 0
+    for seed in range(60):
+        rng = random.Random(seed)
+        K = rng.randint(1, 5)
+        U = np.array([float(rng.randint(1, 6)) for _ in range(K)])
+        same_units = seed % 2 == 0
+        units = np.array([2.0 if same_units else float(rng.randint(1, 4)) for _ in range(K)])
+        cls = np.array([rng.randrange(2) for _ in range(K)])
+        capacity = [rng.randint(1, 7), rng.randint(1, 7)]
+        p = rng.randint(1, 4)
+        got = _slot_blocks(*_class_slots(U, units, cls, capacity), p)
+        for j in range(1, K + 1):
+            best = 0.0
+            for n in range(p + 1):
+                for combo in itertools.combinations_with_replacement(range(j), n):
+                    used = [sum(units[o] for o in combo if cls[o] == c) for c in (0, 1)]
+                    if all(u <= cap for u, cap in zip(used, capacity)):
+                        best = max(best, sum(U[o] for o in combo))
+            assert got[j - 1] >= best - 1e-9, (seed, j, got, best)
+            if same_units:
+                assert got[j - 1] == best, (seed, j, got, best)
+                equal += 1
+    assert equal >= 60

@@ -166,7 +166,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             break
         heapq.heappop(heap)
         if level == 0:
-            kb2 = max(kb, pricer.knob_bound(knobs, ctx, keys))
+            kb2 = max(kb, pricer.knob_bound(knobs, ctx, keys, enough=best.threshold() * (1 - gap_rel)))
             heapq.heappush(heap, (kb2, i, 1, knobs, ctx, keys))
             continue
         j += 1
@@ -213,6 +213,7 @@ MAX_PAIR_TERMS = 100_000    # option pairs x boundaries a MILP may carry (pulp b
 PAIR_TERMS_PER_S = 50_000   # a pessimistic build rate, to keep within the time limit
 WARM_KEYS_ABOVE = 48        # options per stage above which a warm start pays for itself
 WARM_SHARE = 0.3            # of the time limit
+ENUM_STAGES = 2             # pipelines this short are solved by enumeration (core/enum.py)
 
 
 RELAX_MAX_VARS = 20_000      # stage x option pairs of a send-free MILP we still build
@@ -315,11 +316,14 @@ def _warm_start(pricer, ranked, spec, training, best, settings, deadline, launch
     stop = now + share * max(0.0, deadline - now)
     done = set() if done is None else done
     # Diverse first: the best-ranked tuple of each stage count, fewest stages first (the
-    # knob bound favours long pipelines, whose real bubbles and sends it cannot see).
-    first: dict[int, tuple] = {}
+    # knob bound favours long pipelines, whose real bubbles and sends it cannot see); of one
+    # and two stages, which enumeration solves in milliseconds, one per micro-batch size too
+    # (the memory-free ranking cannot tell which B fits).
+    first: dict[tuple, tuple] = {}
     for item in ranked:
-        first.setdefault(item[2].num_stages, item)
-    order = [first[p] for p in sorted(first)]
+        p = item[2].num_stages
+        first.setdefault((p, item[2].micro_batch_size if p <= ENUM_STAGES else 0), item)
+    order = [first[k] for k in sorted(first)]
     seen = {id(x) for x in order}
     order += [x for x in ranked if id(x) not in seen]
     for kb, _, knobs, ctx, keys in order:

@@ -134,6 +134,7 @@ class Pricer:
         self._least: dict = {}
         self._subsets: dict = {}
         self._memory: dict = {}
+        self._present: dict = {}
         self._subset_parent: dict = {}  # id(subset keys) -> (those keys, all keys, the classes)
         self._contexts: dict = {}       # id -> context: kept alive, so cache keys by id stay unique
 
@@ -160,22 +161,35 @@ class Pricer:
                     keys.append(OptionKey(info.index, t, n))
         return keys
 
-    def knob_bound(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool = True) -> float:
+    def knob_bound(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool = True,
+                   enough: float = math.inf) -> float:
         """A lower bound on every plan of this knob tuple (``_knob_bound``).  With memory and
         options of a few classes, the least of that bound over the sets S of classes a plan
         can use (every plan uses exactly one S): on S's options alone, where a pipeline over
         |S| >= 2 classes also has at least |S| - 1 boundaries between stages of different
         classes (|S| when it wraps) and p must be at least |S|.  The two pull apart: the rates
         of several classes come only with their sends between classes (often across a zone
-        link), one class's sends only with its own rates."""
-        present = sorted({k.cls for k in keys})
+        link), one class's sends only with its own rates.  A bound of at least ``enough``
+        (the search's pruning threshold) may be returned before the subsets are tried: it
+        prunes the tuple all the same."""
+        present = self._classes_of(keys)
         if not memory or not 2 <= len(present) <= SUBSET_CLASSES:
             return self._knob_bound(knobs, ctx, keys, memory)
+        whole = self._knob_bound(knobs, ctx, keys, True)     # every subset's bound is at least this
+        if whole >= enough:
+            return whole
         best = math.inf
         for size in range(1, min(len(present), knobs.num_stages) + 1):
             for subset in itertools.combinations(present, size):
                 best = min(best, self._knob_bound(knobs, ctx, self._subset_keys(keys, subset), True, size))
         return best
+
+    def _classes_of(self, keys: list[OptionKey]) -> tuple[int, ...]:
+        ck = (id(keys), len(keys))
+        hit = self._present.get(ck)
+        if hit is None:
+            hit = self._present[ck] = (tuple(sorted({k.cls for k in keys})), keys)   # keys kept alive
+        return hit[0]
 
     def _slope_arrays(self, sk, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool) -> tuple:
         """Per option of ``keys``: middle-stage slopes, units, class, memory model, capacity and
@@ -191,13 +205,16 @@ class Pricer:
             hit = tuple(a[mask] if i != 3 else keys for i, a in enumerate(arrays))
             self._slopes[sk] = hit
             return hit
-        arr = np.array([self._light(ctx, knobs, k, unit) for k in keys])
-        if memory:
+        if memory:      # the memory-free level's arrays and the memory model
+            lsk = sk[:-1] + (False,)
+            light = self._slopes.get(lsk) or self._slope_arrays(lsk, knobs, ctx, keys, False)
             models = [self._memory_model(ctx, knobs, k, unit, False, False) for k in keys]
             coef = np.array([mm[0] for mm in models]) if models else np.zeros((0, 4))
             exact = np.array([bool(mm[1]) for mm in models], dtype=bool)
-        else:
-            coef, exact = np.zeros((len(keys), 4)), np.zeros(len(keys), dtype=bool)
+            hit = self._slopes[sk] = light[:4] + (coef, exact) + light[6:]
+            return hit
+        arr = np.array([self._light(ctx, knobs, k, unit) for k in keys])
+        coef, exact = np.zeros((len(keys), 4)), np.zeros(len(keys), dtype=bool)
         caps = np.array([self.classes[k.cls].gpu.memory_bytes for k in keys], dtype=float)
         units = np.array([self.classes[k.cls].units(k.tp, k.replicas) for k in keys], dtype=float)
         cls = np.array([k.cls for k in keys])
@@ -291,9 +308,11 @@ class Pricer:
                 if (uu >= L).all():                 # no memory limit binds: closed forms below
                     parts.append(_TermPart(t.kind, t.row, t.weight, a_min, speed, rates, m_cap, c_min, sends))
                     continue
+                slots = (_class_slots(uu[order], nn[order], cc[order], [c.capacity_units for c in self.classes])
+                         if memory else None)
                 parts.append(_TermPart(t.kind, t.row, t.weight, a_min, speed, rates, m_cap, c_min, sends, da,
                                        np.maximum.accumulate(uu[order]), uu[by_u],
-                                       np.minimum.accumulate(vals[by_u])))
+                                       np.minimum.accumulate(vals[by_u]), slots))
             self._term_parts[tk] = parts
         total = 0.0
         rows: dict[int, dict] = {}       # per row, its max and sum terms' pieces for the joint bound
@@ -310,6 +329,8 @@ class Pricer:
                 fill, m_p = L * part.a_min, k * part.a_min
             else:
                 N = np.minimum(p * part.u_cum, L)
+                if part.slots is not None:
+                    N = np.minimum(N, _slot_blocks(*part.slots, p))
                 if N[-1] < L:
                     return math.inf                        # p stages cannot hold the blocks
                 fill = float(part.da @ N)
@@ -667,6 +688,35 @@ class _TermPart:
     u_cum: np.ndarray | None = None
     u_desc: np.ndarray | None = None
     a_prefix: np.ndarray | None = None
+    slots: tuple[np.ndarray, np.ndarray] | None = None   # see _class_slots
+
+
+def _class_slots(u_sorted: np.ndarray, units_sorted: np.ndarray, cls_sorted: np.ndarray,
+                 capacity: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """For the options in slope order, per prefix j and class c: the most blocks one stage of
+    class c can hold with an option among the first j, and how many stages of class c such
+    options allow at most (its capacity over their fewest units): arrays [J, C] each."""
+    classes = np.unique(cls_sorted)
+    most = np.zeros((len(u_sorted), len(classes)))
+    count = np.zeros_like(most)
+    for i, c in enumerate(classes):
+        mine = cls_sorted == c
+        most[:, i] = np.maximum.accumulate(np.where(mine, u_sorted, 0.0))
+        fewest = np.minimum.accumulate(np.where(mine, units_sorted, np.inf))
+        count[:, i] = np.floor(capacity[int(c)] / fewest)       # 0 before the class's first option
+    return most, count
+
+
+def _slot_blocks(most: np.ndarray, count: np.ndarray, p: int) -> np.ndarray:
+    """Per prefix j, the most blocks that stages using options among the first j can hold: at
+    most p stages, at most ``count`` of class c, each at most ``most`` blocks; filled from the
+    class whose stages hold the most (a greedy that is exact for this bound)."""
+    by = np.argsort(-most, axis=1, kind="stable")
+    m = np.take_along_axis(most, by, axis=1)
+    n = np.take_along_axis(count, by, axis=1)
+    before = np.cumsum(n, axis=1) - n
+    take = np.clip(p - before, 0.0, n)
+    return (take * m).sum(axis=1)
 
 
 def joint_row_bound(L: int, rates: np.ndarray, m_lb: float, fill_lb: float, w_max: float,
