@@ -50,6 +50,7 @@ def test_knob_bounds_hold_on_every_tuple_of_the_oracle_cases():
     from test_oracle import make_case
 
     from planner.cost import topology_for
+    from planner.search.bound import KnobBound
     from planner.search.classes import class_infos
     from planner.search.core.brute import solve_brute
     from planner.search.space import Pricer, enumerate_knobs, make_context
@@ -59,13 +60,14 @@ def test_knob_bounds_hold_on_every_tuple_of_the_oracle_cases():
         cluster, model, training = make_case(seed)
         classes = class_infos(topology_for(cluster), training.precision)
         pricer = Pricer(model, training, classes, topology_for(cluster))
+        knob_bound = KnobBound(pricer)
         tuples = enumerate_knobs(model, training, classes)
         for knobs in random.Random(seed).sample(tuples, min(12, len(tuples))):
             ctx = make_context(model, training, knobs)
             keys = pricer.option_keys(knobs)
             best = solve_brute(pricer.price(knobs, ctx, keys))[0]
             for memory in (False, True):
-                kb = pricer.knob_bound(knobs, ctx, keys, memory=memory)
+                kb = knob_bound(knobs, ctx, keys, memory=memory)
                 if best.ok:
                     assert kb <= best.objective * (1 + 1e-9), (seed, knobs, memory, kb, best.objective)
                     tight += kb >= 0.9 * best.objective
@@ -114,7 +116,7 @@ def test_joint_row_bound_under_every_allocation():
 
     import numpy as np
 
-    from planner.search.space import joint_row_bound
+    from planner.search.bound import joint_row_bound
 
     for seed in range(200):
         rng = random.Random(seed)
@@ -136,18 +138,20 @@ def _subset_bounds(cluster, model, training):
     """(bound over class subsets, bound over all options at once, brute-force optimum) per
     knob tuple with a feasible plan."""
     from planner.cost import topology_for
+    from planner.search.bound import KnobBound
     from planner.search.classes import class_infos
     from planner.search.core.brute import solve_brute
     from planner.search.space import Pricer, enumerate_knobs, make_context
 
     classes = class_infos(topology_for(cluster), training.precision)
     pricer = Pricer(model, training, classes, topology_for(cluster))
+    knob_bound = KnobBound(pricer)
     for knobs in enumerate_knobs(model, training, classes):
         ctx = make_context(model, training, knobs)
         keys = pricer.option_keys(knobs)
         best = solve_brute(pricer.price(knobs, ctx, keys))[0]
         if best.ok:
-            yield knobs, pricer.knob_bound(knobs, ctx, keys), pricer._knob_bound(knobs, ctx, keys, True), best.objective
+            yield knobs, knob_bound(knobs, ctx, keys), knob_bound.whole(knobs, ctx, keys, True), best.objective
 
 
 def test_class_subset_bound_lifts_and_still_holds():
@@ -196,7 +200,7 @@ def test_class_slots_bound_the_blocks_of_every_feasible_stage_set():
 
     import numpy as np
 
-    from planner.search.space import _class_slots, _slot_blocks
+    from planner.search.bound import _class_slots, _slot_blocks
 
     equal = 0
     for seed in range(60):

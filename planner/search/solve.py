@@ -22,6 +22,7 @@ from planner.cost.flops import model_flops_per_iteration
 from planner.errors import InfeasibleError, InputError
 from planner.plan import Plan
 from planner.plan.model import SolverReport
+from planner.search.bound import KnobBound
 from planner.search.classes import class_infos, classes_without_bf16
 from planner.search.core import enum
 from planner.search.core.milp import CoreMilp, MilpSettings
@@ -120,6 +121,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         raise InputError(f"objective {spec.kind!r} needs prices, but nodes of {', '.join(missing)} have "
                          "none; add price_per_hour to those node groups")
     pricer = Pricer(model, training, classes, topo, profiles)
+    knob_bound = KnobBound(pricer)
     knobs_list = enumerate_knobs(model, training, classes)
     settings = MilpSettings(time_limit_s=time_limit_s, gap_rel=gap_rel)
     best = _Best(top_k)
@@ -140,7 +142,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         keys = pricer.option_keys(knobs)
         if launcher:
             keys = [k for k in keys if knobs.micro_batch_size % k.replicas == 0]
-        ranked.append((pricer.knob_bound(knobs, ctx, keys, memory=False), i, knobs, ctx, keys))
+        ranked.append((knob_bound(knobs, ctx, keys, memory=False), i, knobs, ctx, keys))
     ranked.sort(key=lambda t: (t[0], t[1]))
     say(f"{len(ranked)} knob tuples ranked by their lower bound")
     time_like = spec.kind in ("throughput", "throughput-under-budget")
@@ -166,7 +168,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             break
         heapq.heappop(heap)
         if level == 0:
-            kb2 = max(kb, pricer.knob_bound(knobs, ctx, keys, enough=best.threshold() * (1 - gap_rel)))
+            kb2 = max(kb, knob_bound(knobs, ctx, keys, enough=best.threshold() * (1 - gap_rel)))
             heapq.heappush(heap, (kb2, i, 1, knobs, ctx, keys))
             continue
         j += 1

@@ -1,0 +1,405 @@
+"""Lower bounds on a knob tuple before it is priced (docs/search-space.md, "Bounds").
+
+The search ranks thousands of knob tuples and prunes most of them unpriced: a tuple whose
+bound is at least the incumbent's objective cannot hold a better plan.  ``KnobBound`` reads
+each option's lines (middle-stage slopes, per-position intercepts), its memory model and the
+least sends from the ``Pricer``, never the per-stage pricing or the K x K send table, so a
+bound costs milliseconds.  Every bound here must stay at most the tuple's optimum: the tests
+hold it to the brute-force oracle on the seeded cases.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.cost import CostContext, in_flight_micro_batches
+from planner.search.core.problem import max_row_bound
+from planner.search.pieces import most_speed
+from planner.search.space import POSITIONS, QUANTITIES, Knobs, OptionKey, Pricer, pipeline_rows
+
+SUBSET_CLASSES = 4          # classes up to which the knob bound goes over every set of them (2^4 - 1)
+KNAPSACK_STAGES = 128       # stage counts up to which the knob bound packs whole options (all, for the models we know)
+_F_BUCKETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0)
+
+
+class KnobBound:
+    """Knob-tuple bounds over one Pricer's options; caches per (context, B, options), so the
+    knob tuples of one search that differ only in p, m or the schedule share the work."""
+
+    def __init__(self, pricer: Pricer):
+        self.pricer = pricer
+        self.model, self.classes = pricer.model, pricer.classes
+        self._slopes: dict = {}
+        self._term_parts: dict = {}
+        self._fmin: dict = {}
+        self._least: dict = {}
+        self._subsets: dict = {}
+        self._present: dict = {}
+        self._subset_parent: dict = {}  # id(subset keys) -> (those keys, all keys, the classes)
+
+    def __call__(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool = True,
+                 enough: float = math.inf) -> float:
+        """A lower bound on every plan of this knob tuple (``whole``).  With memory and
+        options of a few classes, the least of that bound over the sets S of classes a plan
+        can use (every plan uses exactly one S): on S's options alone, where a pipeline over
+        |S| >= 2 classes also has at least |S| - 1 boundaries between stages of different
+        classes (|S| when it wraps) and p must be at least |S|.  The two pull apart: the rates
+        of several classes come only with their sends between classes (often across a zone
+        link), one class's sends only with its own rates.  A bound of at least ``enough``
+        (the search's pruning threshold) may be returned before the subsets are tried: it
+        prunes the tuple all the same."""
+        present = self._classes_of(keys)
+        if not memory or not 2 <= len(present) <= SUBSET_CLASSES:
+            return self.whole(knobs, ctx, keys, memory)
+        whole = self.whole(knobs, ctx, keys, True)     # every subset's bound is at least this
+        if whole >= enough:
+            return whole
+        best = math.inf
+        for size in range(1, min(len(present), knobs.num_stages) + 1):
+            for subset in itertools.combinations(present, size):
+                best = min(best, self.whole(knobs, ctx, self._subset_keys(keys, subset), True, size))
+        return best
+
+    def _classes_of(self, keys: list[OptionKey]) -> tuple[int, ...]:
+        ck = (id(keys), len(keys))
+        hit = self._present.get(ck)
+        if hit is None:
+            hit = self._present[ck] = (tuple(sorted({k.cls for k in keys})), keys)   # keys kept alive
+        return hit[0]
+
+    def _slope_arrays(self, sk, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool) -> tuple:
+        """Per option of ``keys``: middle-stage slopes, units, class, memory model, capacity and
+        per-position intercepts (cached under ``sk``).  A class subset's arrays are its parent's
+        rows, not priced again."""
+        unit = knobs.block_unit
+        parent = self._subset_parent.get(id(keys))
+        if parent is not None and parent[0] is keys:
+            _, full, subset = parent
+            psk = (sk[0], sk[1], sk[2], id(full), len(full), memory)
+            arrays = self._slopes.get(psk) or self._slope_arrays(psk, knobs, ctx, full, memory)
+            mask = np.isin(arrays[2], subset)
+            hit = tuple(a[mask] if i != 3 else keys for i, a in enumerate(arrays))
+            self._slopes[sk] = hit
+            return hit
+        if memory:      # the memory-free level's arrays and the memory model
+            lsk = sk[:-1] + (False,)
+            light = self._slopes.get(lsk) or self._slope_arrays(lsk, knobs, ctx, keys, False)
+            models = [self.pricer.memory_model(ctx, knobs, k, unit, False, False) for k in keys]
+            coef = np.array([mm[0] for mm in models]) if models else np.zeros((0, 4))
+            exact = np.array([bool(mm[1]) for mm in models], dtype=bool)
+            hit = self._slopes[sk] = light[:4] + (coef, exact) + light[6:]
+            return hit
+        arr = np.array([self._light(ctx, knobs, k, unit) for k in keys])
+        coef, exact = np.zeros((len(keys), 4)), np.zeros(len(keys), dtype=bool)
+        caps = np.array([self.classes[k.cls].gpu.memory_bytes for k in keys], dtype=float)
+        units = np.array([self.classes[k.cls].units(k.tp, k.replicas) for k in keys], dtype=float)
+        cls = np.array([k.cls for k in keys])
+        icpt = (np.array([self._intercepts(ctx, knobs, k, unit) for k in keys]) if keys
+                else np.zeros((0, len(POSITIONS), len(QUANTITIES))))
+        hit = self._slopes[sk] = (arr, units, cls, keys, coef, exact, caps, icpt)   # keys kept alive: id() stays unique
+        return hit
+
+    def _subset_keys(self, keys: list[OptionKey], subset: tuple[int, ...]) -> list[OptionKey]:
+        """The keys of ``subset`` 's classes, one list per (keys, subset): the caches key by id."""
+        ck = (id(keys), len(keys), subset)
+        hit = self._subsets.get(ck)
+        if hit is None:
+            hit = self._subsets[ck] = ([k for k in keys if k.cls in subset], keys)   # keys kept alive
+            self._subset_parent[id(hit[0])] = (hit[0], keys, subset)
+        return hit[0]
+
+    def whole(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool,
+                    num_classes: int = 0) -> float:
+        """A lower bound on every plan of this knob tuple, from middle-stage slopes, memory,
+        each position's least intercept and the least send (no per-position pricing, no send
+        table).  An option holds at most ``U`` blocks, its
+        memory limit at the fewest in-flight micro-batches of any position with the middle
+        stages' memory (the ends add the embedding / head); options that cannot hold one block
+        drop out.  The pipeline row's max term is then at least the least M with which the
+        classes' units can hold L blocks (each option at most min(M / slope, U) blocks per
+        stage) and at least ceil(L / p) blocks on one stage; its sum term at least the
+        cheapest filling of L blocks into p stages of at most U blocks each, and the
+        Cauchy-Schwarz fill of ``sum_bound``; with memory also the rate cap of at most p whole
+        options (``most_speed``) and the joint bottleneck/fill bound (``joint_row_bound``).
+        ``memory=False``: without memory limits (every U = L) and those two, cheaper still (no
+        memory pricing): the first ranking of thousands of knob tuples; the search tightens a
+        tuple's bound with memory when it gets to it."""
+        unit = knobs.block_unit
+        L = self.model.num_layers // unit
+        sk = (self.pricer.cache_id(ctx), knobs.micro_batch_size, unit, id(keys), len(keys), memory)
+        hit = self._slopes.get(sk) or self._slope_arrays(sk, knobs, ctx, keys, memory)
+        arr, units, cls, _, coef, exact, caps, icpt = hit
+        if not len(arr):
+            return math.inf
+        p, m, v = knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages
+        fk = (knobs.schedule, p, m, v)
+        f_min = self._fmin.get(fk) if memory else 1.0
+        if f_min is None:
+            f_min = min(in_flight_micro_batches(knobs.schedule, p, s, m, v) for s in range(p))
+            # fewer in flight only loosens the bound: round down to a few values so that knob
+            # tuples share the work below
+            f_min = self._fmin[fk] = max((b for b in _F_BUCKETS if b <= f_min), default=f_min)
+        # Per (options, rows, fewest in flight): nothing below depends on p but the last lines,
+        # so knob tuples differing in p cost almost nothing.
+        tk = (sk, knobs.schedule, v, m, f_min)
+        parts = self._term_parts.get(tk)
+        if parts is None:
+            rows, terms = pipeline_rows(knobs)
+            c0, c1, c2, c3 = (coef[:, i] for i in range(4))
+            room, per_u = caps - c0 - c2 * f_min, c1 + c3 * f_min
+            with np.errstate(divide="ignore", invalid="ignore"):
+                U = np.where(per_u > 0, np.floor(room / per_u * (1 + 1e-9) + 1e-9), np.where(room >= 0, L, 0))
+            U = np.clip(np.where(exact, U, L), 0, L)     # not affine: no memory limit (still a bound)
+            usable = U >= 1
+            parts = []
+            for t in terms:
+                row = rows[t.row]
+                if row.hinges:
+                    continue
+                vals = (arr @ np.array(row.stage, dtype=float))[usable]
+                if not len(vals):
+                    parts.append(None)
+                    continue
+                c_min = (icpt @ np.array(row.stage, dtype=float))[usable].min(axis=0)   # per position
+                sends = (sum(row.out), sum(row.inn))      # coefficients of a stage's out / in send
+                a_min = float(vals.min())
+                speed, m_cap, rates = 0.0, 0.0, None
+                uu, cc, nn = U[usable], cls[usable], units[usable]
+                if a_min > 0:
+                    ratio = 1.0 / (vals * nn)
+                    for c in np.unique(cc):
+                        speed += self.classes[int(c)].capacity_units * float(ratio[cc == c].max())
+                if a_min > 0 and memory:
+                    # at most p whole options, not the classes' capacity at their best rates
+                    rates = most_speed(1.0 / vals, nn, cc, [c.capacity_units for c in self.classes],
+                                       min(KNAPSACK_STAGES, L))
+                    if t.kind == "max":             # the sum term does not read it
+                        m_cap = max_row_bound(L, vals, uu[:, None], None, nn, cc,
+                                              [c.capacity_units for c in self.classes], [L], rel_tol=1e-5)
+                order = np.argsort(vals, kind="stable")
+                a_sorted = vals[order]
+                da = a_sorted - np.append(a_sorted[1:], 0.0)   # fill = sum_j a_j (N_j - N_j-1) = da @ N
+                # for ceil(L/p) blocks on one stage: the least slope among options holding k blocks
+                by_u = np.argsort(-uu, kind="stable")
+                if (uu >= L).all():                 # no memory limit binds: closed forms below
+                    parts.append(_TermPart(t.kind, t.row, t.weight, a_min, speed, rates, m_cap, c_min, sends))
+                    continue
+                slots = (_class_slots(uu[order], nn[order], cc[order], [c.capacity_units for c in self.classes])
+                         if memory else None)
+                parts.append(_TermPart(t.kind, t.row, t.weight, a_min, speed, rates, m_cap, c_min, sends, da,
+                                       np.maximum.accumulate(uu[order]), uu[by_u],
+                                       np.minimum.accumulate(vals[by_u]), slots))
+            self._term_parts[tk] = parts
+        total = 0.0
+        rows: dict[int, dict] = {}       # per row, its max and sum terms' pieces for the joint bound
+        for part in parts:
+            if part is None:
+                return math.inf
+            speed = part.speed
+            rates = part.rates if part.rates is not None and p <= len(part.rates) else None
+            if rates is not None:
+                speed = min(speed, float(rates[p - 1]))
+            k = -(-L // p)
+            c_sum, c_stage = self._fixed_costs(ctx, knobs, keys, part, p, num_classes)
+            if part.da is None:
+                fill, m_p = L * part.a_min, k * part.a_min
+            else:
+                N = np.minimum(p * part.u_cum, L)
+                if part.slots is not None:
+                    N = np.minimum(N, _slot_blocks(*part.slots, p))
+                if N[-1] < L:
+                    return math.inf                        # p stages cannot hold the blocks
+                fill = float(part.da @ N)
+                j = int(np.searchsorted(-part.u_desc, -k, side="right"))   # options with U >= k: the first j
+                if j == 0:
+                    return math.inf
+                m_p = k * float(part.a_prefix[j - 1])
+            if part.kind == "sum":
+                fill = max(fill, sum_bound(L, p, part.a_min, speed))
+                total += part.weight * (fill + c_sum)
+                rows.setdefault(part.row, {})["sum"] = (part.weight, fill, c_sum)
+                continue
+            if not math.isfinite(part.m_cap):
+                return math.inf
+            if part.a_min > 0:
+                speed = min(speed, p / part.a_min)
+            m_lb = max(L * part.a_min / p, L / speed if speed > 0 else 0.0, part.m_cap, m_p)
+            total += part.weight * max(m_lb + c_stage, (fill + c_sum) / p)
+            rows.setdefault(part.row, {})["max"] = (part.weight, m_lb, c_stage, (fill + c_sum) / p, rates)
+        for row in rows.values():
+            if "max" not in row or "sum" not in row or row["max"][4] is None:
+                continue
+            (w_max, m_lb, c_stage, mean, rates), (w_sum, fill, c_sum) = row["max"], row["sum"]
+            separate = w_max * max(m_lb + c_stage, mean) + w_sum * (fill + c_sum)
+            joint = joint_row_bound(L, rates[:p], m_lb, fill, w_max, w_sum) + w_max * c_stage + w_sum * c_sum
+            total += max(0.0, joint - separate)
+        return total
+
+    def _fixed_costs(self, ctx, knobs, keys, part, p: int, num_classes: int = 0) -> tuple[float, float]:
+        """What the p stages pay whatever their block counts: (summed over stages, the least
+        one stage pays): their positions' least intercepts and, in a pipeline, the least send
+        of each boundary (the ends of one that does not wrap send on one side only).  A plan
+        using exactly ``num_classes`` >= 2 classes has boundaries between classes (see
+        ``__call__``), which pay at least the least send between two of them; with p = 2
+        every stage is at such a boundary."""
+        c_min, (c_out, c_in) = part.c_min, part.sends
+        if p == 1:
+            return float(c_min[3]), float(c_min[3])
+        c_sum = float(c_min[1] + c_min[2] + (p - 2) * c_min[0])
+        c_stage = float(min(c_min[1], c_min[2], c_min[0] if p > 2 else math.inf))
+        if c_out or c_in:
+            wraps = knobs.schedule == "interleaved-1f1b"
+            e = self._least_send(ctx, knobs, keys)
+            boundaries = p if wraps else p - 1
+            cross = 0 if num_classes < 2 else min(boundaries, num_classes if wraps else num_classes - 1)
+            e_cross = self._least_send(ctx, knobs, keys, between_classes=True) if cross else e
+            c_sum += (c_out + c_in) * ((boundaries - cross) * e + cross * e_cross)
+            c_stage += (c_out + c_in if wraps else min(c_out, c_in)) * (e_cross if p == 2 else e)
+        return c_sum, c_stage
+
+
+    def _light(self, ctx, knobs, key: OptionKey, unit: int) -> tuple[float, ...]:
+        """Middle-stage slopes of the quantities a knob bound reads (forward, backward,
+        optimizer; the sync columns only feed hinge rows, which it skips: 0 here)."""
+        (sf, sb, _), (so, _) = self.pricer.lines(ctx, knobs, key, unit)
+        return (sf, sb, 0.0, so, 0.0)
+
+    def _intercepts(self, ctx, knobs, key: OptionKey, unit: int) -> np.ndarray:
+        """Per stage position (middle, first, last, only) the intercepts of the same
+        quantities: the per-micro-batch overhead everywhere, the embedding on the first stage,
+        the head on the last.  Every stage pays its position's intercept whatever its block
+        count, so the least intercept over options is a valid addition to the knob bound."""
+        (_, _, fb), (_, opt) = self.pricer.lines(ctx, knobs, key, unit)
+        out = np.zeros((len(POSITIONS), len(QUANTITIES)))
+        out[:, 0], out[:, 1], out[:, 3] = fb[:, 0], fb[:, 1], opt
+        return out
+
+
+    def _least_send(self, ctx, knobs, keys: list[OptionKey], between_classes: bool = False) -> float:
+        """A lower bound on any one boundary's send (``between_classes``: of one whose two
+        stages are of different classes): a boundary's busiest point carries at least one
+        transfer of a whole share, and no share is below ``ceil(B / most replicas)``; so
+        ``L0 + k X`` at that k, and across a capped zone link no less than the whole
+        micro-batch over its aggregate bandwidth; least over the (class, TP) pairs of ``keys``.
+        Needs only the paths, not the K x K table, so every knob tuple can afford it."""
+        if not keys:
+            return 0.0
+        B = knobs.micro_batch_size
+        ck = (self.pricer.cache_id(ctx), B, id(keys), len(keys), between_classes)
+        hit = self._least.get(ck)
+        if hit is None:
+            k = -(-B // max(key.replicas for key in keys))
+            groups = sorted({(key.cls, key.tp) for key in keys})
+            pairs = [(a, b) for a in groups for b in groups if not between_classes or a[0] != b[0]]
+            least = math.inf
+            for a, b in pairs:
+                L0, X = self.pricer.send_line(ctx, OptionKey(a[0], a[1], 1), OptionKey(b[0], b[1], 1))
+                least = min(least, max(L0 + k * X, self.pricer.shared_link(ctx, B, a, b)))
+            hit = self._least[ck] = (least if pairs else 0.0, keys)   # keys kept alive: id() stays unique
+        return hit[0]
+
+
+
+@dataclass
+class _TermPart:
+    """What a knob bound keeps per objective term, for every p at once."""
+    kind: str                  # "max" or "sum"
+    row: int
+    weight: float
+    a_min: float               # least slope (seconds per block) of a usable option
+    speed: float               # rate cap: each class's capacity at its best rate per unit
+    rates: np.ndarray | None   # memory level: rate cap of at most k whole options, k = 1, 2, ...
+    m_cap: float               # memory/capacity bound on the max row (0 when not computed)
+    c_min: np.ndarray          # least intercept per stage position
+    sends: tuple[float, float]  # the row's out / in send coefficients
+    da: np.ndarray | None = None        # with memory limits: the cheapest-fill pieces
+    u_cum: np.ndarray | None = None
+    u_desc: np.ndarray | None = None
+    a_prefix: np.ndarray | None = None
+    slots: tuple[np.ndarray, np.ndarray] | None = None   # see _class_slots
+
+
+def _class_slots(u_sorted: np.ndarray, units_sorted: np.ndarray, cls_sorted: np.ndarray,
+                 capacity: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """For the options in slope order, per prefix j and class c: the most blocks one stage of
+    class c can hold with an option among the first j, and how many stages of class c such
+    options allow at most (its capacity over their fewest units): arrays [J, C] each."""
+    classes = np.unique(cls_sorted)
+    most = np.zeros((len(u_sorted), len(classes)))
+    count = np.zeros_like(most)
+    for i, c in enumerate(classes):
+        mine = cls_sorted == c
+        most[:, i] = np.maximum.accumulate(np.where(mine, u_sorted, 0.0))
+        fewest = np.minimum.accumulate(np.where(mine, units_sorted, np.inf))
+        count[:, i] = np.floor(capacity[int(c)] / fewest)       # 0 before the class's first option
+    return most, count
+
+
+def _slot_blocks(most: np.ndarray, count: np.ndarray, p: int) -> np.ndarray:
+    """Per prefix j, the most blocks that stages using options among the first j can hold: at
+    most p stages, at most ``count`` of class c, each at most ``most`` blocks; filled from the
+    class whose stages hold the most (a greedy that is exact for this bound)."""
+    by = np.argsort(-most, axis=1, kind="stable")
+    m = np.take_along_axis(most, by, axis=1)
+    n = np.take_along_axis(count, by, axis=1)
+    before = np.cumsum(n, axis=1) - n
+    take = np.clip(p - before, 0.0, n)
+    return (take * m).sum(axis=1)
+
+
+def joint_row_bound(L: int, rates: np.ndarray, m_lb: float, fill_lb: float, w_max: float,
+                    w_sum: float) -> float:
+    """Lower bound on ``w_max max_s t_s + w_sum sum_s t_s`` over stages with t_s = nb_s / r_s
+    holding L blocks (intercepts apart), when the top-j stage rates sum to at most
+    ``R_j = rates[j-1]`` (most_speed), max_s t_s >= m_lb and sum_s t_s >= fill_lb.
+
+    The two terms pull apart: a small bottleneck M needs blocks spread over slow stages, which
+    costs fill.  With the bottleneck M, the least fill puts M on the fastest stages in turn;
+    the increments of R, sorted, dominate every real set of rates prefix by prefix, so that
+    fill T(M) is a lower bound.  ``w_max M + w_sum max(fill_lb, T(M))`` is piecewise linear
+    in M; its least value over M >= m_lb is at a segment end or where T(M) crosses fill_lb."""
+    d = np.sort(np.diff(np.concatenate([[0.0], np.asarray(rates, dtype=float)])))[::-1]
+    d = d[d > 0]
+    if not len(d):
+        return 0.0
+    P = np.cumsum(d)
+
+    def fill(M: float) -> float:
+        # j stages full (time M each), the next takes the rest
+        j = int(np.searchsorted(M * P * (1 + 1e-12), L, side="left"))   # slack: M = L / P exactly
+        if j >= len(d):
+            return math.inf
+        done = min(L, M * P[j - 1]) if j else 0.0
+        return j * M + (L - done) / d[j]
+
+    candidates = {max(m_lb, L / P[-1])}
+    for j in range(len(d)):
+        lo, hi = L / P[j], (L / P[j - 1] if j else math.inf)      # segment of j full stages
+        for M in (lo, hi):
+            if math.isfinite(M) and M >= m_lb:
+                candidates.add(M)
+        # where j M + (L - M P_{j-1}) / d_j equals fill_lb, inside the segment
+        slope = j - (P[j - 1] if j else 0.0) / d[j]
+        if slope:
+            M = (fill_lb - L / d[j]) / slope
+            if lo <= M <= hi and M >= m_lb:
+                candidates.add(M)
+    return min(w_max * M + w_sum * max(fill_lb, fill(M)) for M in candidates)
+
+
+def sum_bound(L: int, p: int, a_min: float, speed: float) -> float:
+    """Lower bound on sum_s a(o_s) nb_s over p stages holding L blocks: at least L a_min, and,
+    with w_s = 1 / a(o_s) the stages' speeds (their total at most ``speed``), by
+    Cauchy-Schwarz at least (sum_s sqrt(nb_s))^2 / speed >= (p - 1 + sqrt(L - p + 1))^2 / speed
+    (the sum of square roots is least when all blocks but p - 1 sit on one stage).  This is
+    what a long pipeline's fill costs."""
+    out = L * a_min
+    if speed > 0 and a_min > 0:
+        out = max(out, (p - 1 + math.sqrt(L - p + 1)) ** 2 / speed)
+    return out
+
+
