@@ -113,7 +113,7 @@ class KnobBound:
         return hit[0]
 
     def whole(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool,
-                    num_classes: int = 0) -> float:
+              num_classes: int = 0) -> float:
         """A lower bound on every plan of this knob tuple, from middle-stage slopes, memory,
         each position's least intercept and the least send (no per-position pricing, no send
         table).  An option holds at most ``U`` blocks, its
@@ -132,8 +132,7 @@ class KnobBound:
         L = self.model.num_layers // unit
         sk = (self.pricer.cache_id(ctx), knobs.micro_batch_size, unit, id(keys), len(keys), memory)
         hit = self._slopes.get(sk) or self._slope_arrays(sk, knobs, ctx, keys, memory)
-        arr, units, cls, _, coef, exact, caps, icpt = hit
-        if not len(arr):
+        if not len(hit[0]):
             return math.inf
         p, m, v = knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages
         fk = (knobs.schedule, p, m, v)
@@ -148,52 +147,7 @@ class KnobBound:
         tk = (sk, knobs.schedule, v, m, f_min)
         parts = self._term_parts.get(tk)
         if parts is None:
-            rows, terms = pipeline_rows(knobs)
-            c0, c1, c2, c3 = (coef[:, i] for i in range(4))
-            room, per_u = caps - c0 - c2 * f_min, c1 + c3 * f_min
-            with np.errstate(divide="ignore", invalid="ignore"):
-                U = np.where(per_u > 0, np.floor(room / per_u * (1 + 1e-9) + 1e-9), np.where(room >= 0, L, 0))
-            U = np.clip(np.where(exact, U, L), 0, L)     # not affine: no memory limit (still a bound)
-            usable = U >= 1
-            parts = []
-            for t in terms:
-                row = rows[t.row]
-                if row.hinges:
-                    continue
-                vals = (arr @ np.array(row.stage, dtype=float))[usable]
-                if not len(vals):
-                    parts.append(None)
-                    continue
-                c_min = (icpt @ np.array(row.stage, dtype=float))[usable].min(axis=0)   # per position
-                sends = (sum(row.out), sum(row.inn))      # coefficients of a stage's out / in send
-                a_min = float(vals.min())
-                speed, m_cap, rates = 0.0, 0.0, None
-                uu, cc, nn = U[usable], cls[usable], units[usable]
-                if a_min > 0:
-                    ratio = 1.0 / (vals * nn)
-                    for c in np.unique(cc):
-                        speed += self.classes[int(c)].capacity_units * float(ratio[cc == c].max())
-                if a_min > 0 and memory:
-                    # at most p whole options, not the classes' capacity at their best rates
-                    rates = most_speed(1.0 / vals, nn, cc, [c.capacity_units for c in self.classes],
-                                       min(KNAPSACK_STAGES, L))
-                    if t.kind == "max":             # the sum term does not read it
-                        m_cap = max_row_bound(L, vals, uu[:, None], None, nn, cc,
-                                              [c.capacity_units for c in self.classes], [L], rel_tol=1e-5)
-                order = np.argsort(vals, kind="stable")
-                a_sorted = vals[order]
-                da = a_sorted - np.append(a_sorted[1:], 0.0)   # fill = sum_j a_j (N_j - N_j-1) = da @ N
-                # for ceil(L/p) blocks on one stage: the least slope among options holding k blocks
-                by_u = np.argsort(-uu, kind="stable")
-                if (uu >= L).all():                 # no memory limit binds: closed forms below
-                    parts.append(_TermPart(t.kind, t.row, t.weight, a_min, speed, rates, m_cap, c_min, sends))
-                    continue
-                slots = (_class_slots(uu[order], nn[order], cc[order], [c.capacity_units for c in self.classes])
-                         if memory else None)
-                parts.append(_TermPart(t.kind, t.row, t.weight, a_min, speed, rates, m_cap, c_min, sends, da,
-                                       np.maximum.accumulate(uu[order]), uu[by_u],
-                                       np.minimum.accumulate(vals[by_u]), slots))
-            self._term_parts[tk] = parts
+            parts = self._term_parts[tk] = self._parts(knobs, hit, L, f_min, memory)
         total = 0.0
         rows: dict[int, dict] = {}       # per row, its max and sum terms' pieces for the joint bound
         for part in parts:
@@ -238,6 +192,59 @@ class KnobBound:
             joint = joint_row_bound(L, rates[:p], m_lb, fill, w_max, w_sum) + w_max * c_stage + w_sum * c_sum
             total += max(0.0, joint - separate)
         return total
+
+    def _parts(self, knobs: Knobs, arrays: tuple, L: int, f_min: float, memory: bool) -> list:
+        """Per objective term (pipeline rows only; hinge rows are skipped), what ``whole``
+        needs for every p: memory limits U per option at ``f_min`` in flight, least slopes and
+        intercepts, rate caps, and the cheapest-fill pieces.  None for a term no option can
+        take."""
+        arr, units, cls, _, coef, exact, caps, icpt = arrays
+        rows, terms = pipeline_rows(knobs)
+        c0, c1, c2, c3 = (coef[:, i] for i in range(4))
+        room, per_u = caps - c0 - c2 * f_min, c1 + c3 * f_min
+        with np.errstate(divide="ignore", invalid="ignore"):
+            U = np.where(per_u > 0, np.floor(room / per_u * (1 + 1e-9) + 1e-9), np.where(room >= 0, L, 0))
+        U = np.clip(np.where(exact, U, L), 0, L)     # not affine: no memory limit (still a bound)
+        usable = U >= 1
+        parts = []
+        for t in terms:
+            row = rows[t.row]
+            if row.hinges:
+                continue
+            vals = (arr @ np.array(row.stage, dtype=float))[usable]
+            if not len(vals):
+                parts.append(None)
+                continue
+            c_min = (icpt @ np.array(row.stage, dtype=float))[usable].min(axis=0)   # per position
+            sends = (sum(row.out), sum(row.inn))      # coefficients of a stage's out / in send
+            a_min = float(vals.min())
+            speed, m_cap, rates = 0.0, 0.0, None
+            uu, cc, nn = U[usable], cls[usable], units[usable]
+            if a_min > 0:
+                ratio = 1.0 / (vals * nn)
+                for c in np.unique(cc):
+                    speed += self.classes[int(c)].capacity_units * float(ratio[cc == c].max())
+            if a_min > 0 and memory:
+                # at most p whole options, not the classes' capacity at their best rates
+                rates = most_speed(1.0 / vals, nn, cc, [c.capacity_units for c in self.classes],
+                                   min(KNAPSACK_STAGES, L))
+                if t.kind == "max":             # the sum term does not read it
+                    m_cap = max_row_bound(L, vals, uu[:, None], None, nn, cc,
+                                          [c.capacity_units for c in self.classes], [L], rel_tol=1e-5)
+            order = np.argsort(vals, kind="stable")
+            a_sorted = vals[order]
+            da = a_sorted - np.append(a_sorted[1:], 0.0)   # fill = sum_j a_j (N_j - N_j-1) = da @ N
+            # for ceil(L/p) blocks on one stage: the least slope among options holding k blocks
+            by_u = np.argsort(-uu, kind="stable")
+            if (uu >= L).all():                 # no memory limit binds: closed forms below
+                parts.append(_TermPart(t.kind, t.row, t.weight, a_min, speed, rates, m_cap, c_min, sends))
+                continue
+            slots = (_class_slots(uu[order], nn[order], cc[order], [c.capacity_units for c in self.classes])
+                     if memory else None)
+            parts.append(_TermPart(t.kind, t.row, t.weight, a_min, speed, rates, m_cap, c_min, sends, da,
+                                   np.maximum.accumulate(uu[order]), uu[by_u],
+                                   np.minimum.accumulate(vals[by_u]), slots))
+        return parts
 
     def _fixed_costs(self, ctx, knobs, keys, part, p: int, num_classes: int = 0) -> tuple[float, float]:
         """What the p stages pay whatever their block counts: (summed over stages, the least
