@@ -79,6 +79,86 @@ def test_knob_bounds_hold_on_every_tuple_of_the_oracle_cases():
     assert tight >= checked           # not vacuous: half the bounds (2 per tuple) within 10%
 
 
+def test_packed_bottleneck_lifts_and_still_holds():
+    """The max terms bounded together with the exposed DP sync (``_packed_bottleneck``): never
+    above a tuple's brute-force optimum, with or without a pruning threshold (``enough``, which
+    takes the short path: one knapsack at the threshold), and above the bound without it on
+    many tuples.  Seed 67's single-stage tuples have an exposed sync that binds: counting it
+    more than once puts the bound above their optimum."""
+    import random
+
+    from test_oracle import make_case
+
+    from planner.cost import topology_for
+    from planner.search.bound import KnobBound
+    from planner.search.classes import class_infos
+    from planner.search.core.brute import solve_brute
+    from planner.search.space import Pricer, enumerate_knobs, make_context
+
+    checked = lifted = 0
+    for seed in [*range(16, 48), 67]:
+        cluster, model, training = make_case(seed)
+        classes = class_infos(topology_for(cluster), training.precision)
+        pricer = Pricer(model, training, classes, topology_for(cluster))
+        knob_bound = KnobBound(pricer)
+        tuples = enumerate_knobs(model, training, classes)
+        sample = ([k for k in tuples if k.num_stages == 1] if seed == 67
+                  else random.Random(seed).sample(tuples, min(8, len(tuples))))
+        for knobs in sample:
+            ctx = make_context(model, training, knobs)
+            keys = pricer.option_keys(knobs)
+            best = solve_brute(pricer.price(knobs, ctx, keys))[0]
+            if not best.ok:
+                continue
+            plain = knob_bound(knobs, ctx, keys, packed=False)
+            full = knob_bound(knobs, ctx, keys)
+            near = knob_bound(knobs, ctx, keys, enough=best.objective * 0.98)
+            far = knob_bound(knobs, ctx, keys, enough=best.objective * 1.02)
+            assert plain * (1 - 1e-12) <= full <= best.objective * (1 + 1e-9), (seed, knobs, plain, full, best)
+            assert max(near, far) <= best.objective * (1 + 1e-9), (seed, knobs, near, far, best)
+            checked += 1
+            lifted += full > plain * (1 + 1e-6)
+    print(f"{checked} tuples, {lifted} lifted by the packed bottleneck")
+    assert checked >= 100 and lifted >= checked // 10
+
+
+def test_exposed_sync_lines_match_the_cost_model():
+    """The bound's lines of the gradient sync, through ``exposed_sync_parts``, give
+    ``comm.dp_exposed_s`` at every block count and position (ZeRO 0 and 1)."""
+    from test_oracle import make_case
+
+    from planner.cost import dp_exposed_s, dp_sync_time_s, replica_compute, stage_params, topology_for
+    from planner.search.classes import class_infos
+    from planner.search.space import POSITIONS, Knobs, Pricer, exposed_sync_parts, make_context
+
+    cluster, model, training = make_case(3)
+    classes = class_infos(topology_for(cluster), training.precision)
+    pricer = Pricer(model, training, classes, topology_for(cluster))
+    checked = 0
+    for zero in (0, 1):
+        knobs = Knobs(micro_batch_size=4, num_micro_batches=2, schedule="1f1b", virtual_stages=1,
+                      recompute="none", zero_stage=zero, num_stages=2)
+        ctx = make_context(model, training, knobs)
+        for key in pricer.option_keys(knobs):
+            if key.replicas < 2:
+                continue
+            info, ring = classes[key.cls], pricer.ring(key)
+            slope, icpt = pricer.sync_lines(ctx, key, 1)
+            (sf, sb, fb), _ = pricer.lines(ctx, knobs, key, 1)
+            for pos, (emb, head) in enumerate(POSITIONS):
+                for nb in (1, 3):
+                    want_dp = dp_sync_time_s(ctx, stage_params(ctx, nb, emb, head), key.replicas, key.tp,
+                                             ring.bandwidth_Bps, ring.latency_s, ring.kind, info.gpu)
+                    rt = replica_compute(ctx, info.gpu, info.node_class.intra_Bps, key.tp,
+                                         -(-4 // key.replicas), nb, emb, head)
+                    want = dp_exposed_s(ctx, want_dp, rt.total_backward_s, rt.total_forward_s)
+                    rs, ag = exposed_sync_parts(ctx, slope * nb + icpt[pos], sf * nb + fb[pos, 0], sb * nb + fb[pos, 1])
+                    assert abs(slope * nb + icpt[pos] - want_dp) <= 1e-9 * max(want_dp, 1e-12)
+                    assert abs(max(0.0, rs) + max(0.0, ag) - want) <= 1e-9 * max(want, 1e-12)
+                    checked += 1
+    assert checked >= 16
+
+
 def test_most_speed_equals_enumerating_option_multisets():
     """most_speed's knapsack against every multiset of at most k options that fits."""
     import itertools

@@ -19,7 +19,15 @@ import numpy as np
 from planner.cost import CostContext, in_flight_micro_batches
 from planner.search.core.problem import max_row_bound
 from planner.search.pieces import most_speed
-from planner.search.space import POSITIONS, QUANTITIES, Knobs, OptionKey, Pricer, pipeline_rows
+from planner.search.space import (
+    POSITIONS,
+    QUANTITIES,
+    Knobs,
+    OptionKey,
+    Pricer,
+    exposed_sync_parts,
+    pipeline_rows,
+)
 
 SUBSET_CLASSES = 4          # classes up to which the knob bound goes over every set of them (2^4 - 1)
 KNAPSACK_STAGES = 128       # stage counts up to which the knob bound packs whole options (all, for the models we know)
@@ -40,9 +48,10 @@ class KnobBound:
         self._subsets: dict = {}
         self._present: dict = {}
         self._subset_parent: dict = {}  # id(subset keys) -> (those keys, all keys, the classes)
+        self._stage_cost: dict = {}
 
     def __call__(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool = True,
-                 enough: float = math.inf) -> float:
+                 enough: float = math.inf, packed: bool = True) -> float:
         """A lower bound on every plan of this knob tuple (``whole``).  With memory and
         options of a few classes, the least of that bound over the sets S of classes a plan
         can use (every plan uses exactly one S): on S's options alone, where a pipeline over
@@ -51,18 +60,19 @@ class KnobBound:
         of several classes come only with their sends between classes (often across a zone
         link), one class's sends only with its own rates.  A bound of at least ``enough``
         (the search's pruning threshold) may be returned before the subsets are tried: it
-        prunes the tuple all the same."""
+        prunes the tuple all the same.  ``packed=False``: without ``_packed_bottleneck``, which
+        costs a few knapsacks (the search asks for it last, for the tuples still in the way)."""
         present = self._classes_of(keys)
         if not memory or not 2 <= len(present) <= SUBSET_CLASSES:
-            return self.whole(knobs, ctx, keys, memory)
-        whole = self.whole(knobs, ctx, keys, True)     # every subset's bound is at least this
+            return self.whole(knobs, ctx, keys, memory, enough=enough, packed=packed)
+        whole = self.whole(knobs, ctx, keys, True, enough=enough, packed=packed)
         if whole >= enough:
             return whole
         best = math.inf
         for size in range(1, min(len(present), knobs.num_stages) + 1):
             for subset in itertools.combinations(present, size):
-                best = min(best, self.whole(knobs, ctx, self._subset_keys(keys, subset), True, size))
-        return best
+                best = min(best, self.whole(knobs, ctx, self._subset_keys(keys, subset), True, size, enough, packed))
+        return max(best, whole)        # both bound every plan (a subset's may round below the whole's)
 
     def _classes_of(self, keys: list[OptionKey]) -> tuple[int, ...]:
         ck = (id(keys), len(keys))
@@ -113,7 +123,7 @@ class KnobBound:
         return hit[0]
 
     def whole(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool,
-              num_classes: int = 0) -> float:
+              num_classes: int = 0, enough: float = math.inf, packed: bool = True) -> float:
         """A lower bound on every plan of this knob tuple, from middle-stage slopes, memory,
         each position's least intercept and the least send (no per-position pricing, no send
         table).  An option holds at most ``U`` blocks, its
@@ -127,7 +137,9 @@ class KnobBound:
         options (``most_speed``) and the joint bottleneck/fill bound (``joint_row_bound``).
         ``memory=False``: without memory limits (every U = L) and those two, cheaper still (no
         memory pricing): the first ranking of thousands of knob tuples; the search tightens a
-        tuple's bound with memory when it gets to it."""
+        tuple's bound with memory when it gets to it.  With memory, when all that stays below
+        ``enough``, the max terms are also bounded together with the exposed DP sync
+        (``_packed_bottleneck``)."""
         unit = knobs.block_unit
         L = self.model.num_layers // unit
         sk = (self.pricer.cache_id(ctx), knobs.micro_batch_size, unit, id(keys), len(keys), memory)
@@ -148,7 +160,8 @@ class KnobBound:
         parts = self._term_parts.get(tk)
         if parts is None:
             parts = self._term_parts[tk] = self._parts(knobs, hit, L, f_min, memory)
-        total = 0.0
+        parts, U = parts
+        total = sums = 0.0
         rows: dict[int, dict] = {}       # per row, its max and sum terms' pieces for the joint bound
         for part in parts:
             if part is None:
@@ -175,6 +188,7 @@ class KnobBound:
             if part.kind == "sum":
                 fill = max(fill, sum_bound(L, p, part.a_min, speed))
                 total += part.weight * (fill + c_sum)
+                sums += part.weight * (fill + c_sum)
                 rows.setdefault(part.row, {})["sum"] = (part.weight, fill, c_sum)
                 continue
             if not math.isfinite(part.m_cap):
@@ -191,13 +205,112 @@ class KnobBound:
             separate = w_max * max(m_lb + c_stage, mean) + w_sum * (fill + c_sum)
             joint = joint_row_bound(L, rates[:p], m_lb, fill, w_max, w_sum) + w_max * c_stage + w_sum * c_sum
             total += max(0.0, joint - separate)
+        if memory and packed and total < enough:
+            together = self._packed_bottleneck(knobs, ctx, keys, (tk, hit, U), L, enough - sums)
+            total = max(total, sums + together)
         return total
+
+    def _packed_bottleneck(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple, L: int,
+                           need: float) -> float:
+        """A lower bound on the max terms together, the exposed DP sync (hinge row) included:
+        ``sum_t w_t max_s row_t(s) >= max_s g(s)``, ``g(s) = sum_t w_t row_t(s)``.  A stage of
+        option o holding nb blocks has g >= G[o, nb] (``_stage_costs``).  With a bottleneck M,
+        option o holds at most the largest nb with G[o, nb] <= M (within its memory limit), and
+        at most p stages, one option each, within each class's capacity in units (the
+        ``most_speed`` knapsack on those block counts) must hold all L blocks.  The least such
+        M by bisection.  This reads what the separate bounds miss: the options that are fast
+        per block (many replicas, small shares) are those whose gradient sync outlasts their
+        short backward, and memory caps the blocks of each.  With a finite ``need``, M = need
+        is tried first: when it cannot hold the blocks, ``need`` is bound enough to prune."""
+        p = knobs.num_stages
+        if p > KNAPSACK_STAGES:
+            return 0.0
+        G = self._stage_costs(knobs, ctx, keys, pieces, L)
+        finite = G[np.isfinite(G)]
+        if not len(finite):
+            return math.inf
+        units, cls = pieces[1][1], pieces[1][2]
+        caps = [c.capacity_units for c in self.classes]
+        nbs = np.arange(1, L + 1, dtype=float)
+
+        def holds(M: float) -> bool:
+            most = np.where(G <= M, nbs, 0.0).max(axis=1)
+            return float(most_speed(most, units, cls, caps, p)[p - 1]) >= L
+
+        lo, hi = float(finite.min()), float(finite.max())
+        if not holds(hi):
+            return math.inf                     # p stages cannot hold the blocks at all
+        steps = 40
+        if math.isfinite(need):
+            if need <= lo:
+                return lo
+            if need < hi:
+                if not holds(need):
+                    return need
+                hi, steps = need, 6             # not enough to prune: a few steps for the gap
+        for _ in range(steps):
+            mid = 0.5 * (lo + hi)
+            if hi - lo <= 1e-6 * hi:
+                break
+            if holds(mid):
+                hi = mid
+            else:
+                lo = mid
+        return lo
+
+    def _stage_costs(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple,
+                     L: int) -> np.ndarray:
+        """G[o, nb - 1]: the least ``sum_t w_t row_t`` over the max terms (pipeline rows with
+        their weights, the hinge row of the exposed sync, the optimizer row) that a stage of
+        option o with nb blocks can have: its lines (forward, backward, optimizer, and the sync
+        less backward / gather less forward through ``exposed_sync_parts``) at the least over
+        the stage positions it can take, plus the least send of a stage in a pipeline; inf
+        beyond the option's memory limit."""
+        tk, arrays, U = pieces
+        p = knobs.num_stages
+        positions = (3,) if p == 1 else (1, 2) if p == 2 else (0, 1, 2)
+        ck = (tk[:-1], positions)       # not the fewest in flight: it reaches G through U only
+        G = self._stage_cost.get(ck)
+        if G is None:
+            G = self._stage_cost[ck] = self._unlimited_stage_costs(knobs, ctx, keys, arrays, L, positions)
+        nbs = np.arange(1, L + 1, dtype=float)
+        return np.where(nbs[None, :] > U[:, None], math.inf, G)
+
+    def _unlimited_stage_costs(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], arrays: tuple,
+                               L: int, positions: tuple[int, ...]) -> np.ndarray:
+        p = knobs.num_stages
+        arr, icpt = arrays[0], arrays[7]
+        unit = knobs.block_unit
+        sync = [self.pricer.sync_lines(ctx, k, unit) for k in keys]
+        slope, icpt = arr.copy(), icpt[:, positions, :].copy()
+        d_slope = np.array([s[0] for s in sync])
+        d_icpt = np.array([s[1][list(positions)] for s in sync]).reshape(len(keys), len(positions))
+        slope[:, 2], slope[:, 4] = exposed_sync_parts(ctx, d_slope, slope[:, 0], slope[:, 1])
+        icpt[:, :, 2], icpt[:, :, 4] = exposed_sync_parts(ctx, d_icpt, icpt[:, :, 0], icpt[:, :, 1])
+        nbs = np.arange(1, L + 1, dtype=float)
+        Q = slope[:, None, None, :] * nbs[None, None, :, None] + icpt[:, :, None, :]    # [K, positions, L, 5]
+        rows, terms = pipeline_rows(knobs)
+        g = np.zeros(Q.shape[:3])
+        send = 0.0
+        e = self._least_send(ctx, knobs, keys) if p > 1 else 0.0
+        wraps = knobs.schedule == "interleaved-1f1b"
+        for t in terms:
+            if t.kind != "max":
+                continue
+            row = rows[t.row]
+            val = Q @ np.array(row.stage, dtype=float)
+            for h in row.hinges:
+                val += np.maximum(0.0, Q @ np.array(h, dtype=float))
+            g += t.weight * val
+            c_out, c_in = sum(row.out), sum(row.inn)
+            send += t.weight * (c_out + c_in if wraps else min(c_out, c_in)) * e
+        return g.min(axis=1) + send
 
     def _parts(self, knobs: Knobs, arrays: tuple, L: int, f_min: float, memory: bool) -> list:
         """Per objective term (pipeline rows only; hinge rows are skipped), what ``whole``
         needs for every p: memory limits U per option at ``f_min`` in flight, least slopes and
         intercepts, rate caps, and the cheapest-fill pieces.  None for a term no option can
-        take."""
+        take; and every option's block limit U (0: it cannot hold one block)."""
         arr, units, cls, _, coef, exact, caps, icpt = arrays
         rows, terms = pipeline_rows(knobs)
         c0, c1, c2, c3 = (coef[:, i] for i in range(4))
@@ -244,7 +357,7 @@ class KnobBound:
             parts.append(_TermPart(t.kind, t.row, t.weight, a_min, speed, rates, m_cap, c_min, sends, da,
                                    np.maximum.accumulate(uu[order]), uu[by_u],
                                    np.minimum.accumulate(vals[by_u]), slots))
-        return parts
+        return parts, U
 
     def _fixed_costs(self, ctx, knobs, keys, part, p: int, num_classes: int = 0) -> tuple[float, float]:
         """What the p stages pay whatever their block counts: (summed over stages, the least

@@ -151,8 +151,9 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     if warm:
         _warm_start(pricer, ranked, spec, training, best, settings, deadline, launcher, say, done=warm_done)
     # A heap on the bounds: a tuple first comes up with its memory-free bound, is then given
-    # its memory-aware bound (core of the same tuple, more expensive) and goes back in; it is
-    # priced and solved when it comes up again.  The least bound in the heap bounds the rest.
+    # its memory-aware bound and goes back in, then the same with the packed bottleneck (each
+    # level dearer than the last); it is priced and solved when it comes up once more.  The
+    # least bound in the heap bounds the rest.
     heap = [(kb, i, 0, knobs, ctx, keys) for kb, i, knobs, ctx, keys in ranked]
     heapq.heapify(heap)
     j = 0
@@ -167,9 +168,9 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             bounds.append(kb)
             break
         heapq.heappop(heap)
-        if level == 0:
-            kb2 = max(kb, knob_bound(knobs, ctx, keys, enough=best.threshold() * (1 - gap_rel)))
-            heapq.heappush(heap, (kb2, i, 1, knobs, ctx, keys))
+        if level < 2:       # memory-aware, then with the packed bottleneck (a few knapsacks)
+            kb2 = max(kb, knob_bound(knobs, ctx, keys, enough=best.threshold() * (1 - gap_rel), packed=level == 1))
+            heapq.heappush(heap, (kb2, i, level + 1, knobs, ctx, keys))
             continue
         j += 1
         small = enum.fits_size(knobs.num_stages, len(keys), model.num_layers // knobs.block_unit)

@@ -109,6 +109,19 @@ def _affine(f, unit: int) -> tuple[float, float]:
     return b - a, a - (b - a)
 
 
+def exposed_sync_parts(ctx: CostContext, dp_s, forward_s, backward_s) -> tuple:
+    """The two hinge arguments of ``comm.dp_exposed_s`` (exposed = max(0, first) + max(0,
+    second)): the sync hides behind the last backward (ZeRO-1: its reduce-scatter part; the
+    all-gather behind the next first forward).  Linear in the three times, so slopes and
+    intercepts (floats or arrays) go through it alike."""
+    if not ctx.grad_reduce_overlap:
+        return dp_s, 0.0 * dp_s
+    if ctx.zero_stage >= 1:
+        g, pb = ctx.grad_bytes_per_param, ctx.activation_bytes
+        return dp_s * g / (g + pb) - backward_s, dp_s * pb / (g + pb) - forward_s
+    return dp_s - backward_s, -forward_s
+
+
 class Pricer:
     """Prices the options of one knob tuple; topology paths are cached across knob tuples."""
 
@@ -122,6 +135,7 @@ class Pricer:
         self._keys: dict = {}
         self._fb: dict = {}
         self._opt: dict = {}
+        self._syncs: dict = {}
         self._memory: dict = {}
         self._contexts: dict = {}       # id -> context: kept alive, so cache keys by id stay unique
 
@@ -227,6 +241,28 @@ class Pricer:
             opt = self._opt[ok] = (so, np.array(at) - so)
         return fb, opt
 
+    def sync_lines(self, ctx, key: OptionKey, unit: int) -> tuple[float, np.ndarray]:
+        """The stage's gradient sync (``dp_sync_time_s``) as a line in the block count: the
+        slope per unit of blocks and each position's intercept (the embedding / head add
+        parameters); 0 for one replica."""
+        ck = (self.cache_id(ctx), key, unit)
+        hit = self._syncs.get(ck)
+        if hit is None:
+            info = self.classes[key.cls]
+            if key.replicas <= 1:
+                hit = (0.0, np.zeros(len(POSITIONS)))
+            else:
+                ring = self.ring(key)
+
+                def dp(nb: int, emb: bool, head: bool) -> float:
+                    return dp_sync_time_s(ctx, stage_params(ctx, nb, emb, head), key.replicas, key.tp,
+                                          ring.bandwidth_Bps, ring.latency_s, ring.kind, info.gpu)
+
+                slope = dp(2 * unit, False, False) - dp(unit, False, False)
+                hit = (slope, np.array([dp(unit, emb, head) - slope for emb, head in POSITIONS]))
+            self._syncs[ck] = hit
+        return hit
+
     def _base(self, ctx, knobs, key: OptionKey, unit: int, emb: bool, head: bool, timing_only: bool = False):
         """Per (knobs without p, option, end flags): quantity slopes/intercepts per core unit and
         the memory model mem(u, f) = c0 + c1 u + f (c2 + c3 u) in units u and in-flight f
@@ -246,16 +282,7 @@ class Pricer:
             params = stage_params(ctx, nb, emb, head)
             dp = (dp_sync_time_s(ctx, params, n, t, ring.bandwidth_Bps, ring.latency_s, ring.kind, gpu)
                   if ring else 0.0)
-            # comm.dp_exposed_s: the sync hides behind the last backward (ZeRO-1: its
-            # reduce-scatter part; the all-gather behind the next first forward)
-            if not ctx.grad_reduce_overlap:
-                rs, ag = dp, 0.0
-            elif ctx.zero_stage >= 1:
-                g, pb = ctx.grad_bytes_per_param, ctx.activation_bytes
-                rs = dp * g / (g + pb) - rt.total_backward_s
-                ag = dp * pb / (g + pb) - rt.total_forward_s
-            else:
-                rs, ag = dp - rt.total_backward_s, -rt.total_forward_s
+            rs, ag = exposed_sync_parts(ctx, dp, rt.total_forward_s, rt.total_backward_s)
             return (rt.total_forward_s, rt.total_backward_s, rs,
                     optimizer_time_s(ctx, gpu, params / t / shard), ag)
 
