@@ -305,3 +305,21 @@ def test_class_slots_bound_the_blocks_of_every_feasible_stage_set():
                 assert got[j - 1] == best, (seed, j, got, best)
                 equal += 1
     assert equal >= 60
+
+
+def test_relaxed_plan_orders_group_each_class():
+    """A send-free relaxation's stages, before they are priced with their sends: the found
+    order, then each class's stages side by side (classes in order of first appearance, and
+    reversed), block counts and options kept per stage."""
+    from types import SimpleNamespace
+
+    from planner.search.solve import _grouped_orders
+
+    classes = [0, 1, 0, 2, 1]
+    prob = SimpleNamespace(options=[SimpleNamespace(label=SimpleNamespace(cls=c)) for c in classes])
+    found = [(o, 10 + o) for o in range(len(classes))]
+    orders = _grouped_orders(prob, found)
+    assert orders[0] == found
+    assert orders[1] == [(0, 10), (2, 12), (1, 11), (4, 14), (3, 13)]
+    assert orders[2] == [(3, 13), (1, 11), (4, 14), (0, 10), (2, 12)]
+    assert _grouped_orders(prob, [(0, 5), (2, 7)]) == [[(0, 5), (2, 7)]]   # one class: nothing to group

@@ -149,7 +149,8 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     warm = time_like and ranked and max(len(t[4]) for t in ranked) > WARM_KEYS_ABOVE
     warm_done: set = set()
     if warm:
-        _warm_start(pricer, ranked, spec, training, best, settings, deadline, launcher, say, done=warm_done)
+        _warm_start(pricer, ranked, spec, training, best, settings, deadline, launcher, say, done=warm_done,
+                    knob_bound=knob_bound)
     # A heap on the bounds: a tuple first comes up with its memory-free bound, is then given
     # its memory-aware bound and goes back in, then the same with the packed bottleneck (each
     # level dearer than the last); it is priced and solved when it comes up once more.  The
@@ -216,6 +217,7 @@ MAX_PAIR_TERMS = 100_000    # option pairs x boundaries a MILP may carry (pulp b
 PAIR_TERMS_PER_S = 50_000   # a pessimistic build rate, to keep within the time limit
 WARM_KEYS_ABOVE = 48        # options per stage above which a warm start pays for itself
 WARM_SHARE = 0.3            # of the time limit
+WARM_TUPLE_SHARE = 0.1      # of the time limit, at most, for one tuple's warm-start MILP
 ENUM_STAGES = 2             # pipelines this short are solved by enumeration (core/enum.py)
 
 
@@ -263,7 +265,10 @@ def _relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, 
         return
     solver = exact_solver(prob)
     stats["relaxed_setup_s"] = max(stats.get("relaxed_setup_s", 0.0), time.monotonic() - started)
-    sol = solver.solve(settings, deadline=deadline, cutoff=cut if math.isfinite(cut) else None)
+    # capped like a warm start: a relaxation that cannot prune in a few seconds rarely does
+    # later, and the time is better spent on the next tuples
+    until = min(deadline, time.monotonic() + WARM_TUPLE_SHARE * settings.time_limit_s)
+    sol = solver.solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
     stats["relaxed"] = stats.get("relaxed", 0) + 1
     if sol.status == "infeasible":
         stats["empty"] += 1
@@ -281,12 +286,29 @@ def _relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, 
     full = pricer.price(knobs, ctx, chosen)
     _prepare(full, spec, launcher)
     index = {opt.label: i for i, opt in enumerate(full.options)}
-    assign = [(index[prob.options[o].label], nb) for o, nb in sol.assign]
-    if not full.feasible(assign):
+    found = [(index[prob.options[o].label], nb) for o, nb in sol.assign]
+    priced = [(full.objective(a), a) for a in _grouped_orders(full, found) if full.feasible(a)]
+    if not priced:
         return
-    t = full.objective(assign)
+    t, assign = min(priced, key=lambda x: x[0])
     if t < best.threshold():
         best.add(Candidate(spec.key(full.price(assign), t), t, full.price(assign), knobs, _layout(full, assign, knobs)))
+
+
+def _grouped_orders(prob, assign: list) -> list:
+    """The relaxation's stages in their own order and with the stages of each class side by
+    side (classes in order of first appearance, and reversed).  Without sends the order
+    barely mattered to it (only the end stages' embedding / head and the in-flight memory per
+    position tell the stages apart); with them each change of class is a send between classes,
+    often across a zone link."""
+    out = [assign]
+    cls = [prob.options[o].label.cls for o, _ in assign]
+    first = list(dict.fromkeys(cls))
+    for order in (first, first[::-1]):
+        grouped = [a for c in order for a, k in zip(assign, cls) if k == c]
+        if grouped not in out:
+            out.append(grouped)
+    return out
 
 
 def _warm_keys(pricer, knobs: Knobs, keys) -> list:
@@ -310,7 +332,7 @@ def _warm_keys(pricer, knobs: Knobs, keys) -> list:
 
 
 def _warm_start(pricer, ranked, spec, training, best, settings, deadline, launcher, say,
-                share: float = WARM_SHARE, done: set | None = None):
+                share: float = WARM_SHARE, done: set | None = None, knob_bound=None):
     """Solve the best-ranked knob tuples on a small subset of options to get a good incumbent
     quickly; the full branch and bound that follows prunes against it.  Gives no bounds.
     ``done`` collects the tuples tried, so a second pass (after the exact pass, with the time
@@ -318,15 +340,19 @@ def _warm_start(pricer, ranked, spec, training, best, settings, deadline, launch
     now = time.monotonic()
     stop = now + share * max(0.0, deadline - now)
     done = set() if done is None else done
-    # Diverse first: the best-ranked tuple of each stage count, fewest stages first (the
-    # knob bound favours long pipelines, whose real bubbles and sends it cannot see); of one
-    # and two stages, which enumeration solves in milliseconds, one per micro-batch size too
-    # (the memory-free ranking cannot tell which B fits).
+    # Diverse first: the best-ranked tuple of each stage count (the memory-free ranking
+    # favours long pipelines, whose memory limits it cannot see); of one and two stages, which
+    # enumeration solves in milliseconds, one per micro-batch size too, and those first.  The
+    # longer ones in the order of their memory-aware bound.
     first: dict[tuple, tuple] = {}
     for item in ranked:
         p = item[2].num_stages
         first.setdefault((p, item[2].micro_batch_size if p <= ENUM_STAGES else 0), item)
-    order = [first[k] for k in sorted(first)]
+    order = [first[k] for k in sorted(first) if k[0] <= ENUM_STAGES]
+    longer = [first[k] for k in sorted(first) if k[0] > ENUM_STAGES]
+    if knob_bound is not None:
+        longer.sort(key=lambda x: knob_bound(x[2], x[3], x[4], packed=False))
+    order += longer
     seen = {id(x) for x in order}
     order += [x for x in ranked if id(x) not in seen]
     for kb, _, knobs, ctx, keys in order:
@@ -341,7 +367,10 @@ def _warm_start(pricer, ranked, spec, training, best, settings, deadline, launch
             continue
         _prepare(prob, spec, launcher)
         cut = best.threshold()
-        sol = exact_solver(prob).solve(settings, deadline=stop, cutoff=cut if math.isfinite(cut) else None)
+        # one long pipeline's MILP may take all the warm start's time to prove what it found in
+        # its first seconds: cap it, so that more stage counts get their try
+        until = min(stop, time.monotonic() + WARM_TUPLE_SHARE * settings.time_limit_s)
+        sol = exact_solver(prob).solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
         if sol.ok and sol.objective < best.threshold():
             say(f"warm start {knobs.label()}: {sol.objective:.4g} s")
             best.add(Candidate(spec.key(prob.price(sol.assign), sol.objective), sol.objective,
