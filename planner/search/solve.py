@@ -203,8 +203,10 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         say(f"[{j}/{len(ranked)}] {knobs.label()}: {K} options, bound {lb:.4g} s")
         milp = exact_solver(prob)
         _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb)
-    if warm and time.monotonic() < deadline:
-        # time left over (tuples too big for the exact MILP): more incumbents on option subsets
+    if warm and stats["unexplored"] and time.monotonic() < deadline:
+        # time left over with tuples too big for the exact MILP (not when every tuple was solved
+        # or pruned: nothing better than the answer, by more than gap_rel, is left to find):
+        # more incumbents on option subsets
         _warm_start(pricer, ranked, spec, training, best, settings, deadline, launcher, say, share=1.0,
                     done=warm_done)
     return _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, profiles, launcher)
@@ -216,7 +218,7 @@ FINISH_SHARE = 0.1          # at most this share of the time limit is kept for t
 MAX_PAIR_TERMS = 100_000    # option pairs x boundaries a MILP may carry (pulp builds ~1e5/s)
 PAIR_TERMS_PER_S = 50_000   # a pessimistic build rate, to keep within the time limit
 WARM_KEYS_ABOVE = 48        # options per stage above which a warm start pays for itself
-WARM_SHARE = 0.3            # of the time limit
+WARM_SHARE = 0.5            # of the time limit
 WARM_TUPLE_SHARE = 0.1      # of the time limit, at most, for one tuple's warm-start MILP
 ENUM_STAGES = 2             # pipelines this short are solved by enumeration (core/enum.py)
 
