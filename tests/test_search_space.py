@@ -159,9 +159,20 @@ def test_exposed_sync_lines_match_the_cost_model():
     assert checked >= 16
 
 
+def _best_multiset(values, units, classes, capacity, most: int, options) -> float:
+    """By enumeration: the largest total value of a multiset of at most ``most`` of
+    ``options`` whose units fit every class's capacity (classes 0 and 1)."""
+    best = 0.0
+    for n in range(most + 1):
+        for combo in itertools.combinations_with_replacement(options, n):
+            used = [sum(units[o] for o in combo if classes[o] == c) for c in (0, 1)]
+            if all(u <= cap for u, cap in zip(used, capacity)):
+                best = max(best, sum(values[o] for o in combo))
+    return best
+
+
 def test_most_speed_equals_enumerating_option_multisets():
     """most_speed's knapsack against every multiset of at most k options that fits."""
-    import itertools
     import random
 
     import numpy as np
@@ -177,12 +188,7 @@ def test_most_speed_equals_enumerating_option_multisets():
         capacity = [rng.randint(1, 6), rng.randint(1, 6)]
         got = most_speed(rates, units, classes, capacity, 4)
         for k in range(1, 5):
-            best = 0.0
-            for n in range(k + 1):
-                for combo in itertools.combinations_with_replacement(range(K), n):
-                    used = [sum(units[o] for o in combo if classes[o] == c) for c in (0, 1)]
-                    if all(u <= cap for u, cap in zip(used, capacity)):
-                        best = max(best, sum(rates[o] for o in combo))
+            best = _best_multiset(rates, units, classes, capacity, k, range(K))
             assert abs(got[k - 1] - best) <= 1e-9 * max(1.0, best), (seed, k, got, best)
 
 
@@ -275,7 +281,6 @@ def test_class_slots_bound_the_blocks_of_every_feasible_stage_set():
     """_slot_blocks: for each slope prefix, at least the most blocks any set of at most p
     stages (options among the prefix, within the classes' capacities) holds; equal when a
     class's options all take the same units."""
-    import itertools
     import random
 
     import numpy as np
@@ -294,12 +299,7 @@ def test_class_slots_bound_the_blocks_of_every_feasible_stage_set():
         p = rng.randint(1, 4)
         got = _slot_blocks(*_class_slots(U, units, cls, capacity), p)
         for j in range(1, K + 1):
-            best = 0.0
-            for n in range(p + 1):
-                for combo in itertools.combinations_with_replacement(range(j), n):
-                    used = [sum(units[o] for o in combo if cls[o] == c) for c in (0, 1)]
-                    if all(u <= cap for u, cap in zip(used, capacity)):
-                        best = max(best, sum(U[o] for o in combo))
+            best = _best_multiset(U, units, cls, capacity, p, range(j))
             assert got[j - 1] >= best - 1e-9, (seed, j, got, best)
             if same_units:
                 assert got[j - 1] == best, (seed, j, got, best)
