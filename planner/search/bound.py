@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -306,12 +306,12 @@ class KnobBound:
             send += t.weight * (c_out + c_in if wraps else min(c_out, c_in)) * e
         return g.min(axis=1) + send
 
-    def _parts(self, knobs: Knobs, arrays: tuple, L: int, f_min: float, memory: bool) -> list:
-        """Per objective term (pipeline rows only; hinge rows are skipped), what ``whole``
-        needs for every p: memory limits U per option at ``f_min`` in flight, least slopes and
-        intercepts, rate caps, and the cheapest-fill pieces.  None for a term no option can
-        take; and every option's block limit U (0: it cannot hold one block)."""
-        arr, units, cls, _, coef, exact, caps, icpt = arrays
+    def _parts(self, knobs: Knobs, arrays: tuple, L: int, f_min: float, memory: bool) -> tuple[list, np.ndarray]:
+        """(parts, U): per objective term (pipeline rows only; hinge rows are skipped) what
+        ``whole`` needs for every p (None for a term no option can take), and every option's
+        block limit U at ``f_min`` micro-batches in flight (0: it cannot hold one block).  A
+        row's max and sum terms share their pieces; only the max term reads ``m_cap``."""
+        _, units, cls, _, coef, exact, caps, _ = arrays
         rows, terms = pipeline_rows(knobs)
         c0, c1, c2, c3 = (coef[:, i] for i in range(4))
         room, per_u = caps - c0 - c2 * f_min, c1 + c3 * f_min
@@ -319,45 +319,58 @@ class KnobBound:
             U = np.where(per_u > 0, np.floor(room / per_u * (1 + 1e-9) + 1e-9), np.where(room >= 0, L, 0))
         U = np.clip(np.where(exact, U, L), 0, L)     # not affine: no memory limit (still a bound)
         usable = U >= 1
-        parts = []
+        capacity = [c.capacity_units for c in self.classes]
+        parts, built = [], {}
         for t in terms:
             row = rows[t.row]
             if row.hinges:
                 continue
-            vals = (arr @ np.array(row.stage, dtype=float))[usable]
-            if not len(vals):
+            if t.row not in built:
+                built[t.row] = self._row_part(row, arrays, U, usable, L, memory)
+            base = built[t.row]
+            if base is None:
                 parts.append(None)
                 continue
-            c_min = (icpt @ np.array(row.stage, dtype=float))[usable].min(axis=0)   # per position
-            sends = (sum(row.out), sum(row.inn))      # coefficients of a stage's out / in send
-            a_min = float(vals.min())
-            speed, m_cap, rates = 0.0, 0.0, None
-            uu, cc, nn = U[usable], cls[usable], units[usable]
-            if a_min > 0:
-                ratio = 1.0 / (vals * nn)
-                for c in np.unique(cc):
-                    speed += self.classes[int(c)].capacity_units * float(ratio[cc == c].max())
-            if a_min > 0 and memory:
-                # at most p whole options, not the classes' capacity at their best rates
-                rates = most_speed(1.0 / vals, nn, cc, [c.capacity_units for c in self.classes],
-                                   min(KNAPSACK_STAGES, L))
-                if t.kind == "max":             # the sum term does not read it
-                    m_cap = max_row_bound(L, vals, uu[:, None], None, nn, cc,
-                                          [c.capacity_units for c in self.classes], [L], rel_tol=1e-5)
-            order = np.argsort(vals, kind="stable")
-            a_sorted = vals[order]
-            da = a_sorted - np.append(a_sorted[1:], 0.0)   # fill = sum_j a_j (N_j - N_j-1) = da @ N
-            # for ceil(L/p) blocks on one stage: the least slope among options holding k blocks
-            by_u = np.argsort(-uu, kind="stable")
-            if (uu >= L).all():                 # no memory limit binds: closed forms below
-                parts.append(_TermPart(t.kind, t.row, t.weight, a_min, speed, rates, m_cap, c_min, sends))
-                continue
-            slots = (_class_slots(uu[order], nn[order], cc[order], [c.capacity_units for c in self.classes])
-                     if memory else None)
-            parts.append(_TermPart(t.kind, t.row, t.weight, a_min, speed, rates, m_cap, c_min, sends, da,
-                                   np.maximum.accumulate(uu[order]), uu[by_u],
-                                   np.minimum.accumulate(vals[by_u]), slots))
+            m_cap = 0.0
+            if t.kind == "max" and memory and base.a_min > 0:
+                vals = (arrays[0] @ np.array(row.stage, dtype=float))[usable]
+                m_cap = max_row_bound(L, vals, U[usable][:, None], None, units[usable], cls[usable], capacity,
+                                      [L], rel_tol=1e-5)
+            parts.append(replace(base, kind=t.kind, row=t.row, weight=t.weight, m_cap=m_cap))
         return parts, U
+
+    def _row_part(self, row, arrays: tuple, U: np.ndarray, usable: np.ndarray, L: int,
+                  memory: bool) -> _TermPart | None:
+        """One row's pieces over the usable options (kind, row, weight and m_cap are the
+        caller's): least slope and per-position intercepts, rate caps, cheapest-fill pieces."""
+        arr, units, cls, _, _, _, _, icpt = arrays
+        vals = (arr @ np.array(row.stage, dtype=float))[usable]
+        if not len(vals):
+            return None
+        capacity = [c.capacity_units for c in self.classes]
+        c_min = (icpt @ np.array(row.stage, dtype=float))[usable].min(axis=0)   # per position
+        sends = (sum(row.out), sum(row.inn))      # coefficients of a stage's out / in send
+        a_min = float(vals.min())
+        speed, rates = 0.0, None
+        uu, cc, nn = U[usable], cls[usable], units[usable]
+        if a_min > 0:
+            ratio = 1.0 / (vals * nn)
+            for c in np.unique(cc):
+                speed += capacity[int(c)] * float(ratio[cc == c].max())
+        if a_min > 0 and memory:
+            # at most p whole options, not the classes' capacity at their best rates
+            rates = most_speed(1.0 / vals, nn, cc, capacity, min(KNAPSACK_STAGES, L))
+        part = _TermPart("", -1, 0.0, a_min, speed, rates, 0.0, c_min, sends)
+        if (uu >= L).all():                 # no memory limit binds: closed forms in whole()
+            return part
+        order = np.argsort(vals, kind="stable")
+        a_sorted = vals[order]
+        # for ceil(L/p) blocks on one stage: the least slope among options holding k blocks
+        by_u = np.argsort(-uu, kind="stable")
+        return replace(part, da=a_sorted - np.append(a_sorted[1:], 0.0),   # fill = sum_j a_j (N_j - N_j-1) = da @ N
+                       u_cum=np.maximum.accumulate(uu[order]), u_desc=uu[by_u],
+                       a_prefix=np.minimum.accumulate(vals[by_u]),
+                       slots=_class_slots(uu[order], nn[order], cc[order], capacity) if memory else None)
 
     def _fixed_costs(self, ctx, knobs, keys, part, p: int, num_classes: int = 0) -> tuple[float, float]:
         """What the p stages pay whatever their block counts: (summed over stages, the least
