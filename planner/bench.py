@@ -78,17 +78,28 @@ def scenarios(smoke: bool) -> list[Scenario]:
     ]
 
 
+def _solve(sc: Scenario, limit_factor: float = 1.0, profiler=None):
+    """(search result, cluster, wall seconds of the search alone); ``profiler`` (a
+    cProfile.Profile) runs around the search alone, not the imports and input loading."""
+    from planner.search import solve
+    from planner.spec import Training, cluster_from_dict, load_model
+    cluster = cluster_from_dict(sc.cluster)
+    model = load_model(sc.model)
+    training = Training(global_batch_size=sc.global_batch_size, seq_len=sc.seq_len, precision=sc.precision)
+    if profiler:
+        profiler.enable()
+    t0 = time.perf_counter()
+    res = solve(cluster, model, training, time_limit_s=sc.target_s * limit_factor, gap_rel=GAP_TARGET / 2)
+    wall = time.perf_counter() - t0
+    if profiler:
+        profiler.disable()
+    return res, cluster, wall
+
+
 def _run(sc: Scenario, queue, limit_factor: float = 1.0) -> None:
     """One solve in a fresh process; reports wall time, peak RSS and the answer."""
     try:
-        from planner.search import solve
-        from planner.spec import Training, cluster_from_dict, load_model
-        cluster = cluster_from_dict(sc.cluster)
-        model = load_model(sc.model)
-        training = Training(global_batch_size=sc.global_batch_size, seq_len=sc.seq_len, precision=sc.precision)
-        t0 = time.perf_counter()
-        res = solve(cluster, model, training, time_limit_s=sc.target_s * limit_factor, gap_rel=GAP_TARGET / 2)
-        wall = time.perf_counter() - t0
+        res, cluster, wall = _solve(sc, limit_factor)
         rep = res.report
         queue.put({"wall_s": wall, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                    "tokens_per_s": res.evaluation.tokens_per_s, "gap": rep.gap, "status": rep.status,
@@ -138,6 +149,28 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def profile_scenario(sc: Scenario, limit_factor: float = 1.0, top: int = 25) -> str:
+    """One more run of ``sc`` in this process under cProfile: the planner functions with the
+    most cumulative time (where a missed target's time goes)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    _solve(sc, limit_factor, profiler=prof)
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(r"planner[/\\]", top)
+    return out.getvalue()
+
+
+def _slowest(scs: list[Scenario], rows: list[dict]) -> Scenario:
+    """A missed target first, then the largest share of its time limit used."""
+    def key(pair):
+        sc, row = pair
+        return (not row.get("met", False), row.get("wall_median_s", sc.target_s) / sc.target_s)
+    return max(zip(scs, rows), key=key)[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m planner.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="two tiny scenarios, one run each")
@@ -145,16 +178,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     ap.add_argument("--limit-factor", type=float, default=1.0,
                     help="time limit = target x this (default 1: a run stops at its target)")
+    ap.add_argument("--profile", action="store_true",
+                    help="then profile one more run of the slowest scenario (a missed target first)")
     args = ap.parse_args(argv)
     runs = args.runs or (1 if args.smoke else 3)
     rows = []
-    for sc in scenarios(args.smoke):
+    scs = scenarios(args.smoke)
+    for sc in scs:
         print(f"running {sc.name} ({runs} run(s)) ...", file=sys.stderr, flush=True)
         rows.append(run_scenario(sc, runs, args.limit_factor))
     if args.json:
         print(json.dumps(rows, indent=2, sort_keys=True, default=str))
     else:
         print(format_table(rows))
+    if args.profile:
+        sc = _slowest(scs, rows)
+        print(f"\nprofile of {sc.name} (one run in this process, planner functions by cumulative time):")
+        print(profile_scenario(sc, args.limit_factor))
     return 0
 
 
