@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,6 +33,21 @@ from planner.search.space import (
 SUBSET_CLASSES = 4          # classes up to which the knob bound goes over every set of them (2^4 - 1)
 KNAPSACK_STAGES = 128       # stage counts up to which the knob bound packs whole options (all, for the models we know)
 _F_BUCKETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0)
+
+
+STAGE_COST_ENTRIES = 256    # [options x blocks] tables the packed bottleneck keeps (~0.25 MB each on c)
+
+
+class _Arrays(NamedTuple):
+    """Per option of a key list, what the bounds read (``KnobBound._slope_arrays``)."""
+    slopes: np.ndarray      # [K, quantities] middle-stage slopes per unit of blocks
+    units: np.ndarray       # [K] units of its class an option takes
+    cls: np.ndarray         # [K] its class
+    keys: list              # the options themselves (kept alive: caches key by id)
+    coef: np.ndarray        # [K, 4] memory model c0..c3 (memory level; zeros without)
+    exact: np.ndarray       # [K] the memory model is affine (else no memory limit)
+    caps: np.ndarray        # [K] memory per GPU of its class
+    icpt: np.ndarray        # [K, positions, quantities] intercepts per stage position
 
 
 class KnobBound:
@@ -81,7 +97,7 @@ class KnobBound:
             hit = self._present[ck] = (tuple(sorted({k.cls for k in keys})), keys)   # keys kept alive
         return hit[0]
 
-    def _slope_arrays(self, sk, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool) -> tuple:
+    def _slope_arrays(self, sk, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool) -> _Arrays:
         """Per option of ``keys``: middle-stage slopes, units, class, memory model, capacity and
         per-position intercepts (cached under ``sk``).  A class subset's arrays are its parent's
         rows, not priced again."""
@@ -91,8 +107,8 @@ class KnobBound:
             _, full, subset = parent
             psk = (sk[0], sk[1], sk[2], id(full), len(full), memory)
             arrays = self._slopes.get(psk) or self._slope_arrays(psk, knobs, ctx, full, memory)
-            mask = np.isin(arrays[2], subset)
-            hit = tuple(a[mask] if i != 3 else keys for i, a in enumerate(arrays))
+            mask = np.isin(arrays.cls, subset)
+            hit = _Arrays._make(a[mask] if name != "keys" else keys for name, a in zip(_Arrays._fields, arrays))
             self._slopes[sk] = hit
             return hit
         if memory:      # the memory-free level's arrays and the memory model
@@ -101,7 +117,7 @@ class KnobBound:
             models = [self.pricer.memory_model(ctx, knobs, k, unit, False, False) for k in keys]
             coef = np.array([mm[0] for mm in models]) if models else np.zeros((0, 4))
             exact = np.array([bool(mm[1]) for mm in models], dtype=bool)
-            hit = self._slopes[sk] = light[:4] + (coef, exact) + light[6:]
+            hit = self._slopes[sk] = light._replace(coef=coef, exact=exact)
             return hit
         arr = np.array([self._light(ctx, knobs, k, unit) for k in keys])
         coef, exact = np.zeros((len(keys), 4)), np.zeros(len(keys), dtype=bool)
@@ -110,7 +126,7 @@ class KnobBound:
         cls = np.array([k.cls for k in keys])
         icpt = (np.array([self._intercepts(ctx, knobs, k, unit) for k in keys]) if keys
                 else np.zeros((0, len(POSITIONS), len(QUANTITIES))))
-        hit = self._slopes[sk] = (arr, units, cls, keys, coef, exact, caps, icpt)   # keys kept alive: id() stays unique
+        hit = self._slopes[sk] = _Arrays(arr, units, cls, keys, coef, exact, caps, icpt)
         return hit
 
     def _subset_keys(self, keys: list[OptionKey], subset: tuple[int, ...]) -> list[OptionKey]:
@@ -144,7 +160,7 @@ class KnobBound:
         L = self.model.num_layers // unit
         sk = (self.pricer.cache_id(ctx), knobs.micro_batch_size, unit, id(keys), len(keys), memory)
         hit = self._slopes.get(sk) or self._slope_arrays(sk, knobs, ctx, keys, memory)
-        if not len(hit[0]):
+        if not len(hit.slopes):
             return math.inf
         p, m, v = knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages
         fk = (knobs.schedule, p, m, v)
@@ -206,22 +222,28 @@ class KnobBound:
             joint = joint_row_bound(L, rates[:p], m_lb, fill, w_max, w_sum) + w_max * c_stage + w_sum * c_sum
             total += max(0.0, joint - separate)
         if memory and packed and total < enough:
-            together = self._packed_bottleneck(knobs, ctx, keys, (tk, hit, U), L, enough - sums)
-            total = max(total, sums + together)
+            need = enough - sums
+            together = self._packed_bottleneck(knobs, ctx, keys, (tk, hit, U), L, need)
+            if math.isfinite(together) and together >= need:
+                total = max(total, enough)      # M = need did not hold the blocks (sums + need may round below)
+            else:
+                total = max(total, sums + together)
         return total
 
     def _packed_bottleneck(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple, L: int,
                            need: float) -> float:
         """A lower bound on the max terms together, the exposed DP sync (hinge row) included:
-        ``sum_t w_t max_s row_t(s) >= max_s g(s)``, ``g(s) = sum_t w_t row_t(s)``.  A stage of
-        option o holding nb blocks has g >= G[o, nb] (``_stage_costs``).  With a bottleneck M,
-        option o holds at most the largest nb with G[o, nb] <= M (within its memory limit), and
-        at most p stages, one option each, within each class's capacity in units (the
-        ``most_speed`` knapsack on those block counts) must hold all L blocks.  The least such
-        M by bisection.  This reads what the separate bounds miss: the options that are fast
-        per block (many replicas, small shares) are those whose gradient sync outlasts their
-        short backward, and memory caps the blocks of each.  With a finite ``need``, M = need
-        is tried first: when it cannot hold the blocks, ``need`` is bound enough to prune."""
+        ``sum_t w_t max_s row_t(s) >= max_s g(s)``, ``g(s) = sum_t w_t row_t(s)`` (the weights
+        are >= 0).  A stage of option o holding nb blocks has g >= G[o, nb] (``_stage_costs``).
+        With a bottleneck M, option o holds at most the largest nb with G[o, nb] <= M (within
+        its memory limit), and at most p stages, one option each, within each class's capacity
+        in units (the ``most_speed`` knapsack on those block counts) must hold all L blocks.
+        The least such M by bisection (``holds`` only grows with M).  This reads what the
+        separate bounds miss: the options that are fast per block (many replicas, small shares)
+        are those whose gradient sync outlasts their short backward, and memory caps the blocks
+        of each.  ``need``: the M that would prune the tuple.  When the blocks do not fit at
+        M = need, ``need`` is returned (the caller treats that as enough); when need is out of
+        reach or they fit, a few steps only (for the reported gap; each is a knapsack)."""
         p = knobs.num_stages
         if p > KNAPSACK_STAGES:
             return 0.0
@@ -229,7 +251,7 @@ class KnobBound:
         finite = G[np.isfinite(G)]
         if not len(finite):
             return math.inf
-        units, cls = pieces[1][1], pieces[1][2]
+        units, cls = pieces[1].units, pieces[1].cls
         caps = [c.capacity_units for c in self.classes]
         nbs = np.arange(1, L + 1, dtype=float)
 
@@ -238,20 +260,20 @@ class KnobBound:
             return float(most_speed(most, units, cls, caps, p)[p - 1]) >= L
 
         lo, hi = float(finite.min()), float(finite.max())
-        if not holds(hi):
+        if need <= lo:
+            return lo
+        if need < hi:
+            if not holds(need):
+                return need
+            hi, steps = need, 6
+        elif not holds(hi):
             return math.inf                     # p stages cannot hold the blocks at all
-        steps = 40
-        if math.isfinite(need):
-            if need <= lo:
-                return lo
-            if need < hi:
-                if not holds(need):
-                    return need
-                hi, steps = need, 6             # not enough to prune: a few steps for the gap
+        else:
+            steps = 6 if math.isfinite(need) else 30
         for _ in range(steps):
-            mid = 0.5 * (lo + hi)
             if hi - lo <= 1e-6 * hi:
                 break
+            mid = 0.5 * (lo + hi)
             if holds(mid):
                 hi = mid
             else:
@@ -262,38 +284,40 @@ class KnobBound:
                      L: int) -> np.ndarray:
         """G[o, nb - 1]: the least ``sum_t w_t row_t`` over the max terms (pipeline rows with
         their weights, the hinge row of the exposed sync, the optimizer row) that a stage of
-        option o with nb blocks can have: its lines (forward, backward, optimizer, and the sync
-        less backward / gather less forward through ``exposed_sync_parts``) at the least over
-        the stage positions it can take, plus the least send of a stage in a pipeline; inf
-        beyond the option's memory limit."""
+        option o with nb blocks can have (``_unlimited_stage_costs``); inf beyond the option's
+        memory limit."""
         tk, arrays, U = pieces
         p = knobs.num_stages
         positions = (3,) if p == 1 else (1, 2) if p == 2 else (0, 1, 2)
         ck = (tk[:-1], positions)       # not the fewest in flight: it reaches G through U only
         G = self._stage_cost.get(ck)
         if G is None:
+            if len(self._stage_cost) >= STAGE_COST_ENTRIES:
+                del self._stage_cost[next(iter(self._stage_cost))]      # the oldest
             G = self._stage_cost[ck] = self._unlimited_stage_costs(knobs, ctx, keys, arrays, L, positions)
         nbs = np.arange(1, L + 1, dtype=float)
         return np.where(nbs[None, :] > U[:, None], math.inf, G)
 
-    def _unlimited_stage_costs(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], arrays: tuple,
+    def _unlimited_stage_costs(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], arrays: _Arrays,
                                L: int, positions: tuple[int, ...]) -> np.ndarray:
+        """``_stage_costs`` without memory limits: each option's lines (forward, backward,
+        optimizer, and the sync less backward / gather less forward through
+        ``exposed_sync_parts``) at every block count, the least over the stage ``positions`` it
+        can take, plus the least sends every stage of a pipeline pays: with p > 1 a stage
+        sends out, in or both (both, v each, when the schedule wraps)."""
         p = knobs.num_stages
-        arr, icpt = arrays[0], arrays[7]
         unit = knobs.block_unit
         sync = [self.pricer.sync_lines(ctx, k, unit) for k in keys]
-        slope, icpt = arr.copy(), icpt[:, positions, :].copy()
+        slope, at = arrays.slopes.copy(), arrays.icpt[:, positions, :].copy()   # at: per position
         d_slope = np.array([s[0] for s in sync])
         d_icpt = np.array([s[1][list(positions)] for s in sync]).reshape(len(keys), len(positions))
         slope[:, 2], slope[:, 4] = exposed_sync_parts(ctx, d_slope, slope[:, 0], slope[:, 1])
-        icpt[:, :, 2], icpt[:, :, 4] = exposed_sync_parts(ctx, d_icpt, icpt[:, :, 0], icpt[:, :, 1])
+        at[:, :, 2], at[:, :, 4] = exposed_sync_parts(ctx, d_icpt, at[:, :, 0], at[:, :, 1])
         nbs = np.arange(1, L + 1, dtype=float)
-        Q = slope[:, None, None, :] * nbs[None, None, :, None] + icpt[:, :, None, :]    # [K, positions, L, 5]
+        Q = slope[:, None, None, :] * nbs[None, None, :, None] + at[:, :, None, :]    # [K, positions, L, 5]
         rows, terms = pipeline_rows(knobs)
         g = np.zeros(Q.shape[:3])
-        send = 0.0
-        e = self._least_send(ctx, knobs, keys) if p > 1 else 0.0
-        wraps = knobs.schedule == "interleaved-1f1b"
+        out = inn = 0.0                 # the max terms' weighted send coefficients, each side
         for t in terms:
             if t.kind != "max":
                 continue
@@ -302,8 +326,11 @@ class KnobBound:
             for h in row.hinges:
                 val += np.maximum(0.0, Q @ np.array(h, dtype=float))
             g += t.weight * val
-            c_out, c_in = sum(row.out), sum(row.inn)
-            send += t.weight * (c_out + c_in if wraps else min(c_out, c_in)) * e
+            out, inn = out + t.weight * sum(row.out), inn + t.weight * sum(row.inn)
+        send = 0.0
+        if p > 1:
+            wraps = knobs.schedule == "interleaved-1f1b"
+            send = (out + inn if wraps else min(out, inn)) * self._least_send(ctx, knobs, keys)
         return g.min(axis=1) + send
 
     def _parts(self, knobs: Knobs, arrays: tuple, L: int, f_min: float, memory: bool) -> tuple[list, np.ndarray]:
@@ -333,7 +360,7 @@ class KnobBound:
                 continue
             m_cap = 0.0
             if t.kind == "max" and memory and base.a_min > 0:
-                vals = (arrays[0] @ np.array(row.stage, dtype=float))[usable]
+                vals = (arrays.slopes @ np.array(row.stage, dtype=float))[usable]
                 m_cap = max_row_bound(L, vals, U[usable][:, None], None, units[usable], cls[usable], capacity,
                                       [L], rel_tol=1e-5)
             parts.append(replace(base, kind=t.kind, row=t.row, weight=t.weight, m_cap=m_cap))

@@ -169,8 +169,11 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             bounds.append(kb)
             break
         heapq.heappop(heap)
-        if level < 2:       # memory-aware, then with the packed bottleneck (a few knapsacks)
-            kb2 = max(kb, knob_bound(knobs, ctx, keys, enough=best.threshold() * (1 - gap_rel), packed=level == 1))
+        if level < (2 if time_like else 1):
+            # memory-aware, then with the packed bottleneck (a few knapsacks), which only
+            # helps to prune: the cost objectives' threshold is not a time and prunes nothing
+            enough = best.threshold() * (1 - gap_rel) if time_like else math.inf
+            kb2 = max(kb, knob_bound(knobs, ctx, keys, enough=enough, packed=level == 1))
             heapq.heappush(heap, (kb2, i, level + 1, knobs, ctx, keys))
             continue
         j += 1
