@@ -202,7 +202,7 @@ def test_joint_row_bound_under_every_allocation():
 
     import numpy as np
 
-    from planner.search.bound import joint_row_bound
+    from planner.search.fill import joint_row_bound
 
     for seed in range(200):
         rng = random.Random(seed)
@@ -278,14 +278,14 @@ def test_class_subset_bound_counts_each_crossing_once():
 
 
 def test_class_slots_bound_the_blocks_of_every_feasible_stage_set():
-    """_slot_blocks: for each slope prefix, at least the most blocks any set of at most p
+    """slot_blocks: for each slope prefix, at least the most blocks any set of at most p
     stages (options among the prefix, within the classes' capacities) holds; equal when a
     class's options all take the same units."""
     import random
 
     import numpy as np
 
-    from planner.search.bound import _class_slots, _slot_blocks
+    from planner.search.fill import class_slots, slot_blocks
 
     equal = 0
     for seed in range(60):
@@ -297,7 +297,7 @@ def test_class_slots_bound_the_blocks_of_every_feasible_stage_set():
         cls = np.array([rng.randrange(2) for _ in range(K)])
         capacity = [rng.randint(1, 7), rng.randint(1, 7)]
         p = rng.randint(1, 4)
-        got = _slot_blocks(*_class_slots(U, units, cls, capacity), p)
+        got = slot_blocks(*class_slots(U, units, cls, capacity), p)
         for j in range(1, K + 1):
             best = _best_multiset(U, units, cls, capacity, p, range(j))
             assert got[j - 1] >= best - 1e-9, (seed, j, got, best)
