@@ -1,4 +1,5 @@
-"""Lower bounds on a knob tuple before it is priced (docs/search-space.md, "Bounds").
+"""Lower bounds on a knob tuple before it is priced (docs/search-space.md, "How it is
+searched", step 2).
 
 The search ranks thousands of knob tuples and prunes most of them unpriced: a tuple whose
 bound is at least the incumbent's objective cannot hold a better plan.  ``KnobBound`` reads
@@ -33,10 +34,8 @@ from planner.search.space import (
 
 SUBSET_CLASSES = 4          # classes up to which the knob bound goes over every set of them (2^4 - 1)
 KNAPSACK_STAGES = 128       # stage counts up to which the knob bound packs whole options (all, for the models we know)
-_F_BUCKETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0)
-
-
 STAGE_COST_ENTRIES = 256    # [options x blocks] tables the packed bottleneck keeps (~0.25 MB each on c)
+_F_BUCKETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0)
 
 
 class _Arrays(NamedTuple):
