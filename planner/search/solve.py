@@ -366,6 +366,9 @@ def _warm_start(pricer, ranked, spec, training, best, settings, deadline, launch
         if knobs in done or kb >= best.threshold():
             continue
         done.add(knobs)
+        if knob_bound is not None and math.isfinite(best.threshold()) and \
+                knob_bound(knobs, ctx, keys, enough=best.threshold(), packed=False) >= best.threshold():
+            continue            # cannot beat the incumbent: no MILP for it (b: its p >= 3 tuples)
         sub = _warm_keys(pricer, knobs, keys)
         prob = pricer.price(knobs, ctx, sub)
         if not prob.options or quick_bound(prob) is None:
