@@ -145,20 +145,23 @@ class CoreMilp:
                 T = prob.boundary[r]
                 e = pulp.LpVariable(f"E_{b}_{r}", lowBound=0)
                 self.E[b, r] = e
-                nxt = self.by_stage[b2]
-                for o in self.by_stage[b]:
-                    vals = [(float(T[o, o2]), o2) for o2 in nxt]
-                    big = max((v for v, _ in vals), default=0.0)
-                    if big <= 0:
-                        continue
-                    self.lp += e >= pulp.lpSum(v * self.x[b2, o2] for v, o2 in vals if v) - big * (1 - self.x[b, o])
+                here, nxt = self.by_stage[b], self.by_stage[b2]
+                for o in here:
+                    self._send_bound(e, self.x[b, o], [(float(T[o, o2]), self.x[b2, o2]) for o2 in nxt])
                 # the same bound seen from the receiver tightens the LP relaxation
                 for o2 in nxt:
-                    vals = [(float(T[o, o2]), o) for o in self.by_stage[b]]
-                    big = max((v for v, _ in vals), default=0.0)
-                    if big <= 0:
-                        continue
-                    self.lp += e >= pulp.lpSum(v * self.x[b, o] for v, o in vals if v) - big * (1 - self.x[b2, o2])
+                    self._send_bound(e, self.x[b2, o2], [(float(T[o, o2]), self.x[b, o]) for o in here])
+
+    def _send_bound(self, e, chosen, vals: list) -> None:
+        """``e >= sum_v v x_v - big (1 - chosen)``, written as ``sum v x_v + big chosen - e <=
+        big`` and built from (variable, coefficient) pairs: pulp's operators build one
+        expression per term, and these pairwise rows are most of a MILP's set-up time."""
+        big = max((v for v, _ in vals), default=0.0)
+        if big <= 0:
+            return
+        terms = [(x, v) for v, x in vals if v]
+        terms += [(chosen, big), (e, -1.0)]
+        self.lp.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), pulp.LpConstraintLE, rhs=big))
 
     def _row_expr(self, j: int, s: int):
         prob, row = self.prob, self.prob.rows[j]
