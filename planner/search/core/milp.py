@@ -161,9 +161,11 @@ class CoreMilp:
             return
         terms = [(x, v) for v, x in vals if v]
         terms += [(chosen, big), (e, -1.0)]
-        self.lp.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(terms), pulp.LpConstraintLE, rhs=big))
+        self.lp.addConstraint(pulp.LpConstraint(_affine(terms), pulp.LpConstraintLE, rhs=big))
 
-    def _row_expr(self, j: int, s: int):
+    def _row_terms(self, j: int, s: int) -> list[tuple]:
+        """Row j of stage s as (variable, coefficient) pairs: its options' slopes on y and
+        intercepts on x, and its send variables."""
         prob, row = self.prob, self.prob.rows[j]
         terms = []
         for o in self.by_stage[s]:
@@ -171,20 +173,21 @@ class CoreMilp:
             a = sum(c * opt.slope[k] for k, c in enumerate(row.stage))
             f = sum(c * opt.fixed[s][k] for k, c in enumerate(row.stage))
             if a:
-                terms.append(a * self.y[s, o])
+                terms.append((self.y[s, o], a))
             if f:
-                terms.append(f * self.x[s, o])
+                terms.append((self.x[s, o], f))
         for r, c in enumerate(row.out):
             if c and (s, r) in self.E:
-                terms.append(c * self.E[s, r])
+                terms.append((self.E[s, r], c))
         p = prob.num_stages
         for r, c in enumerate(row.inn):
             if c and ((s - 1) % p, r) in self.E and (s > 0 or prob.wrap):
-                terms.append(c * self.E[(s - 1) % p, r])
-        return pulp.lpSum(terms)
+                terms.append((self.E[(s - 1) % p, r], c))
+        return terms
 
-    def _hinge_expr(self, j: int, s: int):
-        """sum of per-stage hinge variables h >= max(0, hinge . q_s) (exact under a minimised max)."""
+    def _hinge_terms(self, j: int, s: int) -> list[tuple]:
+        """Per-stage hinge variables h >= max(0, hinge . q_s) (exact under a minimised max), as
+        (variable, 1) pairs to add to the row."""
         prob, row = self.prob, self.prob.rows[j]
         hs = []
         for k, h in enumerate(row.hinges):
@@ -194,13 +197,18 @@ class CoreMilp:
                 a = sum(c * opt.slope[i] for i, c in enumerate(h))
                 f = sum(c * opt.fixed[s][i] for i, c in enumerate(h))
                 if a:
-                    expr.append(a * self.y[s, o])
+                    expr.append((self.y[s, o], a))
                 if f:
-                    expr.append(f * self.x[s, o])
+                    expr.append((self.x[s, o], f))
             v = pulp.LpVariable(f"h_{j}_{k}_{s}", lowBound=0)
-            self.lp += v >= pulp.lpSum(expr)
-            hs.append(v)
-        return pulp.lpSum(hs)
+            self._at_most(expr, v)
+            hs.append((v, 1.0))
+        return hs
+
+    def _at_most(self, terms: list[tuple], bound_var) -> None:
+        """``sum terms <= bound_var``, built from pairs: pulp's operators build one expression
+        per term, which made most of a MILP's set-up time."""
+        self.lp.addConstraint(pulp.LpConstraint(_affine(terms + [(bound_var, -1.0)]), pulp.LpConstraintLE, rhs=0.0))
 
     def _objective(self):
         prob, p = self.prob, self.prob.num_stages
@@ -209,14 +217,14 @@ class CoreMilp:
             if t.kind == "max":
                 m = pulp.LpVariable(f"M_{t_i}", lowBound=0)
                 for s in range(p):
-                    row_expr = self._row_expr(t.row, s)
+                    terms = self._row_terms(t.row, s)
                     if prob.rows[t.row].hinges:
-                        row_expr = row_expr + self._hinge_expr(t.row, s)
-                    self.lp += m >= row_expr
-                parts.append(t.weight * m)
+                        terms += self._hinge_terms(t.row, s)
+                    self._at_most(terms, m)
+                parts.append((m, t.weight))
             else:
-                parts.append(t.weight * pulp.lpSum(self._row_expr(t.row, s) for s in range(p)))
-        return pulp.lpSum(parts)
+                parts += [(v, t.weight * c) for s in range(p) for v, c in self._row_terms(t.row, s)]
+        return _affine(parts)
 
     # -- solving ---------------------------------------------------------------------------
     def _read(self, x_only=False) -> list[tuple[int, int]]:
@@ -321,6 +329,15 @@ class CoreMilp:
         self.cuts += 1
         self.lp += (pulp.lpSum(self.x[s, o] for s, (o, _) in enumerate(assign))
                     <= self.prob.num_stages - 1), f"nogood_{self.cuts}"
+
+
+def _affine(pairs) -> pulp.LpAffineExpression:
+    """sum coef * var over (var, coef) pairs; a variable named twice gets both coefficients
+    (``LpAffineExpression(pairs)`` would keep only the last)."""
+    out = pulp.LpAffineExpression()
+    for v, c in pairs:
+        out.addterm(v, c)
+    return out
 
 
 def solve_milp(prob: CoreProblem, settings: MilpSettings | None = None, mode: str = "time",
