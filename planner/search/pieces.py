@@ -67,10 +67,11 @@ def most_speed(rates: np.ndarray, units: np.ndarray, classes: np.ndarray, capaci
     """``out[k-1]``: the largest total rate (blocks per second, ``sum 1 / slope``) that at most
     ``k`` stages can have, one option each, within every class's capacity in units; for
     k = 1..max_stages.  Any per-option value adds up the same way: the packed bottleneck
-    (planner/search/bound.py) passes the blocks each option can hold.  The fractional bound (each class's capacity at its best rate per unit)
-    ignores that a stage takes a whole option: one option often cannot use a class's last
-    nodes, and p stages cannot all use the fastest.  An unbounded knapsack with a cardinality
-    per class, then a max-plus combination over classes."""
+    (planner/search/bound.py) passes the blocks each option can hold.  The fractional bound
+    (each class's capacity at its best rate per unit) ignores that a stage takes a whole
+    option: one option often cannot use a class's last nodes, and p stages cannot all use the
+    fastest.  An unbounded knapsack with a cardinality per class, then a max-plus combination
+    over classes."""
     total = np.zeros(max_stages + 1)                      # with 0 stages: 0
     for c in np.unique(classes):
         mask = classes == c
