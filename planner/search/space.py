@@ -276,13 +276,12 @@ class Pricer:
         share = -(-knobs.micro_batch_size // n)
         ring = self.ring(key) if n > 1 else None
         shard = n if knobs.zero_stage >= 1 else 1
-        dp_slope, dp_at = self.sync_lines(ctx, key, unit)
-        dp_at = dp_at[POSITIONS.index((emb, head))]
 
         def quantities(nb: int) -> tuple[float, ...]:
             rt = replica_compute(ctx, gpu, intra, t, share, nb, emb, head)
             params = stage_params(ctx, nb, emb, head)
-            dp = dp_at + dp_slope * (nb // unit)
+            dp = (dp_sync_time_s(ctx, params, n, t, ring.bandwidth_Bps, ring.latency_s, ring.kind, gpu)
+                  if ring else 0.0)
             rs, ag = exposed_sync_parts(ctx, dp, rt.total_forward_s, rt.total_backward_s)
             return (rt.total_forward_s, rt.total_backward_s, rs,
                     optimizer_time_s(ctx, gpu, params / t / shard), ag)
