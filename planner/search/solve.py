@@ -149,8 +149,8 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     warm = time_like and ranked and max(len(t[4]) for t in ranked) > WARM_KEYS_ABOVE
     warm_done: set = set()
     if warm:
-        _warm_start(pricer, ranked, spec, training, best, settings, deadline, launcher, say, done=warm_done,
-                    knob_bound=knob_bound)
+        _warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
+                    done=warm_done)
     # A heap on the bounds: a tuple first comes up with its memory-free bound, is then given
     # its memory-aware bound and goes back in, then the same with the packed bottleneck (each
     # level dearer than the last); it is priced and solved when it comes up once more.  The
@@ -210,8 +210,8 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         # time left over with tuples too big for the exact MILP (not when every tuple was solved
         # or pruned: nothing better than the answer, by more than gap_rel, is left to find):
         # more incumbents on option subsets
-        _warm_start(pricer, ranked, spec, training, best, settings, deadline, launcher, say, share=1.0,
-                    done=warm_done)
+        _warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
+                    share=1.0, done=warm_done)
     return _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, profiles, launcher)
 
 
@@ -336,8 +336,8 @@ def _warm_keys(pricer, knobs: Knobs, keys) -> list:
     return out
 
 
-def _warm_start(pricer, ranked, spec, training, best, settings, deadline, launcher, say,
-                share: float = WARM_SHARE, done: set | None = None, knob_bound=None):
+def _warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
+                share: float = WARM_SHARE, done: set | None = None):
     """Solve the best-ranked knob tuples on a small subset of options to get a good incumbent
     quickly; the full branch and bound that follows prunes against it.  Gives no bounds.
     ``done`` collects the tuples tried, so a second pass (after the exact pass, with the time
@@ -355,8 +355,7 @@ def _warm_start(pricer, ranked, spec, training, best, settings, deadline, launch
         first.setdefault((p, item[2].micro_batch_size if p <= ENUM_STAGES else 0), item)
     order = [first[k] for k in sorted(first) if k[0] <= ENUM_STAGES]
     longer = [first[k] for k in sorted(first) if k[0] > ENUM_STAGES]
-    if knob_bound is not None:
-        longer.sort(key=lambda x: knob_bound(x[2], x[3], x[4], packed=False))
+    longer.sort(key=lambda x: knob_bound(x[2], x[3], x[4], packed=False))
     order += longer
     seen = {id(x) for x in order}
     order += [x for x in ranked if id(x) not in seen]
@@ -366,7 +365,7 @@ def _warm_start(pricer, ranked, spec, training, best, settings, deadline, launch
         if knobs in done or kb >= best.threshold():
             continue
         done.add(knobs)
-        if knob_bound is not None and math.isfinite(best.threshold()) and \
+        if math.isfinite(best.threshold()) and \
                 knob_bound(knobs, ctx, keys, enough=best.threshold(), packed=False) >= best.threshold():
             continue            # cannot beat the incumbent: no MILP for it (b: its p >= 3 tuples)
         sub = _warm_keys(pricer, knobs, keys)
