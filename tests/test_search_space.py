@@ -196,7 +196,6 @@ def test_joint_row_bound_under_every_allocation():
     """joint_row_bound with the stages' own rates (prefix sums as R) never exceeds
     w_max max t + w_sum sum t over any split of L blocks (t_s = nb_s / r_s), and is tight
     for one stage."""
-    import itertools
     import math
     import random
 
