@@ -30,6 +30,7 @@ from planner.search.core.problem import quick_bound, relative_gap
 from planner.search.diagnose import explain_infeasible
 from planner.search.naming import build_plan
 from planner.search.objectives import ObjectiveSpec, parse_objective
+from planner.search.polish import polish
 from planner.search.space import Knobs, Pricer, enumerate_knobs, make_context
 
 SPACE = ("stages 1..L; contiguous uneven block ranges; per stage one node class, a TP degree "
@@ -223,6 +224,7 @@ PAIR_TERMS_PER_S = 50_000   # a pessimistic build rate, to keep within the time 
 WARM_KEYS_ABOVE = 48        # options per stage above which a warm start pays for itself
 WARM_SHARE = 0.5            # of the time limit
 WARM_TUPLE_SHARE = 0.1      # of the time limit, at most, for one tuple's warm-start MILP
+POLISH_SHARE = 0.02         # of the time limit, at most, for one local search (polish.py)
 ENUM_STAGES = 2             # pipelines this short are solved by enumeration (core/enum.py)
 
 
@@ -298,6 +300,22 @@ def _relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, 
     t, assign = min(priced, key=lambda x: x[0])
     if t < best.threshold():
         best.add(Candidate(spec.key(full.price(assign), t), t, full.price(assign), knobs, _layout(full, assign, knobs)))
+        _polish_into(pricer, knobs, ctx, keys, full, assign, spec, launcher, best,
+                     min(deadline, time.monotonic() + POLISH_SHARE * settings.time_limit_s))
+
+
+def _polish_into(pricer, knobs, ctx, keys, prob, assign, spec, launcher, best, deadline) -> None:
+    """A plan found on a subset of the tuple's options (a warm start, a relaxation): local
+    search (polish.py) on all of them, for a better incumbent; proves nothing."""
+    full = pricer.price(knobs, ctx, keys)
+    _prepare(full, spec, launcher)
+    index = {opt.label: i for i, opt in enumerate(full.options)}
+    start = [(index[prob.options[o].label], nb) for o, nb in assign]
+    if not full.feasible(start):
+        return
+    t, found = polish(full, start, deadline=deadline)
+    if t < best.threshold():
+        best.add(Candidate(spec.key(full.price(found), t), t, full.price(found), knobs, _layout(full, found, knobs)))
 
 
 def _grouped_orders(prob, assign: list) -> list:
@@ -359,6 +377,7 @@ def _warm_start(pricer, knob_bound, ranked, spec, training, best, settings, dead
     order += longer
     seen = {id(x) for x in order}
     order += [x for x in ranked if id(x) not in seen]
+    found: dict = {}
     for kb, _, knobs, ctx, keys in order:
         if time.monotonic() > stop:
             break
@@ -382,6 +401,13 @@ def _warm_start(pricer, knob_bound, ranked, spec, training, best, settings, dead
             say(f"warm start {knobs.label()}: {sol.objective:.4g} s")
             best.add(Candidate(spec.key(prob.price(sol.assign), sol.objective), sol.objective,
                                prob.price(sol.assign), knobs, _layout(prob, sol.assign, knobs)))
+            found[knobs] = (ctx, keys, prob, sol.assign)
+    # the incumbent was found on a few options of its tuple: local search on all of them
+    top = best.items[0] if best.items else None
+    if top is not None and top.knobs in found:
+        ctx, keys, prob, assign = found[top.knobs]
+        _polish_into(pricer, top.knobs, ctx, keys, prob, assign, spec, launcher, best,
+                     min(deadline, time.monotonic() + POLISH_SHARE * settings.time_limit_s))
 
 
 def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb):
