@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 from planner.cost.comm import boundary_bytes
 from planner.search.space import _busiest_points, replica_counts, shares
@@ -79,13 +80,16 @@ def test_knob_bounds_hold_on_every_tuple_of_the_oracle_cases():
     assert tight >= checked           # not vacuous: half the bounds (2 per tuple) within 10%
 
 
-def test_packed_bottleneck_lifts_and_still_holds():
-    """The max terms bounded together with the exposed DP sync (``_packed_bottleneck``): never
-    above a tuple's brute-force optimum, with or without a pruning threshold (``enough``, which
-    takes the short path: one knapsack at the threshold), and above the bound without it on
-    many tuples.  Seed 67's single-stage tuples have an exposed sync that binds: counting it
-    more than once puts the bound above their optimum."""
+def test_packed_bottleneck_lifts_and_still_holds(monkeypatch):
+    """The max terms bounded together with the exposed DP sync, then with the fill
+    (packed.py): never above a tuple's brute-force optimum, with or without a pruning
+    threshold (``enough``, which takes the short path: one knapsack at the threshold), above
+    the bound without the packing on many tuples, and the fill above the bottleneck alone on
+    some.  Seed 67's single-stage tuples have an exposed sync that binds: counting it more
+    than once puts the bound above their optimum."""
     import random
+
+    import planner.search.packed as packed
 
     from test_oracle import make_case
 
@@ -95,7 +99,8 @@ def test_packed_bottleneck_lifts_and_still_holds():
     from planner.search.core.brute import solve_brute
     from planner.search.space import Pricer, enumerate_knobs, make_context
 
-    checked = lifted = 0
+    with_fill = packed._Packing.with_fill
+    checked = lifted = filled = 0
     for seed in [*range(16, 48), 67]:
         cluster, model, training = make_case(seed)
         classes = class_infos(topology_for(cluster), training.precision)
@@ -116,10 +121,14 @@ def test_packed_bottleneck_lifts_and_still_holds():
             far = knob_bound(knobs, ctx, keys, enough=best.objective * 1.02)
             assert plain * (1 - 1e-12) <= full <= best.objective * (1 + 1e-9), (seed, knobs, plain, full, best)
             assert max(near, far) <= best.objective * (1 + 1e-9), (seed, knobs, near, far, best)
+            monkeypatch.setattr(packed._Packing, "with_fill", lambda self, M0, sums, enough: -math.inf)
+            bottleneck_only = KnobBound(pricer)(knobs, ctx, keys)
+            monkeypatch.setattr(packed._Packing, "with_fill", with_fill)
             checked += 1
             lifted += full > plain * (1 + 1e-6)
-    print(f"{checked} tuples, {lifted} lifted by the packed bottleneck")
-    assert checked >= 100 and lifted >= checked // 10
+            filled += full > bottleneck_only * (1 + 1e-6)
+    print(f"{checked} tuples, {lifted} lifted by the packed bottleneck, {filled} by the fill")
+    assert checked >= 100 and lifted >= checked // 10 and filled >= checked // 20
 
 
 def test_exposed_sync_lines_match_the_cost_model():
@@ -159,11 +168,11 @@ def test_exposed_sync_lines_match_the_cost_model():
     assert checked >= 16
 
 
-def _best_multiset(values, units, classes, capacity, most: int, options) -> float:
-    """By enumeration: the largest total value of a multiset of at most ``most`` of
-    ``options`` whose units fit every class's capacity (classes 0 and 1)."""
-    best = 0.0
-    for n in range(most + 1):
+def _best_multiset(values, units, classes, capacity, most: int, options, exact: bool = False) -> float:
+    """By enumeration: the largest total value of a multiset of at most (``exact``: exactly)
+    ``most`` of ``options`` whose units fit every class's capacity (classes 0 and 1)."""
+    best = -math.inf if exact else 0.0
+    for n in range(most if exact else 0, most + 1):
         for combo in itertools.combinations_with_replacement(options, n):
             used = [sum(units[o] for o in combo if classes[o] == c) for c in (0, 1)]
             if all(u <= cap for u, cap in zip(used, capacity)):
@@ -172,7 +181,8 @@ def _best_multiset(values, units, classes, capacity, most: int, options) -> floa
 
 
 def test_most_speed_equals_enumerating_option_multisets():
-    """most_speed's knapsack against every multiset of at most k options that fits."""
+    """most_speed's knapsack against every multiset of at most (and of exactly) k options
+    that fits."""
     import random
 
     import numpy as np
@@ -187,9 +197,12 @@ def test_most_speed_equals_enumerating_option_multisets():
         classes = np.array([rng.randrange(2) for _ in range(K)])
         capacity = [rng.randint(1, 6), rng.randint(1, 6)]
         got = most_speed(rates, units, classes, capacity, 4)
+        exact = most_speed(rates, units, classes, capacity, 4, exact=True)
         for k in range(1, 5):
             best = _best_multiset(rates, units, classes, capacity, k, range(K))
             assert abs(got[k - 1] - best) <= 1e-9 * max(1.0, best), (seed, k, got, best)
+            best = _best_multiset(rates, units, classes, capacity, k, range(K), exact=True)
+            assert exact[k - 1] == best or abs(exact[k - 1] - best) <= 1e-9 * max(1.0, best), (seed, k, exact, best)
 
 
 def test_joint_row_bound_under_every_allocation():
@@ -322,3 +335,69 @@ def test_relaxed_plan_orders_group_each_class():
     assert orders[1] == [(0, 10), (2, 12), (1, 11), (4, 14), (3, 13)]
     assert orders[2] == [(3, 13), (1, 11), (4, 14), (0, 10), (2, 12)]
     assert _grouped_orders(prob, [(0, 5), (2, 7)]) == [[(0, 5), (2, 7)]]   # one class: nothing to group
+
+
+def test_position_lp_bounds_every_choice_of_one_option_per_position():
+    """fill.PositionLP against enumeration: the most blocks is at least that of every choice
+    of one option per position within the capacities, and the least fill at most the
+    cheapest such choice holding L blocks; both exact on some cases (a relaxation that is
+    never tight proves little)."""
+    import random
+
+    import numpy as np
+
+    from planner.search.fill import PositionLP
+
+    lp = PositionLP()
+    tight_blocks = tight_fill = 0
+    for seed in range(200):
+        rng = random.Random(seed)
+        K, p = rng.randint(1, 4), rng.randint(1, 3)
+        L = rng.randint(p, 8)
+        most = np.array([[rng.choice([0, 1, 2, 3, 5]) for _ in range(p)] for _ in range(K)], dtype=float)
+        units = np.array([rng.randint(1, 3) for _ in range(K)], dtype=float)
+        cls = np.array([rng.randrange(2) for _ in range(K)])
+        cap = [rng.randint(1, 5), rng.randint(1, 5)]
+        slope = np.array([rng.uniform(0.1, 2) for _ in range(K)])
+        icpt = np.array([[rng.uniform(0, 1) for _ in range(p)] for _ in range(K)])
+        best_blocks, best_fill = -math.inf, math.inf
+        for combo in itertools.product(range(K), repeat=p):
+            if any(most[o, s] < 1 for s, o in enumerate(combo)):
+                continue
+            if any(sum(units[o] for o in combo if cls[o] == c) > cap[c] for c in (0, 1)):
+                continue
+            best_blocks = max(best_blocks, sum(most[o, s] for s, o in enumerate(combo)))
+            for nbs in itertools.product(*[range(1, int(most[o, s]) + 1) for s, o in enumerate(combo)]):
+                if sum(nbs) == L:
+                    best_fill = min(best_fill, sum(slope[o] * nb + icpt[o, s]
+                                                   for s, (o, nb) in enumerate(zip(combo, nbs))))
+        got_blocks = lp.most_blocks(most, units, cls, cap)
+        got_fill = lp.least_fill(most, slope, icpt, units, cls, cap, L)
+        assert got_blocks >= best_blocks - 1e-9, (seed, got_blocks, best_blocks)
+        assert got_fill <= best_fill + 1e-9, (seed, got_fill, best_fill)
+        tight_blocks += math.isfinite(best_blocks) and abs(got_blocks - best_blocks) < 1e-5
+        tight_fill += math.isfinite(best_fill) and abs(got_fill - best_fill) < 1e-5 * max(1.0, best_fill)
+    assert tight_blocks >= 50 and tight_fill >= 20, (tight_blocks, tight_fill)
+
+
+def test_position_lp_leaves_the_milps_working_in_one_process():
+    """HiGHS fixes its thread pool at its first run, process-wide: a PositionLP that ran first
+    with more threads than the MILPs' one made every later MILP return no answer (the whole
+    suite failed from test_search_core on).  A fresh process, the LP first."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import random, sys
+        import numpy as np
+        sys.path.insert(0, "tests")
+        from test_search_core import random_problem
+        from planner.search.core.milp import MilpSettings, solve_milp
+        from planner.search.fill import PositionLP
+        assert PositionLP().most_blocks(np.array([[2.0, 3.0]]), np.array([1.0]), np.array([0]), [4]) >= 5
+        print(solve_milp(random_problem(random.Random(0)), MilpSettings(time_limit_s=20))[0].status)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "optimal", out.stdout

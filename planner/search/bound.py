@@ -21,6 +21,7 @@ import numpy as np
 from planner.cost import CostContext, in_flight_micro_batches
 from planner.search.core.problem import max_row_bound
 from planner.search.fill import class_slots, joint_row_bound, slot_blocks, sum_bound
+from planner.search.packed import KNAPSACK_STAGES, PackedBound
 from planner.search.pieces import most_speed
 from planner.search.space import (
     POSITIONS,
@@ -28,13 +29,10 @@ from planner.search.space import (
     Knobs,
     OptionKey,
     Pricer,
-    exposed_sync_parts,
     pipeline_rows,
 )
 
 SUBSET_CLASSES = 4          # classes up to which the knob bound goes over every set of them (2^4 - 1)
-KNAPSACK_STAGES = 128       # stage counts up to which the knob bound packs whole options (all, for the models we know)
-STAGE_COST_ENTRIES = 256    # [options x blocks] tables the packed bottleneck keeps (~0.25 MB each on c)
 _F_BUCKETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0)
 
 
@@ -64,7 +62,7 @@ class KnobBound:
         self._subsets: dict = {}
         self._present: dict = {}
         self._subset_parent: dict = {}  # id(subset keys) -> (those keys, all keys, the classes)
-        self._stage_cost: dict = {}
+        self._packed = PackedBound(pricer)
 
     def __call__(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool = True,
                  enough: float = math.inf, packed: bool = True) -> float:
@@ -76,7 +74,7 @@ class KnobBound:
         of several classes come only with their sends between classes (often across a zone
         link), one class's sends only with its own rates.  A bound of at least ``enough``
         (the search's pruning threshold) may be returned before the subsets are tried: it
-        prunes the tuple all the same.  ``packed=False``: without ``_packed_bottleneck``, which
+        prunes the tuple all the same.  ``packed=False``: without ``PackedBound`` (packed.py), which
         costs a few knapsacks (the search asks for it last, for the tuples still in the way)."""
         present = self._classes_of(keys)
         if not memory or not 2 <= len(present) <= SUBSET_CLASSES:
@@ -155,7 +153,7 @@ class KnobBound:
         memory pricing): the first ranking of thousands of knob tuples; the search tightens a
         tuple's bound with memory when it gets to it.  With memory, when all that stays below
         ``enough``, the max terms are also bounded together with the exposed DP sync
-        (``_packed_bottleneck``)."""
+        (``PackedBound``, packed.py)."""
         unit = knobs.block_unit
         L = self.model.num_layers // unit
         sk = (self.pricer.cache_id(ctx), knobs.micro_batch_size, unit, id(keys), len(keys), memory)
@@ -222,116 +220,8 @@ class KnobBound:
             joint = joint_row_bound(L, rates[:p], m_lb, fill, w_max, w_sum) + w_max * c_stage + w_sum * c_sum
             total += max(0.0, joint - separate)
         if memory and packed and total < enough:
-            need = enough - sums
-            together = self._packed_bottleneck(knobs, ctx, keys, (tk, hit, U), L, need)
-            if math.isfinite(together) and together >= need:
-                total = max(total, enough)      # M = need did not hold the blocks (sums + need may round below)
-            else:
-                total = max(total, sums + together)
+            total = max(total, self._packed(knobs, ctx, keys, (tk, hit, U), L, enough, sums))
         return total
-
-    def _packed_bottleneck(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple, L: int,
-                           need: float) -> float:
-        """A lower bound on the max terms together, the exposed DP sync (hinge row) included:
-        ``sum_t w_t max_s row_t(s) >= max_s g(s)``, ``g(s) = sum_t w_t row_t(s)`` (the weights
-        are >= 0).  A stage of option o holding nb blocks has g >= G[o, nb] (``_stage_costs``).
-        With a bottleneck M, option o holds at most the largest nb with G[o, nb] <= M (within
-        its memory limit), and at most p stages, one option each, within each class's capacity
-        in units (the ``most_speed`` knapsack on those block counts) must hold all L blocks.
-        The least such M by bisection (``holds`` only grows with M).  This reads what the
-        separate bounds miss: the options that are fast per block (many replicas, small shares)
-        are those whose gradient sync outlasts their short backward, and memory caps the blocks
-        of each.  ``need``: the M that would prune the tuple.  When the blocks do not fit at
-        M = need, ``need`` is returned (the caller treats that as enough); when need is out of
-        reach or they fit, a few steps only (for the reported gap; each is a knapsack)."""
-        p = knobs.num_stages
-        if p > KNAPSACK_STAGES:
-            return 0.0
-        G = self._stage_costs(knobs, ctx, keys, pieces, L)
-        finite = G[np.isfinite(G)]
-        if not len(finite):
-            return math.inf
-        units, cls = pieces[1].units, pieces[1].cls
-        caps = [c.capacity_units for c in self.classes]
-        nbs = np.arange(1, L + 1, dtype=float)
-
-        def holds(M: float) -> bool:
-            most = np.where(G <= M, nbs, 0.0).max(axis=1)
-            return float(most_speed(most, units, cls, caps, p)[p - 1]) >= L
-
-        lo, hi = float(finite.min()), float(finite.max())
-        if need <= lo:
-            return lo
-        if need < hi:
-            if not holds(need):
-                return need
-            hi, steps = need, 6
-        elif not holds(hi):
-            return math.inf                     # p stages cannot hold the blocks at all
-        else:
-            steps = 6 if math.isfinite(need) else 30
-        for _ in range(steps):
-            if hi - lo <= 1e-6 * hi:
-                break
-            mid = 0.5 * (lo + hi)
-            if holds(mid):
-                hi = mid
-            else:
-                lo = mid
-        return lo
-
-    def _stage_costs(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple,
-                     L: int) -> np.ndarray:
-        """G[o, nb - 1]: the least ``sum_t w_t row_t`` over the max terms (pipeline rows with
-        their weights, the hinge row of the exposed sync, the optimizer row) that a stage of
-        option o with nb blocks can have (``_unlimited_stage_costs``); inf beyond the option's
-        memory limit."""
-        tk, arrays, U = pieces
-        p = knobs.num_stages
-        positions = (3,) if p == 1 else (1, 2) if p == 2 else (0, 1, 2)
-        ck = (tk[:-1], positions)       # not the fewest in flight: it reaches G through U only
-        G = self._stage_cost.get(ck)
-        if G is None:
-            if len(self._stage_cost) >= STAGE_COST_ENTRIES:
-                del self._stage_cost[next(iter(self._stage_cost))]      # the oldest
-            G = self._stage_cost[ck] = self._unlimited_stage_costs(knobs, ctx, keys, arrays, L, positions)
-        nbs = np.arange(1, L + 1, dtype=float)
-        return np.where(nbs[None, :] > U[:, None], math.inf, G)
-
-    def _unlimited_stage_costs(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], arrays: _Arrays,
-                               L: int, positions: tuple[int, ...]) -> np.ndarray:
-        """``_stage_costs`` without memory limits: each option's lines (forward, backward,
-        optimizer, and the sync less backward / gather less forward through
-        ``exposed_sync_parts``) at every block count, the least over the stage ``positions`` it
-        can take, plus the least sends every stage of a pipeline pays: with p > 1 a stage
-        sends out, in or both (both, v each, when the schedule wraps)."""
-        p = knobs.num_stages
-        unit = knobs.block_unit
-        sync = [self.pricer.sync_lines(ctx, k, unit) for k in keys]
-        slope, at = arrays.slopes.copy(), arrays.icpt[:, positions, :].copy()   # at: per position
-        d_slope = np.array([s[0] for s in sync])
-        d_icpt = np.array([s[1][list(positions)] for s in sync]).reshape(len(keys), len(positions))
-        slope[:, 2], slope[:, 4] = exposed_sync_parts(ctx, d_slope, slope[:, 0], slope[:, 1])
-        at[:, :, 2], at[:, :, 4] = exposed_sync_parts(ctx, d_icpt, at[:, :, 0], at[:, :, 1])
-        nbs = np.arange(1, L + 1, dtype=float)
-        Q = slope[:, None, None, :] * nbs[None, None, :, None] + at[:, :, None, :]    # [K, positions, L, 5]
-        rows, terms = pipeline_rows(knobs)
-        g = np.zeros(Q.shape[:3])
-        out = inn = 0.0                 # the max terms' weighted send coefficients, each side
-        for t in terms:
-            if t.kind != "max":
-                continue
-            row = rows[t.row]
-            val = Q @ np.array(row.stage, dtype=float)
-            for h in row.hinges:
-                val += np.maximum(0.0, Q @ np.array(h, dtype=float))
-            g += t.weight * val
-            out, inn = out + t.weight * sum(row.out), inn + t.weight * sum(row.inn)
-        send = 0.0
-        if p > 1:
-            wraps = knobs.schedule == "interleaved-1f1b"
-            send = (out + inn if wraps else min(out, inn)) * self._least_send(ctx, knobs, keys)
-        return g.min(axis=1) + send
 
     def _parts(self, knobs: Knobs, arrays: tuple, L: int, f_min: float, memory: bool) -> tuple[list, np.ndarray]:
         """(parts, U): per objective term (pipeline rows only; hinge rows are skipped) what

@@ -90,3 +90,117 @@ def sum_bound(L: int, p: int, a_min: float, speed: float) -> float:
     return out
 
 
+
+
+class PositionLP:
+    """LP relaxations of choosing one option per pipeline position, each position with its
+    own limits (``most[o, s]`` blocks of option o at position s; below 1: not there), within
+    every class's capacity in units.  Any plan is one integer choice, so the LP optimum bounds
+    it.  The positionless knapsack (pieces.most_speed) must give every stage its option's best
+    position; here the first stages of a 1F1B pipeline, with the most micro-batches in flight,
+    hold fewer blocks of the memory-bound options, and the ends pay for embedding and head.
+    One HiGHS instance, reused (an LP of a few thousand columns takes milliseconds)."""
+
+    def __init__(self):
+        import highspy
+
+        from planner.search.core.guard import solver_output_silenced
+        with solver_output_silenced():          # HiGHS's banner on its first use
+            self._h = highspy.Highs()
+        self._h.setOptionValue("output_flag", False)
+        # HiGHS's thread pool is process-wide and fixed by its first run: the MILPs run with
+        # one thread (core/milp.py), and a pool started with more makes them fail
+        self._h.setOptionValue("threads", 1)
+        self._hs = highspy
+
+    def most_blocks(self, most: np.ndarray, units: np.ndarray, cls: np.ndarray, capacity: list[int]) -> float:
+        """max sum most[o, s] z[o, s] s.t. sum_o z[o, s] = 1 per s, capacities, z >= 0: the
+        most blocks the positions can hold (-inf when no choice fits)."""
+        cols = self._columns(most)
+        if cols is None:
+            return -math.inf
+        o_idx, s_idx = cols
+        n, p = len(o_idx), most.shape[1]
+        class_rows, class_of = self._class_rows(cls, o_idx, capacity, p)
+        index = np.stack([s_idx, class_of], axis=1).ravel().astype(np.int32)
+        value = np.stack([np.ones(n), units[o_idx]], axis=1).ravel()
+        value_ = self._solve(-most[o_idx, s_idx].astype(float), np.zeros(n), np.ones(n),
+                             np.arange(0, 2 * n + 1, 2), index, value,
+                             np.concatenate([np.ones(p), class_rows[0]]), np.concatenate([np.ones(p), class_rows[1]]))
+        if value_ is None:
+            return math.inf                     # unsure: claim nothing
+        if not math.isfinite(value_):
+            return -math.inf                    # infeasible: no choice fits
+        return -value_ + 1e-6 * max(1.0, float(most.max()))
+
+    def least_fill(self, most: np.ndarray, slope: np.ndarray, icpt: np.ndarray, units: np.ndarray,
+                   cls: np.ndarray, capacity: list[int], L: int) -> float:
+        """min sum_{o,s} slope[o] y[o, s] + icpt[o, s] z[o, s] over the same choices z with
+        blocks z <= y <= most z summing to L: the least a summed row (affine in a stage's
+        blocks) can total over the positions (inf when no choice holds the blocks)."""
+        cols = self._columns(most)
+        if cols is None:
+            return math.inf
+        o_idx, s_idx = cols
+        n, p = len(o_idx), most.shape[1]
+        class_rows, class_of = self._class_rows(cls, o_idx, capacity, p)
+        # rows: positions [0, p), classes [p, p + C), blocks p + C, then per column pair
+        # y - most z <= 0 and y - z >= 0
+        blocks_row = p + len(class_rows[0])
+        pair = blocks_row + 1 + 2 * np.arange(n)
+        z_index = np.stack([s_idx, class_of, pair, pair + 1], axis=1).ravel()
+        z_value = np.stack([np.ones(n), units[o_idx], -most[o_idx, s_idx], -np.ones(n)], axis=1).ravel()
+        y_index = np.stack([np.full(n, blocks_row), pair, pair + 1], axis=1).ravel()
+        y_value = np.ones(3 * n)
+        index = np.concatenate([z_index, y_index]).astype(np.int32)
+        value = np.concatenate([z_value, y_value])
+        start = np.concatenate([np.arange(0, 4 * n, 4), 4 * n + np.arange(0, 3 * n + 1, 3)])
+        inf = self._hs.kHighsInf
+        lower = np.concatenate([np.ones(p), class_rows[0], [L], np.tile([-inf, 0.0], n)])
+        upper = np.concatenate([np.ones(p), class_rows[1], [L], np.tile([0.0, inf], n)])
+        cost = np.concatenate([icpt[o_idx, s_idx], slope[o_idx]]).astype(float)
+        col_upper = np.concatenate([np.ones(n), most[o_idx, s_idx].astype(float)])
+        value_ = self._solve(cost, np.zeros(2 * n), col_upper, start, index, value, lower, upper)
+        if value_ is None:
+            return -math.inf                    # unsure: claim nothing
+        if not math.isfinite(value_):
+            return value_                       # infeasible: no choice holds the blocks
+        return value_ - 1e-6 * max(1.0, abs(value_))
+
+    @staticmethod
+    def _columns(most: np.ndarray):
+        o_idx, s_idx = np.nonzero(most >= 1)
+        if len(set(s_idx.tolist())) < most.shape[1]:
+            return None                         # some position takes no option
+        return o_idx, s_idx
+
+    @staticmethod
+    def _class_rows(option_class, o_idx, capacity, p):
+        classes = sorted({int(c) for c in option_class[o_idx]})
+        row_of = {c: p + i for i, c in enumerate(classes)}
+        lower = np.full(len(classes), -np.inf)
+        upper = np.array([float(capacity[c]) for c in classes])
+        return (lower, upper), np.array([row_of[int(c)] for c in option_class[o_idx]])
+
+    def _solve(self, cost, col_lower, col_upper, start, index, value, row_lower, row_upper) -> float | None:
+        """Minimise; the optimum's value, inf when infeasible, None when HiGHS is unsure."""
+        hs = self._hs
+        lp = hs.HighsLp()
+        lp.num_col_, lp.num_row_ = len(cost), len(row_lower)
+        lp.col_cost_ = np.asarray(cost, dtype=float)
+        lp.col_lower_, lp.col_upper_ = np.asarray(col_lower, dtype=float), np.asarray(col_upper, dtype=float)
+        lp.row_lower_ = np.where(np.isfinite(row_lower), row_lower, -hs.kHighsInf)
+        lp.row_upper_ = np.where(np.isfinite(row_upper), row_upper, hs.kHighsInf)
+        lp.a_matrix_.format_ = hs.MatrixFormat.kColwise
+        lp.a_matrix_.start_ = np.asarray(start, dtype=np.int32)
+        lp.a_matrix_.index_ = np.asarray(index, dtype=np.int32)
+        lp.a_matrix_.value_ = np.asarray(value, dtype=float)
+        self._h.clearModel()
+        self._h.passModel(lp)
+        self._h.run()
+        status = self._h.getModelStatus()
+        if status == hs.HighsModelStatus.kInfeasible:
+            return math.inf
+        if status != hs.HighsModelStatus.kOptimal:
+            return None
+        return float(self._h.getInfo().objective_function_value)

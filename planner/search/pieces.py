@@ -63,20 +63,23 @@ def _busiest_points(B: int, na: int, nb: int) -> tuple[tuple[int, int], ...]:
 
 
 def most_speed(rates: np.ndarray, units: np.ndarray, classes: np.ndarray, capacity: list[int],
-               max_stages: int) -> np.ndarray:
+               max_stages: int, exact: bool = False) -> np.ndarray:
     """``out[k-1]``: the largest total rate (blocks per second, ``sum 1 / slope``) that at most
     ``k`` stages can have, one option each, within every class's capacity in units; for
-    k = 1..max_stages.  Any per-option value adds up the same way: the packed bottleneck
+    k = 1..max_stages.  ``exact``: exactly k stages (-inf where no k options fit): a pipeline
+    of p stages holds p options, and the ones it does not need for speed still take units.  Any per-option value adds up the same way: the packed bottleneck
     (planner/search/bound.py) passes the blocks each option can hold.  The fractional bound
     (each class's capacity at its best rate per unit) ignores that a stage takes a whole
     option: one option often cannot use a class's last nodes, and p stages cannot all use the
     fastest.  An unbounded knapsack with a cardinality per class, then a max-plus combination
     over classes."""
     total = np.zeros(max_stages + 1)                      # with 0 stages: 0
+    if exact:
+        total[1:] = -np.inf
     for c in np.unique(classes):
         mask = classes == c
         per_class = _class_speeds(units[mask].astype(int).tobytes(), np.asarray(rates[mask], dtype=float).tobytes(),
-                                  int(capacity[int(c)]), max_stages)
+                                  int(capacity[int(c)]), max_stages, exact)
         # combine: the best split of k stages between the classes so far and this one
         k, j = np.indices((max_stages + 1, max_stages + 1))
         total = np.where(j <= k, total[np.maximum(k - j, 0)] + per_class[j], -np.inf).max(axis=1)
@@ -84,10 +87,11 @@ def most_speed(rates: np.ndarray, units: np.ndarray, classes: np.ndarray, capaci
 
 
 @lru_cache(maxsize=4096)
-def _class_speeds(units_bytes: bytes, rates_bytes: bytes, cap: int, max_stages: int) -> np.ndarray:
-    """One class's part of ``most_speed``: the largest total rate of at most k of its options
-    within ``cap`` units, k = 0..max_stages.  Cached: knob tuples and the knob bound's class
-    subsets share a class's options and rates."""
+def _class_speeds(units_bytes: bytes, rates_bytes: bytes, cap: int, max_stages: int,
+                  exact: bool = False) -> np.ndarray:
+    """One class's part of ``most_speed``: the largest total rate of at most (``exact``:
+    exactly) k of its options within ``cap`` units, k = 0..max_stages.  Cached: knob tuples
+    and the knob bound's class subsets share a class's options and rates."""
     units = np.frombuffer(units_bytes, dtype=int)
     rates = np.frombuffer(rates_bytes, dtype=float)
     # only options no other beats with as few units matter (the search's options of one
@@ -100,7 +104,8 @@ def _class_speeds(units_bytes: bytes, rates_bytes: bytes, cap: int, max_stages: 
     best = np.full((max_stages + 1, cap + 1), -np.inf)
     best[0, :] = 0.0
     for k in range(1, max_stages + 1):
-        row = best[k - 1].copy()                      # at most k: k - 1 stages is allowed
+        # at most k: k - 1 stages is allowed; exactly k: only k options
+        row = np.full(cap + 1, -np.inf) if exact else best[k - 1].copy()
         for u, r in front:
             row[u:] = np.maximum(row[u:], best[k - 1, :cap + 1 - u] + r)
         best[k] = row

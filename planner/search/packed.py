@@ -1,0 +1,293 @@
+"""The max terms of a knob tuple bounded together, and then with the pipeline's fill (the
+knob bound's last level; docs/search-space.md, "How it is searched", step 2).
+
+The separate bounds of bound.py price each objective term on its own.  Here every stage
+counts all its max-term rows at once, ``g(s) = sum_t w_t row_t(s)`` (pipeline rows with their
+weights, the exposed DP sync, the optimizer step; ``sum_t w_t max_s row_t(s) >= max_s g(s)``),
+at its own position: the first stage pays the embedding and one send, a middle stage two
+sends, the last the head; each position has its own memory limit (micro-batches in flight).
+
+1. **Bottleneck.** With ``max_s g(s) <= M`` option o holds at most the largest nb with
+   ``G[o, nb] <= M`` at a position.  p stages must hold all L blocks: a knapsack over exactly
+   p whole options within the classes' capacities (pieces.most_speed), and the LP relaxation
+   of one option per position (fill.PositionLP.most_blocks).  The least such M, by bisection.
+2. **With the fill.** The same blocks also pay the summed rows (1F1B's ``sum_s (F + B)``,
+   interleaving's 1/v of it): the smaller M, the more the blocks must spread over slow
+   stages.  For each M the LP's least fill bounds the summed rows of every plan whose
+   bottleneck is at most M; the objective is at least ``min_M M + fill(M)``, taken over a grid
+   of M (each interval at its lower end with the fill of its upper end).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.cost import CostContext, in_flight_micro_batches
+from planner.search.fill import PositionLP
+from planner.search.pieces import most_speed
+from planner.search.space import POSITIONS, Knobs, OptionKey, exposed_sync_parts, pipeline_rows
+
+KNAPSACK_STAGES = 128       # stage counts up to which the knob bound packs whole options (all, for the models we know)
+STAGE_COST_ENTRIES = 256    # [options x blocks] tables kept (~0.25 MB each on c)
+FILL_STEP = 0.01            # grid step of the bottleneck M for the bound with the fill, of the objective
+FILL_POINTS = 24            # grid points at most (above the last, the fill with no bottleneck)
+FILL_REFINE = 4             # halvings of the grid interval that binds
+
+
+@dataclass
+class _Tables:
+    """Per option, without memory limits: ``g`` [K, L] the least max-term sum at any
+    position; ``first``, ``mid``, ``last`` the same at that position (None for p = 1, mid
+    None for p = 2); the summed rows, affine in the blocks: ``r_slope`` [K] and ``r_icpt``
+    [K, 3] (first, middle, last; sends included)."""
+    g: np.ndarray
+    first: np.ndarray | None
+    mid: np.ndarray | None
+    last: np.ndarray | None
+    r_slope: np.ndarray
+    r_icpt: np.ndarray
+
+
+class PackedBound:
+    """The packed bottleneck and the bound with the fill over one Pricer's options."""
+
+    def __init__(self, pricer):
+        self.pricer, self.classes = pricer, pricer.classes
+        self._tables: dict = {}
+        self._lp = PositionLP()
+
+    def __call__(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple, L: int,
+                 enough: float, sums: float) -> float:
+        """A lower bound on the whole objective of every plan of the tuple (``pieces``: the
+        knob bound's (cache key, arrays, U at the fewest in flight); ``sums``: its bound on
+        the sum terms).  At least ``enough`` once that is shown (the search's pruning
+        threshold); the bound with the fill only while below it."""
+        p = knobs.num_stages
+        if p > KNAPSACK_STAGES:
+            return sums
+        t = self._stage_tables(knobs, ctx, keys, pieces, L)
+        U = pieces[2]
+        over = np.arange(1, L + 1)[None, :] > U[:, None]
+        tables = [None if x is None else np.where(over, math.inf, x) for x in (t.g, t.first, t.mid, t.last)]
+        U_pos = self._position_limits(knobs, pieces[1], L) if p > 1 else None
+        packing = _Packing(self._lp, knobs, pieces[1], [c.capacity_units for c in self.classes], L,
+                           tables, U_pos, t)
+        need = enough - sums
+        M = packing.bottleneck(need)
+        if not math.isfinite(M):
+            return math.inf                     # p stages cannot hold the blocks at all
+        if M >= need:
+            return enough                       # M = need did not hold the blocks (sums + need may round below)
+        if p == 1:
+            return sums + M
+        return max(sums + M, packing.with_fill(M, sums, enough))
+
+    def _stage_tables(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple,
+                      L: int) -> _Tables:
+        tk, arrays, _ = pieces
+        ck = (tk[:-1], min(knobs.num_stages, 3))  # not the fewest in flight: it reaches the tables through U only
+        hit = self._tables.get(ck)
+        if hit is None:
+            if len(self._tables) >= STAGE_COST_ENTRIES:
+                del self._tables[next(iter(self._tables))]      # the oldest
+            hit = self._tables[ck] = self._unlimited(knobs, ctx, keys, arrays, L)
+        return hit
+
+    def _unlimited(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], arrays, L: int) -> _Tables:
+        """Each option's lines (forward, backward, optimizer, and the sync less backward /
+        gather less forward through ``exposed_sync_parts``) at every block count and
+        position, plus the sends the stage pays there (``_option_sends``): a middle stage
+        both ways, the first stage out and the last in (both ends both ways, v each, when the
+        schedule wraps)."""
+        p = knobs.num_stages
+        unit = knobs.block_unit
+        sync = [self.pricer.sync_lines(ctx, k, unit) for k in keys]
+        slope, at = arrays.slopes.copy(), arrays.icpt.copy()           # at: per position
+        d_slope = np.array([s[0] for s in sync])
+        d_icpt = np.array([s[1] for s in sync]).reshape(len(keys), len(POSITIONS))
+        slope[:, 2], slope[:, 4] = exposed_sync_parts(ctx, d_slope, slope[:, 0], slope[:, 1])
+        at[:, :, 2], at[:, :, 4] = exposed_sync_parts(ctx, d_icpt, at[:, :, 0], at[:, :, 1])
+        nbs = np.arange(1, L + 1, dtype=float)
+        Q = slope[:, None, None, :] * nbs[None, None, :, None] + at[:, :, None, :]    # [K, positions, L, 5]
+        rows, terms = pipeline_rows(knobs)
+        g = np.zeros(Q.shape[:3])
+        r_slope, r_at = np.zeros(len(keys)), np.zeros((len(keys), len(POSITIONS)))
+        sends = {"max": [0.0, 0.0], "sum": [0.0, 0.0]}      # weighted send coefficients, out / in
+        for t in terms:
+            row = rows[t.row]
+            coef = np.array(row.stage, dtype=float)
+            if t.kind == "max":
+                val = Q @ coef
+                for h in row.hinges:
+                    val += np.maximum(0.0, Q @ np.array(h, dtype=float))
+                g += t.weight * val
+            else:
+                r_slope += t.weight * (slope @ coef)
+                r_at += t.weight * (at @ coef)
+            sends[t.kind][0] += t.weight * sum(row.out)
+            sends[t.kind][1] += t.weight * sum(row.inn)
+        if p == 1:
+            return _Tables(g[:, 3], None, None, None, r_slope, r_at[:, [3, 3, 3]])
+        send_out, send_in = self._option_sends(ctx, knobs, keys)
+        wraps = knobs.schedule == "interleaved-1f1b"
+
+        def paid(kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """(first, middle, last) sends of a stage in the ``kind`` terms."""
+            out, inn = sends[kind]
+            both = out * send_out + inn * send_in
+            return (both if wraps else out * send_out), both, (both if wraps else inn * send_in)
+
+        s_first, s_mid, s_last = paid("max")
+        first, last = g[:, 1] + s_first[:, None], g[:, 2] + s_last[:, None]
+        r_first, r_mid, r_last = paid("sum")
+        r_icpt = np.stack([r_at[:, 1] + r_first, r_at[:, 0] + r_mid, r_at[:, 2] + r_last], axis=1)
+        end = np.minimum(first, last)
+        if p == 2:
+            return _Tables(end, first, None, last, r_slope, r_icpt)
+        mid = g[:, 0] + s_mid[:, None]
+        return _Tables(np.minimum(mid, end), first, mid, last, r_slope, r_icpt)
+
+    def _position_limits(self, knobs: Knobs, arrays, L: int) -> np.ndarray:
+        """[K, p] blocks each option can hold at each position: the middle stage's memory model
+        (the ends add the embedding / head: more memory, so this only loosens) at that
+        position's micro-batches in flight; L where the model is not affine."""
+        coef, exact, caps = arrays.coef, arrays.exact, arrays.caps
+        p, m, v = knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages
+        f = np.array([in_flight_micro_batches(knobs.schedule, p, s, m, v) for s in range(p)], dtype=float)
+        c0, c1, c2, c3 = (coef[:, i, None] for i in range(4))
+        room, per_u = caps[:, None] - c0 - c2 * f, c1 + c3 * f
+        with np.errstate(divide="ignore", invalid="ignore"):
+            U = np.where(per_u > 0, np.floor(room / per_u * (1 + 1e-9) + 1e-9), np.where(room >= 0, L, 0))
+        return np.clip(np.where(exact[:, None], U, L), 0, L)
+
+    def _option_sends(self, ctx, knobs, keys: list[OptionKey]) -> tuple[np.ndarray, np.ndarray]:
+        """[K] each, the least send out of and into a stage of each option: a boundary's
+        busiest point carries at least one transfer and, on the option's side, its largest
+        share ceil(B / n) of sequences (``L0 + ceil(B / n) X``, the sender's line), and
+        across a capped zone link no less than the whole micro-batch (``shared_link``); the
+        least over the (class, TP) partners in ``keys``."""
+        B = knobs.micro_batch_size
+        groups = sorted({(k.cls, k.tp) for k in keys})
+        line = {(a, b): (*self.pricer.send_line(ctx, OptionKey(a[0], a[1], 1), OptionKey(b[0], b[1], 1)),
+                         self.pricer.shared_link(ctx, B, a, b)) for a in groups for b in groups}
+        send_out, send_in = np.empty(len(keys)), np.empty(len(keys))
+        for i, k in enumerate(keys):
+            g, share = (k.cls, k.tp), -(-B // k.replicas)
+            send_out[i] = min(max(L0 + share * X, sh) for (L0, X, sh) in (line[g, b] for b in groups))
+            send_in[i] = min(max(L0 + share * X, sh) for (L0, X, sh) in (line[a, g] for a in groups))
+        return send_out, send_in
+
+
+class _Packing:
+    """One tuple's tables with its memory limits applied: the tests of a bottleneck M."""
+
+    def __init__(self, lp: PositionLP, knobs: Knobs, arrays, caps: list[int], L: int, tables: list,
+                 U_pos: np.ndarray | None, t: _Tables):
+        self.lp, self.p, self.L, self.caps = lp, knobs.num_stages, L, caps
+        self.units, self.cls = arrays.units, arrays.cls
+        self.G, self.first, self.mid, self.last = tables
+        self.U_pos, self.t = U_pos, t
+        self.nbs = np.arange(1, L + 1, dtype=float)
+        finite = [x[np.isfinite(x)] for x in tables if x is not None]
+        self.lo = float(finite[0].min()) if len(finite[0]) else math.inf
+        # every table's largest entry: no M below it fails for want of an M
+        self.hi = max((float(x.max()) for x in finite if len(x)), default=math.inf)
+
+    def _most(self, table: np.ndarray, M: float) -> np.ndarray:
+        return np.where(table <= M, self.nbs, 0.0).max(axis=1)
+
+    def _most_at_positions(self, M: float) -> np.ndarray:
+        """[K, p] the most blocks each option holds at each position under M."""
+        kinds = [self.first] + [self.mid] * (self.p - 2) + [self.last]
+        ok = np.stack([x <= M for x in kinds], axis=1) & (self.nbs[None, None, :] <= self.U_pos[:, :, None])
+        return np.where(ok, self.nbs, 0.0).max(axis=2)
+
+    def holds(self, M: float) -> bool:
+        """Whether p stages whose g is at most M can hold the L blocks (necessary conditions)."""
+        p, L = self.p, self.L
+        any_ = self._most(self.G, M)
+        usable = any_ >= 1
+        if not usable.any():
+            return False
+        u, c = self.units[usable], self.cls[usable]
+        # exactly p stages, each one option that holds at least one block under M
+        if float(most_speed(any_[usable], u, c, self.caps, p, exact=True)[p - 1]) < L:
+            return False
+        if self.mid is not None:
+            # p - 2 of them are middle stages: each holds at most its middle count; the first
+            # (last) stage at most that plus the most any option gains at the first (last)
+            mid = self._most(self.mid, M)[usable]
+            gain = sum(float(np.maximum(self._most(end, M)[usable] - mid, 0.0).max()) for end in (self.first, self.last))
+            if float(most_speed(mid, u, c, self.caps, p, exact=True)[p - 1]) + gain < L:
+                return False
+        if self.U_pos is None:
+            return True
+        return self.lp.most_blocks(self._most_at_positions(M), self.units, self.cls, self.caps) >= L
+
+    def bottleneck(self, need: float) -> float:
+        """The least M that ``holds`` (its infeasible end, by bisection); inf when none does.
+        ``need``: the M that would prune the tuple: when it does not hold, ``need`` is
+        returned; otherwise a few steps only (for the reported gap)."""
+        lo, hi = self.lo, self.hi
+        if not math.isfinite(lo):
+            return math.inf
+        if need <= lo:
+            return lo
+        if need < hi:
+            if not self.holds(need):
+                return need
+            hi, steps = need, 6
+        elif not self.holds(hi):
+            return math.inf
+        else:
+            steps = 6 if math.isfinite(need) else 30
+        for _ in range(steps):
+            if hi - lo <= 1e-6 * hi:
+                break
+            mid = 0.5 * (lo + hi)
+            if self.holds(mid):
+                hi = mid
+            else:
+                lo = mid
+        return lo
+
+    def fill(self, M: float) -> float:
+        """The least the summed rows can total over p stages whose g is at most M."""
+        t = self.t
+        kinds = np.array([0] + [1] * (self.p - 2) + [2])
+        return self.lp.least_fill(self._most_at_positions(M), t.r_slope, t.r_icpt[:, kinds], self.units,
+                                  self.cls, self.caps, self.L)
+
+    def with_fill(self, M0: float, sums: float, enough: float) -> float:
+        """``min over M > M0`` of ``M + max(sums, fill(M))``: every plan's bottleneck exceeds
+        M0 (``bottleneck``); one in (a, b] costs at least ``a + fill(b)`` (the fill only falls
+        as M grows), one above the grid's top at least ``top + fill(hi)``."""
+        f_top = max(sums, self.fill(self.hi))
+        if not math.isfinite(f_top):
+            return math.inf
+        if M0 + f_top >= enough:
+            return M0 + f_top
+        intervals = []                          # (a, b, max(sums, fill(b)))
+        a, upper = M0, math.inf
+        while True:
+            # an interval loses at most its width: a share of the objective, not of M (with
+            # GPipe's single micro-batch the max terms are a sliver of it)
+            b = min(self.hi, a + FILL_STEP * (a + f_top))
+            fb = max(sums, self.fill(b))
+            intervals.append((a, b, fb))
+            upper = min(upper, b + fb)          # a value some M reaches: no M above it helps
+            if b >= self.hi or b + f_top >= upper or len(intervals) >= FILL_POINTS:
+                break
+            a = b
+        tail = b + f_top
+        for _ in range(FILL_REFINE):
+            i = min(range(len(intervals)), key=lambda j: intervals[j][0] + intervals[j][2])
+            a, b, fb = intervals[i]
+            if a + fb >= tail or b - a <= 1e-6 * b:
+                break
+            mid = 0.5 * (a + b)
+            intervals[i:i + 1] = [(a, mid, max(sums, self.fill(mid))), (mid, b, fb)]
+        return min(tail, min(a + fb for a, _, fb in intervals))
