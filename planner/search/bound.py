@@ -65,7 +65,7 @@ class KnobBound:
         self._packed = PackedBound(pricer)
 
     def __call__(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool = True,
-                 enough: float = math.inf, packed: bool = True) -> float:
+                 enough: float = math.inf, packed: int = 2) -> float:
         """A lower bound on every plan of this knob tuple (``whole``).  With memory and
         options of a few classes, the least of that bound over the sets S of classes a plan
         can use (every plan uses exactly one S): on S's options alone, where a pipeline over
@@ -74,8 +74,10 @@ class KnobBound:
         of several classes come only with their sends between classes (often across a zone
         link), one class's sends only with its own rates.  A bound of at least ``enough``
         (the search's pruning threshold) may be returned before the subsets are tried: it
-        prunes the tuple all the same.  ``packed=False``: without ``PackedBound`` (packed.py), which
-        costs a few knapsacks (the search asks for it last, for the tuples still in the way)."""
+        prunes the tuple all the same.  ``packed``: 0 (or False) without ``PackedBound``
+        (packed.py); 1 with its knapsacks alone (milliseconds); 2 (or True) also with its LPs
+        over positions and the fill (a tenth of a second on c).  The search asks for each in
+        turn, for the tuples still in the way."""
         present = self._classes_of(keys)
         if not memory or not 2 <= len(present) <= SUBSET_CLASSES:
             return self.whole(knobs, ctx, keys, memory, enough=enough, packed=packed)
@@ -137,7 +139,7 @@ class KnobBound:
         return hit[0]
 
     def whole(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool,
-              num_classes: int = 0, enough: float = math.inf, packed: bool = True) -> float:
+              num_classes: int = 0, enough: float = math.inf, packed: int = 2) -> float:
         """A lower bound on every plan of this knob tuple, from middle-stage slopes, memory,
         each position's least intercept and the least send (no per-position pricing, no send
         table).  An option holds at most ``U`` blocks, its
@@ -220,7 +222,7 @@ class KnobBound:
             joint = joint_row_bound(L, rates[:p], m_lb, fill, w_max, w_sum) + w_max * c_stage + w_sum * c_sum
             total += max(0.0, joint - separate)
         if memory and packed and total < enough:
-            total = max(total, self._packed(knobs, ctx, keys, (tk, hit, U), L, enough, sums))
+            total = max(total, self._packed(knobs, ctx, keys, (tk, hit, U), L, enough, sums, lp=packed >= 2))
         return total
 
     def _parts(self, knobs: Knobs, arrays: tuple, L: int, f_min: float, memory: bool) -> tuple[list, np.ndarray]:

@@ -60,11 +60,12 @@ class PackedBound:
         self._lp = PositionLP()
 
     def __call__(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple, L: int,
-                 enough: float, sums: float) -> float:
+                 enough: float, sums: float, lp: bool = True) -> float:
         """A lower bound on the whole objective of every plan of the tuple (``pieces``: the
         knob bound's (cache key, arrays, U at the fewest in flight); ``sums``: its bound on
         the sum terms).  At least ``enough`` once that is shown (the search's pruning
-        threshold); the bound with the fill only while below it."""
+        threshold); the bound with the fill only while below it.  ``lp=False``: the
+        knapsacks alone (no LP over positions, no fill)."""
         p = knobs.num_stages
         if p > KNAPSACK_STAGES:
             return sums
@@ -72,7 +73,7 @@ class PackedBound:
         U = pieces[2]
         over = np.arange(1, L + 1)[None, :] > U[:, None]
         tables = [None if x is None else np.where(over, math.inf, x) for x in (t.g, t.first, t.mid, t.last)]
-        U_pos = self._position_limits(knobs, pieces[1], L) if p > 1 else None
+        U_pos = self._position_limits(knobs, pieces[1], L) if p > 1 and lp else None
         packing = _Packing(self._lp, knobs, pieces[1], [c.capacity_units for c in self.classes], L,
                            tables, U_pos, t)
         need = enough - sums
@@ -81,7 +82,7 @@ class PackedBound:
             return math.inf                     # p stages cannot hold the blocks at all
         if M >= need:
             return enough                       # M = need did not hold the blocks (sums + need may round below)
-        if p == 1:
+        if p == 1 or not lp:
             return sums + M
         return max(sums + M, packing.with_fill(M, sums, enough))
 

@@ -153,8 +153,9 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         _warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
                     done=warm_done)
     # A heap on the bounds: a tuple first comes up with its memory-free bound, is then given
-    # its memory-aware bound and goes back in, then the same with the packed bottleneck (each
-    # level dearer than the last); it is priced and solved when it comes up once more.  The
+    # its memory-aware bound and goes back in, then the same with the packed bottleneck's
+    # knapsacks and with its LPs (each level dearer than the last); it is priced and solved
+    # when it comes up once more.  The
     # least bound in the heap bounds the rest.
     heap = [(kb, i, 0, knobs, ctx, keys) for kb, i, knobs, ctx, keys in ranked]
     heapq.heapify(heap)
@@ -170,11 +171,12 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             bounds.append(kb)
             break
         heapq.heappop(heap)
-        if level < (2 if time_like else 1):
-            # memory-aware, then with the packed bottleneck (a few knapsacks), which only
-            # helps to prune: the cost objectives' threshold is not a time and prunes nothing
+        if level < (3 if time_like else 1):
+            # memory-aware, then with the packed bottleneck's knapsacks, then with its LPs
+            # (packed.py), which only help to prune: the cost objectives' threshold is not a
+            # time and prunes nothing
             enough = best.threshold() * (1 - gap_rel) if time_like else math.inf
-            kb2 = max(kb, knob_bound(knobs, ctx, keys, enough=enough, packed=level == 1))
+            kb2 = max(kb, knob_bound(knobs, ctx, keys, enough=enough, packed=level))
             heapq.heappush(heap, (kb2, i, level + 1, knobs, ctx, keys))
             continue
         j += 1
