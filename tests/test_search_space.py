@@ -340,7 +340,7 @@ def test_position_lp_bounds_every_choice_of_one_option_per_position():
     """fill.PositionLP against enumeration: the most blocks is at least that of every choice
     of one option per position within the capacities, and the least fill at most the
     cheapest such choice holding L blocks; both exact on some cases (a relaxation that is
-    never tight proves little)."""
+    never tight proves little); the fill's Lagrangian dual bound (no LP) likewise."""
     import random
 
     import numpy as np
@@ -374,6 +374,14 @@ def test_position_lp_bounds_every_choice_of_one_option_per_position():
         got_fill = lp.least_fill(most, slope, icpt, units, cls, cap, L)
         assert got_blocks >= best_blocks - 1e-9, (seed, got_blocks, best_blocks)
         assert got_fill <= best_fill + 1e-9, (seed, got_fill, best_fill)
+        if math.isfinite(got_fill):
+            # the Lagrangian dual at the LP's own prices is the LP's value; at a nearby
+            # bottleneck (fewer blocks allowed) it still bounds that LP from below
+            dual = lp.fill_dual_bound(most, slope, icpt, units, cls, cap, L)
+            assert abs(dual - got_fill) <= 1e-4 * max(1.0, abs(got_fill)), (seed, dual, got_fill)
+            fewer = np.maximum(0.0, most - (rng.random() < 0.5))
+            dual = lp.fill_dual_bound(fewer, slope, icpt, units, cls, cap, L)
+            assert dual <= PositionLP().least_fill(fewer, slope, icpt, units, cls, cap, L) + 1e-9, seed
         tight_blocks += math.isfinite(best_blocks) and abs(got_blocks - best_blocks) < 1e-5
         tight_fill += math.isfinite(best_fill) and abs(got_fill - best_fill) < 1e-5 * max(1.0, best_fill)
     assert tight_blocks >= 50 and tight_fill >= 20, (tight_blocks, tight_fill)

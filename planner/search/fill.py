@@ -112,6 +112,7 @@ class PositionLP:
         # one thread (core/milp.py), and a pool started with more makes them fail
         self._h.setOptionValue("threads", 1)
         self._hs = highspy
+        self.fill_duals: tuple | None = None     # (lam, {class: mu}) of the last least_fill
 
     def most_blocks(self, most: np.ndarray, units: np.ndarray, cls: np.ndarray, capacity: list[int]) -> float:
         """max sum most[o, s] z[o, s] s.t. sum_o z[o, s] = 1 per s, capacities, z >= 0: the
@@ -165,7 +166,38 @@ class PositionLP:
             return -math.inf                    # unsure: claim nothing
         if not math.isfinite(value_):
             return value_                       # infeasible: no choice holds the blocks
+        duals = np.asarray(self._h.getSolution().row_dual)
+        classes = sorted({int(c) for c in cls[o_idx]})
+        self.fill_duals = (float(duals[blocks_row]), {c: float(duals[p + i]) for i, c in enumerate(classes)})
         return value_ - 1e-6 * max(1.0, abs(value_))
+
+    def fill_dual_bound(self, most: np.ndarray, slope: np.ndarray, icpt: np.ndarray, units: np.ndarray,
+                        cls: np.ndarray, capacity: list[int], L: int) -> float:
+        """A lower bound on ``least_fill`` without an LP: its Lagrangian dual at the prices of
+        the last LP solved (a block's price lam, each class's unit price mu >= 0),
+
+            lam L - sum_c mu_c cap_c + sum_s min_o [icpt[o, s] + mu_c(o) units_o
+                                                    + min(slope_o - lam, (slope_o - lam) most[o, s])],
+
+        which bounds it for any prices (weak duality) and reaches it at the LP's own; the fill
+        of a nearby bottleneck has nearly the same prices.  Both signs of HiGHS's duals are
+        tried (any choice is valid)."""
+        if self.fill_duals is None:
+            return -math.inf
+        ok = most >= 1
+        if not ok.any(axis=0).all():
+            return math.inf                     # some position takes no option: no plan
+        lam0, mu0 = self.fill_duals
+        best = -math.inf
+        for lam in (lam0, -lam0):
+            for sign in (1.0, -1.0):
+                mu = np.array([max(0.0, sign * mu0.get(int(c), 0.0)) for c in range(len(capacity))])
+                per = slope[:, None] - lam
+                col = icpt + (mu[cls] * units)[:, None] + np.minimum(per, per * most)
+                col = np.where(ok, col, math.inf)
+                value = lam * L - float(mu @ np.asarray(capacity, dtype=float)) + float(col.min(axis=0).sum())
+                best = max(best, value)
+        return best - 1e-6 * max(1.0, abs(best))
 
     @staticmethod
     def _columns(most: np.ndarray):

@@ -255,40 +255,54 @@ class _Packing:
                 lo = mid
         return lo
 
-    def fill(self, M: float) -> float:
-        """The least the summed rows can total over p stages whose g is at most M."""
+    def _fill_args(self, M: float) -> tuple:
         t = self.t
         kinds = np.array([0] + [1] * (self.p - 2) + [2])
-        return self.lp.least_fill(self._most_at_positions(M), t.r_slope, t.r_icpt[:, kinds], self.units,
-                                  self.cls, self.caps, self.L)
+        return (self._most_at_positions(M), t.r_slope, t.r_icpt[:, kinds], self.units, self.cls, self.caps, self.L)
+
+    def fill(self, M: float) -> float:
+        """The least the summed rows can total over p stages whose g is at most M (the LP)."""
+        return self.lp.least_fill(*self._fill_args(M))
 
     def with_fill(self, M0: float, sums: float, enough: float) -> float:
         """``min over M > M0`` of ``M + max(sums, fill(M))``: every plan's bottleneck exceeds
         M0 (``bottleneck``); one in (a, b] costs at least ``a + fill(b)`` (the fill only falls
-        as M grows), one above the grid's top at least ``top + fill(hi)``."""
+        as M grows), one above the grid's top at least ``top + fill(hi)``.  The grid reads
+        the fill's dual bound at the last LP's prices (no LP; each LP's prices lift the rest);
+        the interval that binds gets the LP, then is halved."""
         f_top = max(sums, self.fill(self.hi))
         if not math.isfinite(f_top):
             return math.inf
         if M0 + f_top >= enough:
             return M0 + f_top
-        intervals = []                          # (a, b, max(sums, fill(b)))
-        a, upper = M0, math.inf
+        lp = self.lp
+        grid = []                               # [a, b, max(sums, fill(b)) or a bound on it, LP args or None]
+        a = M0
         while True:
             # an interval loses at most its width: a share of the objective, not of M (with
             # GPipe's single micro-batch the max terms are a sliver of it)
             b = min(self.hi, a + FILL_STEP * (a + f_top))
-            fb = max(sums, self.fill(b))
-            intervals.append((a, b, fb))
-            upper = min(upper, b + fb)          # a value some M reaches: no M above it helps
-            if b >= self.hi or b + f_top >= upper or len(intervals) >= FILL_POINTS:
+            args = self._fill_args(b)
+            grid.append([a, b, max(sums, lp.fill_dual_bound(*args)), args])
+            if b >= self.hi or b + f_top >= enough or len(grid) >= FILL_POINTS:
                 break
             a = b
         tail = b + f_top
-        for _ in range(FILL_REFINE):
-            i = min(range(len(intervals)), key=lambda j: intervals[j][0] + intervals[j][2])
-            a, b, fb = intervals[i]
-            if a + fb >= tail or b - a <= 1e-6 * b:
+        halvings = 0
+        while True:
+            i = min(range(len(grid)), key=lambda j: grid[j][0] + grid[j][2])
+            a, b, fb, args = grid[i]
+            if a + fb >= min(tail, enough):
                 break
+            if args is not None:
+                grid[i] = [a, b, max(fb, sums, lp.least_fill(*args)), None]
+                for row in grid:                # the new prices may lift the others
+                    if row[3] is not None:
+                        row[2] = max(row[2], lp.fill_dual_bound(*row[3]))
+                continue
+            if halvings >= FILL_REFINE or b - a <= 1e-6 * b:
+                break
+            halvings += 1
             mid = 0.5 * (a + b)
-            intervals[i:i + 1] = [(a, mid, max(sums, self.fill(mid))), (mid, b, fb)]
-        return min(tail, min(a + fb for a, _, fb in intervals))
+            grid[i:i + 1] = [[a, mid, max(sums, self.fill(mid)), None], [mid, b, fb, None]]
+        return min(tail, min(a + fb for a, _, fb, _ in grid))
