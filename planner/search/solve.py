@@ -225,7 +225,7 @@ MAX_PAIR_TERMS = 100_000    # option pairs x boundaries a MILP may carry (pulp b
 PAIR_TERMS_PER_S = 50_000   # a pessimistic build rate, to keep within the time limit
 WARM_KEYS_ABOVE = 48        # options per stage above which a warm start pays for itself
 WARM_SHARE = 0.5            # of the time limit
-WARM_TUPLE_SHARE = 0.1      # of the time limit, at most, for one tuple's warm-start MILP
+WARM_TUPLE_SHARE = 0.07     # of the time limit, at most, for one tuple's warm-start MILP
 POLISH_SHARE = 0.02         # of the time limit, at most, for one local search (polish.py)
 ENUM_STAGES = 2             # pipelines this short are solved by enumeration (core/enum.py)
 
