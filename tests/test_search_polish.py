@@ -91,7 +91,7 @@ POLISH_SEEDS = (16, 25, 30, 31, 37)       # oracle cases with tuples of at least
 
 def _polish_tuples(seed: int) -> tuple[int, int]:
     """solve's use of polish on up to 3 tuples of an oracle case: each solved exactly on its
-    last two options, then local search on all of them (``_polish_into``).  Checks that the
+    last two options, then local search on all of them (``incumbent.polish_into``).  Checks that the
     candidate it adds is no worse, and that planner.cost.evaluate gives its plan the same
     iteration time; returns (tuples tried, tuples improved)."""
     from test_oracle import make_case
@@ -99,9 +99,9 @@ def _polish_tuples(seed: int) -> tuple[int, int]:
     from planner.cost import evaluate, topology_for
     from planner.search.classes import class_infos
     from planner.search.core.milp import MilpSettings
+    from planner.search.incumbent import Best, exact_solver, polish_into
     from planner.search.naming import build_plan
     from planner.search.objectives import parse_objective
-    from planner.search.solve import _Best, _polish_into, exact_solver
     from planner.search.space import Pricer, enumerate_knobs, make_context
 
     cluster, model, training = make_case(seed)
@@ -118,8 +118,8 @@ def _polish_tuples(seed: int) -> tuple[int, int]:
         sol = exact_solver(prob).solve(MilpSettings()) if prob.options else None
         if sol is None or not sol.ok:
             continue
-        best = _Best(1)
-        _polish_into(pricer, knobs, ctx, keys, prob, sol.assign, spec, None, best, None)
+        best = Best(1)
+        polish_into(pricer, knobs, ctx, keys, prob, sol.assign, spec, None, best, None)
         cand = best.items[0]
         assert cand.time_s <= sol.objective * (1 + 1e-12)
         plan = build_plan(cluster, model, training, classes, knobs, cand.layout, spec.to_plan_objective())

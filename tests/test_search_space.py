@@ -324,16 +324,16 @@ def test_relaxed_plan_orders_group_each_class():
     reversed), block counts and options kept per stage."""
     from types import SimpleNamespace
 
-    from planner.search.solve import _grouped_orders
+    from planner.search.incumbent import grouped_orders
 
     classes = [0, 1, 0, 2, 1]
     prob = SimpleNamespace(options=[SimpleNamespace(label=SimpleNamespace(cls=c)) for c in classes])
     found = [(o, 10 + o) for o in range(len(classes))]
-    orders = _grouped_orders(prob, found)
+    orders = grouped_orders(prob, found)
     assert orders[0] == found
     assert orders[1] == [(0, 10), (2, 12), (1, 11), (4, 14), (3, 13)]
     assert orders[2] == [(3, 13), (1, 11), (4, 14), (0, 10), (2, 12)]
-    assert _grouped_orders(prob, [(0, 5), (2, 7)]) == [[(0, 5), (2, 7)]]   # one class: nothing to group
+    assert grouped_orders(prob, [(0, 5), (2, 7)]) == [[(0, 5), (2, 7)]]   # one class: nothing to group
 
 
 def test_position_lp_bounds_every_choice_of_one_option_per_position():

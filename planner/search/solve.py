@@ -6,7 +6,9 @@ Per knob tuple (micro-batch size, schedule, recompute, ZeRO, stages) the stage o
 priced with the cost model (space.py) and the core MILP finds the best assignment of node
 classes, TP, replica counts and block ranges to stages.  Knob tuples whose cheap lower bound
 (core.problem.quick_bound) cannot beat the K-th best plan found so far are pruned; the proved
-bound is the least, over all tuples, of the MILP's dual bound or the pruning bound.
+bound is the least, over all tuples, of the MILP's dual bound or the pruning bound.  The plans
+found without proof that it prunes against (warm start, relaxations, local search) come from
+incumbent.py.
 """
 
 from __future__ import annotations
@@ -25,13 +27,22 @@ from planner.plan.model import SolverReport
 from planner.search.bound import KnobBound
 from planner.search.classes import class_infos, classes_without_bf16
 from planner.search.core import enum
-from planner.search.core.milp import CoreMilp, MilpSettings
+from planner.search.core.milp import MilpSettings
 from planner.search.core.problem import quick_bound, relative_gap
 from planner.search.diagnose import explain_infeasible
+from planner.search.incumbent import (
+    WARM_KEYS_ABOVE,
+    Best,
+    Candidate,
+    exact_solver,
+    layout,
+    prepare,
+    relaxed,
+    warm_start,
+)
 from planner.search.naming import build_plan
 from planner.search.objectives import ObjectiveSpec, parse_objective
-from planner.search.polish import polish
-from planner.search.space import Knobs, Pricer, enumerate_knobs, make_context
+from planner.search.space import Pricer, enumerate_knobs, make_context
 
 SPACE = ("stages 1..L; contiguous uneven block ranges; per stage one node class, a TP degree "
          "(power of two within a node, dividing the heads), n replicas (the fewest giving their "
@@ -39,15 +50,6 @@ SPACE = ("stages 1..L; contiguous uneven block ranges; per stage one node class,
          "batch; gpipe/1f1b/interleaved-1f1b(v=2); recompute none/selective/full; ZeRO 0/1; "
          "idle GPUs allowed (docs/search-space.md)")
 MEGATRON_LAUNCHERS = ("megatron", "deepspeed")
-
-
-@dataclass
-class Candidate:
-    key: tuple[float, ...]
-    time_s: float
-    price_usd_per_hour: float
-    knobs: Knobs
-    layout: list            # [(OptionKey, blocks)] per stage
 
 
 @dataclass
@@ -68,29 +70,6 @@ class SearchResult:
     @property
     def solver(self) -> SolverReport:
         return self.report
-
-
-class _Best:
-    """The K best distinct candidates so far."""
-
-    def __init__(self, k: int):
-        self.k, self.items = k, []
-
-    def add(self, cand: Candidate) -> None:
-        sig = (cand.knobs, tuple(cand.layout))
-        if any((c.knobs, tuple(c.layout)) == sig for c in self.items):
-            return
-        self.items.append(cand)
-        self.items.sort(key=lambda c: c.key)
-        del self.items[self.k:]
-
-    def threshold(self) -> float:
-        """Value a new candidate must beat to enter (inf while fewer than K)."""
-        return self.items[-1].key[0] if len(self.items) >= self.k else float("inf")
-
-
-def _layout(prob, assign, knobs: Knobs) -> list:
-    return [(prob.options[o].label, nb * knobs.block_unit) for o, nb in assign]
 
 
 def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput", time_limit_s: float = 60.0,
@@ -125,7 +104,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     knob_bound = KnobBound(pricer)
     knobs_list = enumerate_knobs(model, training, classes)
     settings = MilpSettings(time_limit_s=time_limit_s, gap_rel=gap_rel)
-    best = _Best(top_k)
+    best = Best(top_k)
     bounds: list[float] = []
     stats = {"knobs": len(knobs_list), "solved": 0, "pruned": 0, "empty": 0, "unexplored": 0,
              "milp_optimal": True}
@@ -150,7 +129,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     warm = time_like and ranked and max(len(t[4]) for t in ranked) > WARM_KEYS_ABOVE
     warm_done: set = set()
     if warm:
-        _warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
+        warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
                     done=warm_done)
     # A heap on the bounds: a tuple first comes up with its memory-free bound, is then given
     # its memory-aware bound and goes back in, then the same with the packed bottleneck's
@@ -183,11 +162,11 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         small = enum.fits_size(knobs.num_stages, len(keys), model.num_layers // knobs.block_unit)
         if not small and len(keys) ** 2 * max(1, knobs.num_stages - 1) > MAX_PAIR_TERMS and warm:
             stats["too_big"] = stats.get("too_big", 0) + 1     # see below: too big to build
-            _relaxed(pricer, knobs, ctx, keys, kb, spec, launcher, best, bounds, stats, settings, deadline,
+            relaxed(pricer, knobs, ctx, keys, kb, spec, launcher, best, bounds, stats, settings, deadline,
                      gap_rel, time_like)
             continue
         prob = pricer.price(knobs, ctx, keys)
-        _prepare(prob, spec, launcher)
+        prepare(prob, spec, launcher)
         lb = quick_bound(prob) if prob.options else None
         if lb is None:
             stats["empty"] += 1
@@ -203,7 +182,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             # the pairwise send constraints alone would make the MILP too big to build in the
             # time we have: leave this tuple unexplored (its bound still counts)
             stats["too_big"] = stats.get("too_big", 0) + 1
-            _relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, settings, deadline,
+            relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, settings, deadline,
                      gap_rel, time_like)
             continue
         say(f"[{j}/{len(ranked)}] {knobs.label()}: {K} options, bound {lb:.4g} s")
@@ -213,7 +192,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         # time left over with tuples too big for the exact MILP (not when every tuple was solved
         # or pruned: nothing better than the answer, by more than gap_rel, is left to find):
         # more incumbents on option subsets
-        _warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
+        warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
                     share=1.0, done=warm_done)
     return _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, profiles, launcher)
 
@@ -223,195 +202,6 @@ FINISH_S_PER_GPU = 2e-5     # naming, evaluating and rank-mapping the answer, pe
 FINISH_SHARE = 0.1          # at most this share of the time limit is kept for them
 MAX_PAIR_TERMS = 100_000    # option pairs x boundaries a MILP may carry (pulp builds ~1e5/s)
 PAIR_TERMS_PER_S = 50_000   # a pessimistic build rate, to keep within the time limit
-WARM_KEYS_ABOVE = 48        # options per stage above which a warm start pays for itself
-WARM_SHARE = 0.5            # of the time limit
-WARM_TUPLE_SHARE = 0.07     # of the time limit, at most, for one tuple's warm-start MILP
-POLISH_SHARE = 0.02         # of the time limit, at most, for one local search (polish.py)
-ENUM_STAGES = 2             # pipelines this short are solved by enumeration (core/enum.py)
-
-
-RELAX_MAX_VARS = 20_000      # stage x option pairs of a send-free MILP we still build
-
-
-def exact_solver(prob):
-    """One or two stages: every assignment priced at once (core.enum); longer pipelines: the MILP."""
-    return enum.CoreEnum(prob) if enum.fits(prob) else CoreMilp(prob)
-
-
-def _prepare(prob, spec, launcher) -> None:
-    if launcher:
-        prob.same_group = True
-        for o in prob.options:
-            o.group = (o.label.tp, o.label.replicas)
-    if spec.kind == "throughput-under-budget":
-        prob.budget_usd_per_hour = spec.budget_usd_per_hour
-
-
-def _relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, settings, deadline, gap_rel,
-             time_like) -> None:
-    """A tuple too big for the exact MILP: solve it without the pipeline sends (no pairwise
-    terms; a relaxation, so its dual bound bounds the tuple), and price the plan it finds with
-    its sends as an incumbent.  The tuple stays unexplored unless the bound prunes it."""
-    # Pricing and building a relaxed MILP cannot be interrupted (only HiGHS can): start one only
-    # when the time left exceeds the longest such set-up so far (c overran its limit by 1 s).
-    if (not time_like or len(keys) * knobs.num_stages > RELAX_MAX_VARS
-            or deadline - time.monotonic() < stats.get("relaxed_setup_s", 0.0)):
-        stats["unexplored"] += 1
-        bounds.append(lb)
-        return
-    started = time.monotonic()
-    prob = pricer.price(knobs, ctx, keys, sends=False)
-    _prepare(prob, spec, launcher)
-    qb = quick_bound(prob) if prob.options else None
-    if qb is None:
-        stats["empty"] += 1
-        return
-    lb = max(lb, qb)
-    cut = best.threshold() * (1 - gap_rel)
-    if lb >= cut:
-        stats["pruned"] += 1
-        bounds.append(lb)
-        return
-    solver = exact_solver(prob)
-    stats["relaxed_setup_s"] = max(stats.get("relaxed_setup_s", 0.0), time.monotonic() - started)
-    # capped like a warm start: a relaxation that cannot prune in a few seconds rarely does
-    # later, and the time is better spent on the next tuples
-    until = min(deadline, time.monotonic() + WARM_TUPLE_SHARE * settings.time_limit_s)
-    sol = solver.solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
-    stats["relaxed"] = stats.get("relaxed", 0) + 1
-    if sol.status == "infeasible":
-        stats["empty"] += 1
-        return
-    bound = max(lb, sol.bound) if sol.bound is not None else lb
-    bounds.append(bound)
-    if sol.status == "cutoff" or bound >= cut:
-        stats["pruned"] += 1
-        return
-    stats["unexplored"] += 1
-    if not sol.ok:
-        return
-    # the plan it found, priced with its sends
-    chosen = list(dict.fromkeys(prob.options[o].label for o, _ in sol.assign))
-    full = pricer.price(knobs, ctx, chosen)
-    _prepare(full, spec, launcher)
-    index = {opt.label: i for i, opt in enumerate(full.options)}
-    found = [(index[prob.options[o].label], nb) for o, nb in sol.assign]
-    priced = [(full.objective(a), a) for a in _grouped_orders(full, found) if full.feasible(a)]
-    if not priced:
-        return
-    t, assign = min(priced, key=lambda x: x[0])
-    if t < best.threshold():
-        best.add(Candidate(spec.key(full.price(assign), t), t, full.price(assign), knobs, _layout(full, assign, knobs)))
-        _polish_into(pricer, knobs, ctx, keys, full, assign, spec, launcher, best,
-                     min(deadline, time.monotonic() + POLISH_SHARE * settings.time_limit_s))
-
-
-def _polish_into(pricer, knobs, ctx, keys, prob, assign, spec, launcher, best, deadline) -> None:
-    """A plan found on a subset of the tuple's options (a warm start, a relaxation): local
-    search (polish.py) on all of them, for a better incumbent; proves nothing."""
-    full = pricer.price(knobs, ctx, keys)
-    _prepare(full, spec, launcher)
-    index = {opt.label: i for i, opt in enumerate(full.options)}
-    start = [(index[prob.options[o].label], nb) for o, nb in assign]
-    if not full.feasible(start):
-        return
-    t, found = polish(full, start, deadline=deadline)
-    if t < best.threshold():
-        best.add(Candidate(spec.key(full.price(found), t), t, full.price(found), knobs, _layout(full, found, knobs)))
-
-
-def _grouped_orders(prob, assign: list) -> list:
-    """The relaxation's stages in their own order and with the stages of each class side by
-    side (classes in order of first appearance, and reversed).  Without sends the order
-    barely mattered to it (only the end stages' embedding / head and the in-flight memory per
-    position tell the stages apart); with them each change of class is a send between classes,
-    often across a zone link."""
-    out = [assign]
-    cls = [prob.options[o].label.cls for o, _ in assign]
-    first = list(dict.fromkeys(cls))
-    for order in (first, first[::-1]):
-        grouped = [a for c in order for a, k in zip(assign, cls) if k == c]
-        if grouped not in out:
-            out.append(grouped)
-    return out
-
-
-def _warm_keys(pricer, knobs: Knobs, keys) -> list:
-    """A few options per (class, tp): the most replicas that fit when the class is split
-    over k = 1, 2, 3, 4, 6, 8, ... stages.  A subset of the space, for a quick incumbent."""
-    out = []
-    groups: dict = {}
-    for k in keys:
-        groups.setdefault((k.cls, k.tp), []).append(k)
-    for (c, t), ks in sorted(groups.items()):
-        cap = pricer.classes[c].capacity_units
-        for share in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32):
-            if share > knobs.num_stages:
-                break
-            fit = [k for k in ks if pricer.classes[c].units(t, k.replicas) <= cap // share]
-            if fit:
-                best_k = max(fit, key=lambda k: k.replicas)
-                if best_k not in out:
-                    out.append(best_k)
-    return out
-
-
-def _warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
-                share: float = WARM_SHARE, done: set | None = None):
-    """Solve the best-ranked knob tuples on a small subset of options to get a good incumbent
-    quickly; the full branch and bound that follows prunes against it.  Gives no bounds.
-    ``done`` collects the tuples tried, so a second pass (after the exact pass, with the time
-    left) continues where the first stopped."""
-    now = time.monotonic()
-    stop = now + share * max(0.0, deadline - now)
-    done = set() if done is None else done
-    # Diverse first: the best-ranked tuple of each stage count (the memory-free ranking
-    # favours long pipelines, whose memory limits it cannot see); of one and two stages, which
-    # enumeration solves in milliseconds, one per micro-batch size too, and those first.  The
-    # longer ones in the order of their memory-aware bound.
-    first: dict[tuple, tuple] = {}
-    for item in ranked:
-        p = item[2].num_stages
-        first.setdefault((p, item[2].micro_batch_size if p <= ENUM_STAGES else 0), item)
-    order = [first[k] for k in sorted(first) if k[0] <= ENUM_STAGES]
-    longer = [first[k] for k in sorted(first) if k[0] > ENUM_STAGES]
-    longer.sort(key=lambda x: knob_bound(x[2], x[3], x[4], packed=False))
-    order += longer
-    seen = {id(x) for x in order}
-    order += [x for x in ranked if id(x) not in seen]
-    found: dict = {}
-    for kb, _, knobs, ctx, keys in order:
-        if time.monotonic() > stop:
-            break
-        if knobs in done or kb >= best.threshold():
-            continue
-        done.add(knobs)
-        if math.isfinite(best.threshold()) and \
-                knob_bound(knobs, ctx, keys, enough=best.threshold(), packed=False) >= best.threshold():
-            continue            # cannot beat the incumbent: no MILP for it (b: its p >= 3 tuples)
-        sub = _warm_keys(pricer, knobs, keys)
-        prob = pricer.price(knobs, ctx, sub)
-        if not prob.options or quick_bound(prob) is None:
-            continue
-        _prepare(prob, spec, launcher)
-        cut = best.threshold()
-        # one long pipeline's MILP may take all the warm start's time to prove what it found in
-        # its first seconds: cap it, so that more stage counts get their try
-        until = min(stop, time.monotonic() + WARM_TUPLE_SHARE * settings.time_limit_s)
-        sol = exact_solver(prob).solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
-        if sol.ok and sol.objective < best.threshold():
-            say(f"warm start {knobs.label()}: {sol.objective:.4g} s")
-            best.add(Candidate(spec.key(prob.price(sol.assign), sol.objective), sol.objective,
-                               prob.price(sol.assign), knobs, _layout(prob, sol.assign, knobs)))
-            found[knobs] = (ctx, keys, prob, sol.assign)
-    # the incumbent was found on a few options of its tuple: local search on all of them
-    top = best.items[0] if best.items else None
-    if top is not None and top.knobs in found:
-        ctx, keys, prob, assign = found[top.knobs]
-        _polish_into(pricer, top.knobs, ctx, keys, prob, assign, spec, launcher, best,
-                     min(deadline, time.monotonic() + POLISH_SHARE * settings.time_limit_s))
-
-
 def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb):
     stats["solved"] += 1
     tokens = training.global_batch_size * training.seq_len
@@ -429,7 +219,7 @@ def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, setting
                 break
             t = sol.objective
             best.add(Candidate(spec.key(prob.price(sol.assign), t), t, prob.price(sol.assign), knobs,
-                               _layout(prob, sol.assign, knobs)))
+                               layout(prob, sol.assign, knobs)))
             milp.exclude(sol.assign)
         return
     if spec.kind == "cost-above-floor":
@@ -446,7 +236,7 @@ def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, setting
             stats["milp_optimal"] = False
         price = prob.price(pick.assign)
         t = prob.objective(pick.assign)
-        best.add(Candidate(spec.key(price, t), t, price, knobs, _layout(prob, pick.assign, knobs)))
+        best.add(Candidate(spec.key(price, t), t, price, knobs, layout(prob, pick.assign, knobs)))
         return
     # cost: walk the price/time Pareto front of this knob tuple from the fastest plan down in
     # price; a point can improve price x time only while (its time) x (cheapest price) < best.
@@ -470,7 +260,7 @@ def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, setting
         if sol.status != "optimal":
             stats["milp_optimal"] = False
         price, t = prob.price(sol.assign), sol.objective
-        best.add(Candidate(spec.key(price, t), t, price, knobs, _layout(prob, sol.assign, knobs)))
+        best.add(Candidate(spec.key(price, t), t, price, knobs, layout(prob, sol.assign, knobs)))
         if t * pmin >= best.threshold() or price <= pmin:
             break
         budget = price * (1 - 1e-9)

@@ -1,0 +1,242 @@
+"""Plans found without proof: the incumbents the branch and bound of solve.py prunes against.
+
+- **Warm start** (``warm_start``): the best-ranked knob tuples solved on a few options each
+  (``warm_keys``), capped in time, before the exact pass.
+- **Relaxation** (``relaxed``): a tuple too big for the exact MILP solved without its sends;
+  its dual bound still bounds the tuple, and its plan, priced with the sends, is an incumbent.
+- **Local search** (``polish_into``): such a plan improved over all of its tuple's options
+  (polish.py).
+
+``Best`` keeps the K best distinct candidates; ``exact_solver`` picks enumeration or the MILP.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from planner.search.core import enum
+from planner.search.core.milp import CoreMilp
+from planner.search.core.problem import quick_bound
+from planner.search.polish import polish
+from planner.search.space import Knobs
+
+WARM_KEYS_ABOVE = 48        # options per stage above which a warm start pays for itself
+WARM_SHARE = 0.5            # of the time limit
+WARM_TUPLE_SHARE = 0.07     # of the time limit, at most, for one tuple's warm-start MILP
+POLISH_SHARE = 0.02         # of the time limit, at most, for one local search (polish.py)
+ENUM_STAGES = 2             # pipelines this short are solved by enumeration (core/enum.py)
+RELAX_MAX_VARS = 20_000     # stage x option pairs of a send-free MILP we still build
+
+
+@dataclass
+class Candidate:
+    key: tuple[float, ...]
+    time_s: float
+    price_usd_per_hour: float
+    knobs: Knobs
+    layout: list            # [(OptionKey, blocks)] per stage
+
+
+class Best:
+    """The K best distinct candidates so far."""
+
+    def __init__(self, k: int):
+        self.k, self.items = k, []
+
+    def add(self, cand: Candidate) -> None:
+        sig = (cand.knobs, tuple(cand.layout))
+        if any((c.knobs, tuple(c.layout)) == sig for c in self.items):
+            return
+        self.items.append(cand)
+        self.items.sort(key=lambda c: c.key)
+        del self.items[self.k:]
+
+    def threshold(self) -> float:
+        """Value a new candidate must beat to enter (inf while fewer than K)."""
+        return self.items[-1].key[0] if len(self.items) >= self.k else float("inf")
+
+
+def layout(prob, assign, knobs: Knobs) -> list:
+    """[(OptionKey, blocks)] per stage of a CoreProblem's assignment (blocks, not core units)."""
+    return [(prob.options[o].label, nb * knobs.block_unit) for o, nb in assign]
+
+
+def exact_solver(prob):
+    """One or two stages: every assignment priced at once (core.enum); longer pipelines: the MILP."""
+    return enum.CoreEnum(prob) if enum.fits(prob) else CoreMilp(prob)
+
+
+def prepare(prob, spec, launcher) -> None:
+    if launcher:
+        prob.same_group = True
+        for o in prob.options:
+            o.group = (o.label.tp, o.label.replicas)
+    if spec.kind == "throughput-under-budget":
+        prob.budget_usd_per_hour = spec.budget_usd_per_hour
+
+
+def relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, settings, deadline, gap_rel,
+             time_like) -> None:
+    """A tuple too big for the exact MILP: solve it without the pipeline sends (no pairwise
+    terms; a relaxation, so its dual bound bounds the tuple), and price the plan it finds with
+    its sends as an incumbent.  The tuple stays unexplored unless the bound prunes it."""
+    # Pricing and building a relaxed MILP cannot be interrupted (only HiGHS can): start one only
+    # when the time left exceeds the longest such set-up so far (c overran its limit by 1 s).
+    if (not time_like or len(keys) * knobs.num_stages > RELAX_MAX_VARS
+            or deadline - time.monotonic() < stats.get("relaxed_setup_s", 0.0)):
+        stats["unexplored"] += 1
+        bounds.append(lb)
+        return
+    started = time.monotonic()
+    prob = pricer.price(knobs, ctx, keys, sends=False)
+    prepare(prob, spec, launcher)
+    qb = quick_bound(prob) if prob.options else None
+    if qb is None:
+        stats["empty"] += 1
+        return
+    lb = max(lb, qb)
+    cut = best.threshold() * (1 - gap_rel)
+    if lb >= cut:
+        stats["pruned"] += 1
+        bounds.append(lb)
+        return
+    solver = exact_solver(prob)
+    stats["relaxed_setup_s"] = max(stats.get("relaxed_setup_s", 0.0), time.monotonic() - started)
+    # capped like a warm start: a relaxation that cannot prune in a few seconds rarely does
+    # later, and the time is better spent on the next tuples
+    until = min(deadline, time.monotonic() + WARM_TUPLE_SHARE * settings.time_limit_s)
+    sol = solver.solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
+    stats["relaxed"] = stats.get("relaxed", 0) + 1
+    if sol.status == "infeasible":
+        stats["empty"] += 1
+        return
+    bound = max(lb, sol.bound) if sol.bound is not None else lb
+    bounds.append(bound)
+    if sol.status == "cutoff" or bound >= cut:
+        stats["pruned"] += 1
+        return
+    stats["unexplored"] += 1
+    if not sol.ok:
+        return
+    # the plan it found, priced with its sends
+    chosen = list(dict.fromkeys(prob.options[o].label for o, _ in sol.assign))
+    full = pricer.price(knobs, ctx, chosen)
+    prepare(full, spec, launcher)
+    index = {opt.label: i for i, opt in enumerate(full.options)}
+    found = [(index[prob.options[o].label], nb) for o, nb in sol.assign]
+    priced = [(full.objective(a), a) for a in grouped_orders(full, found) if full.feasible(a)]
+    if not priced:
+        return
+    t, assign = min(priced, key=lambda x: x[0])
+    if t < best.threshold():
+        best.add(Candidate(spec.key(full.price(assign), t), t, full.price(assign), knobs, layout(full, assign, knobs)))
+        polish_into(pricer, knobs, ctx, keys, full, assign, spec, launcher, best,
+                     min(deadline, time.monotonic() + POLISH_SHARE * settings.time_limit_s))
+
+
+def polish_into(pricer, knobs, ctx, keys, prob, assign, spec, launcher, best, deadline) -> None:
+    """A plan found on a subset of the tuple's options (a warm start, a relaxation): local
+    search (polish.py) on all of them, for a better incumbent; proves nothing."""
+    full = pricer.price(knobs, ctx, keys)
+    prepare(full, spec, launcher)
+    index = {opt.label: i for i, opt in enumerate(full.options)}
+    start = [(index[prob.options[o].label], nb) for o, nb in assign]
+    if not full.feasible(start):
+        return
+    t, found = polish(full, start, deadline=deadline)
+    if t < best.threshold():
+        best.add(Candidate(spec.key(full.price(found), t), t, full.price(found), knobs, layout(full, found, knobs)))
+
+
+def grouped_orders(prob, assign: list) -> list:
+    """The relaxation's stages in their own order and with the stages of each class side by
+    side (classes in order of first appearance, and reversed).  Without sends the order
+    barely mattered to it (only the end stages' embedding / head and the in-flight memory per
+    position tell the stages apart); with them each change of class is a send between classes,
+    often across a zone link."""
+    out = [assign]
+    cls = [prob.options[o].label.cls for o, _ in assign]
+    first = list(dict.fromkeys(cls))
+    for order in (first, first[::-1]):
+        grouped = [a for c in order for a, k in zip(assign, cls) if k == c]
+        if grouped not in out:
+            out.append(grouped)
+    return out
+
+
+def warm_keys(pricer, knobs: Knobs, keys) -> list:
+    """A few options per (class, tp): the most replicas that fit when the class is split
+    over k = 1, 2, 3, 4, 6, 8, ... stages.  A subset of the space, for a quick incumbent."""
+    out = []
+    groups: dict = {}
+    for k in keys:
+        groups.setdefault((k.cls, k.tp), []).append(k)
+    for (c, t), ks in sorted(groups.items()):
+        cap = pricer.classes[c].capacity_units
+        for share in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32):
+            if share > knobs.num_stages:
+                break
+            fit = [k for k in ks if pricer.classes[c].units(t, k.replicas) <= cap // share]
+            if fit:
+                best_k = max(fit, key=lambda k: k.replicas)
+                if best_k not in out:
+                    out.append(best_k)
+    return out
+
+
+def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
+                share: float = WARM_SHARE, done: set | None = None):
+    """Solve the best-ranked knob tuples on a small subset of options to get a good incumbent
+    quickly; the full branch and bound that follows prunes against it.  Gives no bounds.
+    ``done`` collects the tuples tried, so a second pass (after the exact pass, with the time
+    left) continues where the first stopped."""
+    now = time.monotonic()
+    stop = now + share * max(0.0, deadline - now)
+    done = set() if done is None else done
+    # Diverse first: the best-ranked tuple of each stage count (the memory-free ranking
+    # favours long pipelines, whose memory limits it cannot see); of one and two stages, which
+    # enumeration solves in milliseconds, one per micro-batch size too, and those first.  The
+    # longer ones in the order of their memory-aware bound.
+    first: dict[tuple, tuple] = {}
+    for item in ranked:
+        p = item[2].num_stages
+        first.setdefault((p, item[2].micro_batch_size if p <= ENUM_STAGES else 0), item)
+    order = [first[k] for k in sorted(first) if k[0] <= ENUM_STAGES]
+    longer = [first[k] for k in sorted(first) if k[0] > ENUM_STAGES]
+    longer.sort(key=lambda x: knob_bound(x[2], x[3], x[4], packed=False))
+    order += longer
+    seen = {id(x) for x in order}
+    order += [x for x in ranked if id(x) not in seen]
+    found: dict = {}
+    for kb, _, knobs, ctx, keys in order:
+        if time.monotonic() > stop:
+            break
+        if knobs in done or kb >= best.threshold():
+            continue
+        done.add(knobs)
+        if math.isfinite(best.threshold()) and \
+                knob_bound(knobs, ctx, keys, enough=best.threshold(), packed=False) >= best.threshold():
+            continue            # cannot beat the incumbent: no MILP for it (b: its p >= 3 tuples)
+        sub = warm_keys(pricer, knobs, keys)
+        prob = pricer.price(knobs, ctx, sub)
+        if not prob.options or quick_bound(prob) is None:
+            continue
+        prepare(prob, spec, launcher)
+        cut = best.threshold()
+        # one long pipeline's MILP may take all the warm start's time to prove what it found in
+        # its first seconds: cap it, so that more stage counts get their try
+        until = min(stop, time.monotonic() + WARM_TUPLE_SHARE * settings.time_limit_s)
+        sol = exact_solver(prob).solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
+        if sol.ok and sol.objective < best.threshold():
+            say(f"warm start {knobs.label()}: {sol.objective:.4g} s")
+            best.add(Candidate(spec.key(prob.price(sol.assign), sol.objective), sol.objective,
+                               prob.price(sol.assign), knobs, layout(prob, sol.assign, knobs)))
+            found[knobs] = (ctx, keys, prob, sol.assign)
+    # the incumbent was found on a few options of its tuple: local search on all of them
+    top = best.items[0] if best.items else None
+    if top is not None and top.knobs in found:
+        ctx, keys, prob, assign = found[top.knobs]
+        polish_into(pricer, top.knobs, ctx, keys, prob, assign, spec, launcher, best,
+                     min(deadline, time.monotonic() + POLISH_SHARE * settings.time_limit_s))
