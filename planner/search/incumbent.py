@@ -63,6 +63,20 @@ def layout(prob, assign, knobs: Knobs) -> list:
     return [(prob.options[o].label, nb * knobs.block_unit) for o, nb in assign]
 
 
+def priced(pricer, knobs, ctx, keys, spec, launcher, sends: bool = True) -> tuple:
+    """The tuple's CoreProblem on ``keys``, prepared for the objective and the launcher, and
+    its quick bound (None: some stage has no option)."""
+    prob = pricer.price(knobs, ctx, keys, sends=sends)
+    prepare(prob, spec, launcher)
+    return prob, (quick_bound(prob) if prob.options else None)
+
+
+def mapped(prob, assign: list, onto) -> list:
+    """``assign`` (over ``prob`` 's options) over ``onto`` 's options, matched by label."""
+    index = {opt.label: i for i, opt in enumerate(onto.options)}
+    return [(index[prob.options[o].label], nb) for o, nb in assign]
+
+
 def exact_solver(prob):
     """One or two stages: every assignment priced at once (core.enum); longer pipelines: the MILP."""
     return enum.CoreEnum(prob) if enum.fits(prob) else CoreMilp(prob)
@@ -90,9 +104,7 @@ def relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, s
         bounds.append(lb)
         return
     started = time.monotonic()
-    prob = pricer.price(knobs, ctx, keys, sends=False)
-    prepare(prob, spec, launcher)
-    qb = quick_bound(prob) if prob.options else None
+    prob, qb = priced(pricer, knobs, ctx, keys, spec, launcher, sends=False)
     if qb is None:
         stats["empty"] += 1
         return
@@ -122,14 +134,12 @@ def relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, s
         return
     # the plan it found, priced with its sends
     chosen = list(dict.fromkeys(prob.options[o].label for o, _ in sol.assign))
-    full = pricer.price(knobs, ctx, chosen)
-    prepare(full, spec, launcher)
-    index = {opt.label: i for i, opt in enumerate(full.options)}
-    found = [(index[prob.options[o].label], nb) for o, nb in sol.assign]
-    priced = [(full.objective(a), a) for a in grouped_orders(full, found) if full.feasible(a)]
-    if not priced:
+    full, _ = priced(pricer, knobs, ctx, chosen, spec, launcher)
+    found = mapped(prob, sol.assign, full)
+    orders = [(full.objective(a), a) for a in grouped_orders(full, found) if full.feasible(a)]
+    if not orders:
         return
-    t, assign = min(priced, key=lambda x: x[0])
+    t, assign = min(orders, key=lambda x: x[0])
     if t < best.threshold():
         best.add(Candidate(spec.key(full.price(assign), t), t, full.price(assign), knobs, layout(full, assign, knobs)))
         polish_into(pricer, knobs, ctx, keys, full, assign, spec, launcher, best,
@@ -139,10 +149,8 @@ def relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, s
 def polish_into(pricer, knobs, ctx, keys, prob, assign, spec, launcher, best, deadline) -> None:
     """A plan found on a subset of the tuple's options (a warm start, a relaxation): local
     search (polish.py) on all of them, for a better incumbent; proves nothing."""
-    full = pricer.price(knobs, ctx, keys)
-    prepare(full, spec, launcher)
-    index = {opt.label: i for i, opt in enumerate(full.options)}
-    start = [(index[prob.options[o].label], nb) for o, nb in assign]
+    full, _ = priced(pricer, knobs, ctx, keys, spec, launcher)
+    start = mapped(prob, assign, full)
     if not full.feasible(start):
         return
     t, found = polish(full, start, deadline=deadline)
@@ -219,11 +227,9 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
         if math.isfinite(best.threshold()) and \
                 knob_bound(knobs, ctx, keys, enough=best.threshold(), packed=False) >= best.threshold():
             continue            # cannot beat the incumbent: no MILP for it (b: its p >= 3 tuples)
-        sub = warm_keys(pricer, knobs, keys)
-        prob = pricer.price(knobs, ctx, sub)
-        if not prob.options or quick_bound(prob) is None:
+        prob, qb = priced(pricer, knobs, ctx, warm_keys(pricer, knobs, keys), spec, launcher)
+        if qb is None:
             continue
-        prepare(prob, spec, launcher)
         cut = best.threshold()
         # one long pipeline's MILP may take all the warm start's time to prove what it found in
         # its first seconds: cap it, so that more stage counts get their try

@@ -28,7 +28,7 @@ from planner.search.bound import KnobBound
 from planner.search.classes import class_infos, classes_without_bf16
 from planner.search.core import enum
 from planner.search.core.milp import MilpSettings
-from planner.search.core.problem import quick_bound, relative_gap
+from planner.search.core.problem import relative_gap
 from planner.search.diagnose import explain_infeasible
 from planner.search.incumbent import (
     WARM_KEYS_ABOVE,
@@ -36,7 +36,7 @@ from planner.search.incumbent import (
     Candidate,
     exact_solver,
     layout,
-    prepare,
+    priced,
     relaxed,
     warm_start,
 )
@@ -163,11 +163,9 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         if not small and len(keys) ** 2 * max(1, knobs.num_stages - 1) > MAX_PAIR_TERMS and warm:
             stats["too_big"] = stats.get("too_big", 0) + 1     # see below: too big to build
             relaxed(pricer, knobs, ctx, keys, kb, spec, launcher, best, bounds, stats, settings, deadline,
-                     gap_rel, time_like)
+                    gap_rel, time_like)
             continue
-        prob = pricer.price(knobs, ctx, keys)
-        prepare(prob, spec, launcher)
-        lb = quick_bound(prob) if prob.options else None
+        prob, lb = priced(pricer, knobs, ctx, keys, spec, launcher)
         if lb is None:
             stats["empty"] += 1
             continue
@@ -183,7 +181,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             # time we have: leave this tuple unexplored (its bound still counts)
             stats["too_big"] = stats.get("too_big", 0) + 1
             relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, settings, deadline,
-                     gap_rel, time_like)
+                    gap_rel, time_like)
             continue
         say(f"[{j}/{len(ranked)}] {knobs.label()}: {K} options, bound {lb:.4g} s")
         milp = exact_solver(prob)
