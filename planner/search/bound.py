@@ -239,13 +239,16 @@ class KnobBound:
         U = np.clip(np.where(exact, U, L), 0, L)     # not affine: no memory limit (still a bound)
         usable = U >= 1
         capacity = [c.capacity_units for c in self.classes]
+        # the most stages a tuple sharing these parts can have (they differ only in p): an
+        # interleaved schedule needs p to divide m; a larger p reads no rate cap (still a bound)
+        most_p = min(KNAPSACK_STAGES, L, knobs.num_micro_batches if knobs.virtual_stages > 1 else L)
         parts, built = [], {}
         for t in terms:
             row = rows[t.row]
             if row.hinges:
                 continue
             if t.row not in built:
-                built[t.row] = self._row_part(row, arrays, U, usable, L, memory)
+                built[t.row] = self._row_part(row, arrays, U, usable, L, memory, most_p)
             base = built[t.row]
             if base is None:
                 parts.append(None)
@@ -259,7 +262,7 @@ class KnobBound:
         return parts, U
 
     def _row_part(self, row, arrays: tuple, U: np.ndarray, usable: np.ndarray, L: int,
-                  memory: bool) -> _TermPart | None:
+                  memory: bool, most_p: int) -> _TermPart | None:
         """One row's pieces over the usable options (kind, row, weight and m_cap are the
         caller's): least slope and per-position intercepts, rate caps, cheapest-fill pieces."""
         arr, units, cls, _, _, _, _, icpt = arrays
@@ -278,7 +281,7 @@ class KnobBound:
                 speed += capacity[int(c)] * float(ratio[cc == c].max())
         if a_min > 0 and memory:
             # at most p whole options, not the classes' capacity at their best rates
-            rates = most_speed(1.0 / vals, nn, cc, capacity, min(KNAPSACK_STAGES, L))
+            rates = most_speed(1.0 / vals, nn, cc, capacity, most_p)
         part = _TermPart("", -1, 0.0, a_min, speed, rates, 0.0, c_min, sends)
         if (uu >= L).all():                 # no memory limit binds: closed forms in whole()
             return part
