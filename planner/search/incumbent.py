@@ -38,6 +38,13 @@ class Candidate:
     knobs: Knobs
     layout: list            # [(OptionKey, blocks)] per stage
 
+    @classmethod
+    def of(cls, prob, assign, time_s: float, knobs: Knobs, spec) -> Candidate:
+        """``assign`` on ``prob`` taking ``time_s`` per iteration: its price, its ranking key
+        under the objective ``spec`` and its layout."""
+        price = prob.price(assign)
+        return cls(spec.key(price, time_s), time_s, price, knobs, layout(prob, assign, knobs))
+
 
 class Best:
     """The K best distinct candidates so far."""
@@ -92,7 +99,7 @@ def prepare(prob, spec, launcher) -> None:
 
 
 def relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, settings, deadline, gap_rel,
-             time_like) -> None:
+            time_like) -> None:
     """A tuple too big for the exact MILP: solve it without the pipeline sends (no pairwise
     terms; a relaxation, so its dual bound bounds the tuple), and price the plan it finds with
     its sends as an incumbent.  The tuple stays unexplored unless the bound prunes it."""
@@ -141,9 +148,9 @@ def relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, s
         return
     t, assign = min(orders, key=lambda x: x[0])
     if t < best.threshold():
-        best.add(Candidate(spec.key(full.price(assign), t), t, full.price(assign), knobs, layout(full, assign, knobs)))
+        best.add(Candidate.of(full, assign, t, knobs, spec))
         polish_into(pricer, knobs, ctx, keys, full, assign, spec, launcher, best,
-                     min(deadline, time.monotonic() + POLISH_SHARE * settings.time_limit_s))
+                    min(deadline, time.monotonic() + POLISH_SHARE * settings.time_limit_s))
 
 
 def polish_into(pricer, knobs, ctx, keys, prob, assign, spec, launcher, best, deadline) -> None:
@@ -155,7 +162,7 @@ def polish_into(pricer, knobs, ctx, keys, prob, assign, spec, launcher, best, de
         return
     t, found = polish(full, start, deadline=deadline)
     if t < best.threshold():
-        best.add(Candidate(spec.key(full.price(found), t), t, full.price(found), knobs, layout(full, found, knobs)))
+        best.add(Candidate.of(full, found, t, knobs, spec))
 
 
 def grouped_orders(prob, assign: list) -> list:
@@ -195,7 +202,7 @@ def warm_keys(pricer, knobs: Knobs, keys) -> list:
 
 
 def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
-                share: float = WARM_SHARE, done: set | None = None):
+               share: float = WARM_SHARE, done: set | None = None):
     """Solve the best-ranked knob tuples on a small subset of options to get a good incumbent
     quickly; the full branch and bound that follows prunes against it.  Gives no bounds.
     ``done`` collects the tuples tried, so a second pass (after the exact pass, with the time
@@ -237,12 +244,11 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
         sol = exact_solver(prob).solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
         if sol.ok and sol.objective < best.threshold():
             say(f"warm start {knobs.label()}: {sol.objective:.4g} s")
-            best.add(Candidate(spec.key(prob.price(sol.assign), sol.objective), sol.objective,
-                               prob.price(sol.assign), knobs, layout(prob, sol.assign, knobs)))
+            best.add(Candidate.of(prob, sol.assign, sol.objective, knobs, spec))
             found[knobs] = (ctx, keys, prob, sol.assign)
     # the incumbent was found on a few options of its tuple: local search on all of them
     top = best.items[0] if best.items else None
     if top is not None and top.knobs in found:
         ctx, keys, prob, assign = found[top.knobs]
         polish_into(pricer, top.knobs, ctx, keys, prob, assign, spec, launcher, best,
-                     min(deadline, time.monotonic() + POLISH_SHARE * settings.time_limit_s))
+                    min(deadline, time.monotonic() + POLISH_SHARE * settings.time_limit_s))

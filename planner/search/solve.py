@@ -35,7 +35,6 @@ from planner.search.incumbent import (
     Best,
     Candidate,
     exact_solver,
-    layout,
     priced,
     relaxed,
     warm_start,
@@ -130,7 +129,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     warm_done: set = set()
     if warm:
         warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
-                    done=warm_done)
+                   done=warm_done)
     # A heap on the bounds: a tuple first comes up with its memory-free bound, is then given
     # its memory-aware bound and goes back in, then the same with the packed bottleneck's
     # knapsacks and with its LPs (each level dearer than the last); it is priced and solved
@@ -191,7 +190,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         # or pruned: nothing better than the answer, by more than gap_rel, is left to find):
         # more incumbents on option subsets
         warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
-                    share=1.0, done=warm_done)
+                   share=1.0, done=warm_done)
     return _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, profiles, launcher)
 
 
@@ -215,9 +214,7 @@ def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, setting
                     stats["milp_optimal"] = False
             if not sol.ok or sol.objective >= best.threshold():
                 break
-            t = sol.objective
-            best.add(Candidate(spec.key(prob.price(sol.assign), t), t, prob.price(sol.assign), knobs,
-                               layout(prob, sol.assign, knobs)))
+            best.add(Candidate.of(prob, sol.assign, sol.objective, knobs, spec))
             milp.exclude(sol.assign)
         return
     if spec.kind == "cost-above-floor":
@@ -232,9 +229,7 @@ def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, setting
         pick = fast if fast.ok else sol
         if pick.status != "optimal" or sol.status != "optimal":
             stats["milp_optimal"] = False
-        price = prob.price(pick.assign)
-        t = prob.objective(pick.assign)
-        best.add(Candidate(spec.key(price, t), t, price, knobs, layout(prob, pick.assign, knobs)))
+        best.add(Candidate.of(prob, pick.assign, prob.objective(pick.assign), knobs, spec))
         return
     # cost: walk the price/time Pareto front of this knob tuple from the fastest plan down in
     # price; a point can improve price x time only while (its time) x (cheapest price) < best.
@@ -257,8 +252,9 @@ def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, setting
             break
         if sol.status != "optimal":
             stats["milp_optimal"] = False
-        price, t = prob.price(sol.assign), sol.objective
-        best.add(Candidate(spec.key(price, t), t, price, knobs, layout(prob, sol.assign, knobs)))
+        cand = Candidate.of(prob, sol.assign, sol.objective, knobs, spec)
+        best.add(cand)
+        price, t = cand.price_usd_per_hour, cand.time_s
         if t * pmin >= best.threshold() or price <= pmin:
             break
         budget = price * (1 - 1e-9)
