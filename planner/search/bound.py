@@ -22,7 +22,7 @@ from planner.cost import CostContext, in_flight_micro_batches
 from planner.search.core.problem import max_row_bound
 from planner.search.fill import class_slots, joint_row_bound, slot_blocks, sum_bound
 from planner.search.packed import KNAPSACK_STAGES, PackedBound
-from planner.search.pieces import most_speed
+from planner.search.pieces import block_limits, most_speed
 from planner.search.space import (
     POSITIONS,
     QUANTITIES,
@@ -232,11 +232,7 @@ class KnobBound:
         row's max and sum terms share their pieces; only the max term reads ``m_cap``."""
         _, units, cls, _, coef, exact, caps, _ = arrays
         rows, terms = pipeline_rows(knobs)
-        c0, c1, c2, c3 = (coef[:, i] for i in range(4))
-        room, per_u = caps - c0 - c2 * f_min, c1 + c3 * f_min
-        with np.errstate(divide="ignore", invalid="ignore"):
-            U = np.where(per_u > 0, np.floor(room / per_u * (1 + 1e-9) + 1e-9), np.where(room >= 0, L, 0))
-        U = np.clip(np.where(exact, U, L), 0, L)     # not affine: no memory limit (still a bound)
+        U = block_limits(coef, exact, caps, [f_min], L)[:, 0]
         usable = U >= 1
         capacity = [c.capacity_units for c in self.classes]
         # the most stages a tuple sharing these parts can have (they differ only in p): an

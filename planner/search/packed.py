@@ -27,7 +27,7 @@ import numpy as np
 
 from planner.cost import CostContext, in_flight_micro_batches
 from planner.search.fill import PositionLP
-from planner.search.pieces import most_speed
+from planner.search.pieces import block_limits, most_speed
 from planner.search.space import POSITIONS, Knobs, OptionKey, exposed_sync_parts, pipeline_rows
 
 KNAPSACK_STAGES = 128       # stage counts up to which the knob bound packs whole options (all, for the models we know)
@@ -157,12 +157,8 @@ class PackedBound:
         position's micro-batches in flight; L where the model is not affine."""
         coef, exact, caps = arrays.coef, arrays.exact, arrays.caps
         p, m, v = knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages
-        f = np.array([in_flight_micro_batches(knobs.schedule, p, s, m, v) for s in range(p)], dtype=float)
-        c0, c1, c2, c3 = (coef[:, i, None] for i in range(4))
-        room, per_u = caps[:, None] - c0 - c2 * f, c1 + c3 * f
-        with np.errstate(divide="ignore", invalid="ignore"):
-            U = np.where(per_u > 0, np.floor(room / per_u * (1 + 1e-9) + 1e-9), np.where(room >= 0, L, 0))
-        return np.clip(np.where(exact[:, None], U, L), 0, L)
+        f = [in_flight_micro_batches(knobs.schedule, p, s, m, v) for s in range(p)]
+        return block_limits(coef, exact, caps, f, L)
 
     def _option_sends(self, ctx, knobs, keys: list[OptionKey]) -> tuple[np.ndarray, np.ndarray]:
         """[K] each, the least send out of and into a stage of each option: a boundary's

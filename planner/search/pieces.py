@@ -34,6 +34,20 @@ def _max_units(cap: float, base: float, per_u: float, exact: bool, mem, L_units:
     return hi
 
 
+def block_limits(coef: np.ndarray, exact: np.ndarray, caps: np.ndarray, in_flight: np.ndarray,
+                 L: int) -> np.ndarray:
+    """[K, F] the most block units each option fits in memory with each of F in-flight
+    micro-batch counts: its memory model ``c0 + c1 u + f (c2 + c3 u)`` (``coef`` [K, 4]) under
+    its GPU's capacity (``caps`` [K]), rounded down with a hair of slack (the knob bounds only
+    need a limit at least the true one); L where the model is not affine (no limit)."""
+    f = np.asarray(in_flight, dtype=float)[None, :]
+    c0, c1, c2, c3 = (coef[:, i, None] for i in range(4))
+    room, per_u = caps[:, None] - c0 - c2 * f, c1 + c3 * f
+    with np.errstate(divide="ignore", invalid="ignore"):
+        U = np.where(per_u > 0, np.floor(room / per_u * (1 + 1e-9) + 1e-9), np.where(room >= 0, L, 0))
+    return np.clip(np.where(exact[:, None], U, L), 0, L)
+
+
 @lru_cache(maxsize=65536)
 def _busiest_points(B: int, na: int, nb: int) -> tuple[tuple[int, int], ...]:
     """(transfers, sequences) of the busiest senders and receivers of a boundary, in the
