@@ -90,8 +90,6 @@ def sum_bound(L: int, p: int, a_min: float, speed: float) -> float:
     return out
 
 
-
-
 class PositionLP:
     """LP relaxations of choosing one option per pipeline position, each position with its
     own limits (``most[o, s]`` blocks of option o at position s; below 1: not there), within

@@ -8,7 +8,13 @@ improving one is taken, until none improves:
 - shift one block unit from one stage to another;
 - change one stage's option (another replica count, TP degree or class), keeping its blocks;
 - change one stage's option and shift one unit between it and another stage (a faster option
-  takes more blocks, a slower one gives some away).
+  takes more blocks, a slower one gives some away);
+- swap two stages (the order decides the sends and the in-flight memory);
+- change two stages' options within their classes at once (units move between them).
+
+Where no move improves, one that keeps the objective and evens the stages walks the plateau
+(``Evaluator.scored``); at a local optimum the least bad moves are each followed by block
+shifts alone (``_Search.look_ahead``).
 
 ``Evaluator`` prices a batch of whole assignments the way ``CoreProblem.objective`` prices one;
 tests hold the two to each other.
@@ -210,7 +216,7 @@ class _Search:
         """From a local optimum: the LOOK_AHEAD least-bad moves, each followed by block shifts
         alone; the first to end below ``val`` (a change of option that pays only once the
         blocks move over several units), or None."""
-        co, cb, vals, _ = self.candidates(opts, blocks, shifts_only=False)
+        co, cb, vals, ties = self.candidates(opts, blocks, shifts_only=False)
         order = np.argsort(vals, kind="stable")
         seen = set()
         for i in order:
@@ -220,18 +226,17 @@ class _Search:
             if sig in seen:
                 continue
             seen.add(sig)
-            v0, t0 = self.ev.scored(co[i][None], cb[i][None])
-            o, b, v, t = self.descend(co[i], cb[i], float(v0[0]), float(t0[0]), shifts_only=True)
+            o, b, v, t = self.descend(co[i], cb[i], float(vals[i]), float(ties[i]), shifts_only=True)
             if v < val * (1 - 1e-12):
                 return o, b, v, t
         return None
 
 
-def polish(prob: CoreProblem, assign: list[tuple[int, int]], deadline: float | None = None,
-           evaluator: Evaluator | None = None) -> tuple[float, list[tuple[int, int]]]:
+def polish(prob: CoreProblem, assign: list[tuple[int, int]],
+           deadline: float | None = None) -> tuple[float, list[tuple[int, int]]]:
     """The best assignment local search reaches from ``assign`` (feasible), with its objective;
     ``assign`` itself when no move improves it.  Stops at ``deadline`` (time.monotonic())."""
-    ev = evaluator or Evaluator(prob)
+    ev = Evaluator(prob)
     search = _Search(ev, deadline)
     opts = np.array([o for o, _ in assign])
     blocks = np.array([nb for _, nb in assign])
