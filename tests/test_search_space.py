@@ -204,6 +204,34 @@ def test_most_speed_equals_enumerating_option_multisets():
             assert exact[k - 1] == best or abs(exact[k - 1] - best) <= 1e-9 * max(1.0, best), (seed, k, exact, best)
 
 
+def test_most_speed_on_a_coarse_grid_still_bounds_every_multiset(monkeypatch):
+    """Past KNAPSACK_CELLS capacity units the knapsack counts whole cells of g units (each
+    option floor(u / g) cells): never below the best multiset that fits, and not far above
+    it on options of many units (c's classes have 512-768 nodes)."""
+    import random
+
+    import numpy as np
+
+    from planner.search import pieces
+
+    monkeypatch.setattr(pieces, "KNAPSACK_CELLS", 8)
+    close = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        K = rng.randint(1, 5)
+        rates = np.array([rng.uniform(0.1, 5) for _ in range(K)])
+        units = np.array([rng.randint(2, 12) for _ in range(K)])
+        classes = np.array([rng.randrange(2) for _ in range(K)])
+        capacity = [rng.randint(9, 40), rng.randint(1, 40)]
+        for exact in (False, True):
+            got = pieces.most_speed(rates, units, classes, capacity, 4, exact=exact)
+            for k in range(1, 5):
+                best = _best_multiset(rates, units, classes, capacity, k, range(K), exact=exact)
+                assert got[k - 1] >= best - 1e-9 * max(1.0, abs(best)), (seed, k, exact, got, best)
+                close += bool(np.isfinite(best) and got[k - 1] <= best * 1.25)
+    assert close >= 250, close
+
+
 def test_joint_row_bound_under_every_allocation():
     """joint_row_bound with the stages' own rates (prefix sums as R) never exceeds
     w_max max t + w_sum sum t over any split of L blocks (t_s = nb_s / r_s), and is tight
@@ -337,7 +365,7 @@ def test_relaxed_plan_orders_group_each_class():
 
 
 def test_position_lp_bounds_every_choice_of_one_option_per_position():
-    """fill.PositionLP against enumeration: the most blocks is at least that of every choice
+    """position_lp.PositionLP against enumeration: the most blocks is at least that of every choice
     of one option per position within the capacities, and the least fill at most the
     cheapest such choice holding L blocks; both exact on some cases (a relaxation that is
     never tight proves little); the fill's Lagrangian dual bound (no LP) likewise."""
@@ -345,7 +373,7 @@ def test_position_lp_bounds_every_choice_of_one_option_per_position():
 
     import numpy as np
 
-    from planner.search.fill import PositionLP
+    from planner.search.position_lp import PositionLP
 
     lp = PositionLP()
     tight_blocks = tight_fill = 0
@@ -387,6 +415,72 @@ def test_position_lp_bounds_every_choice_of_one_option_per_position():
     assert tight_blocks >= 50 and tight_fill >= 20, (tight_blocks, tight_fill)
 
 
+def test_position_lp_with_crossings_bounds_every_plan_of_its_classes():
+    """With ``Cross``, each position's option comes in four variants (its out / in side
+    crossing to another class or not), each with its own limit and intercept.  Against
+    enumeration of every choice of one option per position that uses exactly C classes,
+    whose variants follow from its neighbours' classes (wrapping or not): the LP's most
+    blocks is at least, its least fill at most, every such plan's; it is exact on some
+    cases, and it prunes the variants a plan cannot have (a bound above the one without
+    crossings on some cases, else the rows would be idle)."""
+    import itertools
+    import random
+
+    import numpy as np
+
+    from planner.search.position_lp import VARIANTS, Cross, PositionLP
+
+    lp = PositionLP()
+    tight = lifted = checked = 0
+    for seed in range(150):
+        rng = random.Random(seed)
+        K, p, C = rng.randint(2, 4), rng.randint(2, 4), rng.randint(2, 3)
+        wrap = rng.random() < 0.5
+        L = rng.randint(p, 9)
+        cls = np.array([k % C for k in range(K)] if K >= C else [rng.randrange(C) for _ in range(K)])
+        units = np.array([rng.randint(1, 2) for _ in range(K)], dtype=float)
+        cap = [rng.randint(1, 4) for _ in range(C)]
+        slope = np.array([rng.uniform(0.1, 2) for _ in range(K)])
+        # crossing sides hold fewer blocks and cost more: what a zone link does
+        base = np.array([[rng.choice([1, 2, 3, 4]) for _ in range(p)] for _ in range(K)], dtype=float)
+        most = np.stack([np.maximum(0.0, base - rng.choice([0, 1]) * (co + ci)) for co, ci in VARIANTS])
+        icpt0 = np.array([[rng.uniform(0, 1) for _ in range(p)] for _ in range(K)])
+        icpt = np.stack([icpt0 + 0.5 * (co + ci) for co, ci in VARIANTS])
+        cross = Cross(C, wrap)
+        best_blocks, best_fill = -math.inf, math.inf
+        for combo in itertools.product(range(K), repeat=p):
+            if len({int(cls[o]) for o in combo}) != C:
+                continue
+            if any(sum(units[o] for o in combo if cls[o] == c) > cap[c] for c in range(C)):
+                continue
+            var = []
+            for s, o in enumerate(combo):
+                nxt = combo[(s + 1) % p] if (wrap or s < p - 1) else None
+                prv = combo[(s - 1) % p] if (wrap or s > 0) else None
+                co = int(nxt is not None and cls[nxt] != cls[o])
+                ci = int(prv is not None and cls[prv] != cls[o])
+                var.append(VARIANTS.index((co, ci)))
+            lim = [most[v, o, s] for s, (o, v) in enumerate(zip(combo, var))]
+            if min(lim) < 1:
+                continue
+            best_blocks = max(best_blocks, sum(lim))
+            for nbs in itertools.product(*[range(1, int(x) + 1) for x in lim]):
+                if sum(nbs) == L:
+                    best_fill = min(best_fill, sum(slope[o] * nb + icpt[v, o, s]
+                                                   for s, (o, v, nb) in enumerate(zip(combo, var, nbs))))
+        got_blocks = lp.most_blocks(most, units, cls, cap, cross)
+        got_fill = lp.least_fill(most, slope, icpt, units, cls, cap, L, cross)
+        assert got_blocks >= best_blocks - 1e-9, (seed, got_blocks, best_blocks)
+        assert got_fill <= best_fill + 1e-9, (seed, got_fill, best_fill)
+        if math.isfinite(best_fill):
+            checked += 1
+            tight += abs(got_fill - best_fill) < 1e-5 * max(1.0, best_fill)
+            # without the rows, any variant anywhere: the least of them at each place
+            plain = lp.least_fill(most.max(axis=0), slope, icpt.min(axis=0), units, cls, cap, L)
+            lifted += got_fill > plain + 1e-6
+    assert checked >= 40 and tight >= 5 and lifted >= checked // 2, (checked, tight, lifted)
+
+
 def test_position_lp_leaves_the_milps_working_in_one_process():
     """HiGHS fixes its thread pool at its first run, process-wide: a PositionLP that ran first
     with more threads than the MILPs' one made every later MILP return no answer (the whole
@@ -401,10 +495,61 @@ def test_position_lp_leaves_the_milps_working_in_one_process():
         sys.path.insert(0, "tests")
         from test_search_core import random_problem
         from planner.search.core.milp import MilpSettings, solve_milp
-        from planner.search.fill import PositionLP
+        from planner.search.position_lp import PositionLP
         assert PositionLP().most_blocks(np.array([[2.0, 3.0]]), np.array([1.0]), np.array([0]), [4]) >= 5
         print(solve_milp(random_problem(random.Random(0)), MilpSettings(time_limit_s=20))[0].status)
     """)
     out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "optimal", out.stdout
+
+
+def test_every_gpipe_plan_is_a_no_worse_1f1b_plan():
+    """solve.gpipe_dominated prunes a GPipe tuple for its 1F1B twin: every feasible GPipe
+    plan must be feasible for the twin (no more memory) and no slower, and the twin's best
+    no worse.  Checked on the oracle's cases with the cost model's own pricing."""
+    import random
+
+    from test_oracle import make_case
+
+    from planner.cost import topology_for
+    from planner.search.classes import class_infos
+    from planner.search.core.brute import solve_brute
+    from planner.search.solve import gpipe_dominated
+    from planner.search.space import Knobs, Pricer, enumerate_knobs, make_context
+
+    plans = strict = cases = 0
+    for seed in range(30):
+        cluster, model, training = make_case(seed)
+        classes = class_infos(topology_for(cluster), training.precision)
+        pricer = Pricer(model, training, classes, topology_for(cluster))
+        tuples = enumerate_knobs(model, training, classes)
+        pruned = gpipe_dominated(tuples)
+        assert all(k.schedule == "gpipe" for k in pruned)
+        assert bool(pruned) == ({"gpipe", "1f1b"} <= set(training.schedules)), seed
+        cases += bool(pruned)
+        for g in random.Random(seed).sample(sorted(pruned, key=Knobs.label), min(4, len(pruned))):
+            twin = Knobs(g.micro_batch_size, g.num_micro_batches, "1f1b", 1, g.recompute, g.zero_stage, g.num_stages)
+            assert twin in tuples
+            ctx = make_context(model, training, g)
+            keys = pricer.option_keys(g)
+            pg, p1 = pricer.price(g, ctx, keys), pricer.price(twin, make_context(model, training, twin), keys)
+            index = {o.label: i for i, o in enumerate(p1.options)}
+            rng = random.Random(seed)
+            for _ in range(40 if pg.options else 0):
+                assign = [(rng.randrange(len(pg.options)), 1) for _ in range(g.num_stages)]
+                extra = pg.num_blocks - g.num_stages
+                for _ in range(extra):
+                    s = rng.randrange(g.num_stages)
+                    assign[s] = (assign[s][0], assign[s][1] + 1)
+                if not pg.feasible(assign):
+                    continue
+                mapped = [(index[pg.options[o].label], nb) for o, nb in assign]
+                assert p1.feasible(mapped), (seed, g.label())
+                assert p1.objective(mapped) <= pg.objective(assign) * (1 + 1e-12), (seed, g.label())
+                plans += 1
+                strict += p1.objective(mapped) < pg.objective(assign) * (1 - 1e-9)
+            best_g, best_1 = solve_brute(pg)[0], solve_brute(p1)[0]
+            if best_g.ok:
+                assert best_1.ok and best_1.objective <= best_g.objective * (1 + 1e-12)
+    assert cases >= 8 and plans >= 50 and strict >= plans // 20, (cases, plans, strict)

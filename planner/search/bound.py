@@ -33,6 +33,7 @@ from planner.search.space import (
 )
 
 SUBSET_CLASSES = 4          # classes up to which the knob bound goes over every set of them (2^4 - 1)
+SUBSET_MEMO = 50_000         # knob tuples whose per-subset bounds are kept (to order the next level's subsets)
 _F_BUCKETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0)
 
 
@@ -62,6 +63,7 @@ class KnobBound:
         self._subsets: dict = {}
         self._present: dict = {}
         self._subset_parent: dict = {}  # id(subset keys) -> (those keys, all keys, the classes)
+        self._by_subset: dict = {}      # (knobs, id(keys)) -> {classes: their last bound}
         self._packed = PackedBound(pricer)
 
     def __call__(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool = True,
@@ -84,10 +86,23 @@ class KnobBound:
         whole = self.whole(knobs, ctx, keys, True, enough=enough, packed=packed)
         if whole >= enough:
             return whole
-        best = math.inf
-        for size in range(1, min(len(present), knobs.num_stages) + 1):
-            for subset in itertools.combinations(present, size):
-                best = min(best, self.whole(knobs, ctx, self._subset_keys(keys, subset), True, size, enough, packed))
+        # Subsets in the order of their last level's bounds: once the least so far is below a
+        # subset's last bound, that subset cannot be the least (bounds only rise with the
+        # level), and each is asked only to show that it is at least the least so far.
+        last = self._by_subset.get((knobs, id(keys)), {})
+        subsets = [sub for size in range(1, min(len(present), knobs.num_stages) + 1)
+                   for sub in itertools.combinations(present, size)]
+        subsets.sort(key=lambda sub: last.get(sub, -math.inf))
+        now, best = dict(last), math.inf
+        for subset in subsets:
+            if last.get(subset, -math.inf) >= best:
+                break
+            now[subset] = self.whole(knobs, ctx, self._subset_keys(keys, subset), True, len(subset),
+                                     min(enough, best), packed)
+            best = min(best, now[subset])
+        if len(self._by_subset) >= SUBSET_MEMO:
+            del self._by_subset[next(iter(self._by_subset))]       # the oldest
+        self._by_subset[(knobs, id(keys))] = now
         return max(best, whole)        # both bound every plan (a subset's may round below the whole's)
 
     def _classes_of(self, keys: list[OptionKey]) -> tuple[int, ...]:
@@ -222,7 +237,8 @@ class KnobBound:
             joint = joint_row_bound(L, rates[:p], m_lb, fill, w_max, w_sum) + w_max * c_stage + w_sum * c_sum
             total += max(0.0, joint - separate)
         if memory and packed and total < enough:
-            total = max(total, self._packed(knobs, ctx, keys, (tk, hit, U), L, enough, sums, lp=packed >= 2))
+            total = max(total, self._packed(knobs, ctx, keys, (tk, hit, U), L, enough, sums, lp=packed >= 2,
+                                                num_classes=num_classes))
         return total
 
     def _parts(self, knobs: Knobs, arrays: tuple, L: int, f_min: float, memory: bool) -> tuple[list, np.ndarray]:

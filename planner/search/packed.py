@@ -10,7 +10,7 @@ sends, the last the head; each position has its own memory limit (micro-batches 
 1. **Bottleneck.** With ``max_s g(s) <= M`` option o holds at most the largest nb with
    ``G[o, nb] <= M`` at a position.  p stages must hold all L blocks: a knapsack over exactly
    p whole options within the classes' capacities (pieces.most_speed), and the LP relaxation
-   of one option per position (fill.PositionLP.most_blocks).  The least such M, by bisection.
+   of one option per position (position_lp.PositionLP.most_blocks).  The least such M, by bisection.
 2. **With the fill.** The same blocks also pay the summed rows (1F1B's ``sum_s (F + B)``,
    interleaving's 1/v of it): the smaller M, the more the blocks must spread over slow
    stages.  For each M the LP's least fill bounds the summed rows of every plan whose
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost import CostContext, in_flight_micro_batches
-from planner.search.fill import PositionLP
 from planner.search.pieces import block_limits, most_speed
+from planner.search.position_lp import VARIANTS, Cross, PositionLP, PositionModel
 from planner.search.space import POSITIONS, Knobs, OptionKey, exposed_sync_parts, pipeline_rows
 
 KNAPSACK_STAGES = 128       # stage counts up to which the knob bound packs whole options (all, for the models we know)
@@ -42,13 +42,48 @@ class _Tables:
     """Per option, without memory limits: ``g`` [K, L] the least max-term sum at any
     position; ``first``, ``mid``, ``last`` the same at that position (None for p = 1, mid
     None for p = 2); the summed rows, affine in the blocks: ``r_slope`` [K] and ``r_icpt``
-    [K, 3] (first, middle, last; sends included)."""
+    [K, 3] (first, middle, last; sends included).  ``sends`` (None for p = 1): the same
+    without sends and what each side's send adds, for the crossing variants."""
     g: np.ndarray
     first: np.ndarray | None
     mid: np.ndarray | None
     last: np.ndarray | None
     r_slope: np.ndarray
     r_icpt: np.ndarray
+    sends: _Sends | None = None
+
+
+@dataclass
+class _Sends:
+    """A stage's max-term sum and summed-row intercept without its sends (``g`` [3, K, L] and
+    ``r`` [K, 3] at the first, middle, last position), the sends' weights in each (``w_max``,
+    ``w_sum``: (out, in)) and each side's least send within the class and to another class
+    (``out``, ``inn``: [2, K], index 1 = crossing; inf when no other class)."""
+    g: np.ndarray
+    r: np.ndarray
+    w_max: tuple[float, float]
+    w_sum: tuple[float, float]
+    out: np.ndarray
+    inn: np.ndarray
+    wraps: bool
+
+    def variants(self, L: int) -> tuple[np.ndarray, np.ndarray]:
+        """([3, 4, K, L] max-term sums, [3, 4, K] summed-row intercepts) per position kind
+        and crossing variant (position_lp.VARIANTS); inf where the variant's crossing side
+        does not exist (the first stage's in side, the last's out side, unless it wraps)."""
+        g = np.empty((3, len(VARIANTS)) + self.g.shape[1:])
+        r = np.empty((3, len(VARIANTS), self.g.shape[1]))
+        for k in range(3):
+            has_out, has_in = k != 2 or self.wraps, k != 0 or self.wraps
+            for i, (co, ci) in enumerate(VARIANTS):
+                if (co and not has_out) or (ci and not has_in):
+                    g[k, i], r[k, i] = math.inf, math.inf
+                    continue
+                o = self.out[co] if has_out else 0.0
+                n = self.inn[ci] if has_in else 0.0
+                g[k, i] = self.g[k] + (self.w_max[0] * o + self.w_max[1] * n)[:, None]
+                r[k, i] = self.r[:, k] + self.w_sum[0] * o + self.w_sum[1] * n
+        return g, r
 
 
 class PackedBound:
@@ -60,12 +95,14 @@ class PackedBound:
         self._lp = PositionLP()
 
     def __call__(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple, L: int,
-                 enough: float, sums: float, lp: bool = True) -> float:
+                 enough: float, sums: float, lp: bool = True, num_classes: int = 0) -> float:
         """A lower bound on the whole objective of every plan of the tuple (``pieces``: the
         knob bound's (cache key, arrays, U at the fewest in flight); ``sums``: its bound on
         the sum terms).  At least ``enough`` once that is shown (the search's pruning
         threshold); the bound with the fill only while below it.  ``lp=False``: the
-        knapsacks alone (no LP over positions, no fill)."""
+        knapsacks alone (no LP over positions, no fill).  ``num_classes`` >= 2: for plans
+        using exactly that many classes (those of ``keys``), whose LPs count the crossings
+        between classes (position_lp.Cross)."""
         p = knobs.num_stages
         if p > KNAPSACK_STAGES:
             return sums
@@ -74,8 +111,10 @@ class PackedBound:
         over = np.arange(1, L + 1)[None, :] > U[:, None]
         tables = [None if x is None else np.where(over, math.inf, x) for x in (t.g, t.first, t.mid, t.last)]
         U_pos = self._position_limits(knobs, pieces[1], L) if p > 1 and lp else None
+        cross = (Cross(num_classes, knobs.schedule == "interleaved-1f1b")
+                  if num_classes >= 2 and p > 1 and lp and t.sends is not None else None)
         packing = _Packing(self._lp, knobs, pieces[1], [c.capacity_units for c in self.classes], L,
-                           tables, U_pos, t)
+                           tables, U_pos, t, cross, over)
         need = enough - sums
         M = packing.bottleneck(need)
         if not math.isfinite(M):
@@ -132,7 +171,8 @@ class PackedBound:
             sends[t.kind][1] += t.weight * sum(row.inn)
         if p == 1:
             return _Tables(g[:, 3], None, None, None, r_slope, r_at[:, [3, 3, 3]])
-        send_out, send_in = self._option_sends(ctx, knobs, keys)
+        out2, in2 = self._option_sends(ctx, knobs, keys)
+        send_out, send_in = out2.min(axis=0), in2.min(axis=0)
         wraps = knobs.schedule == "interleaved-1f1b"
 
         def paid(kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -146,10 +186,12 @@ class PackedBound:
         r_first, r_mid, r_last = paid("sum")
         r_icpt = np.stack([r_at[:, 1] + r_first, r_at[:, 0] + r_mid, r_at[:, 2] + r_last], axis=1)
         end = np.minimum(first, last)
+        bare = _Sends(np.stack([g[:, 1], g[:, 0], g[:, 2]]), r_at[:, [1, 0, 2]], tuple(sends["max"]),
+                      tuple(sends["sum"]), out2, in2, wraps)
         if p == 2:
-            return _Tables(end, first, None, last, r_slope, r_icpt)
+            return _Tables(end, first, None, last, r_slope, r_icpt, bare)
         mid = g[:, 0] + s_mid[:, None]
-        return _Tables(np.minimum(mid, end), first, mid, last, r_slope, r_icpt)
+        return _Tables(np.minimum(mid, end), first, mid, last, r_slope, r_icpt, bare)
 
     def _position_limits(self, knobs: Knobs, arrays, L: int) -> np.ndarray:
         """[K, p] blocks each option can hold at each position: the middle stage's memory model
@@ -161,20 +203,25 @@ class PackedBound:
         return block_limits(coef, exact, caps, f, L)
 
     def _option_sends(self, ctx, knobs, keys: list[OptionKey]) -> tuple[np.ndarray, np.ndarray]:
-        """[K] each, the least send out of and into a stage of each option: a boundary's
-        busiest point carries at least one transfer and, on the option's side, its largest
-        share ceil(B / n) of sequences (``L0 + ceil(B / n) X``, the sender's line), and
-        across a capped zone link no less than the whole micro-batch (``shared_link``); the
-        least over the (class, TP) partners in ``keys``."""
+        """[2, K] each, the least send out of and into a stage of each option, to a partner of
+        its own class (row 0) and of another class (row 1; inf when ``keys`` has none): a
+        boundary's busiest point carries at least one transfer and, on the option's side,
+        its largest share ceil(B / n) of sequences (``L0 + ceil(B / n) X``, the sender's
+        line), and across a capped zone link no less than the whole micro-batch
+        (``shared_link``); the least over the (class, TP) partners in ``keys``."""
         B = knobs.micro_batch_size
         groups = sorted({(k.cls, k.tp) for k in keys})
-        line = {(a, b): (*self.pricer.send_line(ctx, OptionKey(a[0], a[1], 1), OptionKey(b[0], b[1], 1)),
-                         self.pricer.shared_link(ctx, B, a, b)) for a in groups for b in groups}
-        send_out, send_in = np.empty(len(keys)), np.empty(len(keys))
-        for i, k in enumerate(keys):
-            g, share = (k.cls, k.tp), -(-B // k.replicas)
-            send_out[i] = min(max(L0 + share * X, sh) for (L0, X, sh) in (line[g, b] for b in groups))
-            send_in[i] = min(max(L0 + share * X, sh) for (L0, X, sh) in (line[a, g] for a in groups))
+        index = {g: i for i, g in enumerate(groups)}
+        lines = np.array([[(*self.pricer.send_line(ctx, OptionKey(a[0], a[1], 1), OptionKey(b[0], b[1], 1)),
+                            self.pricer.shared_link(ctx, B, a, b)) for b in groups] for a in groups])
+        L0, X, shared = lines[..., 0], lines[..., 1], lines[..., 2]              # [sender, receiver]
+        g = np.array([index[(k.cls, k.tp)] for k in keys])
+        share = np.array([-(-B // k.replicas) for k in keys], dtype=float)[:, None]
+        out = np.maximum(L0[g] + share * X[g], shared[g])                         # [K, partner]
+        inn = np.maximum(L0[:, g].T + share * X[:, g].T, shared[:, g].T)
+        crossing = np.array([c for c, _ in groups])[None, :] != np.array([k.cls for k in keys])[:, None]
+        send_out = np.stack([np.where(crossing, math.inf, out).min(axis=1), np.where(crossing, out, math.inf).min(axis=1)])
+        send_in = np.stack([np.where(crossing, math.inf, inn).min(axis=1), np.where(crossing, inn, math.inf).min(axis=1)])
         return send_out, send_in
 
 
@@ -182,13 +229,28 @@ class _Packing:
     """One tuple's tables with its memory limits applied: the tests of a bottleneck M."""
 
     def __init__(self, lp: PositionLP, knobs: Knobs, arrays, caps: list[int], L: int, tables: list,
-                 U_pos: np.ndarray | None, t: _Tables):
+                 U_pos: np.ndarray | None, t: _Tables, cross: Cross | None = None, over=None):
         self.lp, self.p, self.L, self.caps = lp, knobs.num_stages, L, caps
         self.units, self.cls = arrays.units, arrays.cls
         self.G, self.first, self.mid, self.last = tables
-        self.U_pos, self.t = U_pos, t
+        self.U_pos, self.t, self.cross = U_pos, t, cross
+        self._lp_model = None
         self.nbs = np.arange(1, L + 1, dtype=float)
         finite = [x[np.isfinite(x)] for x in tables if x is not None]
+        at = None
+        if self.p > 1:
+            # per position kind (first, middle, last) [and crossing variant], [K, L]
+            if cross is not None:
+                g, self.r_var = t.sends.variants(L)
+                at = np.where(over[None, None], math.inf, g)
+                finite.append(at[np.isfinite(at)])
+            else:
+                at = np.stack([self.first, self.first if self.mid is None else self.mid, self.last])
+            # the suffix minimum over block counts: the most blocks under M is how many of
+            # its entries are at most M (more than the largest nb with g <= M only where g
+            # falls as nb grows, which loosens the bound)
+            at = np.flip(np.minimum.accumulate(np.flip(at, axis=-1), axis=-1), axis=-1)
+        self.at = at
         self.lo = float(finite[0].min()) if len(finite[0]) else math.inf
         # every table's largest entry: no M below it fails for want of an M
         self.hi = max((float(x.max()) for x in finite if len(x)), default=math.inf)
@@ -196,11 +258,15 @@ class _Packing:
     def _most(self, table: np.ndarray, M: float) -> np.ndarray:
         return np.where(table <= M, self.nbs, 0.0).max(axis=1)
 
+    def _kinds(self) -> list[int]:
+        return [0] + [1] * (self.p - 2) + [2]
+
     def _most_at_positions(self, M: float) -> np.ndarray:
-        """[K, p] the most blocks each option holds at each position under M."""
-        kinds = [self.first] + [self.mid] * (self.p - 2) + [self.last]
-        ok = np.stack([x <= M for x in kinds], axis=1) & (self.nbs[None, None, :] <= self.U_pos[:, :, None])
-        return np.where(ok, self.nbs, 0.0).max(axis=2)
+        """[K, p] the most blocks each option holds at each position under M ([4, K, p] per
+        crossing variant with ``cross``)."""
+        most = (self.at <= M).sum(axis=-1)[self._kinds()]                  # [p, (4,) K]
+        most = np.moveaxis(most, 0, -1)
+        return np.minimum(most, self.U_pos)
 
     def holds(self, M: float) -> bool:
         """Whether p stages whose g is at most M can hold the L blocks (necessary conditions)."""
@@ -222,7 +288,8 @@ class _Packing:
                 return False
         if self.U_pos is None:
             return True
-        return self.lp.most_blocks(self._most_at_positions(M), self.units, self.cls, self.caps) >= L
+        model = self._model()
+        return model is not None and model.most_blocks(self._most_at_positions(M)) >= L
 
     def bottleneck(self, need: float) -> float:
         """The least M that ``holds`` (its infeasible end, by bisection); inf when none does.
@@ -253,12 +320,24 @@ class _Packing:
 
     def _fill_args(self, M: float) -> tuple:
         t = self.t
-        kinds = np.array([0] + [1] * (self.p - 2) + [2])
-        return (self._most_at_positions(M), t.r_slope, t.r_icpt[:, kinds], self.units, self.cls, self.caps, self.L)
+        kinds = self._kinds()
+        icpt = t.r_icpt[:, kinds] if self.cross is None else self.r_var[kinds].transpose(1, 2, 0)
+        return (self._most_at_positions(M), t.r_slope, icpt, self.units, self.cls, self.caps, self.L, self.cross)
 
-    def fill(self, M: float) -> float:
+    def _model(self) -> PositionModel | None:
+        """The LP over every column the largest bottleneck allows (built once per packing:
+        the bisection and the fill's grid only allow fewer)."""
+        if self._lp_model is None:
+            self._lp_model = self.lp.model(*self._fill_args(self.hi)[:1], self.units, self.cls, self.caps, self.cross,
+                                           self.t.r_slope, self._fill_args(self.hi)[2]) or False
+        return self._lp_model or None
+
+    def fill(self, M: float, args: tuple | None = None) -> float:
         """The least the summed rows can total over p stages whose g is at most M (the LP)."""
-        return self.lp.least_fill(*self._fill_args(M))
+        model = self._model()
+        if model is None:
+            return math.inf
+        return model.least_fill((args or self._fill_args(M))[0], self.L)
 
     def with_fill(self, M0: float, sums: float, enough: float) -> float:
         """``min over M > M0`` of ``M + max(sums, fill(M))``: every plan's bottleneck exceeds
@@ -291,7 +370,7 @@ class _Packing:
             if a + fb >= min(tail, enough):
                 break
             if args is not None:
-                grid[i] = [a, b, max(fb, sums, lp.least_fill(*args)), None]
+                grid[i] = [a, b, max(fb, sums, self.fill(b, args)), None]
                 for row in grid:                # the new prices may lift the others
                     if row[3] is not None:
                         row[2] = max(row[2], lp.fill_dual_bound(*row[3]))

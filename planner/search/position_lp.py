@@ -1,0 +1,258 @@
+"""LP relaxations of choosing one option per pipeline position (packed.py's last level).
+
+Each position s takes one option o; at s it holds at most ``most[o, s]`` blocks (below 1: o
+is not allowed there), within every class's capacity in units.  Any plan is one integer
+choice, so the LP optimum bounds it.  The positionless knapsack (pieces.most_speed) must give
+every stage its option's best position; here the first stages of a 1F1B pipeline, with the
+most micro-batches in flight, hold fewer blocks of the memory-bound options, and the ends pay
+for embedding and head.
+
+**Crossings between classes** (``Cross``).  A plan that uses exactly C >= 2 classes has
+boundaries whose two stages are of different classes (at least C - 1; at least C when the
+pipeline wraps), and a send across one costs more than a send within a class (another zone,
+another network: tens of times more on a cluster of zones).  With ``cross`` each column is
+also one of four variants, whether the stage's out and in sides cross (``VARIANTS``); its
+``most`` and intercept are the caller's for that variant.  Rows tie the variants together:
+boundary b crosses on both of its sides or on neither, a side that does not cross has the
+same class on the other side, every class of the plan holds some stage, and at least the
+fewest crossings happen.  An integer plan satisfies them all, so the LP still bounds it.
+
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+VARIANTS = ((0, 0), (0, 1), (1, 0), (1, 1))    # (out side crosses, in side crosses), per column
+
+
+@dataclass(frozen=True)
+class Cross:
+    """Plans using exactly ``num_classes`` >= 2 classes; ``wrap``: the last stage also sends
+    to the first (interleaved schedules)."""
+    num_classes: int
+    wrap: bool
+
+    def boundaries(self, p: int) -> list[tuple[int, int]]:
+        return [(s, (s + 1) % p) for s in range(p if self.wrap else p - 1)]
+
+    @property
+    def fewest(self) -> int:
+        return self.num_classes if self.wrap else self.num_classes - 1
+
+
+class PositionLP:
+    """The HiGHS instance the models share (one model is loaded at a time).  ``most`` is
+    [K, p] without crossings and [4, K, p] with ``cross`` (VARIANTS order); ``icpt`` has the
+    same shape."""
+
+    def __init__(self):
+        import highspy
+
+        from planner.search.core.guard import solver_output_silenced
+        with solver_output_silenced():          # HiGHS's banner on its first use
+            self._h = highspy.Highs()
+        self._h.setOptionValue("output_flag", False)
+        # HiGHS's thread pool is process-wide and fixed by its first run: the MILPs run with
+        # one thread (core/milp.py), and a pool started with more makes them fail
+        self._h.setOptionValue("threads", 1)
+        self._hs = highspy
+        self.loaded: PositionModel | None = None
+        self.fill_duals: tuple | None = None     # (lam, {class: mu}) of the last least_fill
+
+    def model(self, most: np.ndarray, units: np.ndarray, cls: np.ndarray, capacity: list[int],
+              cross: Cross | None = None, slope: np.ndarray | None = None,
+              icpt: np.ndarray | None = None) -> PositionModel | None:
+        """The LP over every column ``most`` allows (None when some position has none): its
+        calls may then allow fewer, and HiGHS starts from the last basis."""
+        return PositionModel.build(self, most, units, cls, capacity, cross, slope, icpt)
+
+    def most_blocks(self, most: np.ndarray, units: np.ndarray, cls: np.ndarray, capacity: list[int],
+                    cross: Cross | None = None) -> float:
+        model = self.model(most, units, cls, capacity, cross)
+        return -math.inf if model is None else model.most_blocks(most)
+
+    def least_fill(self, most: np.ndarray, slope: np.ndarray, icpt: np.ndarray, units: np.ndarray,
+                   cls: np.ndarray, capacity: list[int], L: int, cross: Cross | None = None) -> float:
+        model = self.model(most, units, cls, capacity, cross, slope, icpt)
+        return math.inf if model is None else model.least_fill(most, L)
+
+    def fill_dual_bound(self, most: np.ndarray, slope: np.ndarray, icpt: np.ndarray, units: np.ndarray,
+                        cls: np.ndarray, capacity: list[int], L: int, cross: Cross | None = None) -> float:
+        """A lower bound on ``least_fill`` without an LP: its Lagrangian dual at the prices of
+        the last LP solved (a block's price lam, each class's unit price mu >= 0; the
+        crossing rows priced at 0, i.e. dropped, which only lowers it),
+
+            lam L - sum_c mu_c cap_c + sum_s min_(v, o) [icpt + mu_c(o) units_o
+                                                         + min(slope_o - lam, (slope_o - lam) most)],
+
+        which bounds it for any prices (weak duality) and reaches it at the LP's own when no
+        crossing row binds; the fill of a nearby bottleneck has nearly the same prices.  Both
+        signs of HiGHS's duals are tried (any choice is valid)."""
+        if self.fill_duals is None:
+            return -math.inf
+        most3 = most.reshape(-1, *most.shape[-2:])
+        icpt3 = icpt.reshape(-1, *icpt.shape[-2:])
+        ok = most3 >= 1
+        if not ok.any(axis=(0, 1)).all():
+            return math.inf                     # some position takes no option: no plan
+        lam0, mu0 = self.fill_duals
+        best = -math.inf
+        for lam in (lam0, -lam0):
+            for sign in (1.0, -1.0):
+                mu = np.array([max(0.0, sign * mu0.get(int(c), 0.0)) for c in range(len(capacity))])
+                per = (slope[:, None] - lam)[None]
+                col = icpt3 + (mu[cls] * units)[None, :, None] + np.minimum(per, per * most3)
+                col = np.where(ok, col, math.inf)
+                value = lam * L - float(mu @ np.asarray(capacity, dtype=float)) + float(col.min(axis=(0, 1)).sum())
+                best = max(best, value)
+        return best - 1e-6 * max(1.0, abs(best))
+
+
+class PositionModel:
+    """One column per (variant, option, position, block count): choosing it puts that many
+    blocks there.  Its rows are few (positions, classes, the crossing rows, the blocks), so
+    a call that only allows fewer columns (a smaller bottleneck) is a bound change that
+    HiGHS takes from the last basis.  Per position, the columns of one (variant, option)
+    span exactly the choices z <= y <= most z of the aggregated LP, so the bound is the same."""
+
+    def __init__(self, lp: PositionLP, v, o, s, nb, fill_cost, rows, lower, upper, cap_rows):
+        self.lp, self.v, self.o, self.s, self.nb = lp, v, o, s, nb
+        self.fill_cost, self.rows, self.lower, self.upper, self.cap_rows = fill_cost, rows, lower, upper, cap_rows
+        self.p = int(s.max()) + 1
+        self._mode = None
+
+    @classmethod
+    def build(cls_, lp, most, units, cls, capacity, cross, slope, icpt) -> PositionModel | None:
+        p = most.shape[-1]
+        most3 = most.reshape(-1, *most.shape[-2:]).astype(int)
+        v, o, s = np.nonzero(most3 >= 1)
+        if len(np.unique(s)) < p:
+            return None
+        width = most3[v, o, s]
+        rep = np.repeat(np.arange(len(o)), width)
+        nb = (np.arange(len(rep)) - np.repeat(np.cumsum(width) - width, width) + 1).astype(float)
+        v, o, s = v[rep], o[rep], s[rep]
+        fill_cost = None
+        if slope is not None:
+            fill_cost = slope[o] * nb + icpt.reshape(-1, *icpt.shape[-2:])[v, o, s]
+        rows, lower, upper, cap_rows = _rows(v, o, s, units, cls, capacity, cross, p)
+        rows.append((np.full(len(o), len(lower)), np.arange(len(o)), nb))      # the blocks row, last
+        lower.append(-math.inf)
+        upper.append(math.inf)
+        return cls_(lp, v, o, s, nb, fill_cost, rows, lower, upper, cap_rows)
+
+    def most_blocks(self, most: np.ndarray) -> float:
+        """max blocks over the columns ``most`` allows (-inf when no choice fits)."""
+        value_ = self._run(most, "blocks", None)
+        if value_ is None:
+            return math.inf                     # unsure: claim nothing
+        if not math.isfinite(value_):
+            return -math.inf                    # infeasible: no choice fits
+        return -value_ + 1e-6 * max(1.0, float(np.max(most)))
+
+    def least_fill(self, most: np.ndarray, L: int) -> float:
+        """min summed row over the allowed columns holding exactly L blocks (inf: none can)."""
+        value_ = self._run(most, "fill", L)
+        if value_ is None:
+            return -math.inf                    # unsure: claim nothing
+        if not math.isfinite(value_):
+            return value_                       # infeasible: no choice holds the blocks
+        duals = np.asarray(self.lp._h.getSolution().row_dual)
+        self.lp.fill_duals = (float(duals[-1]), {c: float(duals[r]) for c, r in self.cap_rows.items()})
+        return value_ - 1e-6 * max(1.0, abs(value_))
+
+    def _run(self, most: np.ndarray, mode: str, L: int | None) -> float | None:
+        """Minimise (-blocks or the fill) over the columns ``most`` allows; the optimum's
+        value, inf when infeasible, None when HiGHS is unsure."""
+        most3 = most.reshape(-1, *most.shape[-2:])
+        allowed = self.nb <= most3[self.v, self.o, self.s]
+        if len(np.unique(self.s[allowed])) < self.p:
+            return math.inf                     # some position takes no column
+        h, hs = self.lp._h, self.lp._hs
+        if self.lp.loaded is not self:
+            self._load()
+        n = len(self.o)
+        idx = np.arange(n, dtype=np.int32)
+        if mode != self._mode:
+            h.changeColsCost(n, idx, -self.nb if mode == "blocks" else self.fill_cost)
+            self._mode = mode
+        last = len(self.lower) - 1
+        h.changeRowBounds(last, -hs.kHighsInf if L is None else float(L), hs.kHighsInf if L is None else float(L))
+        h.changeColsBounds(n, idx, np.zeros(n), allowed.astype(float))
+        h.run()
+        status = h.getModelStatus()
+        if status == hs.HighsModelStatus.kInfeasible:
+            return math.inf
+        if status != hs.HighsModelStatus.kOptimal:
+            return None
+        return float(h.getInfo().objective_function_value)
+
+    def _load(self) -> None:
+        h, hs = self.lp._h, self.lp._hs
+        r, c, val = (np.concatenate(x) for x in zip(*self.rows))
+        order = np.lexsort((r, c))
+        r, c, val = r[order], c[order], val[order]
+        n = len(self.o)
+        lower, upper = np.array(self.lower, dtype=float), np.array(self.upper, dtype=float)
+        lp = hs.HighsLp()
+        lp.num_col_, lp.num_row_ = n, len(lower)
+        lp.col_cost_ = np.zeros(n)
+        lp.col_lower_, lp.col_upper_ = np.zeros(n), np.ones(n)
+        lp.row_lower_ = np.where(np.isfinite(lower), lower, -hs.kHighsInf)
+        lp.row_upper_ = np.where(np.isfinite(upper), upper, hs.kHighsInf)
+        lp.a_matrix_.format_ = hs.MatrixFormat.kColwise
+        lp.a_matrix_.start_ = np.searchsorted(c, np.arange(n + 1)).astype(np.int32)
+        lp.a_matrix_.index_ = r.astype(np.int32)
+        lp.a_matrix_.value_ = val.astype(float)
+        h.clearModel()
+        h.passModel(lp)
+        self.lp.loaded, self._mode = self, None
+
+
+def _rows(v, o, s, units, cls, capacity, cross: Cross | None, p: int) -> tuple:
+    """One column per position, the classes' capacities, and with ``cross`` the crossing rows
+    (module docstring): (row, column, value) triples, row bounds, each class's capacity row."""
+    n = len(o)
+    j = np.arange(n)
+    rows, lower, upper = [(s, j, np.ones(n))], [1.0] * p, [1.0] * p
+    klass = cls[o]
+    cap_rows = {}
+    for c in sorted({int(x) for x in klass}):
+        mine = klass == c
+        cap_rows[c] = len(lower)
+        rows.append((np.full(mine.sum(), len(lower)), j[mine], units[o][mine].astype(float)))
+        lower.append(-math.inf)
+        upper.append(float(capacity[c]))
+    if cross is None:
+        return rows, lower, upper, cap_rows
+    out_x = np.array([x[0] for x in VARIANTS])[v] == 1
+    in_x = np.array([x[1] for x in VARIANTS])[v] == 1
+
+    def add(mask: np.ndarray, sign: float, row: int) -> None:
+        rows.append((np.full(mask.sum(), row), j[mask], np.full(mask.sum(), sign)))
+
+    for c in cap_rows:                          # every class of the plan holds a stage
+        add(klass == c, 1.0, len(lower))
+        lower.append(1.0)
+        upper.append(math.inf)
+    add(out_x, 1.0, len(lower))                 # the fewest crossings
+    lower.append(float(cross.fewest))
+    upper.append(math.inf)
+    for a, b in cross.boundaries(p):
+        # both sides of a boundary cross, or neither
+        add((s == a) & out_x, 1.0, len(lower))
+        add((s == b) & in_x, -1.0, len(lower))
+        lower.append(0.0)
+        upper.append(0.0)
+        for c in cap_rows:
+            # a side that does not cross has its own class on the other side
+            for here, side, there in ((a, ~out_x, b), (b, ~in_x, a)):
+                add((s == here) & side & (klass == c), 1.0, len(lower))
+                add((s == there) & (klass == c), -1.0, len(lower))
+                lower.append(-math.inf)
+                upper.append(0.0)
+    return rows, lower, upper, cap_rows
