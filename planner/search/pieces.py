@@ -76,6 +76,9 @@ def _busiest_points(B: int, na: int, nb: int) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(set(side(na, nb)) | set(side(nb, na))))
 
 
+KNAPSACK_CELLS = 128     # capacity cells of most_speed's knapsack (a coarser unit beyond; c: 768 nodes)
+
+
 def most_speed(rates: np.ndarray, units: np.ndarray, classes: np.ndarray, capacity: list[int],
                max_stages: int, exact: bool = False) -> np.ndarray:
     """``out[k-1]``: the largest total rate (blocks per second, ``sum 1 / slope``) that at most
@@ -92,8 +95,12 @@ def most_speed(rates: np.ndarray, units: np.ndarray, classes: np.ndarray, capaci
         total[1:] = -np.inf
     for c in np.unique(classes):
         mask = classes == c
-        per_class = _class_speeds(units[mask].astype(int).tobytes(), np.asarray(rates[mask], dtype=float).tobytes(),
-                                  int(capacity[int(c)]), max_stages, exact)
+        # on a coarser grid of g units: floor(u / g) summed is at most floor(cap / g) for
+        # every set of options within cap (floor is superadditive), so this only loosens
+        cap = int(capacity[int(c)])
+        g = max(1, -(-cap // KNAPSACK_CELLS))
+        per_class = _class_speeds((units[mask].astype(int) // g).tobytes(),
+                                  np.asarray(rates[mask], dtype=float).tobytes(), cap // g, max_stages, exact)
         # combine: the best split of k stages between the classes so far and this one
         k, j = np.indices((max_stages + 1, max_stages + 1))
         total = np.where(j <= k, total[np.maximum(k - j, 0)] + per_class[j], -np.inf).max(axis=1)
@@ -117,12 +124,21 @@ def _class_speeds(units_bytes: bytes, rates_bytes: bytes, cap: int, max_stages: 
             top = r
     best = np.full((max_stages + 1, cap + 1), -np.inf)
     best[0, :] = 0.0
-    for k in range(1, max_stages + 1):
-        # at most k: k - 1 stages is allowed; exactly k: only k options
-        row = np.full(cap + 1, -np.inf) if exact else best[k - 1].copy()
-        for u, r in front:
-            row[u:] = np.maximum(row[u:], best[k - 1, :cap + 1 - u] + r)
-        best[k] = row
+    if front:
+        # best[k, c] = max over the front's options (u, r) of best[k - 1, c - u] + r: one
+        # gather per k (column cap + 1 of a padded row is -inf, for c < u)
+        u = np.array([f[0] for f in front])
+        r = np.array([f[1] for f in front])[:, None]
+        c = np.arange(cap + 1)[None, :] - u[:, None]
+        src = np.where(c >= 0, c, cap + 1)
+        prev = np.full(cap + 2, -np.inf)
+        for k in range(1, max_stages + 1):
+            prev[:cap + 1] = best[k - 1]
+            row = (prev[src] + r).max(axis=0)
+            # at most k: k - 1 stages is allowed; exactly k: only k options
+            best[k] = row if exact else np.maximum(row, best[k - 1])
+    elif not exact:
+        best[1:] = 0.0
     out = best[:, cap]
     out.setflags(write=False)
     return out

@@ -307,13 +307,15 @@ class Pricer:
         blocks and f micro-batches in flight; ``exact`` when a third point agrees (else the
         callers settle limits with ``mem`` itself).  Apart from ``_base`` so that the knob
         bound reads memory without pricing the timings."""
-        ck = (self.cache_id(ctx), knobs.micro_batch_size, key, unit, emb, head)
-        hit = self._memory.get(ck)
-        if hit is not None:
-            return hit
         info = self.classes[key.cls]
         gpu, t, n = info.gpu, key.tp, key.replicas
         share = -(-knobs.micro_batch_size // n)
+        # the memory reads the replicas only through ZeRO's optimizer shards: options of any
+        # micro-batch size with the same share of it have the same model
+        ck = (self.cache_id(ctx), gpu.name, t, share, n if ctx.zero_stage >= 1 else 0, unit, emb, head)
+        hit = self._memory.get(ck)
+        if hit is not None:
+            return hit
 
         def mem(u: int, f: float) -> float:
             return replica_memory_bytes(ctx, gpu, t, share, u * unit, emb, head, n, f)
