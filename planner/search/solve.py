@@ -112,10 +112,14 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     # Rank every knob tuple by a bound that needs no per-stage pricing, then price and solve
     # them in that order: good incumbents come early and prune the rest (branch and bound).
     ranked = []
+    dominated = gpipe_dominated(knobs_list) if top_k == 1 else set()
     for i, knobs in enumerate(knobs_list):
         if time.monotonic() > deadline:
             stats["unexplored"] = len(knobs_list) - i
             break
+        if knobs in dominated:
+            stats["pruned"] += 1
+            continue
         ck = (knobs.recompute, knobs.zero_stage)   # no cost function reads the schedule from ctx
         ctx = contexts.get(ck) or contexts.setdefault(ck, make_context(model, training, knobs, profiles))
         keys = pricer.option_keys(knobs)
@@ -312,6 +316,22 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
         idle.append(f"{c.num_gpus} GPUs of {c.name} idle: {c.gpu.name} has no bf16; train with "
                     "--precision fp16 to use them")
     return SearchResult(plans=final, evaluations=evals, report=report, idle=idle)
+
+
+def gpipe_dominated(knobs_list: list) -> set:
+    """The GPipe tuples whose 1F1B twin (same micro-batches, recompute, ZeRO and stages) is in
+    the space.  Every GPipe plan is a 1F1B plan of its twin at least as good: the same
+    stages keep the same per-micro-batch times, syncs and steps; 1F1B's pipeline time
+    ``sum_s c_s + (m-1) max_s c_s`` (c_s = f + b + both sends) is at most GPipe's
+    ``sum_s (f + sf) + (m-1) max_s (f + sf) + sum_s (b + sb) + (m-1) max_s (b + sb)`` (a max of
+    sums is at most the sum of the maxima; planner.cost.schedule), and 1F1B holds at most
+    min(p - s, m) micro-batches in flight where GPipe holds m.  Prices are the same.  So the
+    twin's best is at least as good for every objective, its bound bounds the GPipe tuple
+    too, and with one plan asked for, the GPipe tuple is pruned (with --top K a GPipe plan
+    may be among the K best: kept)."""
+    ones = {(k.micro_batch_size, k.recompute, k.zero_stage, k.num_stages) for k in knobs_list if k.schedule == "1f1b"}
+    return {k for k in knobs_list if k.schedule == "gpipe"
+            and (k.micro_batch_size, k.recompute, k.zero_stage, k.num_stages) in ones}
 
 
 def aggregate_compute_bound_s(model, training, classes) -> float:
