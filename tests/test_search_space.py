@@ -553,3 +553,38 @@ def test_every_gpipe_plan_is_a_no_worse_1f1b_plan():
             if best_g.ok:
                 assert best_1.ok and best_1.objective <= best_g.objective * (1 + 1e-12)
     assert cases >= 8 and plans >= 50 and strict >= plans // 20, (cases, plans, strict)
+
+
+def test_knob_bound_past_the_deadline_skips_its_lps_and_stays_a_bound(monkeypatch):
+    """The search sets its deadline on the knob bound: past it, the packed bound's LPs do not
+    run (one tuple's LPs took a second on c and overran the time limit), and the bound it
+    gives instead is still at most the one with them (both bound the same plans)."""
+    from test_oracle import make_case
+
+    from planner.cost import topology_for
+    from planner.search import position_lp
+    from planner.search.bound import KnobBound
+    from planner.search.classes import class_infos
+    from planner.search.space import Pricer, enumerate_knobs, make_context
+
+    runs = []
+    run = position_lp.PositionModel._run
+    monkeypatch.setattr(position_lp.PositionModel, "_run", lambda self, *a: runs.append(1) or run(self, *a))
+    compared = 0
+    for seed in (3, 5, 9, 21):
+        cluster, model, training = make_case(seed)
+        classes = class_infos(topology_for(cluster), training.precision)
+        pricer = Pricer(model, training, classes, topology_for(cluster))
+        for knobs in [k for k in enumerate_knobs(model, training, classes) if k.num_stages >= 2][:6]:
+            ctx = make_context(model, training, knobs)
+            keys = pricer.option_keys(knobs)
+            late = KnobBound(pricer)
+            late.set_deadline(0.0)
+            runs.clear()
+            cut = late(knobs, ctx, keys)
+            assert not runs
+            runs.clear()
+            full = KnobBound(pricer)(knobs, ctx, keys)
+            assert cut <= full * (1 + 1e-12) or cut == full
+            compared += bool(runs)
+    assert compared >= 5, compared

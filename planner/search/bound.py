@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -97,6 +98,9 @@ class KnobBound:
         for subset in subsets:
             if last.get(subset, -math.inf) >= best:
                 break
+            if time.monotonic() > self._packed.deadline:
+                best = min(best, last.get(subset, -math.inf))      # the search is out of time
+                continue
             now[subset] = self.whole(knobs, ctx, self._subset_keys(keys, subset), True, len(subset),
                                      min(enough, best), packed)
             best = min(best, now[subset])
@@ -104,6 +108,11 @@ class KnobBound:
             del self._by_subset[next(iter(self._by_subset))]       # the oldest
         self._by_subset[(knobs, id(keys))] = now
         return max(best, whole)        # both bound every plan (a subset's may round below the whole's)
+
+    def set_deadline(self, deadline: float) -> None:
+        """Past ``deadline`` (time.monotonic()) the packed bound's LPs stop early with the
+        (lower) bound they have proved: the search's time limit holds."""
+        self._packed.deadline = deadline
 
     def _classes_of(self, keys: list[OptionKey]) -> tuple[int, ...]:
         ck = (id(keys), len(keys))

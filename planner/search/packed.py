@@ -21,6 +21,7 @@ sends, the last the head; each position has its own memory limit (micro-batches 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,6 +94,10 @@ class PackedBound:
         self.pricer, self.classes = pricer, pricer.classes
         self._tables: dict = {}
         self._lp = PositionLP()
+        # the search's deadline (time.monotonic()): past it the bisection and the fill's grid
+        # stop where they are, with the bound they have proved (one tuple's LPs can take
+        # seconds)
+        self.deadline = math.inf
 
     def __call__(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple, L: int,
                  enough: float, sums: float, lp: bool = True, num_classes: int = 0) -> float:
@@ -106,6 +111,8 @@ class PackedBound:
         p = knobs.num_stages
         if p > KNAPSACK_STAGES:
             return sums
+        lp = lp and time.monotonic() <= self.deadline
+        self._lp.deadline = self.deadline
         t = self._stage_tables(knobs, ctx, keys, pieces, L)
         U = pieces[2]
         over = np.arange(1, L + 1)[None, :] > U[:, None]
@@ -114,7 +121,7 @@ class PackedBound:
         cross = (Cross(num_classes, knobs.schedule == "interleaved-1f1b")
                   if num_classes >= 2 and p > 1 and lp and t.sends is not None else None)
         packing = _Packing(self._lp, knobs, pieces[1], [c.capacity_units for c in self.classes], L,
-                           tables, U_pos, t, cross, over)
+                           tables, U_pos, t, cross, over, self.deadline)
         need = enough - sums
         M = packing.bottleneck(need)
         if not math.isfinite(M):
@@ -229,12 +236,14 @@ class _Packing:
     """One tuple's tables with its memory limits applied: the tests of a bottleneck M."""
 
     def __init__(self, lp: PositionLP, knobs: Knobs, arrays, caps: list[int], L: int, tables: list,
-                 U_pos: np.ndarray | None, t: _Tables, cross: Cross | None = None, over=None):
+                 U_pos: np.ndarray | None, t: _Tables, cross: Cross | None = None, over=None,
+                 deadline: float = math.inf):
         self.lp, self.p, self.L, self.caps = lp, knobs.num_stages, L, caps
         self.units, self.cls = arrays.units, arrays.cls
         self.G, self.first, self.mid, self.last = tables
         self.U_pos, self.t, self.cross = U_pos, t, cross
         self._lp_model = None
+        self.deadline = deadline
         self.nbs = np.arange(1, L + 1, dtype=float)
         finite = [x[np.isfinite(x)] for x in tables if x is not None]
         at = None
@@ -309,7 +318,7 @@ class _Packing:
         else:
             steps = 6 if math.isfinite(need) else 30
         for _ in range(steps):
-            if hi - lo <= 1e-6 * hi:
+            if hi - lo <= 1e-6 * hi or time.monotonic() > self.deadline:
                 break
             mid = 0.5 * (lo + hi)
             if self.holds(mid):
@@ -367,7 +376,7 @@ class _Packing:
         while True:
             i = min(range(len(grid)), key=lambda j: grid[j][0] + grid[j][2])
             a, b, fb, args = grid[i]
-            if a + fb >= min(tail, enough):
+            if a + fb >= min(tail, enough) or time.monotonic() > self.deadline:
                 break
             if args is not None:
                 grid[i] = [a, b, max(fb, sums, self.fill(b, args)), None]

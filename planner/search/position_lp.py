@@ -22,6 +22,7 @@ fewest crossings happen.  An integer plan satisfies them all, so the LP still bo
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,7 @@ class PositionLP:
         self._h.setOptionValue("threads", 1)
         self._hs = highspy
         self.loaded: PositionModel | None = None
+        self.deadline = math.inf                 # time.monotonic() past which a run stops unsure
         self.fill_duals: tuple | None = None     # (lam, {class: mu}) of the last least_fill
 
     def model(self, most: np.ndarray, units: np.ndarray, cls: np.ndarray, capacity: list[int],
@@ -183,6 +185,8 @@ class PositionModel:
         last = len(self.lower) - 1
         h.changeRowBounds(last, -hs.kHighsInf if L is None else float(L), hs.kHighsInf if L is None else float(L))
         h.changeColsBounds(n, idx, np.zeros(n), allowed.astype(float))
+        if math.isfinite(self.lp.deadline):
+            h.setOptionValue("time_limit", max(1e-3, self.lp.deadline - time.monotonic()))
         h.run()
         status = h.getModelStatus()
         if status == hs.HighsModelStatus.kInfeasible:

@@ -101,6 +101,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
                          "none; add price_per_hour to those node groups")
     pricer = Pricer(model, training, classes, topo, profiles)
     knob_bound = KnobBound(pricer)
+    knob_bound.set_deadline(deadline)
     knobs_list = enumerate_knobs(model, training, classes)
     settings = MilpSettings(time_limit_s=time_limit_s, gap_rel=gap_rel)
     best = Best(top_k)
