@@ -10,7 +10,9 @@ sends, the last the head; each position has its own memory limit (micro-batches 
 1. **Bottleneck.** With ``max_s g(s) <= M`` option o holds at most the largest nb with
    ``G[o, nb] <= M`` at a position.  p stages must hold all L blocks: a knapsack over exactly
    p whole options within the classes' capacities (pieces.most_speed), and the LP relaxation
-   of one option per position (position_lp.PositionLP.most_blocks).  The least such M, by bisection.
+   of one option per position (position_lp.PositionLP.most_blocks); for a set of two or more
+   classes, in the LP each stage's sends depend on whether its neighbours are of its class
+   (position_lp.Cross).  The least such M, by bisection.
 2. **With the fill.** The same blocks also pay the summed rows (1F1B's ``sum_s (F + B)``,
    interleaving's 1/v of it): the smaller M, the more the blocks must spread over slow
    stages.  For each M the LP's least fill bounds the summed rows of every plan whose
