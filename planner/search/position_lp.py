@@ -170,8 +170,11 @@ class PositionModel:
     def _run(self, most: np.ndarray, mode: str, L: int | None) -> float | None:
         """Minimise (-blocks or the fill) over the columns ``most`` allows; the optimum's
         value, inf when infeasible, None when HiGHS is unsure."""
-        most3 = most.reshape(-1, *most.shape[-2:])
-        allowed = self.nb <= most3[self.v, self.o, self.s]
+        # Each stage's cost and blocks are affine in its block count, so in the LP a column of
+        # nb blocks is the mix of the ones of 1 and of the most blocks (same units, same rows):
+        # only those two are allowed (only the most, for the most blocks), with the same optimum
+        most = most.reshape(-1, *most.shape[-2:])[self.v, self.o, self.s]
+        allowed = (self.nb == most) | ((self.nb == 1) & (most >= 1) & (mode == "fill"))
         if len(np.unique(self.s[allowed])) < self.p:
             return math.inf                     # some position takes no column
         h, hs = self.lp._h, self.lp._hs
@@ -184,7 +187,11 @@ class PositionModel:
             self._mode = mode
         last = len(self.lower) - 1
         h.changeRowBounds(last, -hs.kHighsInf if L is None else float(L), hs.kHighsInf if L is None else float(L))
-        h.changeColsBounds(n, idx, np.zeros(n), allowed.astype(float))
+        changed = np.flatnonzero(allowed != self._allowed)
+        if len(changed):
+            h.changeColsBounds(len(changed), changed.astype(np.int32), np.zeros(len(changed)),
+                               allowed[changed].astype(float))
+            self._allowed = allowed
         if math.isfinite(self.lp.deadline):
             h.setOptionValue("time_limit", max(1e-3, self.lp.deadline - time.monotonic()))
         h.run()
@@ -214,7 +221,7 @@ class PositionModel:
         lp.a_matrix_.value_ = val.astype(float)
         h.clearModel()
         h.passModel(lp)
-        self.lp.loaded, self._mode = self, None
+        self.lp.loaded, self._mode, self._allowed = self, None, np.ones(n, dtype=bool)
 
 
 def _rows(v, o, s, units, cls, capacity, cross: Cross | None, p: int) -> tuple:
