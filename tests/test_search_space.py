@@ -179,22 +179,25 @@ def _best_multiset(values, units, classes, capacity, most: int, options, exact: 
     return best
 
 
+def _random_options(rng, most_options: int, units: tuple, cap0: tuple, cap1: tuple) -> tuple:
+    """(rates, units, classes, capacity) of 1..most_options random options of two classes."""
+    import numpy as np
+
+    K = rng.randint(1, most_options)
+    return (np.array([rng.uniform(0.1, 5) for _ in range(K)]), np.array([rng.randint(*units) for _ in range(K)]),
+            np.array([rng.randrange(2) for _ in range(K)]), [rng.randint(*cap0), rng.randint(*cap1)])
+
+
 def test_most_speed_equals_enumerating_option_multisets():
     """most_speed's knapsack against every multiset of at most (and of exactly) k options
     that fits."""
     import random
 
-    import numpy as np
-
     from planner.search.pieces import most_speed
 
     for seed in range(30):
-        rng = random.Random(seed)
-        K = rng.randint(1, 6)
-        rates = np.array([rng.uniform(0.1, 5) for _ in range(K)])
-        units = np.array([rng.randint(1, 4) for _ in range(K)])
-        classes = np.array([rng.randrange(2) for _ in range(K)])
-        capacity = [rng.randint(1, 6), rng.randint(1, 6)]
+        rates, units, classes, capacity = _random_options(random.Random(seed), 6, (1, 4), (1, 6), (1, 6))
+        K = len(rates)
         got = most_speed(rates, units, classes, capacity, 4)
         exact = most_speed(rates, units, classes, capacity, 4, exact=True)
         for k in range(1, 5):
@@ -217,12 +220,8 @@ def test_most_speed_on_a_coarse_grid_still_bounds_every_multiset(monkeypatch):
     monkeypatch.setattr(pieces, "KNAPSACK_CELLS", 8)
     close = 0
     for seed in range(40):
-        rng = random.Random(seed)
-        K = rng.randint(1, 5)
-        rates = np.array([rng.uniform(0.1, 5) for _ in range(K)])
-        units = np.array([rng.randint(2, 12) for _ in range(K)])
-        classes = np.array([rng.randrange(2) for _ in range(K)])
-        capacity = [rng.randint(9, 40), rng.randint(1, 40)]
+        rates, units, classes, capacity = _random_options(random.Random(seed), 5, (2, 12), (9, 40), (1, 40))
+        K = len(rates)
         for exact in (False, True):
             got = pieces.most_speed(rates, units, classes, capacity, 4, exact=exact)
             for k in range(1, 5):
