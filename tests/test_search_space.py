@@ -587,3 +587,26 @@ def test_knob_bound_past_the_deadline_skips_its_lps_and_stays_a_bound(monkeypatc
             assert cut <= full * (1 + 1e-12) or cut == full
             compared += bool(runs)
     assert compared >= 5, compared
+
+
+def test_position_lp_time_limit_counts_from_now_not_from_its_first_run():
+    """HiGHS checks its time limit against all the time the instance has run: a deadline
+    passed as time left made every LP after that much LP time stop at once, unsure (the
+    bound fell back to the knapsacks long before the search's deadline)."""
+    import time
+
+    import numpy as np
+
+    from planner.search.position_lp import PositionLP
+
+    rng = np.random.default_rng(0)
+    K, p = 40, 8
+    args = (rng.integers(0, 8, size=(K, p)).astype(float), rng.uniform(0.1, 2, K), rng.uniform(0, 1, (K, p)),
+            rng.integers(1, 4, size=K).astype(float), rng.integers(0, 3, size=K), [30, 30, 30], 24)
+    lp = PositionLP()
+    free = lp.least_fill(*args)
+    assert math.isfinite(free)
+    while lp._h.getRunTime() < 0.2:
+        lp.least_fill(*args)
+    lp.deadline = time.monotonic() + 0.1        # less time left than the instance has run
+    assert lp.least_fill(*args) == free

@@ -87,9 +87,10 @@ class KnobBound:
         whole = self.whole(knobs, ctx, keys, True, enough=enough, packed=packed)
         if whole >= enough:
             return whole
-        # Subsets in the order of their last level's bounds: once the least so far is below a
-        # subset's last bound, that subset cannot be the least (bounds only rise with the
-        # level), and each is asked only to show that it is at least the least so far.
+        # Subsets in the order of their last bounds (each bounds every plan of its subset):
+        # once the least so far is at most a subset's last bound, that subset cannot be the
+        # least; each is asked only to show that it is at least the least so far, and keeps
+        # the larger of its two bounds.
         last = self._by_subset.get((knobs, id(keys)), {})
         subsets = [sub for size in range(1, min(len(present), knobs.num_stages) + 1)
                    for sub in itertools.combinations(present, size)]
@@ -101,11 +102,13 @@ class KnobBound:
             if time.monotonic() > self._packed.deadline:
                 best = min(best, last.get(subset, -math.inf))      # the search is out of time
                 continue
-            now[subset] = self.whole(knobs, ctx, self._subset_keys(keys, subset), True, len(subset),
-                                     min(enough, best), packed)
+            now[subset] = max(last.get(subset, -math.inf),
+                              self.whole(knobs, ctx, self._subset_keys(keys, subset), True, len(subset),
+                                         min(enough, best), packed))
             best = min(best, now[subset])
+        self._by_subset.pop((knobs, id(keys)), None)               # re-inserted: the newest
         if len(self._by_subset) >= SUBSET_MEMO:
-            del self._by_subset[next(iter(self._by_subset))]       # the oldest
+            del self._by_subset[next(iter(self._by_subset))]       # the least recently stored
         self._by_subset[(knobs, id(keys))] = now
         return max(best, whole)        # both bound every plan (a subset's may round below the whole's)
 

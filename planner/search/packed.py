@@ -257,9 +257,10 @@ class _Packing:
                 finite.append(at[np.isfinite(at)])
             else:
                 at = np.stack([self.first, self.first if self.mid is None else self.mid, self.last])
-            # the suffix minimum over block counts: the most blocks under M is how many of
-            # its entries are at most M (more than the largest nb with g <= M only where g
-            # falls as nb grows, which loosens the bound)
+            # the suffix minimum over block counts: the most blocks under M (the largest nb
+            # with g <= M) is then how many entries are at most M; the memory limit per
+            # position is applied after that (the largest nb <= U_pos with g <= M may be
+            # smaller where g falls as nb grows: only loosens)
             at = np.flip(np.minimum.accumulate(np.flip(at, axis=-1), axis=-1), axis=-1)
         self.at = at
         self.lo = float(finite[0].min()) if len(finite[0]) else math.inf
@@ -339,12 +340,14 @@ class _Packing:
         """The LP over every column the largest bottleneck allows (built once per packing:
         the bisection and the fill's grid only allow fewer)."""
         if self._lp_model is None:
-            self._lp_model = self.lp.model(*self._fill_args(self.hi)[:1], self.units, self.cls, self.caps, self.cross,
-                                           self.t.r_slope, self._fill_args(self.hi)[2]) or False
+            most, _, icpt, *_ = self._fill_args(self.hi)
+            self._lp_model = self.lp.model(most, self.units, self.cls, self.caps, self.cross, self.t.r_slope,
+                                           icpt) or False
         return self._lp_model or None
 
     def fill(self, M: float, args: tuple | None = None) -> float:
-        """The least the summed rows can total over p stages whose g is at most M (the LP)."""
+        """The least the summed rows can total over p stages whose g is at most M (the LP;
+        ``args``: ``_fill_args(M)`` when the caller has them)."""
         model = self._model()
         if model is None:
             return math.inf

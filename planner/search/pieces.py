@@ -76,7 +76,7 @@ def _busiest_points(B: int, na: int, nb: int) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(set(side(na, nb)) | set(side(nb, na))))
 
 
-KNAPSACK_CELLS = 128     # capacity cells of most_speed's knapsack (a coarser unit beyond; c: 768 nodes)
+KNAPSACK_CELLS = 128     # capacity cells of most_speed's knapsack (a coarser unit beyond: c's classes have 512-768 nodes)
 
 
 def most_speed(rates: np.ndarray, units: np.ndarray, classes: np.ndarray, capacity: list[int],

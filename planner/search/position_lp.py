@@ -192,8 +192,10 @@ class PositionModel:
             h.changeColsBounds(len(changed), changed.astype(np.int32), np.zeros(len(changed)),
                                allowed[changed].astype(float))
             self._allowed = allowed
-        if math.isfinite(self.lp.deadline):
-            h.setOptionValue("time_limit", max(1e-3, self.lp.deadline - time.monotonic()))
+        # HiGHS checks its time limit against all the time this instance has run (clearModel
+        # does not reset it): the limit is that total plus the time left
+        left = self.lp.deadline - time.monotonic()
+        h.setOptionValue("time_limit", h.getRunTime() + max(1e-3, left) if math.isfinite(left) else hs.kHighsInf)
         h.run()
         status = h.getModelStatus()
         if status == hs.HighsModelStatus.kInfeasible:

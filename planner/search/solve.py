@@ -327,7 +327,8 @@ def gpipe_dominated(knobs_list: list) -> set:
     ``sum_s (f + sf) + (m-1) max_s (f + sf) + sum_s (b + sb) + (m-1) max_s (b + sb)`` (a max of
     sums is at most the sum of the maxima; planner.cost.schedule), and 1F1B holds at most
     min(p - s, m) micro-batches in flight where GPipe holds m.  Prices are the same.  So the
-    twin's best is at least as good for every objective, its bound bounds the GPipe tuple
+    twin's best is at least as good for every objective the search prices (CPU core sharing,
+    which only the final evaluate prices, is outside it), its bound bounds the GPipe tuple
     too, and with one plan asked for, the GPipe tuple is pruned (with --top K a GPipe plan
     may be among the K best: kept)."""
     ones = {(k.micro_batch_size, k.recompute, k.zero_stage, k.num_stages) for k in knobs_list if k.schedule == "1f1b"}
