@@ -38,6 +38,7 @@ STAGE_COST_ENTRIES = 256    # [options x blocks] tables kept (~0.25 MB each on c
 FILL_STEP = 0.01            # grid step of the bottleneck M for the bound with the fill, of the objective
 FILL_POINTS = 24            # grid points at most (above the last, the fill with no bottleneck)
 FILL_REFINE = 4             # halvings of the grid interval that binds
+BISECT_STEPS = 6            # halvings of the bottleneck's interval once M = need holds (for the reported gap)
 
 
 @dataclass
@@ -315,11 +316,11 @@ class _Packing:
         if need < hi:
             if not self.holds(need):
                 return need
-            hi, steps = need, 6
+            hi, steps = need, BISECT_STEPS
         elif not self.holds(hi):
             return math.inf
         else:
-            steps = 6 if math.isfinite(need) else 30
+            steps = BISECT_STEPS if math.isfinite(need) else 30
         for _ in range(steps):
             if hi - lo <= 1e-6 * hi or time.monotonic() > self.deadline:
                 break
