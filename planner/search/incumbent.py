@@ -212,13 +212,16 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
     done = set() if done is None else done
     # Diverse first: the best-ranked tuple of each stage count (the memory-free ranking
     # favours long pipelines, whose memory limits it cannot see); of one and two stages, which
-    # enumeration solves in milliseconds, one per micro-batch size too, and those first.  The
-    # longer ones in the order of their memory-aware bound.
+    # enumeration solves in milliseconds, one per micro-batch size too, and those first: by
+    # stage count (one stage is the cheapest to enumerate), then in the order of their bounds
+    # (the likely best first: under a tight limit the first plan may be the only one; a's
+    # came last of 10 in micro-batch order).  The longer ones in the order of their
+    # memory-aware bound.
     first: dict[tuple, tuple] = {}
     for item in ranked:
         p = item[2].num_stages
         first.setdefault((p, item[2].micro_batch_size if p <= ENUM_STAGES else 0), item)
-    order = [first[k] for k in sorted(first) if k[0] <= ENUM_STAGES]
+    order = sorted((x for k, x in first.items() if k[0] <= ENUM_STAGES), key=lambda x: (x[2].num_stages, x[0], x[1]))
     longer = [first[k] for k in sorted(first) if k[0] > ENUM_STAGES]
     longer.sort(key=lambda x: knob_bound(x[2], x[3], x[4], packed=False))
     order += longer
