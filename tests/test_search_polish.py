@@ -138,3 +138,44 @@ def test_polished_incumbents_are_better_and_priced_as_evaluate_prices_them():
     assert all(t >= 1 for t, _ in counts)
     tried, improved = map(sum, zip(*counts))
     assert improved >= tried // 2, counts
+
+
+def test_warm_start_past_its_time_still_enumerates_one_tuple_when_no_plan_exists():
+    """When the limit runs out while the tuples are ranked (1,024 A100s under a profiler, or
+    a loaded machine), the warm start still enumerates its first one- or two-stage tuple
+    (milliseconds): a plan rather than 'no plan found'.  Only one, and never a MILP; none
+    once a plan exists."""
+    import time
+
+    from test_oracle import make_case
+
+    from planner.cost import topology_for
+    from planner.search.bound import KnobBound
+    from planner.search.classes import class_infos
+    from planner.search.core.milp import MilpSettings
+    from planner.search.incumbent import Best, warm_start
+    from planner.search.objectives import parse_objective
+    from planner.search.space import Pricer, enumerate_knobs, make_context
+
+    cluster, model, training = make_case(30)
+    classes = class_infos(topology_for(cluster), training.precision)
+    pricer = Pricer(model, training, classes, topology_for(cluster))
+    knob_bound = KnobBound(pricer)
+    ranked = []
+    for i, knobs in enumerate(enumerate_knobs(model, training, classes)):
+        ctx = make_context(model, training, knobs)
+        keys = pricer.option_keys(knobs)
+        ranked.append((knob_bound(knobs, ctx, keys, memory=False), i, knobs, ctx, keys))
+    ranked.sort(key=lambda t: (t[0], t[1]))
+    spec = parse_objective("throughput", None, None)
+    past = time.monotonic() - 1.0
+    tried: set = set()
+    best = Best(1)
+    warm_start(pricer, knob_bound, ranked, spec, training, best, MilpSettings(time_limit_s=1.0), past, None,
+               lambda msg: None, done=tried)
+    assert len(tried) == 1 and next(iter(tried)).num_stages <= 2
+    assert best.items, "the late enumeration found no plan on a case whose best tuples are feasible"
+    again: set = set()
+    warm_start(pricer, knob_bound, ranked, spec, training, best, MilpSettings(time_limit_s=1.0), past, None,
+               lambda msg: None, done=again)
+    assert not again

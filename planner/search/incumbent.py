@@ -228,9 +228,14 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
     seen = {id(x) for x in order}
     order += [x for x in ranked if id(x) not in seen]
     found: dict = {}
+    late = False
     for kb, _, knobs, ctx, keys in order:
         if time.monotonic() > stop:
-            break
+            if best.items or late or knobs.num_stages > ENUM_STAGES:
+                break
+            # no plan yet (the limit ran out while ranking): the first enumeration still runs
+            # (milliseconds), so that a tight limit returns a plan rather than none
+            late = True
         if knobs in done or kb >= best.threshold():
             continue
         done.add(knobs)
@@ -243,8 +248,11 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
         cut = best.threshold()
         # one long pipeline's MILP may take all the warm start's time to prove what it found in
         # its first seconds: cap it, so that more stage counts get their try
-        until = min(stop, time.monotonic() + WARM_TUPLE_SHARE * settings.time_limit_s)
-        sol = exact_solver(prob).solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
+        solver = exact_solver(prob)
+        if late and not isinstance(solver, enum.CoreEnum):
+            break                   # a MILP is not milliseconds
+        until = None if late else min(stop, time.monotonic() + WARM_TUPLE_SHARE * settings.time_limit_s)
+        sol = solver.solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
         if sol.ok and sol.objective < best.threshold():
             say(f"warm start {knobs.label()}: {sol.objective:.4g} s")
             best.add(Candidate.of(prob, sol.assign, sol.objective, knobs, spec))
