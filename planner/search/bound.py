@@ -373,12 +373,11 @@ class KnobBound:
         if hit is None:
             k = -(-B // max(key.replicas for key in keys))
             groups = sorted({(key.cls, key.tp) for key in keys})
-            pairs = [(a, b) for a in groups for b in groups if not between_classes or a[0] != b[0]]
-            least = math.inf
-            for a, b in pairs:
-                L0, X = self.pricer.send_line(ctx, OptionKey(a[0], a[1], 1), OptionKey(b[0], b[1], 1))
-                least = min(least, max(L0 + k * X, self.pricer.shared_link(ctx, B, a, b)))
-            hit = self._least[ck] = (least if pairs else 0.0, keys)   # keys kept alive: id() stays unique
+            L0, X, shared = self.pricer.group_lines(ctx, B, groups)
+            cls = np.array([c for c, _ in groups])
+            pairs = cls[:, None] != cls[None, :] if between_classes else np.ones(L0.shape, dtype=bool)
+            least = float(np.maximum(L0 + k * X, shared)[pairs].min()) if pairs.any() else 0.0
+            hit = self._least[ck] = (least, keys)   # keys kept alive: id() stays unique
         return hit[0]
 
 

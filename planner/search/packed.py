@@ -71,22 +71,32 @@ class _Sends:
     inn: np.ndarray
     wraps: bool
 
-    def variants(self, L: int) -> tuple[np.ndarray, np.ndarray]:
+    def sides(self, k: int) -> tuple[bool, bool]:
+        """Whether a stage at position kind k (0 first, 1 middle, 2 last) sends out and in."""
+        return k != 2 or self.wraps, k != 0 or self.wraps
+
+    def priced(self, k: int, out: np.ndarray, inn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """([K, L] max-term sums, [K] summed-row intercept) at position kind k with the sends
+        ``out`` and ``inn`` [K] on the sides it has."""
+        has_out, has_in = self.sides(k)
+        o = out if has_out else 0.0
+        n = inn if has_in else 0.0
+        return (self.g[k] + (self.w_max[0] * o + self.w_max[1] * n)[:, None],
+                self.r[:, k] + self.w_sum[0] * o + self.w_sum[1] * n)
+
+    def variants(self) -> tuple[np.ndarray, np.ndarray]:
         """([3, 4, K, L] max-term sums, [3, 4, K] summed-row intercepts) per position kind
         and crossing variant (position_lp.VARIANTS); inf where the variant's crossing side
         does not exist (the first stage's in side, the last's out side, unless it wraps)."""
         g = np.empty((3, len(VARIANTS)) + self.g.shape[1:])
         r = np.empty((3, len(VARIANTS), self.g.shape[1]))
         for k in range(3):
-            has_out, has_in = k != 2 or self.wraps, k != 0 or self.wraps
+            has_out, has_in = self.sides(k)
             for i, (co, ci) in enumerate(VARIANTS):
                 if (co and not has_out) or (ci and not has_in):
                     g[k, i], r[k, i] = math.inf, math.inf
-                    continue
-                o = self.out[co] if has_out else 0.0
-                n = self.inn[ci] if has_in else 0.0
-                g[k, i] = self.g[k] + (self.w_max[0] * o + self.w_max[1] * n)[:, None]
-                r[k, i] = self.r[:, k] + self.w_sum[0] * o + self.w_sum[1] * n
+                else:
+                    g[k, i], r[k, i] = self.priced(k, self.out[co], self.inn[ci])
         return g, r
 
 
@@ -182,25 +192,15 @@ class PackedBound:
         if p == 1:
             return _Tables(g[:, 3], None, None, None, r_slope, r_at[:, [3, 3, 3]])
         out2, in2 = self._option_sends(ctx, knobs, keys)
-        send_out, send_in = out2.min(axis=0), in2.min(axis=0)
-        wraps = knobs.schedule == "interleaved-1f1b"
-
-        def paid(kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            """(first, middle, last) sends of a stage in the ``kind`` terms."""
-            out, inn = sends[kind]
-            both = out * send_out + inn * send_in
-            return (both if wraps else out * send_out), both, (both if wraps else inn * send_in)
-
-        s_first, s_mid, s_last = paid("max")
-        first, last = g[:, 1] + s_first[:, None], g[:, 2] + s_last[:, None]
-        r_first, r_mid, r_last = paid("sum")
-        r_icpt = np.stack([r_at[:, 1] + r_first, r_at[:, 0] + r_mid, r_at[:, 2] + r_last], axis=1)
-        end = np.minimum(first, last)
         bare = _Sends(np.stack([g[:, 1], g[:, 0], g[:, 2]]), r_at[:, [1, 0, 2]], tuple(sends["max"]),
-                      tuple(sends["sum"]), out2, in2, wraps)
+                      tuple(sends["sum"]), out2, in2, knobs.schedule == "interleaved-1f1b")
+        # without crossings each side pays its least send, to any partner
+        (first, r_first), (mid, r_mid), (last, r_last) = (bare.priced(k, out2.min(axis=0), in2.min(axis=0))
+                                                           for k in range(3))
+        r_icpt = np.stack([r_first, r_mid, r_last], axis=1)
+        end = np.minimum(first, last)
         if p == 2:
             return _Tables(end, first, None, last, r_slope, r_icpt, bare)
-        mid = g[:, 0] + s_mid[:, None]
         return _Tables(np.minimum(mid, end), first, mid, last, r_slope, r_icpt, bare)
 
     def _position_limits(self, knobs: Knobs, arrays, L: int) -> np.ndarray:
@@ -222,9 +222,7 @@ class PackedBound:
         B = knobs.micro_batch_size
         groups = sorted({(k.cls, k.tp) for k in keys})
         index = {g: i for i, g in enumerate(groups)}
-        lines = np.array([[(*self.pricer.send_line(ctx, OptionKey(a[0], a[1], 1), OptionKey(b[0], b[1], 1)),
-                            self.pricer.shared_link(ctx, B, a, b)) for b in groups] for a in groups])
-        L0, X, shared = lines[..., 0], lines[..., 1], lines[..., 2]              # [sender, receiver]
+        L0, X, shared = self.pricer.group_lines(ctx, B, groups)                  # [sender, receiver]
         g = np.array([index[(k.cls, k.tp)] for k in keys])
         share = np.array([-(-B // k.replicas) for k in keys], dtype=float)[:, None]
         out = np.maximum(L0[g] + share * X[g], shared[g])                         # [K, partner]
@@ -253,7 +251,7 @@ class _Packing:
         if self.p > 1:
             # per position kind (first, middle, last) [and crossing variant], [K, L]
             if cross is not None:
-                g, self.r_var = t.sends.variants(L)
+                g, self.r_var = t.sends.variants()
                 at = np.where(over[None, None], math.inf, g)
                 finite.append(at[np.isfinite(at)])
             else:

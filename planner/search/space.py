@@ -374,17 +374,19 @@ class Pricer:
         counts = list(dict.fromkeys(k.replicas for k in labels))
         gi = np.array([groups.index((k.cls, k.tp)) for k in labels])
         ri = np.array([counts.index(k.replicas) for k in labels])
-        L0 = np.zeros((len(groups), len(groups)))
-        X = np.zeros_like(L0)
-        for a, (ca, ta) in enumerate(groups):
-            for b, (cb, tb) in enumerate(groups):
-                L0[a, b], X[a, b] = self.send_line(ctx, OptionKey(ca, ta, 1), OptionKey(cb, tb, 1))
+        L0, X, shared = self.group_lines(ctx, B, groups)
         pc, pk = _point_tables(B, tuple(counts))
         c = pc[ri[:, None], ri[None, :]]                   # [K, K, points]
         k = pk[ri[:, None], ri[None, :]]
         T = (c * L0[gi[:, None], gi[None, :], None] + k * X[gi[:, None], gi[None, :], None]).max(axis=2)
-        shared = np.array([[self.shared_link(ctx, B, ga, gb) for gb in groups] for ga in groups])
         return np.maximum(T, shared[gi[:, None], gi[None, :]])
+
+    def group_lines(self, ctx, B: int, groups: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """[G, G] each, from group a to group b ((class, TP) each): (L0, X) of ``send_line``
+        and the ``shared_link`` floor of a whole micro-batch of B sequences between them."""
+        lines = np.array([[(*self.send_line(ctx, OptionKey(a[0], a[1], 1), OptionKey(b[0], b[1], 1)),
+                            self.shared_link(ctx, B, a, b)) for b in groups] for a in groups])
+        return lines[..., 0], lines[..., 1], lines[..., 2]
 
     def shared_link(self, ctx, B: int, a: tuple[int, int], b: tuple[int, int]) -> float:
         """A whole micro-batch crossing a capped zone link between the classes of ``a`` and
