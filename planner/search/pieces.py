@@ -84,8 +84,9 @@ def most_speed(rates: np.ndarray, units: np.ndarray, classes: np.ndarray, capaci
     """``out[k-1]``: the largest total rate (blocks per second, ``sum 1 / slope``) that at most
     ``k`` stages can have, one option each, within every class's capacity in units; for
     k = 1..max_stages.  ``exact``: exactly k stages (-inf where no k options fit): a pipeline
-    of p stages holds p options, and the ones it does not need for speed still take units.  Any per-option value adds up the same way: the packed bottleneck
-    (planner/search/bound.py) passes the blocks each option can hold.  The fractional bound
+    of p stages holds p options, and the ones it does not need for speed still take units.
+    Any per-option value adds up the same way: the packed bottleneck (packed.py) passes the
+    blocks each option can hold.  The fractional bound
     (each class's capacity at its best rate per unit) ignores that a stage takes a whole
     option: one option often cannot use a class's last nodes, and p stages cannot all use the
     fastest.  An unbounded knapsack with a cardinality per class, then a max-plus combination

@@ -138,8 +138,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     # A heap on the bounds: a tuple first comes up with its memory-free bound, is then given
     # its memory-aware bound and goes back in, then the same with the packed bottleneck's
     # knapsacks and with its LPs (each level dearer than the last); it is priced and solved
-    # when it comes up once more.  The
-    # least bound in the heap bounds the rest.
+    # when it comes up once more.  The least bound in the heap bounds the rest.
     heap = [(kb, i, 0, knobs, ctx, keys) for kb, i, knobs, ctx, keys in ranked]
     heapq.heapify(heap)
     j = 0
