@@ -75,13 +75,27 @@ def tp_degrees(model, info: ClassInfo, max_tp: int) -> list[int]:
     return out
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of n, ascending (by trial up to sqrt(n): a global batch of 10^9 sequences
+    must not take a minute to split)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
 def enumerate_knobs(model, training, classes: list[ClassInfo]) -> list[Knobs]:
     gbs, L = training.global_batch_size, model.num_layers
     total_units = sum(c.capacity_units for c in classes)
     max_p = min(L, training.max_stages or L, total_units if all(c.shared_node for c in classes) else 10**9)
     max_p = min(max_p, sum(c.node_class.num_gpus for c in classes))
     out = []
-    for B in (d for d in range(1, gbs + 1) if gbs % d == 0):
+    for B in divisors(gbs):
         m = gbs // B
         for sched in training.schedules:
             v = INTERLEAVE_V if sched == "interleaved-1f1b" else 1
