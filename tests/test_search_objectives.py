@@ -81,3 +81,22 @@ def test_bad_time_limit_and_top_are_input_errors():
         solve(cluster, model, training, time_limit_s=0)
     with pytest.raises(InputError):
         solve(cluster, model, training, top_k=0)
+
+
+def test_top_k_lists_no_gpipe_twin_of_a_1f1b_plan():
+    """With one stage or one micro-batch a GPipe plan has its 1F1B twin's times (and holds
+    more in flight): --top K must not list the same layout twice under both names."""
+    exercised = 0
+    for seed in range(12):
+        cluster, model, training = make_case(seed)
+        if not {"gpipe", "1f1b"} <= set(training.schedules):
+            continue
+        try:
+            res = solve(cluster, model, training, top_k=4, time_limit_s=60)
+        except InfeasibleError:
+            continue
+        sigs = [(tuple(s.model_dump_json() for s in p.stages), p.micro_batch_size, p.recompute, p.zero_stage)
+                for p in res.plans if p.num_stages == 1 or p.num_micro_batches == 1]
+        assert len(sigs) == len(set(sigs)), seed
+        exercised += len(sigs) >= 2
+    assert exercised >= 2

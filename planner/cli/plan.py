@@ -4,6 +4,8 @@ stdout machine-readable."""
 
 from __future__ import annotations
 
+import math
+
 import click
 from rich.table import Table
 
@@ -23,12 +25,16 @@ def _training(training_path, global_batch_size, seq_len, precision):
     if training_path and (global_batch_size or seq_len):
         raise InputError("give either --training T.yaml or --global-batch-size/--seq-len, not both")
     if training_path:
-        return load_training(training_path)
+        training = load_training(training_path)
+        if precision is not None and precision != training.precision:
+            raise InputError(f"--precision {precision} contradicts precision: {training.precision} in "
+                             f"{training_path}; set it in the file (or drop --precision)")
+        return training
     if not global_batch_size or not seq_len:
         raise InputError("give --training T.yaml, or both --global-batch-size and --seq-len")
     if global_batch_size <= 0 or seq_len <= 0:
         raise InputError("--global-batch-size and --seq-len must be positive")
-    return Training(global_batch_size=global_batch_size, seq_len=seq_len, precision=precision)
+    return Training(global_batch_size=global_batch_size, seq_len=seq_len, precision=precision or "bf16")
 
 
 def _stage_rows(plan) -> Table:
@@ -49,6 +55,29 @@ def _stage_rows(plan) -> Table:
     return t
 
 
+def _tp_counts(stage) -> dict[int, int]:
+    """Replicas per TP degree of one stage."""
+    out: dict[int, int] = {}
+    for r in stage.replicas:
+        out[r.tp] = out.get(r.tp, 0) + 1
+    return out
+
+
+def _bound_text(plan, bound: float | None) -> str:
+    """The proved bound in the objective's unit: seconds per iteration for the throughput
+    objectives, USD per million tokens for ``cost`` (the solver's value is USD/hour x s per
+    iteration), USD/hour for ``cost-above-floor``."""
+    if bound is None:
+        return "none"
+    kind = plan.objective.kind
+    if kind == "cost":
+        tokens = plan.inputs.training["global_batch_size"] * plan.inputs.training["seq_len"]
+        return f"{bound / 3600 / tokens * 1e6:,.4f} USD per million tokens"
+    if kind == "cost-above-floor":
+        return f"{bound:,.2f} USD/hour"
+    return format_seconds(bound)
+
+
 def _summary(out, result) -> None:
     plan, ev, rep = result.plan, result.evaluation, result.report
     out.print(f"[bold]{plan.num_stages} stage(s)[/bold], micro-batch {plan.micro_batch_size} x "
@@ -67,16 +96,19 @@ def _summary(out, result) -> None:
         line += ", cost unknown (a used node has no price)"
     out.print(line)
     gap = "n/a" if rep.gap is None else f"{100 * rep.gap:.3g}%"
-    out.print(f"solver: {rep.status} (gap {gap}, bound {rep.bound if rep.bound is None else format_seconds(rep.bound)}), "
+    out.print(f"solver: {rep.status} (gap {gap}, bound {_bound_text(plan, rep.bound)}), "
               f"{rep.wall_s:.2f} s, {rep.candidates} knob tuples examined of {rep.knob_tuples} "
               f"({rep.knob_tuples_solved} solved exactly, {rep.knob_tuples_pruned} pruned by bound)")
     if len(result.plans) > 1:
         t = Table(title=f"Top {len(result.plans)} plans", title_justify="left")
-        for col in ("#", "tokens/s", "USD/hour", "stages", "schedule", "micro-batch"):
-            t.add_column(col, justify="right")
+        for col in ("#", "tokens/s", "USD/h", "p", "schedule", "B x m", "recomp.", "ZeRO",
+                    "replicas x tp, per stage"):
+            t.add_column(col, justify="right", no_wrap=col != "replicas x tp, per stage")
         for i, (p, e) in enumerate(zip(result.plans, result.evaluations)):
+            per_stage = " | ".join("+".join(f"{n}x{tp}" for tp, n in _tp_counts(st).items()) for st in p.stages)
             t.add_row(str(i + 1), f"{e.tokens_per_s:,.0f}", "-" if e.usd_per_hour is None else f"{e.usd_per_hour:,.2f}",
-                      str(p.num_stages), p.schedule, f"{p.micro_batch_size}x{p.num_micro_batches}")
+                      str(p.num_stages), p.schedule, f"{p.micro_batch_size}x{p.num_micro_batches}",
+                      p.recompute, str(p.zero_stage), per_stage)
         out.print(t)
 
 
@@ -87,7 +119,8 @@ def _summary(out, result) -> None:
               help="training YAML (global batch, sequence length, the search's freedoms)")
 @click.option("--global-batch-size", type=int, default=None, help="sequences per iteration")
 @click.option("--seq-len", type=int, default=None, help="tokens per sequence")
-@click.option("--precision", type=click.Choice(["bf16", "fp16"]), default="bf16", show_default=True)
+@click.option("--precision", type=click.Choice(["bf16", "fp16"]), default=None,
+              help="training precision  [default: bf16; with --training, the file's]")
 @click.option("--objective", default="throughput", show_default=True,
               help="throughput | cost | throughput-under-budget | cost-above-floor")
 @click.option("--budget-usd-per-hour", type=float, default=None, help="maximise throughput within this USD/hour")
@@ -111,8 +144,8 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     from planner.search import parse_objective
     from planner.spec import load_cluster, load_model
 
-    if time_limit_s <= 0:
-        raise InputError(f"--time-limit must be positive, got {time_limit_s}")
+    if not math.isfinite(time_limit_s) or time_limit_s <= 0:
+        raise InputError(f"--time-limit must be a positive number of seconds, got {time_limit_s}")
     if top_k < 1:
         raise InputError(f"--top must be at least 1, got {top_k}")
     spec_obj = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)

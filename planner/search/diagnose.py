@@ -31,17 +31,47 @@ def _friendliest(model, training, info):
     return mem, (t, rc, z, n)
 
 
+def _more_freedom(training) -> list[str]:
+    """What would give a split that does not fit more room: more GPUs, and the memory savers
+    the training does not allow yet."""
+    out = ["more GPUs"]
+    if "full" not in training.recompute_modes:
+        out.append("full recompute")
+    if 1 not in training.zero_stages:
+        out.append("ZeRO-1")
+    if training.max_stages:
+        out.append(f"more than {training.max_stages} stages")
+    return out
+
+
 def explain_infeasible(cluster, model, training, spec, classes, stats) -> str:
     if stats.get("unexplored") or stats.get("timed_out"):
         return (f"no plan found within the time limit ({stats.get('solved', 0)} of {stats.get('knobs', 0)} "
                 "knob tuples solved, none feasible yet); raise --time-limit")
     lines = []
-    if stats.get("solved") and spec.kind == "throughput-under-budget":
-        return (f"no plan fits the budget of {spec.budget_usd_per_hour:g} USD/hour: every feasible "
-                "layout rents more nodes than that; raise the budget or add cheaper nodes")
-    if stats.get("solved") and spec.kind == "cost-above-floor":
-        return (f"no plan reaches {spec.min_tokens_per_s:g} tokens/s on this cluster; lower the floor "
-                "or add GPUs")
+    if training.micro_batch_sizes and stats.get("knobs") and \
+            stats.get("no_options", 0) >= stats["knobs"] - stats.get("pruned", 0):
+        gbs = training.global_batch_size
+        sizes = ", ".join(map(str, training.micro_batch_sizes or ()))
+        return (f"the global batch of {gbs} sequences cannot be split: no micro-batch (a divisor of "
+                f"{gbs}) spread over the replicas this cluster can hold gives each replica a share in "
+                f"micro_batch_sizes [{sizes}]; allow other sizes, or a global batch that such "
+                "shares divide")
+    least = stats.get("least_price_usd_per_hour")
+    if spec.kind == "throughput-under-budget" and least is not None and least > spec.budget_usd_per_hour:
+        return (f"no plan fits the budget of {spec.budget_usd_per_hour:g} USD/hour: the cheapest layout "
+                f"rents at least {least:g} USD/hour of nodes ("
+                f"{least - spec.budget_usd_per_hour:g} over); raise the budget to at least that or add "
+                "cheaper nodes")
+    if (stats.get("solved") or stats.get("out_of_reach")) and spec.kind == "throughput-under-budget":
+        return (f"no plan fits the budget of {spec.budget_usd_per_hour:g} USD/hour: every layout that "
+                "fits in memory rents more nodes than that; raise the budget or add cheaper nodes")
+    if (stats.get("solved") or stats.get("out_of_reach")) and spec.kind == "cost-above-floor":
+        fastest = stats.get("least_time_s")
+        most = (f": no layout takes less than {fastest:.4g} s per iteration (a lower bound), at most "
+                f"{stats['tokens_per_iteration'] / fastest:,.0f} tokens/s" if fastest else "")
+        return (f"no plan reaches {spec.min_tokens_per_s:g} tokens/s on this cluster{most}; lower the "
+                "floor or add GPUs")
     fits_somewhere = False
     for info in classes:
         got = _friendliest(model, training, info)
@@ -93,5 +123,5 @@ def explain_infeasible(cluster, model, training, spec, classes, stats) -> str:
                      f"and head) over the {total} GPUs fits in memory with the allowed knobs "
                      f"(schedules {', '.join(training.schedules)}, recompute "
                      f"{', '.join(training.recompute_modes)}, ZeRO {', '.join(map(str, training.zero_stages))}); "
-                     "would fit: more GPUs, full recompute, ZeRO-1, or a smaller global batch")
+                     "would fit: " + ", ".join(_more_freedom(training) + ["a smaller global batch"]))
     return f"no feasible plan for {model.name} on {cluster.name}:\n  " + "\n  ".join(lines)

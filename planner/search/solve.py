@@ -30,6 +30,7 @@ from planner.search.core import enum
 from planner.search.core.milp import MilpSettings
 from planner.search.core.problem import relative_gap
 from planner.search.diagnose import explain_infeasible
+from planner.search.floors import TupleFloors, tuple_floors
 from planner.search.incumbent import (
     WARM_KEYS_ABOVE,
     Best,
@@ -76,8 +77,8 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
           min_tokens_per_s: float | None = None, profiles=None, gap_rel: float = 0.0,
           progress: Callable[[str], None] | None = None) -> SearchResult:
     t0 = time.monotonic()
-    if not time_limit_s or time_limit_s <= 0:
-        raise InputError(f"the time limit must be positive, got {time_limit_s} s")
+    if not time_limit_s or not math.isfinite(time_limit_s) or time_limit_s <= 0:
+        raise InputError(f"the time limit must be a positive number of seconds, got {time_limit_s}")
     if top_k < 1:
         raise InputError(f"--top must be at least 1, got {top_k}")
     if launcher is not None and launcher not in MEGATRON_LAUNCHERS:
@@ -113,7 +114,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     # Rank every knob tuple by a bound that needs no per-stage pricing, then price and solve
     # them in that order: good incumbents come early and prune the rest (branch and bound).
     ranked = []
-    dominated = gpipe_dominated(knobs_list) if top_k == 1 else set()
+    dominated = gpipe_dominated(knobs_list, same_only=top_k > 1)
     for i, knobs in enumerate(knobs_list):
         if time.monotonic() > deadline:
             stats["unexplored"] = len(knobs_list) - i
@@ -126,10 +127,23 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         keys = pricer.option_keys(knobs)
         if launcher:
             keys = [k for k in keys if knobs.micro_batch_size % k.replicas == 0]
+        if not keys:        # no replica count gives an allowed share (training.micro_batch_sizes)
+            stats["no_options"] = stats.get("no_options", 0) + 1
         ranked.append((knob_bound(knobs, ctx, keys, memory=False), i, knobs, ctx, keys))
     ranked.sort(key=lambda t: (t[0], t[1]))
-    say(f"{len(ranked)} knob tuples ranked by their lower bound")
+    say(f"{len(ranked)} knob tuples ranked by their lower bound"
+        + (f" ({len(dominated)} GPipe tuples left out for their 1F1B twins)" if dominated else ""))
     time_like = spec.kind in ("throughput", "throughput-under-budget")
+    tokens = training.global_batch_size * training.seq_len
+    # throughput needs no prices: its value is the time bound itself (no floors to compute for
+    # c's 12,000 tuples)
+    floors = ({knobs: tuple_floors(pricer, knobs, ctx, keys) for _, _, knobs, ctx, keys in ranked}
+              if spec.needs_prices else {})
+    no_floors = TupleFloors(0.0, 0.0)
+    if ranked:      # for the reason when no plan meets a budget or a floor (diagnose.py)
+        stats["least_price_usd_per_hour"] = min((f.price_usd_per_hour for f in floors.values()), default=None)
+        stats["least_time_s"] = ranked[0][0]
+        stats["tokens_per_iteration"] = tokens
     warm = time_like and ranked and max(len(t[4]) for t in ranked) > WARM_KEYS_ABOVE
     warm_done: set = set()
     if warm:
@@ -138,28 +152,42 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     # A heap on the bounds: a tuple first comes up with its memory-free bound, is then given
     # its memory-aware bound and goes back in, then the same with the packed bottleneck's
     # knapsacks and with its LPs (each level dearer than the last); it is priced and solved
-    # when it comes up once more.  The least bound in the heap bounds the rest.
-    heap = [(kb, i, 0, knobs, ctx, keys) for kb, i, knobs, ctx, keys in ranked]
+    # when it comes up once more.  The least bound in the heap bounds the rest.  Bounds are
+    # on the objective's value (floors.py: the time bound, or for the cost objectives the
+    # price and work floors it gives); ``tb`` is the tuple's time bound behind it.
+    heap = []
+    for tb, i, knobs, ctx, keys in ranked:
+        value = floors.get(knobs, no_floors).value(spec, tb, tokens)
+        if math.isinf(value):
+            stats["empty"] += 1             # over the budget, or slower than the floor, whatever it does
+            stats["out_of_reach"] = stats.get("out_of_reach", 0) + 1
+            continue
+        heap.append((value, i, 0, knobs, ctx, keys, tb))
     heapq.heapify(heap)
     j = 0
     while heap:
-        kb, i, level, knobs, ctx, keys = heap[0]
+        kb, i, level, knobs, ctx, keys, tb = heap[0]
         if time.monotonic() > deadline:
             stats["unexplored"] += len(heap)
             bounds.append(kb)
             break
-        if time_like and kb >= best.threshold() * (1 - gap_rel):
+        if _prunes(spec, kb, best.threshold(), gap_rel):
             stats["pruned"] += len(heap)
             bounds.append(kb)
             break
         heapq.heappop(heap)
-        if level < (3 if time_like else 1):
+        if level < 3:
             # memory-aware, then with the packed bottleneck's knapsacks, then with its LPs
-            # (packed.py), which only help to prune: the cost objectives' threshold is not a
-            # time and prunes nothing
-            enough = best.threshold() * (1 - gap_rel) if time_like else math.inf
-            kb2 = max(kb, knob_bound(knobs, ctx, keys, enough=enough, packed=level))
-            heapq.heappush(heap, (kb2, i, level + 1, knobs, ctx, keys))
+            # (packed.py), which only help to prune: asked to show the time from which the
+            # tuple's value reaches the pruning threshold
+            enough = floors.get(knobs, no_floors).time_enough(spec, best.threshold() * (1 - gap_rel), tokens)
+            tb2 = max(tb, knob_bound(knobs, ctx, keys, enough=enough, packed=level))
+            value = max(kb, floors.get(knobs, no_floors).value(spec, tb2, tokens))
+            if math.isinf(value):
+                stats["empty"] += 1
+                stats["out_of_reach"] = stats.get("out_of_reach", 0) + 1
+                continue
+            heapq.heappush(heap, (value, i, level + 1, knobs, ctx, keys, tb2))
             continue
         j += 1
         small = enum.fits_size(knobs.num_stages, len(keys), model.num_layers // knobs.block_unit)
@@ -168,12 +196,12 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             relaxed(pricer, knobs, ctx, keys, kb, spec, launcher, best, bounds, stats, settings, deadline,
                     gap_rel, time_like)
             continue
-        prob, lb = priced(pricer, knobs, ctx, keys, spec, launcher)
-        if lb is None:
+        prob, qb = priced(pricer, knobs, ctx, keys, spec, launcher)
+        if qb is None:
             stats["empty"] += 1
             continue
-        lb = max(lb, kb)
-        if time_like and lb >= best.threshold() * (1 - gap_rel):
+        lb = max(kb, floors.get(knobs, no_floors).value(spec, max(qb, tb), tokens))
+        if _prunes(spec, lb, best.threshold(), gap_rel):
             stats["pruned"] += 1
             bounds.append(lb)
             continue
@@ -186,7 +214,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, settings, deadline,
                     gap_rel, time_like)
             continue
-        say(f"[{j}/{len(ranked)}] {knobs.label()}: {K} options, bound {lb:.4g} s")
+        say(f"[{j}/{len(ranked)}] {knobs.label()}: {K} options, bound {lb:.4g}{' s' if time_like else ''}")
         milp = exact_solver(prob)
         _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb)
     if warm and stats["unexplored"] and time.monotonic() < deadline:
@@ -203,6 +231,15 @@ FINISH_S_PER_GPU = 2e-5     # naming, evaluating and rank-mapping the answer, pe
 FINISH_SHARE = 0.1          # at most this share of the time limit is kept for them
 MAX_PAIR_TERMS = 100_000    # option pairs x boundaries a MILP may carry (pulp builds ~1e5/s)
 PAIR_TERMS_PER_S = 50_000   # a pessimistic build rate, to keep within the time limit
+def _prunes(spec: ObjectiveSpec, bound: float, threshold: float, gap_rel: float) -> bool:
+    """Whether a bound on a tuple's value rules it out against the K-th best plan.  Under
+    cost-above-floor a tuple at the same price may still win on time: only a higher one goes."""
+    cut = threshold * (1 - gap_rel)
+    if spec.kind == "cost-above-floor" and gap_rel == 0:
+        return bound > cut * (1 + 1e-12)
+    return bound >= cut
+
+
 def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb):
     stats["solved"] += 1
     tokens = training.global_batch_size * training.seq_len
@@ -224,6 +261,9 @@ def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, setting
     if spec.kind == "cost-above-floor":
         cap = tokens / spec.min_tokens_per_s
         sol = milp.solve(settings, mode="price", time_cap=cap * (1 + 1e-12), deadline=deadline)
+        if sol.status != "optimal" and sol.status != "infeasible":
+            # not proved: the tuple's floor, or the MILP's own bound on its price, bounds it
+            bounds.append(max(lb, sol.bound) if sol.bound is not None else lb)
         if not sol.ok:
             if sol.status == "unknown":
                 stats["milp_optimal"] = False
@@ -241,21 +281,22 @@ def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, setting
     if not cheapest.ok:
         if cheapest.status == "unknown":
             stats["milp_optimal"] = False
+            bounds.append(lb)
         return
     pmin = cheapest.objective
     budget = None
+    proved = cheapest.status == "optimal"
     while True:
         if time.monotonic() > deadline:      # the walk is cut short: not proved
-            stats["milp_optimal"] = False
+            proved = False
             break
         prob.budget_usd_per_hour = budget
         sol = exact_solver(prob).solve(settings, deadline=deadline)
         if not sol.ok:
             if sol.status == "unknown":            # stopped by the deadline: not proved
-                stats["milp_optimal"] = False
+                proved = False
             break
-        if sol.status != "optimal":
-            stats["milp_optimal"] = False
+        proved &= sol.status == "optimal"
         cand = Candidate.of(prob, sol.assign, sol.objective, knobs, spec)
         best.add(cand)
         price, t = cand.price_usd_per_hour, cand.time_s
@@ -263,6 +304,10 @@ def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, setting
             break
         budget = price * (1 - 1e-9)
     prob.budget_usd_per_hour = None
+    if not proved:
+        # the walk's plans stand; what it did not reach is bounded by the tuple's floor
+        stats["milp_optimal"] = False
+        bounds.append(lb)
 
 
 def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, profiles, launcher):
@@ -278,7 +323,7 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
     top = best.items[0]
     time_like = spec.kind in ("throughput", "throughput-under-budget")
     value = evals[0].iteration_time_s if time_like else top.key[0]
-    bound = min(bounds) if (time_like and bounds) else None
+    bound = min(bounds) if bounds else None
     agg = aggregate_compute_bound_s(model, training, classes)
     if bound is not None:
         bound = min(bound, value)
@@ -318,7 +363,7 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
     return SearchResult(plans=final, evaluations=evals, report=report, idle=idle)
 
 
-def gpipe_dominated(knobs_list: list) -> set:
+def gpipe_dominated(knobs_list: list, same_only: bool = False) -> set:
     """The GPipe tuples whose 1F1B twin (same micro-batches, recompute, ZeRO and stages) is in
     the space.  Every GPipe plan is a 1F1B plan of its twin at least as good: the same
     stages keep the same per-micro-batch times, syncs and steps; 1F1B's pipeline time
@@ -328,11 +373,15 @@ def gpipe_dominated(knobs_list: list) -> set:
     min(p - s, m) micro-batches in flight where GPipe holds m.  Prices are the same.  So the
     twin's best is at least as good for every objective the search prices (CPU core sharing,
     which only the final evaluate prices, is outside it), its bound bounds the GPipe tuple
-    too, and with one plan asked for, the GPipe tuple is pruned (with --top K a GPipe plan
-    may be among the K best: kept)."""
+    too, and with one plan asked for, the GPipe tuple is pruned.  With --top K
+    (``same_only``) a GPipe plan may be among the K best and only the tuples whose plans
+    repeat their twin's times go: one stage or one micro-batch (the same sums and maxima;
+    1F1B holds one micro-batch in flight where GPipe holds m), which would list the same
+    layout twice."""
     ones = {(k.micro_batch_size, k.recompute, k.zero_stage, k.num_stages) for k in knobs_list if k.schedule == "1f1b"}
     return {k for k in knobs_list if k.schedule == "gpipe"
-            and (k.micro_batch_size, k.recompute, k.zero_stage, k.num_stages) in ones}
+            and (k.micro_batch_size, k.recompute, k.zero_stage, k.num_stages) in ones
+            and (not same_only or k.num_stages == 1 or k.num_micro_batches == 1)}
 
 
 def aggregate_compute_bound_s(model, training, classes) -> float:

@@ -1,0 +1,97 @@
+"""Lower bounds on a knob tuple's objective value, for every objective, from a lower bound on
+its iteration time (the knob bound, in seconds).
+
+The throughput objectives rank and prune tuples by their time bound directly.  The cost
+objectives need the price too; two facts about every plan of a tuple give it:
+
+- **Price floor.**  A plan has p stages and each rents at least its option's price:
+  ``price >= p * min_o pi_o``.  A class of one node (``shared_node``) is rented once, whatever
+  its stages take; its options are charged ``node price * units / capacity``, whose sum over
+  the stages on that node is at most the node's price, so the floor still holds.  A plan
+  also rents at least one class: at least the least, over classes, of a one-node class's
+  price or another class's cheapest option.
+- **Work floor.**  Every schedule the search prices keeps each stage busy for at least m
+  cycles of its forward and backward (1F1B ``F + (m-1) max c >= m c_s``, interleaved
+  ``m max c + ... >= m c_s``, GPipe's two flow shops likewise; the DP sync and the optimizer
+  step only add), so ``time >= m (f_s + b_s)`` for every stage s, and with
+  ``f_s + b_s >= r_o nb_s`` (``r_o``: the option's least forward + backward per unit of
+  blocks at any position; ``nb_s >= 1``)
+  ``price * time >= sum_s pi_s m r_s nb_s >= m L min_o (pi_o r_o)``.
+
+Hence, with T the tuple's time bound:
+
+- ``cost`` (price x time): ``max(p min pi x T, m L min (pi r))``;
+- ``cost-above-floor`` (price, with time <= cap = tokens per iteration / floor): no plan if
+  ``T > cap``, else ``max(p min pi, m L min (pi r) / cap)``;
+- ``throughput-under-budget``: no plan if ``p min pi > budget``, else T.
+
+Egress charges are outside the search's objective (docs/search-space.md), so outside these too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.search.objectives import ObjectiveSpec
+from planner.search.space import Knobs, OptionKey, Pricer
+
+
+@dataclass(frozen=True)
+class TupleFloors:
+    """A knob tuple's price floor (USD/hour) and work floor (USD/hour x s per iteration)."""
+
+    price_usd_per_hour: float
+    work_usd_s_per_hour: float
+
+    def value(self, spec: ObjectiveSpec, time_s: float, tokens_per_iteration: float) -> float:
+        """A lower bound on the tuple's objective value (``ObjectiveSpec.key``'s first entry)
+        given a lower bound ``time_s`` on its iteration time; ``inf``: the tuple has no plan
+        under the objective's budget or floor."""
+        if spec.kind == "throughput":
+            return time_s
+        if spec.kind == "throughput-under-budget":
+            return time_s if self.price_usd_per_hour <= spec.budget_usd_per_hour * (1 + 1e-12) else math.inf
+        if spec.kind == "cost":
+            return max(self.price_usd_per_hour * time_s, self.work_usd_s_per_hour)
+        cap_s = tokens_per_iteration / spec.min_tokens_per_s
+        if time_s > cap_s * (1 + 1e-12):
+            return math.inf
+        return max(self.price_usd_per_hour, self.work_usd_s_per_hour / cap_s)
+
+    def time_enough(self, spec: ObjectiveSpec, threshold: float, tokens_per_iteration: float) -> float:
+        """The time bound from which ``value`` reaches ``threshold`` (what the knob bound is
+        asked to show to prune the tuple)."""
+        if spec.kind in ("throughput", "throughput-under-budget"):
+            return threshold
+        if spec.kind == "cost":
+            return threshold / self.price_usd_per_hour if self.price_usd_per_hour > 0 else math.inf
+        return tokens_per_iteration / spec.min_tokens_per_s * (1 + 1e-12)
+
+
+def tuple_floors(pricer: Pricer, knobs: Knobs, ctx, keys: list[OptionKey]) -> TupleFloors:
+    """The floors over the options ``keys`` of a knob tuple (module docstring)."""
+    if not keys:
+        return TupleFloors(math.inf, math.inf)
+    unit = knobs.block_unit
+    blocks = pricer.model.num_layers // unit
+    prices, rates = [], []
+    one_class: dict[int, float] = {}      # per class, the least a plan using it rents
+    for key in keys:
+        info = pricer.classes[key.cls]
+        node = info.node_price_usd_per_hour or 0.0
+        if info.shared_node:
+            prices.append(node * info.units(key.tp, key.replicas) / info.capacity_units)
+            one_class[key.cls] = node
+        else:
+            prices.append(info.option_price(key.tp, key.replicas))
+            one_class[key.cls] = min(one_class.get(key.cls, math.inf), prices[-1])
+        (slope_f, slope_b, icpt), _ = pricer.lines(ctx, knobs, key, unit)
+        least_icpt = float(np.min(icpt.sum(axis=1)))
+        # per unit of blocks, at the worst nb >= 1 for a negative intercept
+        rates.append(max(0.0, slope_f + slope_b + min(0.0, least_icpt)))
+    pi, r = np.array(prices), np.array(rates)
+    return TupleFloors(max(knobs.num_stages * float(pi.min()), min(one_class.values())),
+                       knobs.num_micro_batches * blocks * float((pi * r).min()))
