@@ -46,6 +46,7 @@ def test_json_output_is_clean(capfd):
 @pytest.mark.parametrize("extra", [
     ["--time-limit", "0"], ["--objective", "fastest"], ["--objective", "cost", "--budget-usd-per-hour", "5"],
     ["--min-tokens-per-s", "10"], ["--top", "0"], ["--training", "cluster_specs/tiny-2gpu.yaml"],
+    ["--time-limit", "nan"], ["--time-limit", "inf"],
 ])
 def test_bad_flags_exit_2(extra, capsys):
     assert main(BASE + extra) == 2
@@ -62,6 +63,37 @@ def test_infeasible_exits_1_with_the_numbers(capsys):
     err = capsys.readouterr().err
     assert code == 1
     assert "GiB" in err and "over by" in err and "would fit" in err
+
+
+def test_precision_that_contradicts_the_training_file_exits_2(tmp_path, capsys):
+    t = tmp_path / "t.yaml"
+    t.write_text("global_batch_size: 4\nseq_len: 256\nprecision: bf16\n")
+    args = ["plan", CLUSTER, "--model", "opt-350m", "--training", str(t), "--time-limit", "60", "--quiet"]
+    assert main(args + ["--precision", "fp16"]) == 2
+    assert "contradicts" in capsys.readouterr().err
+    assert main(args + ["--precision", "bf16"]) == 0       # the same as the file's: no contradiction
+
+
+def test_budget_below_every_plan_exits_1_at_once_with_the_price(capsys):
+    """In bf16 tiny-mixed's V100 node sits out and its A100 node rents at 20.48 USD/hour: a
+    budget of 10 is out of reach, said from the price floors (no tuple solved; before, the search ran to its limit and
+    blamed the time limit)."""
+    code = main(["plan", "cluster_specs/tiny-mixed.yaml", "--model", "opt-350m", "--global-batch-size", "8",
+                 "--seq-len", "256", "--budget-usd-per-hour", "10", "--time-limit", "60", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "budget of 10 USD/hour" in err and "at least 20.48 USD/hour" in err
+
+
+def test_a_batch_no_allowed_share_splits_is_told_as_such(tmp_path, capsys):
+    """8 sequences with shares of 3 need 3 replicas; the 2-GPU cluster holds 2.  The reason
+    is the split, not memory."""
+    t = tmp_path / "t.yaml"
+    t.write_text("global_batch_size: 8\nseq_len: 256\nmicro_batch_sizes: [3]\n")
+    code = main(["plan", CLUSTER, "--model", "opt-350m", "--training", str(t), "--time-limit", "60", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "cannot be split" in err and "[3]" in err and "memory" not in err
 
 
 def test_bf16_search_leaves_gpus_without_bf16_idle_and_says_why():
