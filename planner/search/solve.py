@@ -34,7 +34,6 @@ from planner.search.floors import TupleFloors, tuple_floors
 from planner.search.incumbent import (
     WARM_KEYS_ABOVE,
     Best,
-    Candidate,
     exact_solver,
     priced,
     relaxed,
@@ -42,6 +41,7 @@ from planner.search.incumbent import (
 )
 from planner.search.naming import build_plan
 from planner.search.objectives import ObjectiveSpec, parse_objective
+from planner.search.per_tuple import prunes, solve_tuple
 from planner.search.space import Pricer, enumerate_knobs, make_context
 
 SPACE = ("stages 1..L; contiguous uneven block ranges; per stage one node class, a TP degree "
@@ -171,7 +171,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             stats["unexplored"] += len(heap)
             bounds.append(kb)
             break
-        if _prunes(spec, kb, best.threshold(), gap_rel):
+        if prunes(spec, kb, best.threshold(), gap_rel):
             stats["pruned"] += len(heap)
             bounds.append(kb)
             break
@@ -201,7 +201,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             stats["empty"] += 1
             continue
         lb = max(kb, floors.get(knobs, no_floors).value(spec, max(qb, tb), tokens))
-        if _prunes(spec, lb, best.threshold(), gap_rel):
+        if prunes(spec, lb, best.threshold(), gap_rel):
             stats["pruned"] += 1
             bounds.append(lb)
             continue
@@ -216,7 +216,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             continue
         say(f"[{j}/{len(ranked)}] {knobs.label()}: {K} options, bound {lb:.4g}{' s' if time_like else ''}")
         milp = exact_solver(prob)
-        _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb)
+        solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb)
     if warm and stats["unexplored"] and time.monotonic() < deadline:
         # time left over with tuples too big for the exact MILP (not when every tuple was solved
         # or pruned: nothing better than the answer, by more than gap_rel, is left to find):
@@ -231,83 +231,6 @@ FINISH_S_PER_GPU = 2e-5     # naming, evaluating and rank-mapping the answer, pe
 FINISH_SHARE = 0.1          # at most this share of the time limit is kept for them
 MAX_PAIR_TERMS = 100_000    # option pairs x boundaries a MILP may carry (pulp builds ~1e5/s)
 PAIR_TERMS_PER_S = 50_000   # a pessimistic build rate, to keep within the time limit
-def _prunes(spec: ObjectiveSpec, bound: float, threshold: float, gap_rel: float) -> bool:
-    """Whether a bound on a tuple's value rules it out against the K-th best plan.  Under
-    cost-above-floor a tuple at the same price may still win on time: only a higher one goes."""
-    cut = threshold * (1 - gap_rel)
-    if spec.kind == "cost-above-floor" and gap_rel == 0:
-        return bound > cut * (1 + 1e-12)
-    return bound >= cut
-
-
-def _solve_knobs(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb):
-    stats["solved"] += 1
-    tokens = training.global_batch_size * training.seq_len
-    if spec.kind in ("throughput", "throughput-under-budget"):
-        for j in range(top_k):
-            cut = best.threshold()
-            sol = milp.solve(settings, deadline=deadline, cutoff=cut if math.isfinite(cut) else None)
-            if sol.status == "unknown":
-                stats["timed_out"] = stats.get("timed_out", 0) + 1
-            if j == 0 and sol.status != "infeasible":      # a proved-infeasible tuple bounds nothing
-                bounds.append(max(lb, sol.bound) if sol.bound is not None else lb)
-                if sol.status in ("feasible", "unknown"):
-                    stats["milp_optimal"] = False
-            if not sol.ok or sol.objective >= best.threshold():
-                break
-            best.add(Candidate.of(prob, sol.assign, sol.objective, knobs, spec))
-            milp.exclude(sol.assign)
-        return
-    if spec.kind == "cost-above-floor":
-        cap = tokens / spec.min_tokens_per_s
-        sol = milp.solve(settings, mode="price", time_cap=cap * (1 + 1e-12), deadline=deadline)
-        if sol.status != "optimal" and sol.status != "infeasible":
-            # not proved: the tuple's floor, or the MILP's own bound on its price, bounds it
-            bounds.append(max(lb, sol.bound) if sol.bound is not None else lb)
-        if not sol.ok:
-            if sol.status == "unknown":
-                stats["milp_optimal"] = False
-            return
-        prob.budget_usd_per_hour = sol.objective * (1 + 1e-12)
-        fast = exact_solver(prob).solve(settings, deadline=deadline)
-        pick = fast if fast.ok else sol
-        if pick.status != "optimal" or sol.status != "optimal":
-            stats["milp_optimal"] = False
-        best.add(Candidate.of(prob, pick.assign, prob.objective(pick.assign), knobs, spec))
-        return
-    # cost: walk the price/time Pareto front of this knob tuple from the fastest plan down in
-    # price; a point can improve price x time only while (its time) x (cheapest price) < best.
-    cheapest = milp.solve(settings, mode="price", deadline=deadline)
-    if not cheapest.ok:
-        if cheapest.status == "unknown":
-            stats["milp_optimal"] = False
-            bounds.append(lb)
-        return
-    pmin = cheapest.objective
-    budget = None
-    proved = cheapest.status == "optimal"
-    while True:
-        if time.monotonic() > deadline:      # the walk is cut short: not proved
-            proved = False
-            break
-        prob.budget_usd_per_hour = budget
-        sol = exact_solver(prob).solve(settings, deadline=deadline)
-        if not sol.ok:
-            if sol.status == "unknown":            # stopped by the deadline: not proved
-                proved = False
-            break
-        proved &= sol.status == "optimal"
-        cand = Candidate.of(prob, sol.assign, sol.objective, knobs, spec)
-        best.add(cand)
-        price, t = cand.price_usd_per_hour, cand.time_s
-        if t * pmin >= best.threshold() or price <= pmin:
-            break
-        budget = price * (1 - 1e-9)
-    prob.budget_usd_per_hour = None
-    if not proved:
-        # the walk's plans stand; what it did not reach is bounded by the tuple's floor
-        stats["milp_optimal"] = False
-        bounds.append(lb)
 
 
 def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, profiles, launcher):
