@@ -222,7 +222,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         # or pruned: nothing better than the answer, by more than gap_rel, is left to find):
         # more incumbents on option subsets
         warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
-                   share=1.0, done=warm_done)
+                   share=1.0, done=warm_done, milp_share=1.0)
     return _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, profiles, launcher)
 
 
