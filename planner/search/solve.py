@@ -158,9 +158,9 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     heap = []
     for tb, i, knobs, ctx, keys in ranked:
         value = floors.get(knobs, no_floors).value(spec, tb, tokens)
-        if math.isinf(value):
-            stats["empty"] += 1             # over the budget, or slower than the floor, whatever it does
-            stats["out_of_reach"] = stats.get("out_of_reach", 0) + 1
+        if math.isinf(value):           # no plan: none fits, or over the budget / under the floor
+            stats["empty"] += 1
+            stats["out_of_reach"] = stats.get("out_of_reach", 0) + math.isfinite(tb)
             continue
         heap.append((value, i, 0, knobs, ctx, keys, tb))
     heapq.heapify(heap)
@@ -185,7 +185,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             value = max(kb, floors.get(knobs, no_floors).value(spec, tb2, tokens))
             if math.isinf(value):
                 stats["empty"] += 1
-                stats["out_of_reach"] = stats.get("out_of_reach", 0) + 1
+                stats["out_of_reach"] = stats.get("out_of_reach", 0) + math.isfinite(tb2)
                 continue
             heapq.heappush(heap, (value, i, level + 1, knobs, ctx, keys, tb2))
             continue
