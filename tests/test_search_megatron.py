@@ -1,8 +1,9 @@
 """On homogeneous clusters the planner is at least as good, under the same cost model, as the
 published Megatron-Core layouts (and as every uniform (t, p, d, micro-batch) layout of the
-same freedoms).  The rows are read from shared/reference/megatron_core_h100_weak_scaling.yaml
-(NVIDIA/Megatron-LM README, Megatron-Core r0.8.0): H100, seq 4096, vocab 131072; the models
-are the catalog's mcore-gpt-* entries of the same shapes."""
+same freedoms).  The rows are those of shared/reference/megatron_core_h100_weak_scaling.yaml
+(NVIDIA/Megatron-LM README, Megatron-Core r0.8.0: H100, seq 4096, vocab 131072), read from
+their committed copy in tests/fidelity; the models are the catalog's mcore-gpt-* entries of
+the same shapes."""
 
 from __future__ import annotations
 
@@ -19,18 +20,19 @@ from planner.search.naming import build_plan
 from planner.search.space import Knobs, OptionKey
 from planner.spec import Training, cluster_from_dict, load_model
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "megatron_core_h100_weak_scaling.yaml"
+# the reference's rows as tests/fidelity/generate.py commits them (shared/ is not in the checkout)
+REFERENCE = Path(__file__).resolve().parent / "fidelity" / "megatron-core-h100" / "rows.yaml"
 SLOW_GPUS = 1536        # rows from here on take tens of seconds: marked slow (still run in CI)
 
 
 def _rows() -> list:
     """(catalog model, GPUs, global batch, published t, p, d) per row of the reference."""
-    data = yaml.safe_load(REFERENCE.read_text())
     out = []
-    for r in data["rows"]:
-        row = (f"mcore-gpt-{r['model'].lower()}", r["num_gpus"], r["global_batch_size"],
-               r["tensor_parallel"], r["pipeline_parallel"], r["data_parallel"])
-        marks = [pytest.mark.slow] if r["num_gpus"] >= SLOW_GPUS else []
+    for r in yaml.safe_load(REFERENCE.read_text())["rows"]:
+        c = r["config"]
+        size = c["model_name"].removeprefix("megatron-core-gpt-").lower()
+        row = (f"mcore-gpt-{size}", r["extras"]["num_gpus"], c["global_batch_size"], c["tp"], c["pp"], c["dp"])
+        marks = [pytest.mark.slow] if row[1] >= SLOW_GPUS else []
         out.append(pytest.param(*row, marks=marks, id=row[0]))
     return out
 
