@@ -75,6 +75,16 @@ def make_case(seed: int, max_plans: int = 1500):
             return cluster, model, training
 
 
+
+def case_pricer(cluster, model, training):
+    """(node classes, Pricer) of a case, as the search builds them: for tests that price
+    knob tuples themselves (bounds, floors, polish) against brute force."""
+    from planner.search.space import Pricer
+    topo = topology_for(cluster)
+    classes = class_infos(topo, training.precision)
+    return classes, Pricer(model, training, classes, topo)
+
+
 def _estimate(cluster, model, training) -> int:
     classes = class_infos(topology_for(cluster))
     total = 0

@@ -7,17 +7,15 @@ import math
 import random
 from pathlib import Path
 
-from test_oracle import make_case
+from test_oracle import case_pricer, make_case
 
-from planner.cost import topology_for
 from planner.search import solve
 from planner.search.bound import KnobBound
-from planner.search.classes import class_infos
 from planner.search.core.brute import assignments
 from planner.search.floors import tuple_floors
 from planner.search.objectives import ObjectiveSpec
 from planner.search.oracle import oracle
-from planner.search.space import Pricer, enumerate_knobs, make_context
+from planner.search.space import enumerate_knobs, make_context
 
 COST = ObjectiveSpec("cost")
 
@@ -31,8 +29,7 @@ def test_floors_hold_on_every_plan_of_sampled_tuples():
     checked = close = 0
     for seed in range(12):
         cluster, model, training = make_case(seed)
-        classes = class_infos(topology_for(cluster), training.precision)
-        pricer = Pricer(model, training, classes, topology_for(cluster))
+        classes, pricer = case_pricer(cluster, model, training)
         knob_bound = KnobBound(pricer)
         tokens = training.global_batch_size * training.seq_len
         tuples = enumerate_knobs(model, training, classes)
@@ -62,8 +59,7 @@ def test_floors_hold_on_every_plan_of_sampled_tuples():
 def test_floors_mark_a_tuple_out_of_reach_only_when_it_is():
     """``inf`` (the tuple has no plan under the budget or the floor) must mean exactly that."""
     cluster, model, training = make_case(6)
-    classes = class_infos(topology_for(cluster), training.precision)
-    pricer = Pricer(model, training, classes, topology_for(cluster))
+    classes, pricer = case_pricer(cluster, model, training)
     knob_bound = KnobBound(pricer)
     tokens = training.global_batch_size * training.seq_len
     for knobs in enumerate_knobs(model, training, classes)[:40]:

@@ -94,19 +94,17 @@ def _polish_tuples(seed: int) -> tuple[int, int]:
     last two options, then local search on all of them (``incumbent.polish_into``).  Checks that the
     candidate it adds is no worse, and that planner.cost.evaluate gives its plan the same
     iteration time; returns (tuples tried, tuples improved)."""
-    from test_oracle import make_case
+    from test_oracle import case_pricer, make_case
 
-    from planner.cost import evaluate, topology_for
-    from planner.search.classes import class_infos
+    from planner.cost import evaluate
     from planner.search.core.milp import MilpSettings
     from planner.search.incumbent import Best, exact_solver, polish_into
     from planner.search.naming import build_plan
     from planner.search.objectives import parse_objective
-    from planner.search.space import Pricer, enumerate_knobs, make_context
+    from planner.search.space import enumerate_knobs, make_context
 
     cluster, model, training = make_case(seed)
-    classes = class_infos(topology_for(cluster), training.precision)
-    pricer = Pricer(model, training, classes, topology_for(cluster))
+    classes, pricer = case_pricer(cluster, model, training)
     spec = parse_objective("throughput", None, None)
     tried = improved = 0
     for knobs in enumerate_knobs(model, training, classes):
@@ -147,19 +145,16 @@ def test_warm_start_past_its_time_still_enumerates_one_tuple_when_no_plan_exists
     once a plan exists."""
     import time
 
-    from test_oracle import make_case
+    from test_oracle import case_pricer, make_case
 
-    from planner.cost import topology_for
     from planner.search.bound import KnobBound
-    from planner.search.classes import class_infos
     from planner.search.core.milp import MilpSettings
     from planner.search.incumbent import Best, warm_start
     from planner.search.objectives import parse_objective
-    from planner.search.space import Pricer, enumerate_knobs, make_context
+    from planner.search.space import enumerate_knobs, make_context
 
     cluster, model, training = make_case(30)
-    classes = class_infos(topology_for(cluster), training.precision)
-    pricer = Pricer(model, training, classes, topology_for(cluster))
+    classes, pricer = case_pricer(cluster, model, training)
     knob_bound = KnobBound(pricer)
     ranked = []
     for i, knobs in enumerate(enumerate_knobs(model, training, classes)):

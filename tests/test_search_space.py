@@ -48,19 +48,16 @@ def test_knob_bounds_hold_on_every_tuple_of_the_oracle_cases():
     import math
     import random
 
-    from test_oracle import make_case
+    from test_oracle import case_pricer, make_case
 
-    from planner.cost import topology_for
     from planner.search.bound import KnobBound
-    from planner.search.classes import class_infos
     from planner.search.core.brute import solve_brute
-    from planner.search.space import Pricer, enumerate_knobs, make_context
+    from planner.search.space import enumerate_knobs, make_context
 
     checked = tight = 0
     for seed in range(16):
         cluster, model, training = make_case(seed)
-        classes = class_infos(topology_for(cluster), training.precision)
-        pricer = Pricer(model, training, classes, topology_for(cluster))
+        classes, pricer = case_pricer(cluster, model, training)
         knob_bound = KnobBound(pricer)
         tuples = enumerate_knobs(model, training, classes)
         for knobs in random.Random(seed).sample(tuples, min(12, len(tuples))):
@@ -89,21 +86,18 @@ def test_packed_bottleneck_lifts_and_still_holds(monkeypatch):
     than once puts the bound above their optimum."""
     import random
 
-    from test_oracle import make_case
+    from test_oracle import case_pricer, make_case
 
-    from planner.cost import topology_for
     from planner.search import packed
     from planner.search.bound import KnobBound
-    from planner.search.classes import class_infos
     from planner.search.core.brute import solve_brute
-    from planner.search.space import Pricer, enumerate_knobs, make_context
+    from planner.search.space import enumerate_knobs, make_context
 
     with_fill = packed._Packing.with_fill
     checked = lifted = filled = 0
     for seed in [*range(16, 48), 67]:
         cluster, model, training = make_case(seed)
-        classes = class_infos(topology_for(cluster), training.precision)
-        pricer = Pricer(model, training, classes, topology_for(cluster))
+        classes, pricer = case_pricer(cluster, model, training)
         knob_bound = KnobBound(pricer)
         tuples = enumerate_knobs(model, training, classes)
         sample = ([k for k in tuples if k.num_stages == 1] if seed == 67
@@ -133,15 +127,13 @@ def test_packed_bottleneck_lifts_and_still_holds(monkeypatch):
 def test_exposed_sync_lines_match_the_cost_model():
     """The bound's lines of the gradient sync, through ``exposed_sync_parts``, give
     ``comm.dp_exposed_s`` at every block count and position (ZeRO 0 and 1)."""
-    from test_oracle import make_case
+    from test_oracle import case_pricer, make_case
 
-    from planner.cost import dp_exposed_s, dp_sync_time_s, replica_compute, stage_params, topology_for
-    from planner.search.classes import class_infos
-    from planner.search.space import POSITIONS, Knobs, Pricer, exposed_sync_parts, make_context
+    from planner.cost import dp_exposed_s, dp_sync_time_s, replica_compute, stage_params
+    from planner.search.space import POSITIONS, Knobs, exposed_sync_parts, make_context
 
     cluster, model, training = make_case(3)
-    classes = class_infos(topology_for(cluster), training.precision)
-    pricer = Pricer(model, training, classes, topology_for(cluster))
+    classes, pricer = case_pricer(cluster, model, training)
     checked = 0
     for zero in (0, 1):
         knobs = Knobs(micro_batch_size=4, num_micro_batches=2, schedule="1f1b", virtual_stages=1,
@@ -261,14 +253,13 @@ def test_joint_row_bound_under_every_allocation():
 def _subset_bounds(cluster, model, training):
     """(bound over class subsets, bound over all options at once, brute-force optimum) per
     knob tuple with a feasible plan."""
-    from planner.cost import topology_for
-    from planner.search.bound import KnobBound
-    from planner.search.classes import class_infos
-    from planner.search.core.brute import solve_brute
-    from planner.search.space import Pricer, enumerate_knobs, make_context
+    from test_oracle import case_pricer
 
-    classes = class_infos(topology_for(cluster), training.precision)
-    pricer = Pricer(model, training, classes, topology_for(cluster))
+    from planner.search.bound import KnobBound
+    from planner.search.core.brute import solve_brute
+    from planner.search.space import enumerate_knobs, make_context
+
+    classes, pricer = case_pricer(cluster, model, training)
     knob_bound = KnobBound(pricer)
     for knobs in enumerate_knobs(model, training, classes):
         ctx = make_context(model, training, knobs)
@@ -509,19 +500,16 @@ def test_every_gpipe_plan_is_a_no_worse_1f1b_plan():
     no worse.  Checked on the oracle's cases with the cost model's own pricing."""
     import random
 
-    from test_oracle import make_case
+    from test_oracle import case_pricer, make_case
 
-    from planner.cost import topology_for
-    from planner.search.classes import class_infos
     from planner.search.core.brute import solve_brute
     from planner.search.solve import gpipe_dominated
-    from planner.search.space import Knobs, Pricer, enumerate_knobs, make_context
+    from planner.search.space import Knobs, enumerate_knobs, make_context
 
     plans = strict = cases = 0
     for seed in range(30):
         cluster, model, training = make_case(seed)
-        classes = class_infos(topology_for(cluster), training.precision)
-        pricer = Pricer(model, training, classes, topology_for(cluster))
+        classes, pricer = case_pricer(cluster, model, training)
         tuples = enumerate_knobs(model, training, classes)
         pruned = gpipe_dominated(tuples)
         assert all(k.schedule == "gpipe" for k in pruned)
@@ -558,13 +546,11 @@ def test_knob_bound_past_the_deadline_skips_its_lps_and_stays_a_bound(monkeypatc
     """The search sets its deadline on the knob bound: past it, the packed bound's LPs do not
     run (one tuple's LPs took a second on c and overran the time limit), and the bound it
     gives instead is still at most the one with them (both bound the same plans)."""
-    from test_oracle import make_case
+    from test_oracle import case_pricer, make_case
 
-    from planner.cost import topology_for
     from planner.search import position_lp
     from planner.search.bound import KnobBound
-    from planner.search.classes import class_infos
-    from planner.search.space import Pricer, enumerate_knobs, make_context
+    from planner.search.space import enumerate_knobs, make_context
 
     runs = []
     run = position_lp.PositionModel._run
@@ -572,8 +558,7 @@ def test_knob_bound_past_the_deadline_skips_its_lps_and_stays_a_bound(monkeypatc
     compared = 0
     for seed in (3, 5, 9, 21):
         cluster, model, training = make_case(seed)
-        classes = class_infos(topology_for(cluster), training.precision)
-        pricer = Pricer(model, training, classes, topology_for(cluster))
+        classes, pricer = case_pricer(cluster, model, training)
         for knobs in [k for k in enumerate_knobs(model, training, classes) if k.num_stages >= 2][:6]:
             ctx = make_context(model, training, knobs)
             keys = pricer.option_keys(knobs)
