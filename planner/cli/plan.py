@@ -4,7 +4,7 @@ stdout machine-readable."""
 
 from __future__ import annotations
 
-import math
+from collections import Counter
 
 import click
 from rich.table import Table
@@ -55,14 +55,6 @@ def _stage_rows(plan) -> Table:
     return t
 
 
-def _tp_counts(stage) -> dict[int, int]:
-    """Replicas per TP degree of one stage."""
-    out: dict[int, int] = {}
-    for r in stage.replicas:
-        out[r.tp] = out.get(r.tp, 0) + 1
-    return out
-
-
 def _bound_text(plan, bound: float | None) -> str:
     """The proved bound in the objective's unit: seconds per iteration for the throughput
     objectives, USD per million tokens for ``cost`` (the solver's value is USD/hour x s per
@@ -105,7 +97,7 @@ def _summary(out, result) -> None:
                     "replicas x tp, per stage"):
             t.add_column(col, justify="right", no_wrap=col != "replicas x tp, per stage")
         for i, (p, e) in enumerate(zip(result.plans, result.evaluations)):
-            per_stage = " | ".join("+".join(f"{n}x{tp}" for tp, n in _tp_counts(st).items()) for st in p.stages)
+            per_stage = " | ".join("+".join(f"{n}x{tp}" for tp, n in Counter(r.tp for r in st.replicas).items()) for st in p.stages)
             t.add_row(str(i + 1), f"{e.tokens_per_s:,.0f}", "-" if e.usd_per_hour is None else f"{e.usd_per_hour:,.2f}",
                       str(p.num_stages), p.schedule, f"{p.micro_batch_size}x{p.num_micro_batches}",
                       p.recompute, str(p.zero_stage), per_stage)
@@ -141,11 +133,10 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
          profiles_path, calibration_path):
     """Find the fastest (or cheapest) layout of MODEL on CLUSTER, with a proof of how close it is."""
     from planner import api
-    from planner.search import parse_objective
+    from planner.search import check_time_limit, parse_objective
     from planner.spec import load_cluster, load_model
 
-    if not math.isfinite(time_limit_s) or time_limit_s <= 0:
-        raise InputError(f"--time-limit must be a positive number of seconds, got {time_limit_s}")
+    check_time_limit(time_limit_s)
     if top_k < 1:
         raise InputError(f"--top must be at least 1, got {top_k}")
     spec_obj = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)

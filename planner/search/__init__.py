@@ -7,6 +7,6 @@ evaluations, the solver report).  The space is written down in docs/search-space
 
 from planner.search.objectives import KINDS as OBJECTIVES
 from planner.search.objectives import ObjectiveSpec, parse_objective
-from planner.search.solve import SearchResult, solve
+from planner.search.solve import SearchResult, check_time_limit, solve
 
-__all__ = ["OBJECTIVES", "ObjectiveSpec", "SearchResult", "parse_objective", "solve"]
+__all__ = ["OBJECTIVES", "ObjectiveSpec", "SearchResult", "check_time_limit", "parse_objective", "solve"]

@@ -72,13 +72,18 @@ class SearchResult:
         return self.report
 
 
+def check_time_limit(time_limit_s) -> None:
+    """A time limit is a positive, finite number of seconds (nan and inf are not)."""
+    if not time_limit_s or not math.isfinite(time_limit_s) or time_limit_s <= 0:
+        raise InputError(f"the time limit must be a positive number of seconds, got {time_limit_s}")
+
+
 def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput", time_limit_s: float = 60.0,
           top_k: int = 1, launcher: str | None = None, *, budget_usd_per_hour: float | None = None,
           min_tokens_per_s: float | None = None, profiles=None, gap_rel: float = 0.0,
           progress: Callable[[str], None] | None = None) -> SearchResult:
     t0 = time.monotonic()
-    if not time_limit_s or not math.isfinite(time_limit_s) or time_limit_s <= 0:
-        raise InputError(f"the time limit must be a positive number of seconds, got {time_limit_s}")
+    check_time_limit(time_limit_s)
     if top_k < 1:
         raise InputError(f"--top must be at least 1, got {top_k}")
     if launcher is not None and launcher not in MEGATRON_LAUNCHERS:
