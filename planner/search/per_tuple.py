@@ -5,7 +5,8 @@
 - ``cost-above-floor``: the least price with time <= tokens per iteration / floor, then the
   fastest plan at that price.
 - ``cost``: a walk down the tuple's price/time Pareto front from its fastest plan, each step
-  cheaper, until (its time) x (the tuple's least price) cannot beat the incumbent.
+  cheaper, until (its time) x (the tuple's least price) cannot beat the incumbent; each step's
+  MILP is cut off at that time, so a tuple that cannot win stops at once.
 
 A tuple that is not proved (a deadline, an unproved MILP) leaves its lower bound in
 ``bounds``: the floor of floors.py for the cost objectives, the MILP's dual bound for time.
@@ -80,11 +81,13 @@ def solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings
             proved = False
             break
         prob.budget_usd_per_hour = budget
-        sol = exact_solver(prob).solve(settings, deadline=deadline)
+        # every plan here costs at least pmin: one beats the incumbent only below this time
+        cut = best.threshold() / pmin if pmin > 0 else math.inf
+        sol = exact_solver(prob).solve(settings, deadline=deadline, cutoff=cut if math.isfinite(cut) else None)
         if not sol.ok:
             if sol.status == "unknown":            # stopped by the deadline: not proved
                 proved = False
-            break
+            break      # infeasible, or no plan below the cutoff: the rest cannot win
         proved &= sol.status == "optimal"
         cand = Candidate.of(prob, sol.assign, sol.objective, knobs, spec)
         best.add(cand)
