@@ -134,3 +134,25 @@ def test_debug_switch_reads_off_values(monkeypatch):
         assert debug_enabled() is on, value
     monkeypatch.delenv("PLANNER_DEBUG")
     assert debug_enabled() is False
+
+
+def test_idle_gpus_are_explained_under_the_objective_and_only_claimed_when_proved():
+    """The reason for idle GPUs names what using them would not win under the objective, and
+    an answer that is not proved does not claim that they would not help."""
+    from planner import api
+    from planner.cost import topology_for
+    from planner.search.classes import class_infos
+    from planner.search.objectives import ObjectiveSpec
+    from planner.search.solve import idle_gpus
+
+    cluster = api.load_cluster(Path(__file__).parent.parent / "cluster_specs" / "tiny-mixed.yaml")
+    model = api.load_model({"name": "small", "num_layers": 4, "hidden_size": 256,
+                            "num_attention_heads": 4, "vocab_size": 1000})
+    training = api.Training(global_batch_size=8, seq_len=256, precision="fp16")
+    cheap = api.plan(cluster, model, training, objective="cost", time_limit_s=30)
+    assert cheap.report.status == "optimal" and cheap.idle
+    assert all("does not lower the cost per token" in line for line in cheap.idle)
+    assert not any("shorten the iteration" in line for line in cheap.idle)
+    classes = class_infos(topology_for(cluster), "fp16")
+    unproved = idle_gpus(classes, cheap.plan, cluster, ObjectiveSpec("cost"), proved=False)
+    assert unproved and all("not proved" in line and "does not lower" not in line for line in unproved)

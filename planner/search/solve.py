@@ -284,7 +284,7 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
             pass
         final.append(plan.model_copy(update=update))
     report = SolverReport(**report_fields)
-    idle = idle_gpus(classes, final[0], cluster, proved=status == "optimal")
+    idle = idle_gpus(classes, final[0], cluster, spec, proved=status == "optimal")
     for c in classes_without_bf16(topology_for(cluster)) if training.precision == "bf16" else []:
         idle.append(f"{c.num_gpus} GPUs of {c.name} idle: {c.gpu.name} has no bf16; train with "
                     "--precision fp16 to use them")
@@ -319,24 +319,38 @@ def aggregate_compute_bound_s(model, training, classes) -> float:
     return flops / peak
 
 
-def idle_gpus(classes, plan: Plan, cluster, proved: bool = True) -> list[str]:
-    """GPUs the plan leaves idle, per class, with the reason we can give."""
+# What leaving GPUs idle wins under each objective (the reason given for idle GPUs).
+IDLE_GAIN = {"throughput": "shorten the iteration",
+             "throughput-under-budget": "shorten the iteration within the budget",
+             "cost": "lower the cost per token",
+             "cost-above-floor": "meet the tokens/s floor for fewer USD/hour"}
+
+
+def idle_gpus(classes, plan: Plan, cluster, spec: ObjectiveSpec | None = None, proved: bool = True) -> list[str]:
+    """GPUs the plan leaves idle, per class, with the reason we can give: proved, that no plan
+    using them does better under the objective; otherwise only that the best plan found does
+    not use them."""
     used = set(plan.devices())
     used_nodes = {d.rpartition(":")[0] for d in used}
     used_zones = sorted({c.zone for c in classes if used_nodes & set(c.node_class.node_names)})
-    verdict = "the optimum under the cost model" if proved else "the best plan found"
+    gain = IDLE_GAIN[(spec or ObjectiveSpec()).kind]
     out = []
     for c in classes:
         devs = [f"{n}:{i}" for n in c.node_class.node_names for i in range(c.gpus_per_node)]
         idle = [d for d in devs if d not in used]
         if not idle:
             continue
-        why = f"{verdict} does not use them: adding them (as more replicas or more stages) does not shorten the iteration"
+        if proved:
+            why = (f"the optimum under the cost model does not use them: using them (as more replicas "
+                   f"or more stages) does not {gain}")
+        else:
+            why = (f"the best plan found does not use them (not proved: the search stopped with a gap; "
+                   f"a plan using them might {gain})")
         if len(idle) == len(devs) and c.zone not in used_zones:
             links = [cluster.link(c.zone, z) for z in used_zones]
             bw = [f"{lk.bandwidth_Bps * 8 / 1e9:g} Gbit/s, {lk.latency_s * 1e3:g} ms to {z}"
                   for lk, z in zip(links, used_zones) if lk is not None]
             if bw:
-                why += f" (zone {c.zone}: {'; '.join(bw)})"
+                why += f"; zone {c.zone} is behind {'; '.join(bw)}"
         out.append(f"{len(idle)} of {len(devs)} GPUs of {c.name} idle: {why}")
     return out
