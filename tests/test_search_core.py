@@ -157,6 +157,32 @@ def test_price_mode_matches_brute_force():
         assert prob.objective(m.assign) <= cap * (1 + 1e-9)
 
 
+
+def test_price_mode_cutoff_bounds_the_price():
+    """In price mode a cutoff is on the price (the cost walk's "too dear to win"): at the
+    least price nothing is left below it; a little above, the least price is found."""
+    from planner.search.core.enum import CoreEnum
+    from planner.search.core.milp import CoreMilp
+    checked = 0
+    for seed in range(40):
+        prob = random_problem(random.Random(900 + seed))
+        t = solve_brute(prob)[0]
+        if not t.ok:
+            continue
+        cap = t.objective * 1.5
+        least = prob.price(solve_brute(prob, mode="price", time_cap=cap)[0].assign)
+        if least <= 0:
+            continue
+        solvers = [CoreMilp(prob)] + ([CoreEnum(prob)] if prob.num_stages <= 2 else [])
+        for solver in solvers:
+            at = solver.solve(MilpSettings(time_limit_s=20), mode="price", time_cap=cap, cutoff=least)
+            assert at.status == "cutoff", type(solver).__name__
+            above = solver.solve(MilpSettings(time_limit_s=20), mode="price", time_cap=cap, cutoff=least * 1.01)
+            assert above.ok and math.isclose(above.objective, least, rel_tol=1e-9)
+            assert prob.objective(above.assign) <= cap * (1 + 1e-9)
+        checked += 1
+    assert checked >= 5
+
 def test_memory_aware_bounds_hold_on_random_problems():
     """quick_bound (with its memory-aware max-row bisection and greedy sum fill) never exceeds
     the brute-force optimum, is None only when no assignment exists, and max_row_bound /

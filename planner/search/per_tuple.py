@@ -21,6 +21,13 @@ from planner.search.incumbent import Candidate, exact_solver
 from planner.search.objectives import ObjectiveSpec
 
 
+# The cost walk's next level asks for plans this much faster than the last: well above the
+# solvers' tolerance on the time cap (~1e-9), or a level would return its own plan again.  A
+# plan skipped by it costs more (a dearer level) and is at most this much faster: it cannot win
+# unless two price levels differ by less than this.
+STEP_REL = 1e-7
+
+
 def prunes(spec: ObjectiveSpec, bound: float, threshold: float, gap_rel: float) -> bool:
     """Whether a bound on a tuple's value rules it out against the K-th best plan.  Under
     cost-above-floor a tuple at the same price may still win on time: only a higher one goes."""
@@ -30,7 +37,8 @@ def prunes(spec: ObjectiveSpec, bound: float, threshold: float, gap_rel: float) 
     return bound >= cut
 
 
-def solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb):
+def solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb,
+                time_lb: float = 0.0):
     stats["solved"] += 1
     tokens = training.global_batch_size * training.seq_len
     if spec.kind in ("throughput", "throughput-under-budget"):
@@ -65,36 +73,44 @@ def solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings
             stats["milp_optimal"] = False
         best.add(Candidate.of(prob, pick.assign, prob.objective(pick.assign), knobs, spec))
         return
-    # cost: walk the price/time Pareto front of this knob tuple from the fastest plan down in
-    # price; a point can improve price x time only while (its time) x (cheapest price) < best.
-    cheapest = milp.solve(settings, mode="price", deadline=deadline)
-    if not cheapest.ok:
-        if cheapest.status == "unknown":
-            stats["milp_optimal"] = False
-            bounds.append(lb)
-        return
-    pmin = cheapest.objective
-    budget = None
-    proved = cheapest.status == "optimal"
+    # cost: walk the tuple's price/time Pareto front up from its cheapest plan.  Each level:
+    # the least price p among the plans faster than the last level (a price MILP: fast, few
+    # price levels), then the fastest plan at price <= p (cut off where p x time cannot win).
+    # The plans left are faster still, so they cost more than p and take at least the tuple's
+    # time bound: the walk ends once p x that bound reaches the incumbent.
+    cap = None
+    proved = True
     while True:
         if time.monotonic() > deadline:      # the walk is cut short: not proved
             proved = False
             break
-        prob.budget_usd_per_hour = budget
-        # every plan here costs at least pmin: one beats the incumbent only below this time
-        cut = best.threshold() / pmin if pmin > 0 else math.inf
-        sol = exact_solver(prob).solve(settings, deadline=deadline, cutoff=cut if math.isfinite(cut) else None)
-        if not sol.ok:
-            if sol.status == "unknown":            # stopped by the deadline: not proved
-                proved = False
-            break      # infeasible, or no plan below the cutoff: the rest cannot win
-        proved &= sol.status == "optimal"
-        cand = Candidate.of(prob, sol.assign, sol.objective, knobs, spec)
-        best.add(cand)
-        price, t = cand.price_usd_per_hour, cand.time_s
-        if t * pmin >= best.threshold() or price <= pmin:
+        # a plan dearer than this cannot win, however fast (at least the tuple's time bound)
+        dear = best.threshold() / time_lb if time_lb > 0 else math.inf
+        step = milp.solve(settings, mode="price", time_cap=cap, deadline=deadline,
+                          cutoff=dear if math.isfinite(dear) else None)
+        if not step.ok:
+            # infeasible: no plan is faster, the front is walked; cutoff: the faster ones are
+            # too dear to win
+            proved &= step.status != "unknown"
             break
-        budget = price * (1 - 1e-9)
+        proved &= step.status == "optimal"
+        price = step.objective
+        best.add(Candidate.of(prob, step.assign, prob.objective(step.assign), knobs, spec))
+        if price * time_lb >= best.threshold():
+            break
+        cut = best.threshold() / price if price > 0 else math.inf
+        prob.budget_usd_per_hour = price * (1 + 1e-12)
+        fast = exact_solver(prob).solve(settings, deadline=deadline, cutoff=cut if math.isfinite(cut) else None)
+        prob.budget_usd_per_hour = None
+        if fast.ok:
+            proved &= fast.status == "optimal"
+            best.add(Candidate.of(prob, fast.assign, fast.objective, knobs, spec))
+            cap = fast.objective * (1 - STEP_REL)
+        elif fast.status == "cutoff":   # none at this price is fast enough to win
+            cap = cut * (1 - STEP_REL)
+        else:
+            proved = False
+            break
     prob.budget_usd_per_hour = None
     if not proved:
         # the walk's plans stand; what it did not reach is bounded by the tuple's floor

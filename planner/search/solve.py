@@ -221,7 +221,8 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             continue
         say(f"[{j}/{len(ranked)}] {knobs.label()}: {K} options, bound {lb:.4g}{' s' if time_like else ''}")
         milp = exact_solver(prob)
-        solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb)
+        solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb,
+                    time_lb=max(qb, tb))
     if warm and stats["unexplored"] and time.monotonic() < deadline:
         # time left over with tuples too big for the exact MILP (not when every tuple was solved
         # or pruned: nothing better than the answer, by more than gap_rel, is left to find):

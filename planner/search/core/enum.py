@@ -193,7 +193,7 @@ class CoreEnum:
     def solve(self, settings=None, mode: str = "time", time_cap: float | None = None,
               deadline: float | None = None, cutoff: float | None = None) -> CoreSolution:
         """Exact: ``optimal`` with bound = objective, ``cutoff`` (bound = the optimum) when the
-        optimum is not below ``cutoff``, or ``infeasible``; ``unknown`` (no bound) when
+        optimum (the time, or in price mode the price) is not below ``cutoff``, or ``infeasible``; ``unknown`` (no bound) when
         ``deadline`` passes between chunks of a pass.  ``settings`` is accepted for the MILP's
         interface."""
         found = self._scan(mode, time_cap if mode == "price" else None, deadline)
@@ -203,7 +203,7 @@ class CoreEnum:
             return CoreSolution(status="infeasible", nodes=self.nodes)
         _, assign = found
         value = self.prob.objective(assign) if mode == "time" else self.prob.price(assign)
-        if mode == "time" and cutoff is not None and math.isfinite(cutoff) and value >= cutoff * (1 - _REL):
+        if cutoff is not None and math.isfinite(cutoff) and value >= cutoff * (1 - _REL):
             return CoreSolution(status="cutoff", bound=value, nodes=self.nodes)
         return CoreSolution(status="optimal", assign=assign, objective=value, bound=value, gap=0.0,
                             nodes=self.nodes)

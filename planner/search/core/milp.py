@@ -250,7 +250,7 @@ class CoreMilp:
         """``mode="time"``: min objective.  ``mode="price"``: min price with objective <= cap.
 
         ``cutoff``: only solutions below it are of interest (a constraint ``objective <=
-        cutoff``; HiGHS's ``objective_bound`` option made a 1f1b tuple of the README job run
+        cutoff`` on the mode's objective, the time or the price; HiGHS's ``objective_bound`` option made a 1f1b tuple of the README job run
         past every time limit); when none exists the status is ``cutoff`` and ``bound`` the
         cutoff.
         """
@@ -264,8 +264,8 @@ class CoreMilp:
             self.lp.setObjective(self.price)
         else:
             self.lp.setObjective(self.obj)
-            if cutoff is not None and math.isfinite(cutoff):
-                extra.append(self.obj <= cutoff)
+        if cutoff is not None and math.isfinite(cutoff):
+            extra.append((self.price if mode == "price" else self.obj) <= cutoff)
         names = []
         for i, c in enumerate(extra):
             name = f"cap_{i}_{id(c)}"
