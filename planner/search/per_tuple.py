@@ -20,7 +20,6 @@ import time
 from planner.search.incumbent import Candidate, exact_solver
 from planner.search.objectives import ObjectiveSpec
 
-
 # The cost walk's next level asks for plans this much faster than the last: well above the
 # solvers' tolerance on the time cap (~1e-9), or a level would return its own plan again.  A
 # plan skipped by it costs more (a dearer level) and is at most this much faster: it cannot win
