@@ -74,6 +74,13 @@ class ClassInfo:
             return 0.0
         return self.units(tp, replicas) * self.node_price_usd_per_hour
 
+    def rent_share(self, tp: int, replicas: int) -> float:
+        """The rent an option accounts for (floors.py): its nodes' price, or on a shared node
+        (rented once per class) its GPUs' share of that node's price."""
+        if self.shared_node:
+            return (self.node_price_usd_per_hour or 0.0) * self.units(tp, replicas) / self.capacity_units
+        return self.option_price(tp, replicas)
+
     def replica_devices(self, tp: int, replicas: int, first_node: int = 0,
                         first_gpu: int = 0) -> list[tuple[str, ...]]:
         """Devices of ``replicas`` replicas packed from node ``first_node`` (GPU ``first_gpu``)."""

@@ -81,13 +81,11 @@ def tuple_floors(pricer: Pricer, knobs: Knobs, ctx, keys: list[OptionKey]) -> Tu
     one_class: dict[int, float] = {}      # per class, the least a plan using it rents
     for key in keys:
         info = pricer.classes[key.cls]
-        node = info.node_price_usd_per_hour or 0.0
-        if info.shared_node:
-            prices.append(node * info.units(key.tp, key.replicas) / info.capacity_units)
-            one_class[key.cls] = node
-        else:
-            prices.append(info.option_price(key.tp, key.replicas))
-            one_class[key.cls] = min(one_class.get(key.cls, math.inf), prices[-1])
+        prices.append(info.rent_share(key.tp, key.replicas))
+        # a shared node is rented whole by any plan on it; a multi-node class at least by
+        # its cheapest option
+        one_class[key.cls] = (info.node_price_usd_per_hour or 0.0) if info.shared_node else \
+            min(one_class.get(key.cls, math.inf), prices[-1])
         (slope_f, slope_b, icpt), _ = pricer.lines(ctx, knobs, key, unit)
         least_icpt = float(np.min(icpt.sum(axis=1)))
         # per unit of blocks, at the worst nb >= 1 for a negative intercept

@@ -181,13 +181,14 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             bounds.append(kb)
             break
         heapq.heappop(heap)
+        floor = floors.get(knobs, no_floors)
         if level < 3:
             # memory-aware, then with the packed bottleneck's knapsacks, then with its LPs
             # (packed.py), which only help to prune: asked to show the time from which the
             # tuple's value reaches the pruning threshold
-            enough = floors.get(knobs, no_floors).time_enough(spec, best.threshold() * (1 - gap_rel), tokens)
+            enough = floor.time_enough(spec, best.threshold() * (1 - gap_rel), tokens)
             tb2 = max(tb, knob_bound(knobs, ctx, keys, enough=enough, packed=level))
-            value = max(kb, floors.get(knobs, no_floors).value(spec, tb2, tokens))
+            value = max(kb, floor.value(spec, tb2, tokens))
             if math.isinf(value):
                 stats["empty"] += 1
                 stats["out_of_reach"] = stats.get("out_of_reach", 0) + math.isfinite(tb2)
@@ -205,7 +206,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         if qb is None:
             stats["empty"] += 1
             continue
-        lb = max(kb, floors.get(knobs, no_floors).value(spec, max(qb, tb), tokens))
+        lb = max(kb, floor.value(spec, max(qb, tb), tokens))
         if prunes(spec, lb, best.threshold(), gap_rel):
             stats["pruned"] += 1
             bounds.append(lb)
