@@ -156,3 +156,43 @@ def test_idle_gpus_are_explained_under_the_objective_and_only_claimed_when_prove
     classes = class_infos(topology_for(cluster), "fp16")
     unproved = idle_gpus(classes, cheap.plan, cluster, ObjectiveSpec("cost"), proved=False)
     assert unproved and all("not proved" in line and "does not lower" not in line for line in unproved)
+
+
+def test_output_goes_through_a_symlink_and_refuses_what_is_not_a_file(tmp_path, capsys):
+    """-o renames a finished temp file into place: through a symlink it must land in the
+    link's target (the link stays), and a FIFO or a device (not a regular file) is refused
+    before the search, not replaced by a plan."""
+    import os
+    import stat
+
+    target = tmp_path / "target.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    assert main(BASE + ["--quiet", "-o", str(link)]) == 0
+    assert link.is_symlink() and json.loads(target.read_text())["schema"] == "planner.plan/v1"
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert main(BASE + ["--quiet", "-o", str(fifo)]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_gpus_needed_for_the_weights_are_rounded_up():
+    """'at least N GPUs' must hold the state: N x room >= need, rounded up, not to nearest
+    (6803.72 GiB over 73.0 GiB per GPU is 93.2: 93 GPUs would not hold it)."""
+    import re
+
+    from planner import api
+    from planner.errors import InfeasibleError
+
+    cluster = api.load_cluster(Path(__file__).parent.parent / CLUSTER)
+    with pytest.raises(InfeasibleError) as err:
+        api.plan(cluster, api.load_model("llama3-405b"), api.Training(global_batch_size=32, seq_len=2048),
+                 time_limit_s=30)
+    text = str(err.value)
+    need, gpus, room = (float(x) for x in re.search(
+        r"need ([\d.]+) GiB even split .* the (\d+) GPUs hold ([\d.]+) GiB", text).groups())
+    n = int(re.search(r"at least (\d+) GPUs of these types", text).group(1))
+    per_gpu = room / gpus
+    assert n * per_gpu >= need * (1 - 1e-4) and (n - 1) * per_gpu < need

@@ -69,6 +69,8 @@ def test_top_k_plans_are_distinct_and_ordered():
     {"objective": "throughput", "min_tokens_per_s": 5.0}, {"budget_usd_per_hour": -1.0},
     {"objective": "throughput-under-budget"},
     {"budget_usd_per_hour": 1.0, "min_tokens_per_s": 1.0},
+    {"budget_usd_per_hour": math.nan}, {"budget_usd_per_hour": math.inf},
+    {"objective": "cost", "min_tokens_per_s": math.nan}, {"objective": "cost", "min_tokens_per_s": math.inf},
 ])
 def test_contradictory_objectives_are_input_errors(args):
     with pytest.raises(InputError):

@@ -33,11 +33,25 @@ def echo_json(data) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True))
 
 
+def _target(path: str | Path) -> Path:
+    """The file a write to ``path`` lands in: a symlink is written through (the rename must
+    replace its target, not the link); anything there that is not a regular file (a folder,
+    a device such as /dev/null) is refused, since the rename would replace it."""
+    from planner.errors import InputError
+
+    path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
+    if path.exists() and not path.is_file():
+        raise InputError(f"cannot write {path}: it exists and is not a regular file")
+    return path
+
+
 def write_atomic(path: str | Path, text: str) -> None:
     """Write one file via a temp file in the same folder and a rename: never half-written."""
     from planner.launch.output import write
 
-    path = Path(path)
+    path = _target(path)
     write({path.name: text}, path.parent)
 
 
@@ -45,7 +59,7 @@ def check_writable(path: str | Path) -> None:
     """Fail before long work, not after it, when ``path`` cannot be written."""
     from planner.errors import InputError
 
-    folder = Path(path).parent
+    folder = _target(path).parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK):

@@ -3,6 +3,8 @@ floor that no plan meets, and what would make it feasible."""
 
 from __future__ import annotations
 
+import math
+
 from planner.cost.memory import in_flight_micro_batches, replica_memory
 from planner.search.space import Knobs, make_context, tp_degrees
 
@@ -118,7 +120,7 @@ def explain_infeasible(cluster, model, training, spec, classes, stats) -> str:
                          f"parameters x {per_param:g} bytes) need {_gib(static)} even split without any "
                          f"replication, but the {total} GPUs hold {_gib(room)} after the "
                          f"{_gib(WORKSPACE_BYTES)} workspace each: over by {_gib(static - room)}; would fit: "
-                         f"at least {static / room * total:.0f} GPUs of these types, or GPUs with more memory")
+                         f"at least {math.ceil(static / room * total)} GPUs of these types, or GPUs with more memory")
         lines.append(f"single blocks fit, but no split of {model.num_layers} blocks (plus embedding "
                      f"and head) over the {total} GPUs fits in memory with the allowed knobs "
                      f"(schedules {', '.join(training.schedules)}, recompute "

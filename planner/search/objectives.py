@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from planner.errors import InputError
@@ -53,15 +55,15 @@ def parse_objective(objective: str | ObjectiveSpec = "throughput", budget_usd_pe
     if budget_usd_per_hour is not None and min_tokens_per_s is not None:
         raise InputError("give either a USD/hour budget or a tokens/s floor, not both")
     if budget_usd_per_hour is not None:
-        if budget_usd_per_hour <= 0:
-            raise InputError(f"the budget must be positive, got {budget_usd_per_hour} USD/hour")
+        if not math.isfinite(budget_usd_per_hour) or budget_usd_per_hour <= 0:
+            raise InputError(f"the budget must be a positive, finite number of USD/hour, got {budget_usd_per_hour}")
         if kind == "cost":
             raise InputError("a USD/hour budget goes with the throughput objective, not 'cost' "
                              "(cost already minimises USD per token)")
         kind = "throughput-under-budget"
     if min_tokens_per_s is not None:
-        if min_tokens_per_s <= 0:
-            raise InputError(f"the tokens/s floor must be positive, got {min_tokens_per_s}")
+        if not math.isfinite(min_tokens_per_s) or min_tokens_per_s <= 0:
+            raise InputError(f"the tokens/s floor must be a positive, finite number, got {min_tokens_per_s}")
         if kind == "throughput":
             raise InputError("a tokens/s floor goes with the cost objective (minimise USD/hour above "
                              "the floor); use --objective cost")
