@@ -81,6 +81,13 @@ class ClassInfo:
             return (self.node_price_usd_per_hour or 0.0) * self.units(tp, replicas) / self.capacity_units
         return self.option_price(tp, replicas)
 
+    def least_rent(self, tp: int, replicas: int) -> float:
+        """USD/hour that any plan using this option rents at least: its nodes, or the whole
+        node of a one-node class."""
+        if self.shared_node:
+            return self.node_price_usd_per_hour or 0.0
+        return self.option_price(tp, replicas)
+
     def replica_devices(self, tp: int, replicas: int, first_node: int = 0,
                         first_gpu: int = 0) -> list[tuple[str, ...]]:
         """Devices of ``replicas`` replicas packed from node ``first_node`` (GPU ``first_gpu``)."""

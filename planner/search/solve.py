@@ -120,6 +120,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     # them in that order: good incumbents come early and prune the rest (branch and bound).
     ranked = []
     dominated = gpipe_dominated(knobs_list, same_only=top_k > 1)
+    usable: dict[int, list] = {}
     for i, knobs in enumerate(knobs_list):
         if time.monotonic() > deadline:
             stats["unexplored"] = len(knobs_list) - i
@@ -129,9 +130,9 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             continue
         ck = (knobs.recompute, knobs.zero_stage)   # no cost function reads the schedule from ctx
         ctx = contexts.get(ck) or contexts.setdefault(ck, make_context(model, training, knobs, profiles))
-        keys = pricer.option_keys(knobs)
-        if launcher:
-            keys = [k for k in keys if knobs.micro_batch_size % k.replicas == 0]
+        keys = usable.get(knobs.micro_batch_size)
+        if keys is None:    # one list per B: the bounds cache by it
+            keys = usable[knobs.micro_batch_size] = usable_keys(pricer, knobs, launcher, spec)
         if not keys:        # no replica count gives an allowed share (training.micro_batch_sizes)
             stats["no_options"] = stats.get("no_options", 0) + 1
         ranked.append((knob_bound(knobs, ctx, keys, memory=False), i, knobs, ctx, keys))
@@ -147,6 +148,11 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     no_floors = TupleFloors(0.0, 0.0)
     if ranked:      # for the reason when no plan meets a budget or a floor (diagnose.py)
         stats["least_price_usd_per_hour"] = min((f.price_usd_per_hour for f in floors.values()), default=None)
+        if spec.budget_usd_per_hour is not None and not any(t[4] for t in ranked):
+            # the budget rents no option at all: what the cheapest option rents
+            one_per_b = {t[2].micro_batch_size: t[2] for t in ranked}.values()
+            stats["least_price_usd_per_hour"] = min(
+                pricer.classes[k.cls].least_rent(k.tp, k.replicas) for kn in one_per_b for k in pricer.option_keys(kn))
         stats["least_time_s"] = ranked[0][0]
         stats["tokens_per_iteration"] = tokens
     warm = time_like and ranked and max(len(t[4]) for t in ranked) > WARM_KEYS_ABOVE
@@ -293,6 +299,20 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
     return SearchResult(plans=final, evaluations=evals, report=report, idle=idle)
 
 
+def usable_keys(pricer: Pricer, knobs, launcher: str | None, spec: ObjectiveSpec) -> list:
+    """The tuple's options less those no plan of the search can use: with a launcher, replica
+    counts that do not split B evenly (its layouts have equal shares); under a budget, options
+    whose own rent is over it (a one-node class is rented whole by any plan on it).  Without
+    the latter, a class the budget cannot rent kept the bounds low and the gap open."""
+    keys = pricer.option_keys(knobs)
+    if launcher:
+        keys = [k for k in keys if knobs.micro_batch_size % k.replicas == 0]
+    if spec.budget_usd_per_hour is not None:
+        cap = spec.budget_usd_per_hour * (1 + 1e-12)
+        keys = [k for k in keys if pricer.classes[k.cls].least_rent(k.tp, k.replicas) <= cap]
+    return keys
+
+
 def gpipe_dominated(knobs_list: list, same_only: bool = False) -> set:
     """The GPipe tuples whose 1F1B twin (same micro-batches, recompute, ZeRO and stages) is in
     the space.  Every GPipe plan is a 1F1B plan of its twin at least as good: the same
@@ -348,6 +368,13 @@ def idle_gpus(classes, plan: Plan, cluster, spec: ObjectiveSpec | None = None, p
         else:
             why = (f"the best plan found does not use them (not proved: the search stopped with a gap; "
                    f"a plan using them might {gain})")
+        node_price, budget = c.node_price_usd_per_hour, (spec.budget_usd_per_hour if spec else None)
+        if budget is not None and node_price is not None and len(idle) == len(devs):
+            if node_price > budget:
+                why = f"one of its nodes rents for {node_price:.2f} USD/hour, over the budget of {budget:g}"
+            elif plan.predicted is not None and plan.predicted.usd_per_hour + node_price > budget:
+                why += (f"; one of its nodes ({node_price:.2f} USD/hour) would take the plan's "
+                        f"{plan.predicted.usd_per_hour:.2f} USD/hour over the budget of {budget:g}")
         if len(idle) == len(devs) and c.zone not in used_zones:
             links = [cluster.link(c.zone, z) for z in used_zones]
             bw = [f"{lk.bandwidth_Bps * 8 / 1e9:g} Gbit/s, {lk.latency_s * 1e3:g} ms to {z}"
