@@ -210,3 +210,15 @@ def test_a_class_the_budget_cannot_rent_is_left_out_and_said_so():
     assert res.report.status == "optimal"
     assert res.evaluation.usd_per_hour <= 20.0
     assert any("A100" in line and "20.48 USD/hour, over the budget of 20" in line for line in res.idle)
+
+
+def test_a_floor_out_of_reach_is_explained_without_contradiction(capsys):
+    """The first bound allows 198,781 tokens/s, above a floor of 160,000 that no plan meets
+    (the best is ~152,000): the reason must not quote that bound as if it explained anything."""
+    code = main(["plan", "cluster_specs/tiny-mixed.yaml", "--model", "opt-350m", "--global-batch-size", "32",
+                 "--seq-len", "2048", "--precision", "fp16", "--objective", "cost", "--min-tokens-per-s",
+                 "160000", "--time-limit", "60", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "no plan reaches 160000 tokens/s" in err and "shown to take more than" in err
+    assert "at most" not in err

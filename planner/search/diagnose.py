@@ -69,10 +69,18 @@ def explain_infeasible(cluster, model, training, spec, classes, stats) -> str:
         return (f"no plan fits the budget of {spec.budget_usd_per_hour:g} USD/hour: every layout that "
                 "fits in memory rents more nodes than that; raise the budget or add cheaper nodes")
     if (stats.get("solved") or stats.get("out_of_reach")) and spec.kind == "cost-above-floor":
-        fastest = stats.get("least_time_s")
-        most = (f": no layout takes less than {fastest:.4g} s per iteration (a lower bound), at most "
-                f"{stats['tokens_per_iteration'] / fastest:,.0f} tokens/s" if fastest else "")
-        return (f"no plan reaches {spec.min_tokens_per_s:g} tokens/s on this cluster{most}; lower the "
+        fastest, tokens = stats.get("least_time_s"), stats.get("tokens_per_iteration")
+        cap_s = tokens / spec.min_tokens_per_s if tokens else None
+        if fastest and cap_s and fastest > cap_s:
+            why = (f": no layout takes less than {fastest:.4g} s per iteration (a lower bound), at most "
+                   f"{tokens / fastest:,.0f} tokens/s")
+        elif cap_s:     # the first bound alone does not show it: say what did
+            why = (f": every layout was shown to take more than the floor's {cap_s:.4g} s per iteration "
+                   f"({stats.get('out_of_reach', 0)} knob tuples by their bounds, {stats.get('solved', 0)} "
+                   "by an exact solve); --objective throughput gives the fastest plan")
+        else:
+            why = ""
+        return (f"no plan reaches {spec.min_tokens_per_s:g} tokens/s on this cluster{why}; lower the "
                 "floor or add GPUs")
     fits_somewhere = False
     for info in classes:
