@@ -222,3 +222,21 @@ def test_a_floor_out_of_reach_is_explained_without_contradiction(capsys):
     assert code == 1
     assert "no plan reaches 160000 tokens/s" in err and "shown to take more than" in err
     assert "at most" not in err
+
+
+def test_top_k_plans_are_written_beside_the_best(tmp_path, capsys):
+    """-o with --top 3: the best plan in the file named, plans 2 and 3 beside it, each one
+    distinct, schema-valid and reproduced by evaluate; the table tells them apart."""
+    out = tmp_path / "plan.json"
+    assert main(BASE + ["--top", "3", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    files = [out, tmp_path / "plan-2.json", tmp_path / "plan-3.json"]
+    assert "plan-2.json" in text and "plan-3.json" in text
+    plans = [Plan.from_json(json.loads(f.read_text())) for f in files]
+    assert len({p.dumps() for p in plans}) == 3
+    times = []
+    for p in plans:
+        validate_plan_json(p.to_json())
+        times.append(evaluate(load_cluster(CLUSTER), p).iteration_time_s)
+        assert times[-1] == p.predicted.iteration_time_s
+    assert times == sorted(times)

@@ -47,12 +47,13 @@ def _target(path: str | Path) -> Path:
     return path
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write one file via a temp file in the same folder and a rename: never half-written."""
+def write_atomic(path: str | Path, text: str, siblings: dict[str, str] | None = None) -> list[Path]:
+    """Write one file via a temp file in the same folder and a rename: never half-written.
+    ``siblings`` (name -> text) go into the same folder with it, all or none."""
     from planner.launch.output import write
 
     path = _target(path)
-    write({path.name: text}, path.parent)
+    return write({**(siblings or {}), path.name: text}, path.parent)
 
 
 def check_writable(path: str | Path) -> None:

@@ -5,6 +5,7 @@ stdout machine-readable."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import click
 from rich.table import Table
@@ -76,7 +77,8 @@ def _summary(out, result) -> None:
               f"{plan.num_micro_batches}, {plan.schedule}"
               + (f" (v={plan.virtual_stages})" if plan.schedule == "interleaved-1f1b" else "")
               + f", recompute {plan.recompute}, ZeRO-{plan.zero_stage}"
-              + (", sequence parallel" if plan.sequence_parallel else ""))
+              + (", sequence parallel" if plan.sequence_parallel and any(
+                  r.tp > 1 for st in plan.stages for r in st.replicas) else ""))
     out.print(_stage_rows(plan))
     for line in result.idle:
         out.print(f"idle: {line}")
@@ -87,17 +89,21 @@ def _summary(out, result) -> None:
     else:
         line += ", cost unknown (a used node has no price)"
     out.print(line)
-    gap = "n/a" if rep.gap is None else f"{100 * rep.gap:.3g}%"
+    # below the solvers' tolerance a gap is rounding noise (3.58e-14% was printed)
+    gap = "n/a" if rep.gap is None else "0%" if rep.gap <= 1e-9 else f"{100 * rep.gap:.3g}%"
     out.print(f"solver: {rep.status} (gap {gap}, bound {_bound_text(plan, rep.bound)}), "
               f"{rep.wall_s:.2f} s, {rep.candidates} knob tuples examined of {rep.knob_tuples} "
               f"({rep.knob_tuples_solved} solved exactly, {rep.knob_tuples_pruned} pruned by bound)")
     if len(result.plans) > 1:
         t = Table(title=f"Top {len(result.plans)} plans", title_justify="left")
         for col in ("#", "tokens/s", "USD/h", "p", "schedule", "B x m", "recomp.", "ZeRO",
-                    "replicas x tp, per stage"):
-            t.add_column(col, justify="right", no_wrap=col != "replicas x tp, per stage")
+                    "per stage: replicas x tp GPU, blocks"):
+            t.add_column(col, justify="right", no_wrap=not col.startswith("per stage"))
         for i, (p, e) in enumerate(zip(result.plans, result.evaluations)):
-            per_stage = " | ".join("+".join(f"{n}x{tp}" for tp, n in Counter(r.tp for r in st.replicas).items()) for st in p.stages)
+            per_stage = " | ".join(
+                "+".join(f"{n}x{tp} {gpu.split('-')[0]}" for (tp, gpu), n in
+                         Counter((r.tp, r.gpu_type) for r in st.replicas).items())
+                + f" {st.blocks[0]}-{st.blocks[1]}" for st in p.stages)
             t.add_row(str(i + 1), f"{e.tokens_per_s:,.0f}", "-" if e.usd_per_hour is None else f"{e.usd_per_hour:,.2f}",
                       str(p.num_stages), p.schedule, f"{p.micro_batch_size}x{p.num_micro_batches}",
                       p.recompute, str(p.zero_stage), per_stage)
@@ -121,7 +127,8 @@ def _summary(out, result) -> None:
 @click.option("--top", "top_k", type=int, default=1, show_default=True, help="the K best distinct plans")
 @click.option("--launcher", type=click.Choice(["megatron", "deepspeed"]), default=None,
               help="restrict the search to layouts that launcher runs")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="write the plan JSON here")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="write the plan JSON here (with --top K, plans 2..K beside it as NAME-2.json ...)")
 @click.option("--json", "as_json", is_flag=True, help="print the plan JSON on stdout")
 @click.option("--quiet", is_flag=True, help="no summary; only errors")
 @click.option("--profiles", "profiles_path", type=click.Path(), default=None,
@@ -161,15 +168,18 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     text = best.dumps()
     try:
         from planner.plan.schema import validate_plan_json
-        validate_plan_json(best.to_json(), file=output or "<plan>")
+        for p in result.plans:
+            validate_plan_json(p.to_json(), file=output or "<plan>")
     except ImportError:  # pragma: no cover
         pass
     if output:
-        write_atomic(output, text)
+        stem, suffix = Path(output).stem, Path(output).suffix or ".json"
+        others = {f"{stem}-{i}{suffix}": p.dumps() for i, p in enumerate(result.plans[1:], start=2)}
+        write_atomic(output, text, others)
     if as_json:
         echo_json(best.to_json())
     elif not quiet:
         out = console()
         _summary(out, result)
         if output:
-            out.print(f"wrote {output}")
+            out.print(f"wrote {output}" + (f" and {', '.join(sorted(others))} beside it" if others else ""))
