@@ -46,7 +46,8 @@ def test_json_output_is_clean(capfd):
 @pytest.mark.parametrize("extra", [
     ["--time-limit", "0"], ["--objective", "fastest"], ["--objective", "cost", "--budget-usd-per-hour", "5"],
     ["--min-tokens-per-s", "10"], ["--top", "0"], ["--training", "cluster_specs/tiny-2gpu.yaml"],
-    ["--time-limit", "nan"], ["--time-limit", "inf"],
+    ["--time-limit", "nan"], ["--time-limit", "inf"], ["--budget-usd-per-hour", "nan"],
+    ["--global-batch-size", "0"], ["--global-batch-size", "99999999999999999999"],
 ])
 def test_bad_flags_exit_2(extra, capsys):
     assert main(BASE + extra) == 2
@@ -240,3 +241,13 @@ def test_top_k_plans_are_written_beside_the_best(tmp_path, capsys):
         times.append(evaluate(load_cluster(CLUSTER), p).iteration_time_s)
         assert times[-1] == p.predicted.iteration_time_s
     assert times == sorted(times)
+
+
+def test_a_huge_global_batch_in_a_training_file_is_refused_with_its_line(tmp_path, capsys):
+    """10^14 sequences would spend the run finding the batch's divisors; the file's line and
+    field say what is allowed instead."""
+    t = tmp_path / "t.yaml"
+    t.write_text("seq_len: 128\nglobal_batch_size: 99999999999999\n")
+    assert main(["plan", CLUSTER, "--model", "opt-350m", "--training", str(t), "--time-limit", "5"]) == 2
+    err = capsys.readouterr().err
+    assert f"{t}:2:" in err and "global_batch_size" in err and "1000000000" in err

@@ -23,7 +23,7 @@ from planner.errors import InputError
 
 def _training(training_path, global_batch_size, seq_len, precision):
     from planner.spec import Training, load_training
-    if training_path and (global_batch_size or seq_len):
+    if training_path and (global_batch_size is not None or seq_len is not None):
         raise InputError("give either --training T.yaml or --global-batch-size/--seq-len, not both")
     if training_path:
         training = load_training(training_path)
@@ -31,10 +31,15 @@ def _training(training_path, global_batch_size, seq_len, precision):
             raise InputError(f"--precision {precision} contradicts precision: {training.precision} in "
                              f"{training_path}; set it in the file (or drop --precision)")
         return training
-    if not global_batch_size or not seq_len:
+    if global_batch_size is None or seq_len is None:
         raise InputError("give --training T.yaml, or both --global-batch-size and --seq-len")
+    limits = Training.model_fields["global_batch_size"].metadata
+    most = min((m.le for m in limits if getattr(m, "le", None) is not None), default=None)
     if global_batch_size <= 0 or seq_len <= 0:
-        raise InputError("--global-batch-size and --seq-len must be positive")
+        raise InputError(f"--global-batch-size and --seq-len must be positive, got {global_batch_size} "
+                         f"and {seq_len}")
+    if most is not None and global_batch_size > most:
+        raise InputError(f"--global-batch-size must be at most {most:,}, got {global_batch_size:,}")
     return Training(global_batch_size=global_batch_size, seq_len=seq_len, precision=precision or "bf16")
 
 

@@ -15,7 +15,9 @@ Recompute = Literal["none", "selective", "full"]
 class Training(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    global_batch_size: PositiveInt = Field(description="sequences per iteration")
+    # A billion sequences per iteration is beyond any run; the cap keeps the divisor search
+    # (sqrt of the batch) from running past the time limit before it starts.
+    global_batch_size: PositiveInt = Field(le=10**9, description="sequences per iteration (at most 10^9)")
     seq_len: PositiveInt = Field(description="tokens per sequence")
     precision: Literal["bf16", "fp16"] = "bf16"
     optimizer: Literal["adam"] = "adam"
