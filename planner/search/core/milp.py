@@ -11,7 +11,10 @@ because exactly one o' is chosen and every coefficient on E is non-negative.  Ma
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -58,13 +61,35 @@ if HAVE_HIGHS:
                 return
 
             def guard(event):
-                if time.monotonic() > stop:
+                if time.monotonic() > stop or _SIGINT.is_set():
                     event.interrupt()
 
             model = lp.solverModel
             model.cbMipInterrupt += guard
             model.cbSimplexInterrupt += guard
             model.cbIpmInterrupt += guard
+
+
+_SIGINT = threading.Event()
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops_highs():
+    """Ctrl-C during a solve: a KeyboardInterrupt raised inside HiGHS's callback is swallowed
+    by highspy (the search ran on to its limit and exited 0), so the signal only sets a flag,
+    the callback interrupts HiGHS, and the interrupt is raised once the solve returns."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _SIGINT.clear()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: _SIGINT.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if _SIGINT.is_set():
+        _SIGINT.clear()
+        raise KeyboardInterrupt
 
 
 def _solver(settings: MilpSettings, time_left_s: float, cutoff: float | None = None):
@@ -235,7 +260,7 @@ class CoreMilp:
         return out
 
     def _run(self, settings: MilpSettings, deadline: float, cutoff: float | None = None):
-        with solver_output_silenced():
+        with solver_output_silenced(), _ctrl_c_stops_highs():
             self.lp.solve(_solver(settings, deadline - time.monotonic(), cutoff))
         info = None
         if HAVE_HIGHS and getattr(self.lp, "solverModel", None) is not None:
