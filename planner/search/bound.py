@@ -68,7 +68,7 @@ class KnobBound:
         self._packed = PackedBound(pricer)
 
     def __call__(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool = True,
-                 enough: float = math.inf, packed: int = 2) -> float:
+                 enough: float = math.inf, packed: int = 2, enough_on=None) -> float:
         """A lower bound on every plan of this knob tuple (``whole``).  With memory and
         options of a few classes, the least of that bound over the sets S of classes a plan
         can use (every plan uses exactly one S): on S's options alone, where a pipeline over
@@ -80,7 +80,10 @@ class KnobBound:
         prunes the tuple all the same.  ``packed``: 0 (or False) without ``PackedBound``
         (packed.py); 1 with its knapsacks alone (milliseconds); 2 (or True) also with its LPs
         over positions and the fill (a tenth of a second on c).  The search asks for each in
-        turn, for the tuples still in the way."""
+        turn, for the tuples still in the way.  ``enough_on(classes)``: for the cost
+        objectives, the time each set of classes must be shown to take (its plans rent more
+        or less): every set is then bounded to its own threshold, not only the least one
+        (``by_classes`` reads them)."""
         present = self._classes_of(keys)
         if not memory or not 2 <= len(present) <= SUBSET_CLASSES:
             return self.whole(knobs, ctx, keys, memory, enough=enough, packed=packed)
@@ -97,20 +100,30 @@ class KnobBound:
         subsets.sort(key=lambda sub: last.get(sub, -math.inf))
         now, best = dict(last), math.inf
         for subset in subsets:
-            if last.get(subset, -math.inf) >= best:
+            own = enough_on(subset) if enough_on is not None else None
+            if own is None and last.get(subset, -math.inf) >= best:
                 break
+            if own is not None and last.get(subset, -math.inf) >= own:
+                best = min(best, last.get(subset, -math.inf))      # already shown, or not needed
+                continue
             if time.monotonic() > self._packed.deadline:
                 best = min(best, last.get(subset, -math.inf))      # the search is out of time
                 continue
             now[subset] = max(last.get(subset, -math.inf),
                               self.whole(knobs, ctx, self._subset_keys(keys, subset), True, len(subset),
-                                         min(enough, best), packed))
+                                         min(enough, best) if own is None else own, packed))
             best = min(best, now[subset])
         self._by_subset.pop((knobs, id(keys)), None)               # re-inserted: the newest
         if len(self._by_subset) >= SUBSET_MEMO:
             del self._by_subset[next(iter(self._by_subset))]       # the least recently stored
         self._by_subset[(knobs, id(keys))] = now
         return max(best, whole)        # both bound every plan (a subset's may round below the whole's)
+
+    def by_classes(self, knobs: Knobs, keys: list[OptionKey]) -> dict:
+        """The last memory-aware bound of the plans on each set of classes (empty until one is
+        computed, and for tuples of one class or more than SUBSET_CLASSES): for the cost
+        objectives' floors per set of classes (floors.py)."""
+        return self._by_subset.get((knobs, id(keys)), {})
 
     def set_deadline(self, deadline: float) -> None:
         """Past ``deadline`` (time.monotonic()) the packed bound's LPs stop early with the

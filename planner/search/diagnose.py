@@ -68,6 +68,11 @@ def explain_infeasible(cluster, model, training, spec, classes, stats) -> str:
     if (stats.get("solved") or stats.get("out_of_reach")) and spec.kind == "throughput-under-budget":
         return (f"no plan fits the budget of {spec.budget_usd_per_hour:g} USD/hour: every layout that "
                 "fits in memory rents more nodes than that; raise the budget or add cheaper nodes")
+    if stats.get("over_budget") and spec.kind == "throughput-under-budget":
+        # what the budget rents does not hold the model: the budget is the binding reason
+        dear = ", ".join(f"{name} ({price:g} USD/hour a node)" for name, price in sorted(stats["over_budget"].items()))
+        return (f"no plan fits the budget of {spec.budget_usd_per_hour:g} USD/hour: it cannot rent "
+                f"{dear}, and no layout on what it can rent fits in memory; raise the budget")
     if (stats.get("solved") or stats.get("out_of_reach")) and spec.kind == "cost-above-floor":
         fastest, tokens = stats.get("least_time_s"), stats.get("tokens_per_iteration")
         cap_s = tokens / spec.min_tokens_per_s if tokens else None

@@ -30,6 +30,7 @@ Egress charges are outside the search's objective (docs/search-space.md), so out
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -41,10 +42,37 @@ from planner.search.space import Knobs, OptionKey, Pricer
 
 @dataclass(frozen=True)
 class TupleFloors:
-    """A knob tuple's price floor (USD/hour) and work floor (USD/hour x s per iteration)."""
+    """A knob tuple's price floor (USD/hour) and work floor (USD/hour x s per iteration);
+    per class, what a plan using it rents at least and its cheapest option's rent share (for
+    the floors of the plans on one set of classes, ``by_classes``)."""
 
     price_usd_per_hour: float
     work_usd_s_per_hour: float
+    class_rent: tuple[tuple[int, float], ...] = ()
+    class_least_share: tuple[tuple[int, float], ...] = ()
+    num_stages: int = 1
+
+    def by_classes(self, spec: ObjectiveSpec, time_by_classes: dict, tokens_per_iteration: float) -> float:
+        """A lower bound on the tuple's value from the time bounds of the plans on each set S
+        of classes (``time_by_classes``: S -> bound; every plan uses exactly one S; a set
+        without an entry counts with no time bound): such a plan rents each class of S at
+        least once and has p stages of S's options, so its price is at least
+        ``max(sum_S rent, p min_S share)``.  Where the cheap classes are slow this is what
+        lifts the cost objectives' bound: tiny-mixed's V100 node is cheap but cannot reach a
+        tokens/s floor that the A100 node can."""
+        present = sorted(dict(self.class_rent))
+        best = math.inf
+        for size in range(1, min(len(present), self.num_stages) + 1):
+            for subset in itertools.combinations(present, size):
+                floors = self.on_classes(subset)
+                best = min(best, floors.value(spec, time_by_classes.get(subset, 0.0), tokens_per_iteration))
+        return best
+
+    def on_classes(self, subset: tuple[int, ...]) -> TupleFloors:
+        """The floors of the plans on exactly the classes ``subset``."""
+        rent, share = dict(self.class_rent), dict(self.class_least_share)
+        price = max(sum(rent[c] for c in subset), self.num_stages * min(share[c] for c in subset))
+        return TupleFloors(max(price, self.price_usd_per_hour), self.work_usd_s_per_hour)
 
     def value(self, spec: ObjectiveSpec, time_s: float, tokens_per_iteration: float) -> float:
         """A lower bound on the tuple's objective value (``ObjectiveSpec.key``'s first entry)
@@ -91,5 +119,9 @@ def tuple_floors(pricer: Pricer, knobs: Knobs, ctx, keys: list[OptionKey]) -> Tu
         # per unit of blocks, at the worst nb >= 1 for a negative intercept
         rates.append(max(0.0, slope_f + slope_b + min(0.0, least_icpt)))
     pi, r = np.array(prices), np.array(rates)
+    least_share: dict[int, float] = {}
+    for key, price in zip(keys, prices):
+        least_share[key.cls] = min(least_share.get(key.cls, math.inf), price)
     return TupleFloors(max(knobs.num_stages * float(pi.min()), min(one_class.values())),
-                       knobs.num_micro_batches * blocks * float((pi * r).min()))
+                       knobs.num_micro_batches * blocks * float((pi * r).min()),
+                       tuple(sorted(one_class.items())), tuple(sorted(least_share.items())), knobs.num_stages)

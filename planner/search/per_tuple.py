@@ -36,6 +36,16 @@ def prunes(spec: ObjectiveSpec, bound: float, threshold: float, gap_rel: float) 
     return bound >= cut
 
 
+def loses_tie(spec: ObjectiveSpec, bound: float, time_s: float, best, gap_rel: float) -> bool:
+    """Under cost-above-floor a tuple whose least price is the K-th best plan's price can win
+    only on time (ties go to the faster plan): not when its time bound is at least that
+    plan's time.  Without this, every tuple at the incumbent's price was solved."""
+    if spec.kind != "cost-above-floor" or gap_rel != 0 or len(best.items) < best.k:
+        return False
+    price, time_s_k = best.items[-1].key
+    return bound >= price * (1 - 1e-12) and time_s >= time_s_k
+
+
 def solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb,
                 time_lb: float = 0.0):
     stats["solved"] += 1

@@ -41,7 +41,7 @@ from planner.search.incumbent import (
 )
 from planner.search.naming import build_plan
 from planner.search.objectives import ObjectiveSpec, parse_objective
-from planner.search.per_tuple import prunes, solve_tuple
+from planner.search.per_tuple import loses_tie, prunes, solve_tuple
 from planner.search.space import Pricer, enumerate_knobs, make_context
 
 SPACE = ("stages 1..L; contiguous uneven block ranges; per stage one node class, a TP degree "
@@ -133,6 +133,12 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         keys = usable.get(knobs.micro_batch_size)
         if keys is None:    # one list per B: the bounds cache by it
             keys = usable[knobs.micro_batch_size] = usable_keys(pricer, knobs, launcher, spec)
+            if spec.budget_usd_per_hour is not None:    # for the reason when nothing fits (diagnose.py)
+                kept = {k.cls for k in keys}
+                for k in pricer.option_keys(knobs):
+                    if k.cls not in kept:
+                        info = pricer.classes[k.cls]
+                        stats.setdefault("over_budget", {})[info.name] = info.least_rent(k.tp, 1)
         if not keys:        # no replica count gives an allowed share (training.micro_batch_sizes)
             stats["no_options"] = stats.get("no_options", 0) + 1
         ranked.append((knob_bound(knobs, ctx, keys, memory=False), i, knobs, ctx, keys))
@@ -187,14 +193,23 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             bounds.append(kb)
             break
         heapq.heappop(heap)
+        if loses_tie(spec, kb, tb, best, gap_rel):     # this tuple only: the next may be faster
+            stats["pruned"] += 1
+            bounds.append(kb)
+            continue
         floor = floors.get(knobs, no_floors)
         if level < 3:
             # memory-aware, then with the packed bottleneck's knapsacks, then with its LPs
             # (packed.py), which only help to prune: asked to show the time from which the
             # tuple's value reaches the pruning threshold
-            enough = floor.time_enough(spec, best.threshold() * (1 - gap_rel), tokens)
-            tb2 = max(tb, knob_bound(knobs, ctx, keys, enough=enough, packed=level))
+            cut = best.threshold() * (1 - gap_rel)
+            enough = floor.time_enough(spec, cut, tokens)
+            on = (lambda classes, floor=floor, cut=cut: _enough_on(spec, floor.on_classes(classes), cut, tokens)) \
+                if spec.needs_prices else None
+            tb2 = max(tb, knob_bound(knobs, ctx, keys, enough=enough, packed=level, enough_on=on))
             value = max(kb, floor.value(spec, tb2, tokens))
+            if spec.needs_prices and knob_bound.by_classes(knobs, keys):
+                value = max(value, floor.by_classes(spec, knob_bound.by_classes(knobs, keys), tokens))
             if math.isinf(value):
                 stats["empty"] += 1
                 stats["out_of_reach"] = stats.get("out_of_reach", 0) + math.isfinite(tb2)
@@ -213,7 +228,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             stats["empty"] += 1
             continue
         lb = max(kb, floor.value(spec, max(qb, tb), tokens))
-        if prunes(spec, lb, best.threshold(), gap_rel):
+        if prunes(spec, lb, best.threshold(), gap_rel) or loses_tie(spec, lb, max(qb, tb), best, gap_rel):
             stats["pruned"] += 1
             bounds.append(lb)
             continue
@@ -297,6 +312,14 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
         idle.append(f"{c.num_gpus} GPUs of {c.name} idle: {c.gpu.name} has no bf16; train with "
                     "--precision fp16 to use them")
     return SearchResult(plans=final, evaluations=evals, report=report, idle=idle)
+
+
+def _enough_on(spec: ObjectiveSpec, floors: TupleFloors, cut: float, tokens: float) -> float:
+    """The time bound from which the plans on one set of classes (their ``floors``) reach
+    ``cut``; -inf when their price alone does (nothing to show)."""
+    if floors.value(spec, 0.0, tokens) >= cut:
+        return -math.inf
+    return floors.time_enough(spec, cut, tokens)
 
 
 def usable_keys(pricer: Pricer, knobs, launcher: str | None, spec: ObjectiveSpec) -> list:
