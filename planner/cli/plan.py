@@ -76,6 +76,14 @@ def _bound_text(plan, bound: float | None) -> str:
     return format_seconds(bound)
 
 
+def _pruned_text(rep) -> str:
+    """Tuples pruned by their bounds, apart from the GPipe tuples left out for their 1F1B
+    twins before any bound (they were counted as pruned by bound)."""
+    twins = getattr(rep, "knob_tuples_gpipe_twins", 0) or 0
+    text = f"{rep.knob_tuples_pruned - twins} pruned by bound"
+    return text + (f", {twins} GPipe tuples left out for their 1F1B twins" if twins else "")
+
+
 def _summary(out, result) -> None:
     plan, ev, rep = result.plan, result.evaluation, result.report
     out.print(f"[bold]{plan.num_stages} stage(s)[/bold], micro-batch {plan.micro_batch_size} x "
@@ -98,7 +106,7 @@ def _summary(out, result) -> None:
     gap = "n/a" if rep.gap is None else "0%" if rep.gap <= 1e-9 else f"{100 * rep.gap:.3g}%"
     out.print(f"solver: {rep.status} (gap {gap}, bound {_bound_text(plan, rep.bound)}), "
               f"{rep.wall_s:.2f} s, {rep.candidates} knob tuples examined of {rep.knob_tuples} "
-              f"({rep.knob_tuples_solved} solved exactly, {rep.knob_tuples_pruned} pruned by bound)")
+              f"({rep.knob_tuples_solved} solved exactly, {_pruned_text(rep)})")
     if len(result.plans) > 1:
         t = Table(title=f"Top {len(result.plans)} plans", title_justify="left")
         for col in ("#", "tokens/s", "USD/h", "p", "schedule", "B x m", "recomp.", "ZeRO",

@@ -125,8 +125,9 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         if time.monotonic() > deadline:
             stats["unexplored"] = len(knobs_list) - i
             break
-        if knobs in dominated:
+        if knobs in dominated:     # pruned: its 1F1B twin bounds it (gpipe_dominated)
             stats["pruned"] += 1
+            stats["twins"] = stats.get("twins", 0) + 1
             continue
         ck = (knobs.recompute, knobs.zero_stage)   # no cost function reads the schedule from ctx
         ctx = contexts.get(ck) or contexts.setdefault(ck, make_context(model, training, knobs, profiles))
@@ -290,6 +291,7 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
         "knob_tuples_solved": stats["solved"], "knob_tuples_pruned": stats["pruned"],
         "knob_tuples_infeasible": stats["empty"], "knob_tuples_unexplored": stats["unexplored"],
         "knob_tuples_too_big": stats.get("too_big", 0),
+        "knob_tuples_gpipe_twins": stats.get("twins", 0),
         "aggregate_compute_bound_s": agg, "objective_kind": spec.kind, "node_classes": len(classes)}
     # The search priced each plan with the cost model's pieces; evaluate prices the whole plan.
     # They must agree (tests hold them to 1e-9); report the worst disagreement, not hide it.
