@@ -50,14 +50,23 @@ class InputError(PlannerError):
 
 
 class InputErrors(InputError):
-    """Several input problems found in one pass, reported together."""
+    """Several input problems found in one pass, reported together: the first ``SHOWN``, then
+    how many more (a plan checked against the wrong cluster gave 96 lines of one problem)."""
+
+    SHOWN = 12
 
     def __init__(self, errors: list[InputError]):
         self.errors = errors
-        super().__init__("\n".join(str(e) for e in errors))
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        lines = [str(e) for e in self.errors[:self.SHOWN]]
+        if len(self.errors) > self.SHOWN:
+            lines.append(f"... and {len(self.errors) - self.SHOWN} more problems")
+        return "\n".join(lines)
 
     def __str__(self) -> str:
-        return "\n".join(str(e) for e in self.errors)
+        return self._text()
 
 
 class InfeasibleError(PlannerError):

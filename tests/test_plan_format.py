@@ -330,3 +330,14 @@ def test_bf16_on_a_gpu_without_bf16_is_refused():
     cluster = load_cluster(SPECS / "tiny-mixed.yaml")
     with pytest.raises(InputError, match="V100-SXM2-32GB has no bf16, but inputs.training.precision is bf16"):
         check_plan(cluster, Plan.from_json(data))
+
+
+def test_many_problems_are_summarised_after_the_first_dozen():
+    """A plan checked against the wrong cluster has one problem per device: the first dozen
+    are shown, then how many more, not a hundred lines."""
+    many = InputErrors([InputError(f"plan.json: stages[0].replicas[0].devices[{i}]: unknown device") for i in range(96)])
+    lines = str(many).splitlines()
+    assert len(lines) == InputErrors.SHOWN + 1 and lines[-1] == "... and 84 more problems"
+    assert len(many.errors) == 96
+    few = InputErrors([InputError("a"), InputError("b")])
+    assert str(few) == "a\nb"
