@@ -251,3 +251,19 @@ def test_a_huge_global_batch_in_a_training_file_is_refused_with_its_line(tmp_pat
     assert main(["plan", CLUSTER, "--model", "opt-350m", "--training", str(t), "--time-limit", "5"]) == 2
     err = capsys.readouterr().err
     assert f"{t}:2:" in err and "global_batch_size" in err and "1000000000" in err
+
+
+def test_evaluate_warns_when_the_cluster_file_changed_since_the_plan(tmp_path, capfd):
+    """The plan records its cluster file's sha256: evaluating it on an edited cluster (here a
+    new price) warns on stderr; on the same file, or a byte-identical copy, it does not."""
+    out = tmp_path / "plan.json"
+    assert main(BASE + ["--quiet", "-o", str(out)]) == 0
+    same = tmp_path / "same.yaml"
+    same.write_text(Path(CLUSTER).read_text())
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(Path(CLUSTER).read_text() + "\n# edited\n")
+    capfd.readouterr()
+    for path, warned in ((CLUSTER, False), (same, False), (edited, True)):
+        assert main(["evaluate", str(path), str(out), "--json"]) == 0
+        err = capfd.readouterr().err
+        assert ("is not the cluster file" in err) == warned, path

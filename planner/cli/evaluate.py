@@ -109,6 +109,12 @@ def evaluate(cluster, plan, as_json, profiles, calibration_path):
     from planner.plan.check import check_plan
 
     check_plan(spec, the_plan, file=plan)  # here, so errors name the plan file
+    made_on = the_plan.inputs.cluster_sha256
+    if made_on and made_on != spec.sha256():
+        # the devices still exist, but links, prices or counts may differ from what the plan
+        # was searched on: its prediction here is for this file, and it may no longer be the best
+        click.echo(f"warning: {cluster} is not the cluster file {plan} was planned on (its sha256 "
+                   f"differs); the prediction below is for {cluster}", err=True)
     ev = cost_evaluate(spec, the_plan, profiles=profile_set, check=False)
     if profile_set is not None and hasattr(profile_set, "usage"):
         warn_skipped_profiles(profile_set.usage().get("files"))
