@@ -267,3 +267,12 @@ def test_evaluate_warns_when_the_cluster_file_changed_since_the_plan(tmp_path, c
         assert main(["evaluate", str(path), str(out), "--json"]) == 0
         err = capfd.readouterr().err
         assert ("is not the cluster file" in err) == warned, path
+
+
+def test_a_sequence_longer_than_the_model_takes_is_warned_about(capsys):
+    """opt-350m is defined for 2,048 tokens: planning for 4,096 works but says so on stderr."""
+    base = [a if a != "256" else "4096" for a in BASE]
+    assert main(base + ["--quiet"]) == 0
+    assert "at most 2048 tokens; planning for 4096" in capsys.readouterr().err
+    assert main(BASE + ["--quiet"]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -168,6 +168,9 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     spec = load_cluster(cluster)
     model = load_model(model_name)
     training = _training(training_path, global_batch_size, seq_len, precision)
+    if model.max_seq_len and training.seq_len > model.max_seq_len:
+        click.echo(f"warning: {model.name} is defined for sequences of at most {model.max_seq_len} tokens; "
+                   f"planning for {training.seq_len} (a longer context than it was trained with)", err=True)
     err = console(quiet=True)       # progress always on stderr
 
     def progress(msg: str) -> None:
