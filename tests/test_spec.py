@@ -189,3 +189,21 @@ links:
     bad = text.replace("[east, west]", "[east, north]")
     with pytest.raises(InputError, match="unknown zone or region 'north'"):
         load_cluster(write(tmp_path, bad))
+
+
+def test_an_empty_list_of_micro_batch_sizes_is_refused(tmp_path):
+    """``micro_batch_sizes: []`` allowed no share at all and was accepted silently (its
+    siblings ``schedules: []`` etc. were refused)."""
+    p = tmp_path / "t.yaml"
+    p.write_text("global_batch_size: 8\nseq_len: 128\nmicro_batch_sizes: []\n")
+    with pytest.raises(InputError, match="micro_batch_sizes must list at least one size"):
+        load_training(p)
+
+
+def test_a_file_nested_thousands_deep_is_a_bad_file_not_a_crash(tmp_path, capsys):
+    """The YAML composer recurses per level: 5,000 nested lists hit Python's recursion limit,
+    which came out as an internal error (exit 3)."""
+    p = tmp_path / "deep.yaml"
+    p.write_text("name: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert main(["validate", str(p)]) == 2
+    assert "nested too deeply" in capsys.readouterr().err

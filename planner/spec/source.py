@@ -120,6 +120,10 @@ def load_yaml(path: str | Path, text: str | None = None) -> Document:
         raise InputError(f"YAML syntax: {exc.problem or exc.context}", loc) from None
     except yaml.YAMLError as exc:
         raise InputError(f"YAML syntax: {exc}", Location(file)) from None
+    except RecursionError:
+        # thousands of nested lists or mappings: no spec is shaped so; a bad file, not a bug
+        raise InputError("nested too deeply to be a spec (lists or mappings inside each other "
+                         "hundreds of times)", Location(file)) from None
     finally:
         loader.dispose()
     if builder.errors:

@@ -36,6 +36,8 @@ class Training(BaseModel):
         for name in ("schedules", "recompute_modes", "zero_stages"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must list at least one choice")
+        if self.micro_batch_sizes is not None and not self.micro_batch_sizes:
+            raise ValueError("micro_batch_sizes must list at least one size (or be left out: any share)")
         return self
 
     def io_mapping(self) -> dict:
