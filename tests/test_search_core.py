@@ -144,23 +144,10 @@ def test_top_k_matches_brute_force():
             assert math.isclose(x.objective, y.objective, rel_tol=1e-9, abs_tol=1e-12)
 
 
-def test_price_mode_matches_brute_force():
-    for seed in range(8):
-        prob = random_problem(random.Random(900 + seed))
-        t = solve_brute(prob)[0]
-        if not t.ok:
-            continue
-        cap = t.objective * 1.5
-        b = solve_brute(prob, mode="price", time_cap=cap)[0]
-        m = solve_milp(prob, mode="price", time_cap=cap)[0]
-        assert math.isclose(prob.price(b.assign), prob.price(m.assign), rel_tol=1e-9)
-        assert prob.objective(m.assign) <= cap * (1 + 1e-9)
-
-
-
-def test_price_mode_cutoff_bounds_the_price():
-    """In price mode a cutoff is on the price (the cost walk's "too dear to win"): at the
-    least price nothing is left below it; a little above, the least price is found."""
+def test_price_mode_matches_brute_force_and_its_cutoff_bounds_the_price():
+    """Price mode: the least price among plans within a time cap, as brute force finds it.
+    A cutoff there is on the price (the cost walk's "too dear to win"): at the least price
+    nothing is left below it; a little above, the least price is found."""
     from planner.search.core.enum import CoreEnum
     from planner.search.core.milp import CoreMilp
     checked = 0
@@ -170,7 +157,11 @@ def test_price_mode_cutoff_bounds_the_price():
         if not t.ok:
             continue
         cap = t.objective * 1.5
-        least = prob.price(solve_brute(prob, mode="price", time_cap=cap)[0].assign)
+        b = solve_brute(prob, mode="price", time_cap=cap)[0]
+        m = solve_milp(prob, mode="price", time_cap=cap)[0]
+        least = prob.price(b.assign)
+        assert math.isclose(least, prob.price(m.assign), rel_tol=1e-9)
+        assert prob.objective(m.assign) <= cap * (1 + 1e-9)
         if least <= 0:
             continue
         solvers = [CoreMilp(prob)] + ([CoreEnum(prob)] if prob.num_stages <= 2 else [])
@@ -182,6 +173,7 @@ def test_price_mode_cutoff_bounds_the_price():
             assert prob.objective(above.assign) <= cap * (1 + 1e-9)
         checked += 1
     assert checked >= 5
+
 
 def test_memory_aware_bounds_hold_on_random_problems():
     """quick_bound (with its memory-aware max-row bisection and greedy sum fill) never exceeds

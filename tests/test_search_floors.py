@@ -20,6 +20,23 @@ from planner.search.space import enumerate_knobs, make_context
 COST = ObjectiveSpec("cost")
 
 
+def _sampled_tuples(seeds, per_case: int, min_classes: int = 1):
+    """Knob tuples sampled from the oracle cases, priced: (seed, knob bound, tokens per
+    iteration, knobs, context, option keys, CoreProblem); the knob bound is one per case."""
+    for seed in seeds:
+        cluster, model, training = make_case(seed)
+        classes, pricer = case_pricer(cluster, model, training)
+        if len(classes) < min_classes:
+            continue
+        knob_bound = KnobBound(pricer)
+        tokens = training.global_batch_size * training.seq_len
+        tuples = enumerate_knobs(model, training, classes)
+        for knobs in random.Random(seed).sample(tuples, min(per_case, len(tuples))):
+            ctx = make_context(model, training, knobs)
+            keys = pricer.option_keys(knobs)
+            yield seed, pricer, knob_bound, tokens, knobs, ctx, keys, pricer.price(knobs, ctx, keys)
+
+
 def test_floors_hold_on_every_plan_of_sampled_tuples():
     """For every plan of a tuple: price >= the price floor, price x time >= the work floor and
     >= the price floor x the tuple's knob bound; under a floor on tokens/s, the cheapest plan
@@ -27,31 +44,22 @@ def test_floors_hold_on_every_plan_of_sampled_tuples():
     must come within 10% of the tuple's best price x time on a third of the tuples (the
     median is 0.96 of it, the work floor alone 0.37)."""
     checked = close = 0
-    for seed in range(12):
-        cluster, model, training = make_case(seed)
-        classes, pricer = case_pricer(cluster, model, training)
-        knob_bound = KnobBound(pricer)
-        tokens = training.global_batch_size * training.seq_len
-        tuples = enumerate_knobs(model, training, classes)
-        for knobs in random.Random(seed).sample(tuples, min(10, len(tuples))):
-            ctx = make_context(model, training, knobs)
-            keys = pricer.option_keys(knobs)
-            prob = pricer.price(knobs, ctx, keys)
-            plans = [(prob.price(a), prob.objective(a)) for a in assignments(prob)]
-            if not plans:
-                continue
-            floors = tuple_floors(pricer, knobs, ctx, keys)
-            kb = knob_bound(knobs, ctx, keys)
-            best_cost = min(p * t for p, t in plans)
-            assert min(p for p, _ in plans) >= floors.price_usd_per_hour * (1 - 1e-9)
-            assert best_cost >= floors.value(COST, kb, tokens) * (1 - 1e-9), (seed, knobs)
-            fastest = min(t for _, t in plans)
-            floor = ObjectiveSpec("cost-above-floor", min_tokens_per_s=tokens / (1.3 * fastest))
-            cap = tokens / floor.min_tokens_per_s
-            cheapest = min(p for p, t in plans if t <= cap * (1 + 1e-12))
-            assert cheapest >= floors.value(floor, kb, tokens) * (1 - 1e-9), (seed, knobs)
-            checked += 1
-            close += floors.value(COST, kb, tokens) >= 0.9 * best_cost
+    for seed, pricer, knob_bound, tokens, knobs, ctx, keys, prob in _sampled_tuples(range(12), 10):
+        plans = [(prob.price(a), prob.objective(a)) for a in assignments(prob)]
+        if not plans:
+            continue
+        floors = tuple_floors(pricer, knobs, ctx, keys)
+        kb = knob_bound(knobs, ctx, keys)
+        best_cost = min(p * t for p, t in plans)
+        assert min(p for p, _ in plans) >= floors.price_usd_per_hour * (1 - 1e-9)
+        assert best_cost >= floors.value(COST, kb, tokens) * (1 - 1e-9), (seed, knobs)
+        fastest = min(t for _, t in plans)
+        floor = ObjectiveSpec("cost-above-floor", min_tokens_per_s=tokens / (1.3 * fastest))
+        cap = tokens / floor.min_tokens_per_s
+        cheapest = min(p for p, t in plans if t <= cap * (1 + 1e-12))
+        assert cheapest >= floors.value(floor, kb, tokens) * (1 - 1e-9), (seed, knobs)
+        checked += 1
+        close += floors.value(COST, kb, tokens) >= 0.9 * best_cost
     assert checked >= 60
     assert close >= checked // 3, (close, checked)
 
@@ -107,37 +115,26 @@ def test_floors_on_each_set_of_classes_hold_on_every_plan():
     (``TupleFloors.by_classes``) bounds the tuple under each objective.  Not vacuous: on some
     tuples it is above the one-floor value (the cheap classes are the slow ones)."""
     checked = lifted = 0
-    for seed in range(40):
-        cluster, model, training = make_case(seed)
-        classes, pricer = case_pricer(cluster, model, training)
-        if len(classes) < 2:
+    for seed, pricer, knob_bound, tokens, knobs, ctx, keys, prob in _sampled_tuples(range(40), 8, min_classes=2):
+        plans = [(prob.price(a), prob.objective(a), tuple(sorted({prob.options[o].resource for o, _ in a})))
+                 for a in assignments(prob)]
+        if not plans:
             continue
-        knob_bound = KnobBound(pricer)
-        tokens = training.global_batch_size * training.seq_len
-        tuples = enumerate_knobs(model, training, classes)
-        for knobs in random.Random(seed).sample(tuples, min(8, len(tuples))):
-            ctx = make_context(model, training, knobs)
-            keys = pricer.option_keys(knobs)
-            prob = pricer.price(knobs, ctx, keys)
-            plans = [(prob.price(a), prob.objective(a), tuple(sorted({prob.options[o].resource for o, _ in a})))
-                     for a in assignments(prob)]
-            if not plans:
-                continue
-            floors = tuple_floors(pricer, knobs, ctx, keys)
-            kb = knob_bound(knobs, ctx, keys, enough_on=lambda classes: math.inf)
-            by = knob_bound.by_classes(knobs, keys)
-            if not by:
-                continue
-            for price, time_s, used in plans:
-                assert price >= floors.on_classes(used).price_usd_per_hour * (1 - 1e-9), (seed, knobs, used)
-                assert time_s >= by.get(used, 0.0) * (1 - 1e-9), (seed, knobs, used)
-            best_cost = min(p * t for p, t, _ in plans)
-            assert best_cost >= floors.by_classes(COST, by, tokens) * (1 - 1e-9), (seed, knobs)
-            fastest = min(t for _, t, _ in plans)
-            floor = ObjectiveSpec("cost-above-floor", min_tokens_per_s=tokens / (1.3 * fastest))
-            cap = tokens / floor.min_tokens_per_s
-            cheapest = min(p for p, t, _ in plans if t <= cap * (1 + 1e-12))
-            assert cheapest >= floors.by_classes(floor, by, tokens) * (1 - 1e-9), (seed, knobs)
-            checked += 1
-            lifted += floors.by_classes(floor, by, tokens) > floors.value(floor, kb, tokens) * (1 + 1e-9)
+        floors = tuple_floors(pricer, knobs, ctx, keys)
+        kb = knob_bound(knobs, ctx, keys, enough_on=lambda classes: math.inf)
+        by = knob_bound.by_classes(knobs, keys)
+        if not by:
+            continue
+        for price, time_s, used in plans:
+            assert price >= floors.on_classes(used).price_usd_per_hour * (1 - 1e-9), (seed, knobs, used)
+            assert time_s >= by.get(used, 0.0) * (1 - 1e-9), (seed, knobs, used)
+        best_cost = min(p * t for p, t, _ in plans)
+        assert best_cost >= floors.by_classes(COST, by, tokens) * (1 - 1e-9), (seed, knobs)
+        fastest = min(t for _, t, _ in plans)
+        floor = ObjectiveSpec("cost-above-floor", min_tokens_per_s=tokens / (1.3 * fastest))
+        cap = tokens / floor.min_tokens_per_s
+        cheapest = min(p for p, t, _ in plans if t <= cap * (1 + 1e-12))
+        assert cheapest >= floors.by_classes(floor, by, tokens) * (1 - 1e-9), (seed, knobs)
+        checked += 1
+        lifted += floors.by_classes(floor, by, tokens) > floors.value(floor, kb, tokens) * (1 + 1e-9)
     assert checked >= 100 and lifted >= 20, (checked, lifted)
