@@ -102,3 +102,18 @@ def test_top_k_lists_no_gpipe_twin_of_a_1f1b_plan():
         assert len(sigs) == len(set(sigs)), seed
         exercised += len(sigs) >= 2
     assert exercised >= 2
+
+
+def test_the_plan_says_the_unit_of_its_objective():
+    """Under cost the solver's value is USD/hour x s per iteration, not what the summary
+    prints (USD per million tokens): the plan names the unit, and the value is the evaluated
+    node price x iteration time."""
+    cluster, model, training = make_case(6, max_plans=600)
+    res = solve(cluster, model, training, objective="cost", time_limit_s=60)
+    solver = res.plan.solver
+    assert solver.objective_unit.startswith("USD/hour x s per iteration")
+    ev = res.evaluation
+    assert math.isclose(solver.objective, ev.nodes_usd_per_hour * ev.iteration_time_s, rel_tol=1e-9)
+    fast = solve(cluster, model, training, time_limit_s=60)
+    assert fast.plan.solver.objective_unit == "s per iteration"
+    assert math.isclose(fast.plan.solver.objective, fast.evaluation.iteration_time_s, rel_tol=1e-12)

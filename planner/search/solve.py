@@ -292,7 +292,8 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
         "knob_tuples_infeasible": stats["empty"], "knob_tuples_unexplored": stats["unexplored"],
         "knob_tuples_too_big": stats.get("too_big", 0),
         "knob_tuples_gpipe_twins": stats.get("twins", 0),
-        "aggregate_compute_bound_s": agg, "objective_kind": spec.kind, "node_classes": len(classes)}
+        "aggregate_compute_bound_s": agg, "objective_kind": spec.kind, "node_classes": len(classes),
+        "objective_unit": OBJECTIVE_UNITS[spec.kind]}
     # The search priced each plan with the cost model's pieces; evaluate prices the whole plan.
     # They must agree (tests hold them to 1e-9); report the worst disagreement, not hide it.
     if time_like:
@@ -365,6 +366,13 @@ def aggregate_compute_bound_s(model, training, classes) -> float:
     peak = sum(c.gpu.peak_flops * c.node_class.num_gpus for c in classes)
     return flops / peak
 
+
+# The unit of solver.objective and solver.bound in the plan, per objective (the summary
+# converts cost to USD per million tokens; the JSON keeps the solver's own value).
+OBJECTIVE_UNITS = {"throughput": "s per iteration",
+                   "throughput-under-budget": "s per iteration",
+                   "cost": "USD/hour x s per iteration (USD per token = value / 3600 / tokens per iteration)",
+                   "cost-above-floor": "USD/hour"}
 
 # What leaving GPUs idle wins under each objective (the reason given for idle GPUs).
 IDLE_GAIN = {"throughput": "shorten the iteration",
