@@ -107,21 +107,17 @@ def tuple_floors(pricer: Pricer, knobs: Knobs, ctx, keys: list[OptionKey]) -> Tu
     blocks = pricer.model.num_layers // unit
     prices, rates = [], []
     one_class: dict[int, float] = {}      # per class, the least a plan using it rents
+    least_share: dict[int, float] = {}    # per class, its cheapest option's rent share
     for key in keys:
         info = pricer.classes[key.cls]
         prices.append(info.rent_share(key.tp, key.replicas))
-        # a shared node is rented whole by any plan on it; a multi-node class at least by
-        # its cheapest option
-        one_class[key.cls] = (info.node_price_usd_per_hour or 0.0) if info.shared_node else \
-            min(one_class.get(key.cls, math.inf), prices[-1])
+        one_class[key.cls] = min(one_class.get(key.cls, math.inf), info.least_rent(key.tp, key.replicas))
+        least_share[key.cls] = min(least_share.get(key.cls, math.inf), prices[-1])
         (slope_f, slope_b, icpt), _ = pricer.lines(ctx, knobs, key, unit)
         least_icpt = float(np.min(icpt.sum(axis=1)))
         # per unit of blocks, at the worst nb >= 1 for a negative intercept
         rates.append(max(0.0, slope_f + slope_b + min(0.0, least_icpt)))
     pi, r = np.array(prices), np.array(rates)
-    least_share: dict[int, float] = {}
-    for key, price in zip(keys, prices):
-        least_share[key.cls] = min(least_share.get(key.cls, math.inf), price)
     return TupleFloors(max(knobs.num_stages * float(pi.min()), min(one_class.values())),
                        knobs.num_micro_batches * blocks * float((pi * r).min()),
                        tuple(sorted(one_class.items())), tuple(sorted(least_share.items())), knobs.num_stages)

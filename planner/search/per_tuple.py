@@ -4,9 +4,10 @@
   the next best for ``--top K``; its dual bound joins the search's bound.
 - ``cost-above-floor``: the least price with time <= tokens per iteration / floor, then the
   fastest plan at that price.
-- ``cost``: a walk down the tuple's price/time Pareto front from its fastest plan, each step
-  cheaper, until (its time) x (the tuple's least price) cannot beat the incumbent; each step's
-  MILP is cut off at that time, so a tuple that cannot win stops at once.
+- ``cost``: a walk up the tuple's price/time Pareto front from its cheapest plan, each level
+  a price MILP (the least price among plans faster than the last level) and a time MILP (the
+  fastest plan at that price), each cut off where it cannot beat the incumbent; the walk ends
+  once a level's price x the tuple's time bound reaches it.
 
 A tuple that is not proved (a deadline, an unproved MILP) leaves its lower bound in
 ``bounds``: the floor of floors.py for the cost objectives, the MILP's dual bound for time.

@@ -209,8 +209,9 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
                 if spec.needs_prices else None
             tb2 = max(tb, knob_bound(knobs, ctx, keys, enough=enough, packed=level, enough_on=on))
             value = max(kb, floor.value(spec, tb2, tokens))
-            if spec.needs_prices and knob_bound.by_classes(knobs, keys):
-                value = max(value, floor.by_classes(spec, knob_bound.by_classes(knobs, keys), tokens))
+            by_classes = knob_bound.by_classes(knobs, keys) if spec.needs_prices else {}
+            if by_classes:
+                value = max(value, floor.by_classes(spec, by_classes, tokens))
             if math.isinf(value):
                 stats["empty"] += 1
                 stats["out_of_reach"] = stats.get("out_of_reach", 0) + math.isfinite(tb2)

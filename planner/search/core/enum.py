@@ -193,9 +193,9 @@ class CoreEnum:
     def solve(self, settings=None, mode: str = "time", time_cap: float | None = None,
               deadline: float | None = None, cutoff: float | None = None) -> CoreSolution:
         """Exact: ``optimal`` with bound = objective, ``cutoff`` (bound = the optimum) when the
-        optimum (the time, or in price mode the price) is not below ``cutoff``, or ``infeasible``; ``unknown`` (no bound) when
-        ``deadline`` passes between chunks of a pass.  ``settings`` is accepted for the MILP's
-        interface."""
+        optimum (the time, or in price mode the price) is not below ``cutoff``, or
+        ``infeasible``; ``unknown`` (no bound) when ``deadline`` passes between chunks of a
+        pass.  ``settings`` is accepted for the MILP's interface."""
         found = self._scan(mode, time_cap if mode == "price" else None, deadline)
         if found is TIMED_OUT:
             return CoreSolution(status="unknown", nodes=self.nodes)

@@ -275,9 +275,9 @@ class CoreMilp:
         """``mode="time"``: min objective.  ``mode="price"``: min price with objective <= cap.
 
         ``cutoff``: only solutions below it are of interest (a constraint ``objective <=
-        cutoff`` on the mode's objective, the time or the price; HiGHS's ``objective_bound`` option made a 1f1b tuple of the README job run
-        past every time limit); when none exists the status is ``cutoff`` and ``bound`` the
-        cutoff.
+        cutoff`` on the mode's objective, the time or the price; HiGHS's ``objective_bound``
+        option made a 1f1b tuple of the README job run past every time limit); when none
+        exists the status is ``cutoff`` and ``bound`` the cutoff.
         """
         deadline = deadline or time.monotonic() + settings.time_limit_s
         if self.empty_stage:
