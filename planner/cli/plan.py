@@ -23,6 +23,7 @@ from planner.errors import InputError
 
 def _training(training_path, global_batch_size, seq_len, precision):
     from planner.spec import Training, load_training
+    from planner.spec.source import document_from_data, validate_model
     if training_path and (global_batch_size is not None or seq_len is not None):
         raise InputError("give either --training T.yaml or --global-batch-size/--seq-len, not both")
     if training_path:
@@ -33,14 +34,12 @@ def _training(training_path, global_batch_size, seq_len, precision):
         return training
     if global_batch_size is None or seq_len is None:
         raise InputError("give --training T.yaml, or both --global-batch-size and --seq-len")
-    limits = Training.model_fields["global_batch_size"].metadata
-    most = min((m.le for m in limits if getattr(m, "le", None) is not None), default=None)
     if global_batch_size <= 0 or seq_len <= 0:
         raise InputError(f"--global-batch-size and --seq-len must be positive, got {global_batch_size} "
                          f"and {seq_len}")
-    if most is not None and global_batch_size > most:
-        raise InputError(f"--global-batch-size must be at most {most:,}, got {global_batch_size:,}")
-    return Training(global_batch_size=global_batch_size, seq_len=seq_len, precision=precision or "bf16")
+    # Training's own limits (the batch's cap, ...) become input errors, as they do for a file
+    flags = {"global_batch_size": global_batch_size, "seq_len": seq_len, "precision": precision or "bf16"}
+    return validate_model(Training, document_from_data(flags, file="--global-batch-size/--seq-len"))
 
 
 def _stage_rows(plan) -> Table:
