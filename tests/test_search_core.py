@@ -281,3 +281,222 @@ def test_enumeration_edges_empty_and_deadline():
         assert CoreEnum(prob).solve(deadline=time.monotonic() + 60).status in ("optimal", "infeasible")
     finally:
         enum_mod._CHUNK_CELLS = chunk
+
+
+# -- mixed stages: options holding several resources, least block counts per position -------
+
+def mixed_problem(rng: random.Random, with_boundary=True, one_max=False, max_stages=3) -> CoreProblem:
+    """``random_problem`` with at least two resources, about half the options also holding
+    units of one or two other resources (``extra_uses``) and about half needing more than one
+    block at some positions (``min_blocks``); capacities of 1-4 units bind often."""
+    while True:
+        prob = random_problem(rng, with_boundary=with_boundary, one_max=one_max)
+        if prob.num_stages <= max_stages and len(prob.options) >= 2:
+            break
+    p, L = prob.num_stages, prob.num_blocks
+    if len(prob.capacity) < 2:
+        prob.capacity.append(rng.randint(1, 3))
+        prob.resource_price.append(0.0)
+    R = len(prob.capacity)
+    prob.resource_price[rng.randrange(R)] = rng.choice([2.0, 5.0])    # some resource is charged
+    for o in prob.options:
+        o.max_blocks = [max(m, rng.randint(0, L)) for m in o.max_blocks]
+        if rng.random() < 0.6:
+            others = [c for c in range(R) if c != o.resource]
+            picks = rng.sample(others, rng.randint(1, min(2, len(others))))
+            o.extra_uses = tuple((c, rng.choice([1, 1, 2])) for c in picks)
+            # a mixed stage is worth its second class: faster, so the solvers want it
+            o.slope = tuple(a * 0.5 for a in o.slope)
+        if rng.random() < 0.6:
+            o.min_blocks = [rng.choice([0, 2, 3, 3]) for _ in range(p)]
+    return prob
+
+
+def _strip(prob: CoreProblem, extras: bool = False, least: bool = False) -> CoreProblem:
+    """A copy without the options' extra uses and / or least block counts."""
+    import dataclasses
+    opts = [dataclasses.replace(o, extra_uses=() if extras else o.extra_uses,
+                                min_blocks=None if least else o.min_blocks) for o in prob.options]
+    return dataclasses.replace(prob, options=opts)
+
+
+def _two_resource_problem(min_blocks=(2, 1)) -> CoreProblem:
+    """Option 0 holds one unit of resource 0 and, as a mixed stage, one of resource 1 (charged
+    5 USD/h; capacity 1); option 1 holds one unit of resource 0 only.  Option 0 is faster."""
+    mixed = CoreOption(resource=0, units=1, slope=(0.5,), fixed=[(0.0,)] * 2, max_blocks=[4, 4],
+                       price_usd_per_hour=1.0, extra_uses=((1, 1),), min_blocks=list(min_blocks))
+    plain = CoreOption(resource=0, units=1, slope=(0.8,), fixed=[(0.0,)] * 2, max_blocks=[4, 4],
+                       price_usd_per_hour=2.0)
+    return CoreProblem(num_blocks=4, num_stages=2, capacity=[2, 1], options=[mixed, plain],
+                       rows=[Row(stage=(1.0,))], terms=[Term("max", 0)], resource_price=[0.0, 5.0])
+
+
+def test_an_option_holding_two_resources_counts_and_pays_for_both():
+    prob = _two_resource_problem()
+    mixed, plain = prob.options
+    assert mixed.uses() == ((0, 1), (1, 1)) and plain.uses() == ((0, 1),)
+    assert prob.feasible([(0, 2), (1, 2)]) and prob.feasible([(1, 2), (1, 2)])
+    # resource 0 holds both stages (2 <= 2); only the extra use overflows resource 1 (2 > 1)
+    assert not prob.feasible([(0, 2), (0, 2)])
+    assert prob.price([(0, 2), (1, 2)]) == 1.0 + 2.0 + 5.0      # resource 1's price, once
+    assert prob.price([(1, 2), (1, 2)]) == 4.0                  # no option holds resource 1
+    assert prob.price([(0, 2), (0, 2)]) == 2.0 + 5.0
+    # least block counts: 2 at position 0, 1 at position 1
+    assert not prob.feasible([(0, 1), (1, 3)])
+    assert prob.feasible([(1, 1), (0, 3)]) and prob.feasible([(0, 2), (1, 2)])
+    assert mixed.least_blocks(0) == 2 and plain.least_blocks(0) == 1
+    gone = CoreOption(resource=0, units=1, slope=(1.0,), fixed=[(0.0,)] * 2, max_blocks=[1, 4], min_blocks=[2, 0])
+    assert not gone.allowed(0) and gone.allowed(1) and gone.least_blocks(1) == 1
+    prob.budget_usd_per_hour = 7.0
+    assert not prob.feasible([(0, 2), (1, 2)]) and prob.feasible([(1, 2), (1, 2)])
+
+
+@pytest.mark.parametrize("min_blocks,best,budget", [((2, 1), 1.5, None), ((4, 4), 1.6, None),
+                                                    ((2, 1), 1.6, 7.0)])
+def test_every_solver_respects_extra_uses_least_blocks_and_resource_prices(min_blocks, best, budget):
+    """Unconstrained, both stages would take the mixed option; resource 1 admits one.  With it
+    at 3 blocks next to the plain option (1.5) the optimum; where it needs 4 blocks (no room
+    for the other stage) or its resource's price breaks the budget, the plain pair (1.6)."""
+    from planner.search.core.enum import CoreEnum
+    from planner.search.polish import polish
+    prob = _two_resource_problem(min_blocks)
+    prob.budget_usd_per_hour = budget
+    for sol in (solve_brute(prob)[0], solve_milp(prob)[0], CoreEnum(prob).solve()):
+        assert sol.status == "optimal" and prob.feasible(sol.assign)
+        assert sol.objective == pytest.approx(best, rel=1e-12)
+    assert quick_bound(prob) <= best * (1 + 1e-12)
+    val, got = polish(prob, [(1, 2), (1, 2)])
+    assert prob.feasible(got) and val == pytest.approx(best, rel=1e-12)
+    assert dp_fixed_options(prob, [1, 1]).objective == pytest.approx(1.6, rel=1e-12)
+    assert dp_fixed_options(prob, [0, 0]).status == "infeasible"
+    after = dp_fixed_options(prob, [1, 0])      # the mixed option second: its price, its 4 blocks
+    if budget or min_blocks[1] > 3:
+        assert after.status == "infeasible"
+    else:
+        assert after.objective == pytest.approx(1.5, rel=1e-12) and after.assign == [(1, 1), (0, 3)]
+
+
+@pytest.mark.parametrize("capacity,budget,best,cheapest", [([1, 1], None, 2.0, 2.0), ([1, 0], None, 3.2, 2.0),
+                                                             ([1, 1], 5.5, 3.2, 2.0), ([1, 1], 1.5, None, None)])
+def test_one_stage_solvers_count_extra_uses(capacity, budget, best, cheapest):
+    """One stage of 4 blocks: the mixed option (2.0 s, 1 + 5 USD/h for its second resource)
+    or the plain one (3.2 s, 2 USD/h).  The mixed one is out when its second resource has no
+    room or its price breaks the budget; in price mode the plain one is the cheaper."""
+    import dataclasses
+
+    from planner.search.core.enum import CoreEnum
+    two = _two_resource_problem((0, 0))
+    options = [dataclasses.replace(o, fixed=o.fixed[:1], max_blocks=o.max_blocks[:1], min_blocks=None)
+               for o in two.options]
+    prob = dataclasses.replace(two, num_stages=1, capacity=capacity, options=options, budget_usd_per_hour=budget)
+    solvers = [solve_brute(prob)[0], solve_milp(prob)[0], CoreEnum(prob).solve()]
+    if best is None:
+        assert all(sol.status == "infeasible" for sol in solvers)
+        return
+    for sol in solvers:
+        assert sol.status == "optimal" and sol.objective == pytest.approx(best, rel=1e-12)
+    cheap = [solve_brute(prob, mode="price", time_cap=10.0)[0], solve_milp(prob, mode="price", time_cap=10.0)[0],
+             CoreEnum(prob).solve(mode="price", time_cap=10.0)]
+    for sol in cheap:
+        assert sol.status == "optimal" and sol.assign == [(1, 4)] and prob.price(sol.assign) == cheapest
+    assert quick_bound(prob) <= best * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_mixed_milp_equals_brute_force(seed):
+    prob = mixed_problem(random.Random(20_000 + seed))
+    check_agree(prob)
+    brute = solve_brute(prob)[0]
+    if brute.ok:
+        milp = solve_milp(prob, MilpSettings(time_limit_s=20))[0]
+        assert milp.bound <= brute.objective * (1 + 1e-9) + 1e-12
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_mixed_enumeration_equals_brute_force(seed):
+    from planner.search.core.enum import CoreEnum
+    rng = random.Random(21_000 + seed)
+    prob = mixed_problem(rng, max_stages=2)
+    if seed % 3 == 2:
+        prob.budget_usd_per_hour = 9.0
+    brute = solve_brute(prob)[0]
+    enum = CoreEnum(prob).solve()
+    assert (brute.status == "infeasible") == (enum.status == "infeasible"), (brute, enum)
+    if not brute.ok:
+        return
+    assert enum.status == "optimal" and prob.feasible(enum.assign)
+    assert math.isclose(enum.objective, brute.objective, rel_tol=1e-9, abs_tol=1e-9)
+    cap = brute.objective * 1.5
+    bp = solve_brute(prob, mode="price", time_cap=cap)[0]
+    ep = CoreEnum(prob).solve(mode="price", time_cap=cap)
+    assert prob.feasible(ep.assign) and prob.objective(ep.assign) <= cap * (1 + 1e-9)
+    assert math.isclose(ep.objective, prob.price(bp.assign), rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_mixed_price_mode_matches_brute_force(seed):
+    rng = random.Random(22_000 + seed)
+    prob = mixed_problem(rng)
+    if seed % 2:
+        prob.budget_usd_per_hour = 9.0
+    t = solve_brute(prob)[0]
+    if not t.ok:
+        assert solve_milp(prob, mode="price")[0].status == "infeasible"
+        return
+    cap = t.objective * 1.3
+    b = solve_brute(prob, mode="price", time_cap=cap)[0]
+    m = solve_milp(prob, MilpSettings(time_limit_s=20), mode="price", time_cap=cap)[0]
+    assert m.status == "optimal" and prob.feasible(m.assign)
+    assert math.isclose(prob.price(m.assign), prob.price(b.assign), rel_tol=1e-9)
+    assert math.isclose(m.objective, prob.price(b.assign), rel_tol=1e-9)
+    assert prob.objective(m.assign) <= cap * (1 + 1e-9)
+
+
+def _one_option_per_stage(prob: CoreProblem, opts) -> CoreProblem:
+    """``prob`` restricted to the option sequence ``opts``: stage s may use only option s."""
+    import dataclasses
+    options = [dataclasses.replace(prob.options[o], fixed=[f if k == s else None
+                                                          for k, f in enumerate(prob.options[o].fixed)])
+               for s, o in enumerate(opts)]
+    return CoreProblem(num_blocks=prob.num_blocks, num_stages=prob.num_stages, capacity=prob.capacity,
+                       options=options, rows=prob.rows, terms=prob.terms, resource_price=prob.resource_price,
+                       budget_usd_per_hour=prob.budget_usd_per_hour)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_mixed_dp_with_options_fixed_equals_brute_force(seed):
+    rng = random.Random(23_000 + seed)
+    prob = mixed_problem(rng, one_max=True)
+    if seed % 2:
+        prob.budget_usd_per_hour = 12.0
+    combos = list(itertools.product(range(len(prob.options)), repeat=prob.num_stages))
+    for opts in rng.sample(combos, min(10, len(combos))):
+        fixed = _one_option_per_stage(prob, opts)
+        dp = dp_fixed_options(fixed, list(range(prob.num_stages)))
+        brute = solve_brute(fixed)[0]
+        assert dp.status == brute.status, (opts, dp, brute)
+        if brute.ok:
+            assert fixed.feasible(dp.assign)
+            assert math.isclose(dp.objective, brute.objective, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_mixed_generator_makes_extra_uses_and_least_blocks_matter():
+    """The mixed tests are only worth something if the features change answers: on the seeds
+    of the MILP and price-mode tests, dropping the extra uses or the least block counts (a
+    relaxation) changes the brute-force optimum or its feasibility on several problems, and
+    quick_bound stays below the optimum."""
+    changed = {"extras": 0, "least": 0}
+    feasible = 0
+    for seed in [*range(20_000, 20_030), *range(22_000, 22_020)]:
+        prob = mixed_problem(random.Random(seed))
+        brute = solve_brute(prob)[0]
+        if brute.ok:
+            feasible += 1
+            qb = quick_bound(prob)
+            assert qb is not None and qb <= brute.objective * (1 + 1e-9) + 1e-12
+        for what in changed:
+            loose = solve_brute(_strip(prob, **{what: True}))[0]
+            if brute.ok:
+                assert loose.ok and loose.objective <= brute.objective * (1 + 1e-12)
+            changed[what] += loose.ok and (not brute.ok or loose.objective < brute.objective * (1 - 1e-9))
+    assert feasible >= 15 and changed["extras"] >= 5 and changed["least"] >= 3, (feasible, changed)

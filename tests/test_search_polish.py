@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 import pytest
-from test_search_core import random_problem
+from test_search_core import mixed_problem, random_problem
 
 from planner.search.core.brute import solve_brute
 from planner.search.polish import Evaluator, polish
@@ -60,6 +60,41 @@ def test_polish_is_feasible_never_worse_and_bounded_by_the_optimum(seed):
     assert math.isclose(val, prob.objective(got), rel_tol=1e-12)
     assert val <= prob.objective(start) * (1 + 1e-12)
     assert val >= brute.objective * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_evaluator_agrees_with_the_problem_on_mixed_options(seed):
+    """Options holding units of two or three resources and needing least block counts: the
+    batch feasibility and price are CoreProblem's."""
+    rng = random.Random(8000 + seed)
+    prob = mixed_problem(rng)
+    if seed % 2:
+        prob.budget_usd_per_hour = rng.choice([6.0, 9.0, 12.0])
+    ev = Evaluator(prob)
+    opts, blocks = _random_assignments(prob, rng, 60)
+    want_ok = [prob.feasible(list(zip(o, b))) for o, b in zip(opts.tolist(), blocks.tolist())]
+    assert ev.feasible(opts, blocks).tolist() == want_ok
+    prices = ev.price_usd_per_hour(opts)
+    for pr, o in zip(prices, opts.tolist()):
+        assert math.isclose(pr, prob.price([(x, 1) for x in o]), rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_polish_on_mixed_options_is_feasible_never_worse_and_bounded_by_the_optimum(seed):
+    rng = random.Random(9000 + seed)
+    prob = mixed_problem(rng)
+    if seed % 3 == 2:
+        prob.budget_usd_per_hour = 12.0
+    brute = solve_brute(prob)[0]
+    if brute.status == "infeasible":
+        return
+    feasible = list(_all_feasible(prob))
+    for start in (max(feasible, key=prob.objective), rng.choice(feasible)):
+        val, got = polish(prob, start)
+        assert prob.feasible(got)
+        assert math.isclose(val, prob.objective(got), rel_tol=1e-12)
+        assert val <= prob.objective(start) * (1 + 1e-12)
+        assert val >= brute.objective * (1 - 1e-12)
 
 
 def test_polish_improves_a_bad_start_to_the_optimum_on_a_smooth_case():

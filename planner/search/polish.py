@@ -12,6 +12,9 @@ improving one is taken, until none improves:
 - swap two stages (the order decides the sends and the in-flight memory);
 - change two stages' options within their classes at once (units move between them).
 
+Options of mixed stages hold units of more than one class (``CoreOption.extra_uses``) and may
+need a least block count; the moves ignore both and ``Evaluator.feasible`` filters them.
+
 Where no move improves, one that keeps the objective and evens the stages walks the plateau
 (``Evaluator.scored``); at a local optimum the least bad moves are each followed by block
 shifts alone (``_Search.look_ahead``).
@@ -41,15 +44,26 @@ class Evaluator:
         self.slope = np.array([o.slope for o in prob.options], dtype=float).reshape(K, Q)
         fixed = np.zeros((K, p, Q))
         self.max_blocks = np.zeros((K, p))
+        self.min_blocks = np.ones((K, p))
         for i, o in enumerate(prob.options):
             for s in range(p):
                 if o.allowed(s):
                     fixed[i, s] = o.fixed[s]
                     self.max_blocks[i, s] = o.max_blocks[s]
+                    self.min_blocks[i, s] = o.least_blocks(s)
         self.fixed = fixed
-        self.units = np.array([o.units for o in prob.options], dtype=float)
-        self.resource = np.array([o.resource for o in prob.options])
+        self.any_least = bool((self.min_blocks > 1).any())
+        # units held per (option, resource), mixed stages' extra uses included: [K, C]
+        self.units = np.zeros((K, len(prob.capacity)))
+        for i, o in enumerate(prob.options):
+            for c, u in o.uses():
+                self.units[i, c] += u
+        self.resource = np.array([o.resource for o in prob.options])       # the primary one
         self.capacity = np.array(prob.capacity, dtype=float)
+        # per resource some option holds: its units per option, and who holds it (a column
+        # each: gathering [N, p] per resource is faster than one [N, p, C] gather)
+        self._held = [(c, np.ascontiguousarray(self.units[:, c]), self.units[:, c] > 0)
+                      for c in range(self.units.shape[1]) if self.units[:, c].any()]
         self.boundary = prob.boundary
         self.price = np.array([o.price_usd_per_hour for o in prob.options], dtype=float)
         groups = {g: i for i, g in enumerate(dict.fromkeys(o.group for o in prob.options))}
@@ -98,15 +112,17 @@ class Evaluator:
         return total, spread
 
     def feasible(self, opts: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-        """[N] booleans: memory per position, at least one block, capacities, budget, groups."""
+        """[N] booleans: memory and least block counts per position, capacities (every resource
+        an option holds), budget, groups."""
         prob = self.prob
         p = opts.shape[1]
-        cap = self.max_blocks[opts, np.arange(p)]
-        ok = ((blocks >= 1) & (blocks <= cap)).all(axis=1)
+        stages = np.arange(p)
+        cap = self.max_blocks[opts, stages]
+        least = self.min_blocks[opts, stages] if self.any_least else 1
+        ok = ((blocks >= least) & (blocks <= cap)).all(axis=1)
         ok &= blocks.sum(axis=1) == prob.num_blocks
-        used_units = self.units[opts]
-        for c, capacity in enumerate(self.capacity):
-            ok &= (used_units * (self.resource[opts] == c)).sum(axis=1) <= capacity
+        for c, units, _ in self._held:
+            ok &= units[opts].sum(axis=1) <= self.capacity[c]
         if prob.same_group:
             g = self.group[opts]
             ok &= (g == g[:, :1]).all(axis=1)
@@ -118,9 +134,10 @@ class Evaluator:
         """[N] prices, as ``CoreProblem.price``: the options' prices and, once per resource
         used, its resource price."""
         total = self.price[opts].sum(axis=1)
-        for c, cost in enumerate(self.prob.resource_price or []):
-            if cost:
-                total = total + cost * (self.resource[opts] == c).any(axis=1)
+        rp = self.prob.resource_price or []
+        for c, _, holds in self._held:
+            if c < len(rp) and rp[c]:
+                total = total + rp[c] * holds[opts].any(axis=1)
         return total
 
 

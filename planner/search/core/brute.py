@@ -23,18 +23,21 @@ def assignments(prob: CoreProblem) -> Iterator[list[tuple[int, int]]]:
                 yield list(cur)
             return
         for o, opt in enumerate(prob.options):
-            if not opt.allowed(s) or used[opt.resource] + opt.units > prob.capacity[opt.resource]:
+            uses = opt.uses()
+            if not opt.allowed(s) or any(used[c] + u > prob.capacity[c] for c, u in uses):
                 continue
             if prob.same_group and cur and prob.options[cur[0][0]].group != opt.group:
                 continue
             hi = min(opt.max_blocks[s], left - (p - 1 - s))
-            lo = left if s == p - 1 else 1
+            lo = max(left if s == p - 1 else 1, opt.least_blocks(s))
             for nb in range(lo, hi + 1):
-                used[opt.resource] += opt.units
+                for c, u in uses:
+                    used[c] += u
                 cur.append((o, nb))
                 yield from rec(s + 1, left - nb)
                 cur.pop()
-                used[opt.resource] -= opt.units
+                for c, u in uses:
+                    used[c] -= u
 
     yield from rec(0, L)
 

@@ -93,7 +93,7 @@ def dp_fixed_options(prob: CoreProblem, options: list[int]) -> CoreSolution:
         opt = prob.options[options[s]]
         if not opt.allowed(s):
             return CoreSolution(status="infeasible")
-        for nb in range(1, min(opt.max_blocks[s], L) + 1):
+        for nb in range(opt.least_blocks(s), min(opt.max_blocks[s], L) + 1):
             q = [a * nb + b for a, b in zip(opt.slope, opt.fixed[s])]
             vals = [float(np.dot(row.stage, q)) + sum(max(0.0, float(np.dot(h, q))) for h in row.hinges)
                     for row in prob.rows]

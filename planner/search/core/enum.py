@@ -41,11 +41,17 @@ class CoreEnum:
         self.excluded: set[tuple[int, ...]] = set()
         K = len(prob.options)
         opts = prob.options
-        self.units = np.array([o.units for o in opts], dtype=float)
-        self.resource = np.array([o.resource for o in opts], dtype=int)
+        C = len(prob.capacity)
+        # units held per (option, resource), mixed stages' extra uses included: [K, C]
+        self.units = np.zeros((K, C))
+        for i, o in enumerate(opts):
+            for c, u in o.uses():
+                self.units[i, c] += u
         self.capacity = np.array(prob.capacity, dtype=float)
+        # only resources some option holds can bind or be charged
+        self.held = [c for c in range(C) if self.units[:, c].any()]
         self.option_price = np.array([o.price_usd_per_hour for o in opts], dtype=float)
-        rp = prob.resource_price or [0.0] * len(prob.capacity)
+        rp = prob.resource_price or [0.0] * C
         self.resource_price = np.array(rp, dtype=float)
         groups = {g: i for i, g in enumerate(dict.fromkeys(o.group for o in opts))}
         self.group = np.array([groups[o.group] for o in opts], dtype=int)
@@ -71,7 +77,8 @@ class CoreEnum:
                 v = v + np.maximum(0.0, q @ np.array(h, dtype=float))
             rows[j] = v
         hi = np.array([o.max_blocks[s] if o.allowed(s) else 0 for o in prob.options])
-        ok = (nb[None, :] >= 1) & (nb[None, :] <= hi[:, None])
+        lo = np.array([o.least_blocks(s) for o in prob.options])
+        ok = (nb[None, :] >= lo[:, None]) & (nb[None, :] <= hi[:, None])
         return rows, ok
 
     # -- one pass over every assignment -------------------------------------------------
@@ -145,13 +152,13 @@ class CoreEnum:
             v0, v1 = vals[t.row]
             obj = obj + t.weight * (np.maximum(0.0, np.maximum(v0, v1)) if t.kind == "max" else v0 + v1)
         ok = ok0[idx][:, None, n1] & ok1[:, L - n1][None, :, :]
-        u1, u2 = self.units[idx][:, None], self.units[None, :]
-        r1, r2 = self.resource[idx][:, None], self.resource[None, :]
-        same = r1 == r2
-        cap_ok = np.where(same, u1 + u2 <= self.capacity[r1],
-                          (u1 <= self.capacity[r1]) & (u2 <= self.capacity[r2]))
-        price = (self.option_price[idx][:, None] + self.option_price[None, :] + self.resource_price[r1]
-                 + np.where(same, 0.0, self.resource_price[r2]))
+        cap_ok = np.ones((len(idx), self._K), dtype=bool)
+        price = self.option_price[idx][:, None] + self.option_price[None, :]
+        for c in self.held:
+            u1, u2 = self.units[idx, c][:, None], self.units[:, c][None, :]
+            cap_ok &= u1 + u2 <= self.capacity[c]
+            if self.resource_price[c]:
+                price = price + self.resource_price[c] * ((u1 > 0) | (u2 > 0))
         pair_ok = cap_ok
         if prob.same_group:
             pair_ok = pair_ok & (self.group[idx][:, None] == self.group[None, :])
@@ -170,8 +177,8 @@ class CoreEnum:
         for t in prob.terms:
             v = rows[t.row][:, L]
             obj = obj + t.weight * (np.maximum(0.0, v) if t.kind == "max" else v)
-        good = ok[:, L] & (self.units <= self.capacity[self.resource])
-        price = self.option_price + self.resource_price[self.resource]
+        good = ok[:, L] & (self.units <= self.capacity).all(axis=1)
+        price = self.option_price + (self.units > 0) @ self.resource_price[:self.units.shape[1]]
         if prob.budget_usd_per_hour is not None:
             good &= price <= prob.budget_usd_per_hour * (1 + _REL)
         if time_cap is not None:

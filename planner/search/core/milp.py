@@ -6,7 +6,10 @@ Stage quantities are affine in ``y`` and ``x``; a boundary quantity depends on t
 both neighbours and is bounded from below by, for each option o of the sender,
 ``E >= sum_o' T[o,o'] x[b+1,o'] - max_o' T[o,o'] (1 - x[b,o])``: exact at the optimum
 because exactly one o' is chosen and every coefficient on E is non-negative.  Max terms are
-``M >= row_s`` for every s; memory is the upper bound on ``y`` per (option, position).
+``M >= row_s`` for every s; memory is the upper bound on ``y`` per (option, position), and
+an option's least block count (``min_blocks``) the lower bound ``y >= lo x``.  Capacity rows
+count every resource an option holds (``CoreOption.uses``), and so does the indicator that
+charges a resource's price once.
 """
 
 from __future__ import annotations
@@ -121,29 +124,33 @@ class CoreMilp:
             for o, opt in enumerate(prob.options):
                 if not opt.allowed(s):
                     continue
+                lo = opt.least_blocks(s)
                 hi = min(opt.max_blocks[s], L - (p - 1))
-                if hi < 1:
+                if hi < lo:
                     continue
                 self.x[s, o] = pulp.LpVariable(f"x_{s}_{o}", cat="Binary")
                 self.y[s, o] = pulp.LpVariable(f"y_{s}_{o}", lowBound=0, upBound=hi, cat="Integer")
-                lp += self.y[s, o] >= self.x[s, o]
+                lp += self.y[s, o] >= lo * self.x[s, o]
                 lp += self.y[s, o] <= hi * self.x[s, o]
         self.by_stage = {s: [o for (s2, o) in self.x if s2 == s] for s in range(p)}
         self.empty_stage = any(not v for v in self.by_stage.values())
         for s in range(p):
             lp += pulp.lpSum(self.x[s, o] for o in self.by_stage[s]) == 1
         lp += pulp.lpSum(self.y.values()) == L
+        # every (resource, units) an option holds, mixed stages' extra uses included
+        holders: dict[int, list[tuple[pulp.LpVariable, int]]] = {c: [] for c in range(len(prob.capacity))}
+        for (s, o), v in self.x.items():
+            for c, units in prob.options[o].uses():
+                holders.setdefault(c, []).append((v, units))
         for c, cap in enumerate(prob.capacity):
-            use = [prob.options[o].units * v for (s, o), v in self.x.items() if prob.options[o].resource == c]
-            if use:
-                lp += pulp.lpSum(use) <= cap
+            if holders[c]:
+                lp += _affine(holders[c]) <= cap
         price = [prob.options[o].price_usd_per_hour * v for (s, o), v in self.x.items()]
         for c, cost in enumerate(prob.resource_price or []):
             if cost:
                 u = pulp.LpVariable(f"u_{c}", cat="Binary")
-                for (s, o), v in self.x.items():
-                    if prob.options[o].resource == c:
-                        lp += u >= v
+                for v, _ in holders.get(c, []):
+                    lp += u >= v
                 price.append(cost * u)
         self.price = pulp.lpSum(price)
         if prob.same_group:

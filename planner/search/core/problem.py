@@ -9,7 +9,10 @@ position ``s``:
   gradient-sync time less its overlap, optimizer time, ...), affine in ``nb`` because every
   block costs the same while the embedding and head add a constant at the ends;
 - the largest ``nb`` that fits in memory at that position (``max_blocks[s]``; 0 = never);
-- the resource it holds: ``units`` GPUs of resource (node class) ``resource``, and a price.
+- the least ``nb`` at that position (``min_blocks[s]``; None = 1 everywhere), e.g. a stage
+  whose replicas come from two node classes must hold enough blocks to be worth the split;
+- the resources it holds: ``units`` GPUs of resource (node class) ``resource`` and, for such
+  mixed stages, ``extra_uses`` (resource, units) pairs of other resources; and a price.
 
 Adjacent stages add boundary quantities ``E[r] = boundary[r][o_s][o_{s+1}]`` (the pipeline
 sends), a table over option pairs since they depend on both sides.
@@ -60,9 +63,20 @@ class CoreOption:
     price_usd_per_hour: float = 0.0
     label: Any = None
     group: Any = None                        # with CoreProblem.same_group: all stages agree on it
+    # (resource, units) held besides the primary pair; resources distinct, none is ``resource``
+    extra_uses: tuple[tuple[int, int], ...] = ()
+    min_blocks: list[int] | None = None      # per stage position; None = 1 everywhere
+
+    def uses(self) -> tuple[tuple[int, int], ...]:
+        """Every (resource, units) the option holds, the primary pair first."""
+        return ((self.resource, self.units), *self.extra_uses)
+
+    def least_blocks(self, s: int) -> int:
+        """The fewest blocks a stage at position ``s`` may hold with this option."""
+        return 1 if self.min_blocks is None else max(1, self.min_blocks[s])
 
     def allowed(self, s: int) -> bool:
-        return self.fixed[s] is not None and self.max_blocks[s] >= 1
+        return self.fixed[s] is not None and self.max_blocks[s] >= self.least_blocks(s)
 
 
 @dataclass
@@ -130,7 +144,7 @@ class CoreProblem:
     def price(self, assign: Sequence[tuple[int, int]]) -> float:
         total = float(sum(self.options[o].price_usd_per_hour for o, _ in assign))
         if self.resource_price:
-            for c in sorted({self.options[o].resource for o, _ in assign}):
+            for c in sorted({c for o, _ in assign for c, _ in self.options[o].uses()}):
                 total += self.resource_price[c]
         return total
 
@@ -140,9 +154,10 @@ class CoreProblem:
         used = [0] * len(self.capacity)
         for s, (o, nb) in enumerate(assign):
             opt = self.options[o]
-            if not opt.allowed(s) or not 1 <= nb <= opt.max_blocks[s]:
+            if not opt.allowed(s) or not opt.least_blocks(s) <= nb <= opt.max_blocks[s]:
                 return False
-            used[opt.resource] += opt.units
+            for c, u in opt.uses():
+                used[c] += u
         if any(u > c for u, c in zip(used, self.capacity)):
             return False
         if self.same_group and len({self.options[o].group for o, _ in assign}) > 1:
@@ -180,6 +195,13 @@ def quick_bound(prob: CoreProblem) -> float | None:
     the total "speed" (blocks per second, 1 / slope) the stages can have together: each class
     gives at most its capacity times its best speed per unit, and p stages at most p times the
     fastest option.
+
+    Least block counts (``min_blocks``) and extra resource uses (``extra_uses``) are left
+    out: dropping constraints only widens the set of assignments, so the bound stays below
+    the optimum.  The per-resource arguments group the stages by their option's primary
+    resource: each group's primary units alone fit in that resource's capacity (the extras
+    only take more), and speed per primary unit is at least speed per unit over all the
+    units an option holds, so the speed cap only grows.
     """
     p, L = prob.num_stages, prob.num_blocks
     total = 0.0
@@ -209,6 +231,7 @@ def quick_bound(prob: CoreProblem) -> float | None:
         speed = 0.0
         if nonneg and min(slopes) > 0:
             per_class: dict[int, float] = {}
+            # per primary unit only (see the docstring): an over-estimate for mixed options
             for o, a in zip(prob.options, slopes):
                 per_class[o.resource] = max(per_class.get(o.resource, 0.0), 1.0 / a / o.units)
             speed = sum(prob.capacity[c] * r for c, r in per_class.items())
