@@ -139,6 +139,8 @@ def _summary(out, result) -> None:
 @click.option("--top", "top_k", type=int, default=1, show_default=True, help="the K best distinct plans")
 @click.option("--launcher", type=click.Choice(["megatron", "deepspeed"]), default=None,
               help="restrict the search to layouts that launcher runs")
+@click.option("--mixed-stages", is_flag=True,
+              help="also search stages that mix two node classes of one zone (GPU type, TP, uneven shares)")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="write the plan JSON here (with --top K, plans 2..K beside it as NAME-2.json ...)")
 @click.option("--json", "as_json", is_flag=True, help="print the plan JSON on stdout")
@@ -148,8 +150,8 @@ def _summary(out, result) -> None:
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False), default=None,
               help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
 def plan(cluster, model_name, training_path, global_batch_size, seq_len, precision, objective,
-         budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, launcher, output, as_json, quiet,
-         profiles_path, calibration_path):
+         budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, launcher, mixed_stages, output, as_json,
+         quiet, profiles_path, calibration_path):
     """Find the fastest (or cheapest) layout of MODEL on CLUSTER, with a proof of how close it is."""
     from planner import api
     from planner.search import check_time_limit, parse_objective
@@ -167,6 +169,11 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     spec = load_cluster(cluster)
     model = load_model(model_name)
     training = _training(training_path, global_batch_size, seq_len, precision)
+    if mixed_stages:
+        if launcher:
+            raise InputError(f"--mixed-stages contradicts --launcher {launcher}: its layouts have the same GPUs, "
+                             "TP and share in every replica of a stage; drop one of the two")
+        training = training.model_copy(update={"mixed_stages": True})
     if model.max_seq_len and training.seq_len > model.max_seq_len:
         click.echo(f"warning: {model.name} is defined for sequences of at most {model.max_seq_len} tokens; "
                    f"planning for {training.seq_len} (a longer context than it was trained with)", err=True)

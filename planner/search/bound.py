@@ -22,7 +22,7 @@ import numpy as np
 from planner.cost import CostContext, in_flight_micro_batches
 from planner.search.core.problem import max_row_bound
 from planner.search.fill import class_slots, joint_row_bound, slot_blocks, sum_bound
-from planner.search.packed import KNAPSACK_STAGES, PackedBound
+from planner.search.packed import KNAPSACK_STAGES, PackedBound, partner_sends
 from planner.search.pieces import block_limits, most_speed
 from planner.search.space import (
     POSITIONS,
@@ -48,6 +48,7 @@ class _Arrays(NamedTuple):
     exact: np.ndarray       # [K] the memory model is affine (else no memory limit)
     caps: np.ndarray        # [K] memory per GPU of its class
     icpt: np.ndarray        # [K, positions, quantities] intercepts per stage position
+    extra: np.ndarray       # [K, classes] units of other classes (a mixed stage's stand-in)
 
 
 class KnobBound:
@@ -162,11 +163,15 @@ class KnobBound:
         arr = np.array([self._light(ctx, knobs, k, unit) for k in keys])
         coef, exact = np.zeros((len(keys), 4)), np.zeros(len(keys), dtype=bool)
         caps = np.array([self.classes[k.cls].gpu.memory_bytes for k in keys], dtype=float)
-        units = np.array([self.classes[k.cls].units(k.tp, k.replicas) for k in keys], dtype=float)
+        units = np.array([k.units_in(self.classes) for k in keys], dtype=float)
         cls = np.array([k.cls for k in keys])
         icpt = (np.array([self._intercepts(ctx, knobs, k, unit) for k in keys]) if keys
                 else np.zeros((0, len(POSITIONS), len(QUANTITIES))))
-        hit = self._slopes[sk] = _Arrays(arr, units, cls, keys, coef, exact, caps, icpt)
+        extra = np.zeros((len(keys), len(self.classes)))
+        for i, k in enumerate(keys):
+            for c, u in k.extra_units_in(self.classes):
+                extra[i, c] += u
+        hit = self._slopes[sk] = _Arrays(arr, units, cls, keys, coef, exact, caps, icpt, extra)
         return hit
 
     def _subset_keys(self, keys: list[OptionKey], subset: tuple[int, ...]) -> list[OptionKey]:
@@ -271,7 +276,7 @@ class KnobBound:
         ``whole`` needs for every p (None for a term no option can take), and every option's
         block limit U at ``f_min`` micro-batches in flight (0: it cannot hold one block).  A
         row's max and sum terms share their pieces; only the max term reads ``m_cap``."""
-        _, units, cls, _, coef, exact, caps, _ = arrays
+        _, units, cls, _, coef, exact, caps, _, _ = arrays
         rows, terms = pipeline_rows(knobs)
         U = block_limits(coef, exact, caps, [f_min], L)[:, 0]
         usable = U >= 1
@@ -302,7 +307,7 @@ class KnobBound:
                   memory: bool, most_p: int) -> _TermPart | None:
         """One row's pieces over the usable options (kind, row, weight and m_cap are the
         caller's): least slope and per-position intercepts, rate caps, cheapest-fill pieces."""
-        arr, units, cls, _, _, _, _, icpt = arrays
+        arr, units, cls, _, _, _, _, icpt, _ = arrays
         vals = (arr @ np.array(row.stage, dtype=float))[usable]
         if not len(vals):
             return None
@@ -376,7 +381,8 @@ class KnobBound:
         stages are of different classes): a boundary's busiest point carries at least one
         transfer of a whole share, and no share is below ``ceil(B / most replicas)``; so
         ``L0 + k X`` at that k, and across a capped zone link no less than the whole
-        micro-batch over its aggregate bandwidth; least over the (class, TP) pairs of ``keys``.
+        micro-batch over its aggregate bandwidth; least over the partner types of ``keys``
+        (packed.partner_sends: a mixed stage's stand-in sends over either kind's paths).
         Needs only the paths, not the K x K table, so every knob tuple can afford it."""
         if not keys:
             return 0.0
@@ -385,11 +391,9 @@ class KnobBound:
         hit = self._least.get(ck)
         if hit is None:
             k = -(-B // max(key.replicas for key in keys))
-            groups = sorted({(key.cls, key.tp) for key in keys})
-            L0, X, shared = self.pricer.group_lines(ctx, B, groups)
-            cls = np.array([c for c, _ in groups])
-            pairs = cls[:, None] != cls[None, :] if between_classes else np.ones(L0.shape, dtype=bool)
-            least = float(np.maximum(L0 + k * X, shared)[pairs].min()) if pairs.any() else 0.0
+            ps = partner_sends(self.pricer, ctx, B, keys)
+            pairs = ps.cls[:, None] != ps.cls[None, :] if between_classes else np.ones(ps.L0.shape, dtype=bool)
+            least = float(np.maximum(ps.L0 + k * ps.X, ps.shared)[pairs].min()) if pairs.any() else 0.0
             hit = self._least[ck] = (least, keys)   # keys kept alive: id() stays unique
         return hit[0]
 

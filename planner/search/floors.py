@@ -109,9 +109,8 @@ def tuple_floors(pricer: Pricer, knobs: Knobs, ctx, keys: list[OptionKey]) -> Tu
     one_class: dict[int, float] = {}      # per class, the least a plan using it rents
     least_share: dict[int, float] = {}    # per class, its cheapest option's rent share
     for key in keys:
-        info = pricer.classes[key.cls]
-        prices.append(info.rent_share(key.tp, key.replicas))
-        one_class[key.cls] = min(one_class.get(key.cls, math.inf), info.least_rent(key.tp, key.replicas))
+        prices.append(key.rent_share_in(pricer.classes))
+        one_class[key.cls] = min(one_class.get(key.cls, math.inf), key.least_rent_in(pricer.classes))
         least_share[key.cls] = min(least_share.get(key.cls, math.inf), prices[-1])
         (slope_f, slope_b, icpt), _ = pricer.lines(ctx, knobs, key, unit)
         least_icpt = float(np.min(icpt.sum(axis=1)))

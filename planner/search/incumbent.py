@@ -20,7 +20,7 @@ from planner.search.core import enum
 from planner.search.core.milp import CoreMilp
 from planner.search.core.problem import quick_bound
 from planner.search.polish import polish
-from planner.search.space import Knobs
+from planner.search.space import Knobs, OptionKey
 
 WARM_KEYS_ABOVE = 48        # options per stage above which a warm start pays for itself
 WARM_RERANK = 8            # first stage counts re-ranked by the knapsack bound
@@ -189,7 +189,8 @@ def warm_keys(pricer, knobs: Knobs, keys) -> list:
     out = []
     groups: dict = {}
     for k in keys:
-        groups.setdefault((k.cls, k.tp), []).append(k)
+        if isinstance(k, OptionKey):        # not the mixed stages' stand-ins
+            groups.setdefault((k.cls, k.tp), []).append(k)
     for (c, t), ks in sorted(groups.items()):
         cap = pricer.classes[c].capacity_units
         for share in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32):
@@ -216,7 +217,7 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
     stop = now + share * max(0.0, deadline - now)
     stop_milp = now + min(share, milp_share) * max(0.0, deadline - now)
     done = set() if done is None else done
-    order = _warm_order(ranked, knob_bound, best)
+    order = _warm_order(ranked, knob_bound, best, pricer)
     found: dict = {}
     polished: set = set()
     late = False
@@ -232,8 +233,9 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
         if knobs in done or kb >= best.threshold():
             continue
         done.add(knobs)
+        # the warm start looks for plans without mixed stages (warm_keys): their bound decides
         if math.isfinite(best.threshold()) and \
-                knob_bound(knobs, ctx, keys, enough=best.threshold(), packed=False) >= best.threshold():
+                knob_bound(knobs, ctx, pricer.pure_part(keys), enough=best.threshold(), packed=False) >= best.threshold():
             continue            # cannot beat the incumbent: no MILP for it (b: its p >= 3 tuples)
         prob, qb = priced(pricer, knobs, ctx, warm_keys(pricer, knobs, keys), spec, launcher)
         if qb is None:
@@ -264,7 +266,7 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
                     min(deadline, time.monotonic() + POLISH_SHARE * settings.time_limit_s))
 
 
-def _warm_order(ranked, knob_bound, best):
+def _warm_order(ranked, knob_bound, best, pricer):
     """The warm start's tuples, diverse first: the best-ranked tuple of each stage count (the
     memory-free ranking favours long pipelines, whose memory limits it cannot see).
 
@@ -285,11 +287,12 @@ def _warm_order(ranked, knob_bound, best):
     enums = sorted((x for k, x in first.items() if k[0] <= ENUM_STAGES), key=lambda x: (x[2].num_stages, x[0], x[1]))
     yield from enums
     threshold = best.threshold()
-    memory = {k: knob_bound(x[2], x[3], x[4], enough=threshold, packed=False)
+    memory = {k: knob_bound(x[2], x[3], pricer.pure_part(x[4]), enough=threshold, packed=False)
               for k, x in first.items() if k[0] > ENUM_STAGES}
     longer = sorted((k for k in memory if memory[k] < threshold), key=memory.get)
     head = sorted(longer[:WARM_RERANK],
-                  key=lambda k: knob_bound(*first[k][2:], enough=threshold, packed=1))
+                  key=lambda k: knob_bound(first[k][2], first[k][3], pricer.pure_part(first[k][4]),
+                                           enough=threshold, packed=1))
     yield from (first[k] for k in head + longer[WARM_RERANK:])
     seen = {id(x) for x in first.values()}
     yield from (x for x in ranked if id(x) not in seen)

@@ -2,9 +2,11 @@
 
 Stages take their class's nodes in stage order (whole nodes in a class of several nodes,
 consecutive GPU slices of the one node otherwise) and pack their replicas node by node, each
-replica's ``tp`` GPUs inside one node.  Every stage lives in one class, hence one zone; the
-replicas of a stage sit on as few nodes as their TP allows.  This is the packing that
-``classes.ClassInfo.replica_devices`` assumes when the search prices a stage.
+replica's ``tp`` GPUs inside one node.  Every pure stage lives in one class, hence one zone; the
+replicas of a stage sit on as few nodes as their TP allows.  A mixed stage (mixed.py) takes
+its kind a replicas from kind a's class, then kind b's from kind b's, both in one zone.  This
+is the packing that ``classes.ClassInfo.replica_devices`` assumes when the search prices a
+stage.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from planner.plan import Plan
 from planner.plan.model import Objective, PlanInputs, Replica, Stage
 from planner.search.classes import ClassInfo
+from planner.search.mixed import MixedKey, MixedPiece
 from planner.search.space import Knobs, OptionKey, shares
 
 
@@ -22,16 +25,27 @@ def name_stages(classes: list[ClassInfo], knobs: Knobs,
     next_gpu = {c.index: 0 for c in classes}
     stages, first = [], 0
     p = len(layout)
-    for s, (key, nb) in enumerate(layout):
-        info = classes[key.cls]
+
+    def take(cls: int, tp: int, count: int) -> list[tuple[str, ...]]:
+        info = classes[cls]
         if info.shared_node:
-            devs = info.replica_devices(key.tp, key.replicas, first_gpu=next_gpu[key.cls])
-            next_gpu[key.cls] += key.tp * key.replicas
+            devs = info.replica_devices(tp, count, first_gpu=next_gpu[cls])
+            next_gpu[cls] += tp * count
         else:
-            devs = info.replica_devices(key.tp, key.replicas, first_node=next_node[key.cls])
-            next_node[key.cls] += info.units(key.tp, key.replicas)
-        reps = tuple(Replica(gpu_type=info.gpu.name, tp=key.tp, micro_batch_share=q, devices=d)
-                     for q, d in zip(shares(knobs.micro_batch_size, key.replicas), devs))
+            devs = info.replica_devices(tp, count, first_node=next_node[cls])
+            next_node[cls] += info.units(tp, count)
+        return devs
+
+    for s, (key, nb) in enumerate(layout):
+        key = key.key if isinstance(key, MixedPiece) else key
+        if isinstance(key, MixedKey):
+            reps = tuple(Replica(gpu_type=classes[k.cls].gpu.name, tp=k.tp, micro_batch_share=k.share, devices=d)
+                         for k in key.kinds for d in take(k.cls, k.tp, k.replicas))
+        else:
+            info = classes[key.cls]
+            devs = take(key.cls, key.tp, key.replicas)
+            reps = tuple(Replica(gpu_type=info.gpu.name, tp=key.tp, micro_batch_share=q, devices=d)
+                         for q, d in zip(shares(knobs.micro_batch_size, key.replicas), devs))
         stages.append(Stage(index=s, blocks=(first, first + nb), embedding=s == 0, head=s == p - 1,
                             replicas=reps))
         first += nb

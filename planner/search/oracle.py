@@ -1,7 +1,8 @@
 """Brute-force oracle: every plan of the declared space, each priced by ``planner.cost.evaluate``.
 
 For small cases only (tests).  It shares with the solver the *definition* of the space
-(knob tuples, TP degrees, replica counts, the unit rules of node classes, device naming) but
+(knob tuples, TP degrees, replica counts, mixed stages' kinds and shares, the unit rules of
+node classes, device naming) but
 none of its pricing or optimisation: every layout is built as a Plan and evaluated whole.
 """
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from planner.cost import evaluate, topology_for
 from planner.search.classes import class_infos
+from planner.search.mixed import MixedKey, mixed_keys
 from planner.search.naming import build_plan
 from planner.search.objectives import ObjectiveSpec, parse_objective
 from planner.search.space import OptionKey, enumerate_knobs, replica_counts, tp_degrees
@@ -38,6 +40,13 @@ def _stage_keys(model, training, classes, B):
     return keys
 
 
+def _units(classes, key) -> list[tuple[int, int]]:
+    """(class, units) a stage option takes: one class, or a mixed stage's two."""
+    if isinstance(key, MixedKey):
+        return [(k.cls, classes[k.cls].units(k.tp, k.replicas)) for k in key.kinds]
+    return [(key.cls, classes[key.cls].units(key.tp, key.replicas))]
+
+
 def _compositions(total: int, parts: int, step: int):
     """Block counts per stage, each a positive multiple of ``step``, summing to ``total``."""
     units = total // step
@@ -57,13 +66,16 @@ def oracle(cluster, model, training, objective: str | ObjectiveSpec = "throughpu
         keys = _stage_keys(model, training, classes, knobs.micro_batch_size)
         if launcher:
             keys = [k for k in keys if knobs.micro_batch_size % k.replicas == 0]
+        elif training.mixed_stages:
+            keys += mixed_keys(model, training, classes, knobs.micro_batch_size, tp_degrees)
         p = knobs.num_stages
         for combo in itertools.product(keys, repeat=p):
             if launcher and len({(k.tp, k.replicas) for k in combo}) > 1:
                 continue
             used = [0] * len(classes)
             for k in combo:
-                used[k.cls] += classes[k.cls].units(k.tp, k.replicas)
+                for c, u in _units(classes, k):
+                    used[c] += u
             if any(u > c.capacity_units for u, c in zip(used, classes)):
                 continue
             for blocks in _compositions(model.num_layers, p, knobs.block_unit):

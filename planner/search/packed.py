@@ -218,19 +218,49 @@ class PackedBound:
         boundary's busiest point carries at least one transfer and, on the option's side,
         its largest share ceil(B / n) of sequences (``L0 + ceil(B / n) X``, the sender's
         line), and across a capped zone link no less than the whole micro-batch
-        (``shared_link``); the least over the (class, TP) partners in ``keys``."""
+        (``shared_link``); the least over the partners in ``keys`` (``partner_sends``)."""
         B = knobs.micro_batch_size
-        groups = sorted({(k.cls, k.tp) for k in keys})
-        index = {g: i for i, g in enumerate(groups)}
-        L0, X, shared = self.pricer.group_lines(ctx, B, groups)                  # [sender, receiver]
-        g = np.array([index[(k.cls, k.tp)] for k in keys])
+        ps = partner_sends(self.pricer, ctx, B, keys)
+        t = ps.type_of
         share = np.array([-(-B // k.replicas) for k in keys], dtype=float)[:, None]
-        out = np.maximum(L0[g] + share * X[g], shared[g])                         # [K, partner]
-        inn = np.maximum(L0[:, g].T + share * X[:, g].T, shared[:, g].T)
-        crossing = np.array([c for c, _ in groups])[None, :] != np.array([k.cls for k in keys])[:, None]
+        out = np.maximum(ps.L0[t] + share * ps.X[t], ps.shared[t])                # [K, partner type]
+        inn = np.maximum(ps.L0[:, t].T + share * ps.X[:, t].T, ps.shared[:, t].T)
+        crossing = ps.cls[None, :] != np.array([k.cls for k in keys])[:, None]
         send_out = np.stack([np.where(crossing, math.inf, out).min(axis=1), np.where(crossing, out, math.inf).min(axis=1)])
         send_in = np.stack([np.where(crossing, math.inf, inn).min(axis=1), np.where(crossing, inn, math.inf).min(axis=1)])
         return send_out, send_in
+
+
+@dataclass
+class PartnerSends:
+    """Send lines between the partner types of a key list: [T, T] each, from type to type."""
+    L0: np.ndarray
+    X: np.ndarray
+    shared: np.ndarray
+    cls: np.ndarray             # [T] the class a type counts in (a stand-in's: its primary's)
+    type_of: np.ndarray         # [K] each key's type
+
+
+def partner_sends(pricer, ctx, B: int, keys: list) -> PartnerSends:
+    """A partner type is a key's (send groups, class): one (class, TP) for an option, two for
+    a mixed stage's stand-in (mixed.StandIn), whose transfers take either kind's paths.  The
+    lines between two types are the least over their group pairs, L0 and X apart (a replica's
+    transfers to two kinds sum to at least the least L0 plus its sequences at the least X),
+    which for single groups is just the pair's line."""
+    types = list(dict.fromkeys((k.send_groups, k.cls) for k in keys))
+    groups = sorted({g for gs, _ in types for g in gs})
+    index = {g: i for i, g in enumerate(groups)}
+    L0, X, shared = pricer.group_lines(ctx, B, groups)                          # [sender, receiver]
+    width = max(len(gs) for gs, _ in types)
+    gi = np.array([[index[gs[min(i, len(gs) - 1)]] for i in range(width)] for gs, _ in types])   # [T, width]
+    a, b = gi[:, :, None, None], gi[None, None, :, :]
+
+    def least(m: np.ndarray) -> np.ndarray:
+        return m[a, b].min(axis=(1, 3)) if width > 1 else m[gi[:, 0][:, None], gi[:, 0][None, :]]
+
+    pos = {t: i for i, t in enumerate(types)}
+    return PartnerSends(least(L0), least(X), least(shared), np.array([c for _, c in types]),
+                        np.array([pos[(k.send_groups, k.cls)] for k in keys]))
 
 
 class _Packing:
@@ -241,6 +271,7 @@ class _Packing:
                  deadline: float = math.inf):
         self.lp, self.p, self.L, self.caps = lp, knobs.num_stages, L, caps
         self.units, self.cls = arrays.units, arrays.cls
+        self.extra = arrays.extra if arrays.extra.any() else None
         self.G, self.first, self.mid, self.last = tables
         self.U_pos, self.t, self.cross = U_pos, t, cross
         self._lp_model = None
@@ -333,7 +364,8 @@ class _Packing:
         t = self.t
         kinds = self._kinds()
         icpt = t.r_icpt[:, kinds] if self.cross is None else self.r_var[kinds].transpose(1, 2, 0)
-        return (self._most_at_positions(M), t.r_slope, icpt, self.units, self.cls, self.caps, self.L, self.cross)
+        return (self._most_at_positions(M), t.r_slope, icpt, self.units, self.cls, self.caps, self.L, self.cross,
+                self.extra)
 
     def _model(self) -> PositionModel | None:
         """The LP over every column the largest bottleneck allows (built once per packing:
@@ -341,7 +373,7 @@ class _Packing:
         if self._lp_model is None:
             most, _, icpt, *_ = self._fill_args(self.hi)
             self._lp_model = self.lp.model(most, self.units, self.cls, self.caps, self.cross, self.t.r_slope,
-                                           icpt) or False
+                                           icpt, self.extra) or False
         return self._lp_model or None
 
     def fill(self, M: float, args: tuple | None = None) -> float:

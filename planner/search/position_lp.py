@@ -67,23 +67,26 @@ class PositionLP:
 
     def model(self, most: np.ndarray, units: np.ndarray, cls: np.ndarray, capacity: list[int],
               cross: Cross | None = None, slope: np.ndarray | None = None,
-              icpt: np.ndarray | None = None) -> PositionModel | None:
+              icpt: np.ndarray | None = None, extra: np.ndarray | None = None) -> PositionModel | None:
         """The LP over every column ``most`` allows (None when some position has none): its
-        calls may then allow fewer, and HiGHS starts from the last basis."""
-        return PositionModel.build(self, most, units, cls, capacity, cross, slope, icpt)
+        calls may then allow fewer, and HiGHS starts from the last basis.  ``extra`` [K,
+        classes]: units an option also takes of other classes (a mixed stage's stand-in)."""
+        return PositionModel.build(self, most, units, cls, capacity, cross, slope, icpt, extra)
 
     def most_blocks(self, most: np.ndarray, units: np.ndarray, cls: np.ndarray, capacity: list[int],
-                    cross: Cross | None = None) -> float:
-        model = self.model(most, units, cls, capacity, cross)
+                    cross: Cross | None = None, extra: np.ndarray | None = None) -> float:
+        model = self.model(most, units, cls, capacity, cross, extra=extra)
         return -math.inf if model is None else model.most_blocks(most)
 
     def least_fill(self, most: np.ndarray, slope: np.ndarray, icpt: np.ndarray, units: np.ndarray,
-                   cls: np.ndarray, capacity: list[int], L: int, cross: Cross | None = None) -> float:
-        model = self.model(most, units, cls, capacity, cross, slope, icpt)
+                   cls: np.ndarray, capacity: list[int], L: int, cross: Cross | None = None,
+                   extra: np.ndarray | None = None) -> float:
+        model = self.model(most, units, cls, capacity, cross, slope, icpt, extra)
         return math.inf if model is None else model.least_fill(most, L)
 
     def fill_dual_bound(self, most: np.ndarray, slope: np.ndarray, icpt: np.ndarray, units: np.ndarray,
-                        cls: np.ndarray, capacity: list[int], L: int, cross: Cross | None = None) -> float:
+                        cls: np.ndarray, capacity: list[int], L: int, cross: Cross | None = None,
+                        extra: np.ndarray | None = None) -> float:
         """A lower bound on ``least_fill`` without an LP: its Lagrangian dual at the prices of
         the last LP solved (a block's price lam, each class's unit price mu >= 0; the
         crossing rows priced at 0, i.e. dropped, which only lowers it),
@@ -107,7 +110,8 @@ class PositionLP:
             for sign in (1.0, -1.0):
                 mu = np.array([max(0.0, sign * mu0.get(int(c), 0.0)) for c in range(len(capacity))])
                 per = (slope[:, None] - lam)[None]
-                col = icpt3 + (mu[cls] * units)[None, :, None] + np.minimum(per, per * most3)
+                used = mu[cls] * units + (0.0 if extra is None else extra @ mu)
+                col = icpt3 + used[None, :, None] + np.minimum(per, per * most3)
                 col = np.where(ok, col, math.inf)
                 value = lam * L - float(mu @ np.asarray(capacity, dtype=float)) + float(col.min(axis=(0, 1)).sum())
                 best = max(best, value)
@@ -128,7 +132,7 @@ class PositionModel:
         self._mode = None
 
     @classmethod
-    def build(cls_, lp, most, units, cls, capacity, cross, slope, icpt) -> PositionModel | None:
+    def build(cls_, lp, most, units, cls, capacity, cross, slope, icpt, extra=None) -> PositionModel | None:
         p = most.shape[-1]
         most3 = most.reshape(-1, *most.shape[-2:]).astype(int)
         v, o, s = np.nonzero(most3 >= 1)
@@ -141,7 +145,7 @@ class PositionModel:
         fill_cost = None
         if slope is not None:
             fill_cost = slope[o] * nb + icpt.reshape(-1, *icpt.shape[-2:])[v, o, s]
-        rows, lower, upper, cap_rows = _rows(v, o, s, units, cls, capacity, cross, p)
+        rows, lower, upper, cap_rows = _rows(v, o, s, units, cls, capacity, cross, p, extra)
         rows.append((np.full(len(o), len(lower)), np.arange(len(o)), nb))      # the blocks row, last
         lower.append(-math.inf)
         upper.append(math.inf)
@@ -226,9 +230,11 @@ class PositionModel:
         self.lp.loaded, self._mode, self._allowed = self, None, np.ones(n, dtype=bool)
 
 
-def _rows(v, o, s, units, cls, capacity, cross: Cross | None, p: int) -> tuple:
+def _rows(v, o, s, units, cls, capacity, cross: Cross | None, p: int, extra=None) -> tuple:
     """One column per position, the classes' capacities, and with ``cross`` the crossing rows
-    (module docstring): (row, column, value) triples, row bounds, each class's capacity row."""
+    (module docstring): (row, column, value) triples, row bounds, each class's capacity row.
+    ``extra``: units columns also take of other classes (into those classes' rows; a class
+    only reached that way has no stage of its own, so no crossing rows of its own)."""
     n = len(o)
     j = np.arange(n)
     rows, lower, upper = [(s, j, np.ones(n))], [1.0] * p, [1.0] * p
@@ -240,6 +246,16 @@ def _rows(v, o, s, units, cls, capacity, cross: Cross | None, p: int) -> tuple:
         rows.append((np.full(mine.sum(), len(lower)), j[mine], units[o][mine].astype(float)))
         lower.append(-math.inf)
         upper.append(float(capacity[c]))
+    if extra is not None:
+        for c in np.flatnonzero(extra[o].any(axis=0)):
+            c = int(c)
+            if c not in cap_rows:
+                cap_rows[c] = len(lower)
+                lower.append(-math.inf)
+                upper.append(float(capacity[c]))
+            mine = extra[o, c] > 0
+            rows.append((np.full(mine.sum(), cap_rows[c]), j[mine], extra[o, c][mine]))
+    primary = sorted({int(x) for x in klass})
     if cross is None:
         return rows, lower, upper, cap_rows
     out_x = np.array([x[0] for x in VARIANTS])[v] == 1
@@ -248,7 +264,7 @@ def _rows(v, o, s, units, cls, capacity, cross: Cross | None, p: int) -> tuple:
     def add(mask: np.ndarray, sign: float, row: int) -> None:
         rows.append((np.full(mask.sum(), row), j[mask], np.full(mask.sum(), sign)))
 
-    for c in cap_rows:                          # every class of the plan holds a stage
+    for c in primary:                           # every class of the plan holds a stage
         add(klass == c, 1.0, len(lower))
         lower.append(1.0)
         upper.append(math.inf)
@@ -261,7 +277,7 @@ def _rows(v, o, s, units, cls, capacity, cross: Cross | None, p: int) -> tuple:
         add((s == b) & in_x, -1.0, len(lower))
         lower.append(0.0)
         upper.append(0.0)
-        for c in cap_rows:
+        for c in primary:
             # a side that does not cross has its own class on the other side
             for here, side, there in ((a, ~out_x, b), (b, ~in_x, a)):
                 add((s == here) & side & (klass == c), 1.0, len(lower))

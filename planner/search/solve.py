@@ -330,13 +330,17 @@ def usable_keys(pricer: Pricer, knobs, launcher: str | None, spec: ObjectiveSpec
     """The tuple's options less those no plan of the search can use: with a launcher, replica
     counts that do not split B evenly (its layouts have equal shares); under a budget, options
     whose own rent is over it (a one-node class is rented whole by any plan on it).  Without
-    the latter, a class the budget cannot rent kept the bounds low and the gap open."""
+    the latter, a class the budget cannot rent kept the bounds low and the gap open.  Mixed
+    stages (``training.mixed_stages``) come as their stand-ins (mixed.StandIn), never with a
+    launcher (its layouts are uniform)."""
     keys = pricer.option_keys(knobs)
     if launcher:
         keys = [k for k in keys if knobs.micro_batch_size % k.replicas == 0]
+    else:
+        keys = [*keys, *pricer.stand_ins(knobs)]
     if spec.budget_usd_per_hour is not None:
         cap = spec.budget_usd_per_hour * (1 + 1e-12)
-        keys = [k for k in keys if pricer.classes[k.cls].least_rent(k.tp, k.replicas) <= cap]
+        keys = [k for k in keys if k.full_least_rent(pricer.classes) <= cap]
     return keys
 
 

@@ -31,6 +31,8 @@ from planner.cost import (
 )
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row, Term
+from planner.search.mixed import MixedKey, MixedPiece, StandIn, mixed_keys, mixed_options
+from planner.search.mixed import send_table as mixed_send_table
 from planner.search.pieces import _busiest_points, _max_units, replica_counts, shares  # noqa: F401
 
 INTERLEAVE_V = 2            # virtual stages tried for interleaved-1f1b
@@ -64,6 +66,26 @@ class OptionKey:
     cls: int
     tp: int
     replicas: int
+
+    @property
+    def send_groups(self) -> tuple[tuple[int, int], ...]:
+        """The (class, TP) pairs whose paths its sends take (mixed.StandIn: two)."""
+        return ((self.cls, self.tp),)
+
+    def units_in(self, classes) -> int:
+        return classes[self.cls].units(self.tp, self.replicas)
+
+    def extra_units_in(self, classes) -> tuple[tuple[int, int], ...]:
+        """(class, units) it also takes from other classes: none (mixed.StandIn: one)."""
+        return ()
+
+    def rent_share_in(self, classes) -> float:
+        return classes[self.cls].rent_share(self.tp, self.replicas)
+
+    def least_rent_in(self, classes) -> float:
+        return classes[self.cls].least_rent(self.tp, self.replicas)
+
+    full_least_rent = least_rent_in
 
 
 def tp_degrees(model, info: ClassInfo, max_tp: int) -> list[int]:
@@ -152,6 +174,9 @@ class Pricer:
         self._syncs: dict = {}
         self._memory: dict = {}
         self._contexts: dict = {}       # id -> context: kept alive, so cache keys by id stay unique
+        self._mixed_sends: dict = {}
+        self._stand_ins: dict = {}
+        self._pure: dict = {}
 
     def cache_id(self, ctx) -> int:
         """The context's id for cache keys; the pricer holds the context so the id is not reused."""
@@ -162,6 +187,27 @@ class Pricer:
         if hit is None:
             hit = self._keys[knobs.micro_batch_size] = self._option_keys(knobs)
         return hit
+
+    def stand_ins(self, knobs: Knobs) -> list[StandIn]:
+        """The mixed stages of the tuple's B (``training.mixed_stages``), as the bounds see
+        them (mixed.StandIn); pricing turns them back into mixed core options."""
+        if not self.training.mixed_stages:
+            return []
+        hit = self._stand_ins.get(knobs.micro_batch_size)
+        if hit is None:
+            hit = self._stand_ins[knobs.micro_batch_size] = [
+                StandIn(k) for k in mixed_keys(self.model, self.training, self.classes, knobs.micro_batch_size,
+                                               tp_degrees)]
+        return hit
+
+    def pure_part(self, keys: list) -> list[OptionKey]:
+        """``keys`` without the mixed stages' stand-ins, one list per list (the bounds cache
+        by the list's id)."""
+        hit = self._pure.get(id(keys))
+        if hit is None or hit[0] is not keys:
+            pure = [k for k in keys if isinstance(k, OptionKey)]
+            hit = self._pure[id(keys)] = (keys, keys if len(pure) == len(keys) else pure)
+        return hit[1]
 
     def _option_keys(self, knobs: Knobs) -> list[OptionKey]:
         allowed_q = set(self.training.micro_batch_sizes or ())
@@ -182,6 +228,16 @@ class Pricer:
             info = self.classes[key.cls]
             devs = tuple(r[0] for r in info.replica_devices(key.tp, key.replicas))
             hit = self._rings[key] = self.topo.ring(devs, concurrent_rings=key.tp)
+        return hit
+
+    def mixed_ring(self, key):
+        """The gradient ring of a mixed stage (mixed.py): kind a's replicas, then kind b's,
+        each packed from its class's first node, at the smaller TP."""
+        hit = self._rings.get(key)
+        if hit is None:
+            devs = tuple(r[0] for k in key.kinds
+                         for r in self.classes[k.cls].replica_devices(k.tp, k.replicas))
+            hit = self._rings[key] = self.topo.ring(devs, concurrent_rings=key.min_tp)
         return hit
 
     def send_path(self, a: OptionKey, b: OptionKey):
@@ -205,11 +261,14 @@ class Pricer:
         return hit
 
     def price(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey] | None = None,
-              sends: bool = True) -> CoreProblem:
-        """The tuple's CoreProblem on ``keys``; ``sends=False``: without the pipeline sends
-        (no boundary table, rows without send terms): a relaxation, whose optimum bounds the
-        tuple's from below (sends are >= 0 with non-negative coefficients)."""
+              sends: bool = True, mixed: list | None = None) -> CoreProblem:
+        """The tuple's CoreProblem on ``keys`` and the mixed stages ``mixed`` (mixed.py);
+        ``sends=False``: without the pipeline sends (no boundary table, rows without send
+        terms): a relaxation, whose optimum bounds the tuple's from below (sends are >= 0 with
+        non-negative coefficients)."""
         keys = self.option_keys(knobs) if keys is None else keys
+        mixed = list(dict.fromkeys([*(mixed or ()), *(_mixed_of(k) for k in keys if not isinstance(k, OptionKey))]))
+        keys = [k for k in keys if isinstance(k, OptionKey)]
         p, _m, _B = knobs.num_stages, knobs.num_micro_batches, knobs.micro_batch_size
         unit = knobs.block_unit
         L_units = self.model.num_layers // unit
@@ -218,6 +277,8 @@ class Pricer:
             opt = self._option(ctx, knobs, key, unit, L_units)
             if opt is not None:
                 options.append(opt)
+        for key in mixed or ():
+            options.extend(mixed_options(self, ctx, knobs, key, unit, L_units))
         boundary = self._boundary(ctx, knobs, options) if p > 1 and options and sends else None
         rows, terms = pipeline_rows(knobs)
         if not sends:
@@ -234,26 +295,57 @@ class Pricer:
         """Forward/backward and optimizer time as lines in the block count: the middle-stage
         slopes and each position's intercept.  Forward and backward do not read the ZeRO stage,
         the optimizer step neither the recompute nor B (planner.cost.compute): cached apart, so
-        the knob tuples of one search share the work."""
-        B = knobs.micro_batch_size
-        info = self.classes[key.cls]
-        gpu, intra, t, n = info.gpu, info.node_class.intra_Bps, key.tp, key.replicas
-        fk = (ctx.recompute, B, key, unit)
+        the knob tuples of one search share the work.  A mixed stage's stand-in (mixed.py):
+        the least of its two kinds' lines, quantity by quantity."""
+        if isinstance(key, StandIn):
+            return self._stand_in_lines(ctx, knobs, key, unit)
+        share = -(-knobs.micro_batch_size // key.replicas)
+        shard = key.replicas if knobs.zero_stage >= 1 else 1
+        return (self.kind_lines(ctx, key.cls, key.tp, share, unit),
+                self.optimizer_lines(ctx, key.cls, key.tp, shard, unit))
+
+    def _stand_in_lines(self, ctx, knobs, key: StandIn, unit: int):
+        """A mixed stage runs its slowest kind's forward and backward (by their total), so
+        either kind's total is at most the stage's at every block count: where the schedule
+        reads only the total (1F1B, interleaved), the lines of the kind slower in the middle of
+        the block range; GPipe reads forward and backward apart: their least, quantity by
+        quantity.  The optimizer step is the slower kind's: the least of the two is below it."""
+        shard = key.replicas if knobs.zero_stage >= 1 else 1
+        kinds = key.key.kinds
+        fb = [self.kind_lines(ctx, k.cls, k.tp, k.share, unit) for k in kinds]
+        opt = [self.optimizer_lines(ctx, k.cls, k.tp, shard, unit) for k in kinds]
+        least_opt = (min(opt[0][0], opt[1][0]), np.minimum(opt[0][1], opt[1][1]))
+        if knobs.schedule == "gpipe":
+            return (min(fb[0][0], fb[1][0]), min(fb[0][1], fb[1][1]), np.minimum(fb[0][2], fb[1][2])), least_opt
+        mid = max(1, self.model.num_layers // unit // max(1, knobs.num_stages) // 2)
+        total = [(f[0] + f[1]) * mid + f[2][0].sum() for f in fb]
+        return fb[int(total[1] > total[0])], least_opt
+
+    def kind_lines(self, ctx, cls: int, tp: int, share: int, unit: int):
+        """(forward slope, backward slope, [positions, 2] intercepts) of a replica of ``tp``
+        GPUs of class ``cls`` on ``share`` sequences, per unit of blocks."""
+        fk = (ctx.recompute, cls, tp, share, unit)
         fb = self._fb.get(fk)
         if fb is None:
-            share = -(-B // n)
-            at = [replica_compute(ctx, gpu, intra, t, share, unit, emb, head) for emb, head in POSITIONS]
-            r2 = replica_compute(ctx, gpu, intra, t, share, 2 * unit, False, False)
+            info = self.classes[cls]
+            gpu, intra = info.gpu, info.node_class.intra_Bps
+            at = [replica_compute(ctx, gpu, intra, tp, share, unit, emb, head) for emb, head in POSITIONS]
+            r2 = replica_compute(ctx, gpu, intra, tp, share, 2 * unit, False, False)
             sf, sb = r2.total_forward_s - at[0].total_forward_s, r2.total_backward_s - at[0].total_backward_s
             fb = self._fb[fk] = (sf, sb, np.array([(r.total_forward_s - sf, r.total_backward_s - sb) for r in at]))
-        ok = (knobs.zero_stage >= 1, key, unit)
+        return fb
+
+    def optimizer_lines(self, ctx, cls: int, tp: int, shard: int, unit: int):
+        """(slope, [positions] intercepts) of the optimizer step over a stage's parameters
+        sharded ``shard`` ways (ZeRO-1) on ``tp`` GPUs of class ``cls``."""
+        ok = (shard, cls, tp, unit)
         opt = self._opt.get(ok)
         if opt is None:
-            shard = n if knobs.zero_stage >= 1 else 1
-            at = [optimizer_time_s(ctx, gpu, stage_params(ctx, unit, emb, head) / t / shard) for emb, head in POSITIONS]
-            so = optimizer_time_s(ctx, gpu, stage_params(ctx, 2 * unit, False, False) / t / shard) - at[0]
+            gpu = self.classes[cls].gpu
+            at = [optimizer_time_s(ctx, gpu, stage_params(ctx, unit, emb, head) / tp / shard) for emb, head in POSITIONS]
+            so = optimizer_time_s(ctx, gpu, stage_params(ctx, 2 * unit, False, False) / tp / shard) - at[0]
             opt = self._opt[ok] = (so, np.array(at) - so)
-        return fb, opt
+        return opt
 
     def sync_lines(self, ctx, key: OptionKey, unit: int) -> tuple[float, np.ndarray]:
         """The stage's gradient sync (``dp_sync_time_s``) as a line in the block count: the
@@ -263,7 +355,7 @@ class Pricer:
         hit = self._syncs.get(ck)
         if hit is None:
             info = self.classes[key.cls]
-            if key.replicas <= 1:
+            if key.replicas <= 1 or isinstance(key, StandIn):   # a stand-in's sync: 0 (mixed.py)
                 hit = (0.0, np.zeros(len(POSITIONS)))
             else:
                 ring = self.ring(key)
@@ -323,7 +415,8 @@ class Pricer:
         bound reads memory without pricing the timings."""
         info = self.classes[key.cls]
         gpu, t, n = info.gpu, key.tp, key.replicas
-        share = -(-knobs.micro_batch_size // n)
+        # a stand-in (mixed.py): its primary kind's replica, ZeRO-sharded over the whole stage
+        share = key.primary.share if isinstance(key, StandIn) else -(-knobs.micro_batch_size // n)
         # the memory reads the replicas only through ZeRO's optimizer shards: options of any
         # micro-batch size with the same share of it have the same model
         ck = (self.cache_id(ctx), gpu.name, t, share, n if ctx.zero_stage >= 1 else 0, unit, emb, head)
@@ -381,7 +474,10 @@ class Pricer:
         ``max(c L0 + k X)`` over the boundary's busiest points (c transfers, k sequences), with
         the path's (L0, X) per (class, TP) pair and the points per replica-count pair, so the
         K x K table is filled by numpy, not a K^2 Python loop."""
-        return self._send_table(ctx, knobs.micro_batch_size, [o.label for o in options])[None]
+        labels = [o.label for o in options]
+        if any(isinstance(lab, MixedPiece) for lab in labels):
+            return mixed_send_table(self, ctx, knobs.micro_batch_size, labels)[None]
+        return self._send_table(ctx, knobs.micro_batch_size, labels)[None]
 
     def _send_table(self, ctx, B: int, labels: list[OptionKey]) -> np.ndarray:
         groups = list(dict.fromkeys((k.cls, k.tp) for k in labels))
@@ -427,6 +523,11 @@ class Pricer:
             X = t2 - t1
             hit = self._sends[ck] = (t1 - X, X)
         return hit
+
+
+def _mixed_of(key) -> MixedKey:
+    """The mixed key behind a stand-in, a core option's label or the key itself."""
+    return key if isinstance(key, MixedKey) else key.key
 
 
 @lru_cache(maxsize=256)

@@ -30,6 +30,9 @@ class Training(BaseModel):
         default=None, description="per-replica micro-batch sizes to try; default powers of two")
     max_stages: PositiveInt | None = None
     sequence_parallel: bool = Field(default=True, description="use sequence parallelism when tp > 1")
+    mixed_stages: bool = Field(
+        default=False, description="also search stages whose replicas mix two node classes of one zone "
+        "(GPU type and TP per kind, uneven micro-batch shares); slower to prove on clusters of such zones")
 
     @model_validator(mode="after")
     def _non_empty(self):

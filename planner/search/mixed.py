@@ -1,0 +1,337 @@
+"""Mixed stages: one stage whose replicas come from two node classes of one zone, each class
+with its own TP degree and its own micro-batch share (docs/search-space.md, "Mixed stages").
+
+A mixed stage holds ``n_a`` replicas of kind a (class, tp, share ``s_a``) and ``n_b`` of kind b,
+with ``n_a s_a + n_b s_b = B``.  Its forward and backward are its slowest replica's (by total
+time, ties to kind a, which naming lists first, as ``planner.cost.evaluate`` reads them); the
+slowest kind can change with the block count, so one mixed key becomes one core option per
+block range where the slowest kind (and the optimizer's slowest kind) stays the same
+(``CoreOption.min_blocks`` / ``max_blocks`` per position).  Its gradient sync is one ring over
+all replicas at the smaller TP; its optimizer step the slower kind's; every replica must fit in
+memory with its own share.
+
+The declared mixed stages (``mixed_keys``): two classes of one zone, any TP degree each; per
+kind 1, 2, 4, ... whole nodes (GPU slices of a one-node class); and for each pair of replica
+counts the splits of B nearest, from each side, to the kinds' ratio of peak FLOP/s (tp x GPU
+peak), so a fast kind takes more sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.cost import (
+    dp_sync_time_s,
+    in_flight_micro_batches,
+    optimizer_time_s,
+    replica_compute,
+    replica_memory_bytes,
+    stage_params,
+)
+from planner.search.core import CoreOption
+from planner.search.pieces import _max_units
+
+
+@dataclass(frozen=True)
+class Kind:
+    """``replicas`` replicas of ``tp`` GPUs of class ``cls``, ``share`` sequences each."""
+    cls: int
+    tp: int
+    replicas: int
+    share: int
+
+
+@dataclass(frozen=True)
+class MixedKey:
+    a: Kind             # listed first in the plan (its GPU prices the ring, it wins ties)
+    b: Kind
+
+    @property
+    def kinds(self) -> tuple[Kind, Kind]:
+        return (self.a, self.b)
+
+    @property
+    def cls(self) -> int:
+        return self.a.cls
+
+    @property
+    def replicas(self) -> int:
+        return self.a.replicas + self.b.replicas
+
+    @property
+    def min_tp(self) -> int:
+        return min(self.a.tp, self.b.tp)
+
+    def describe(self, classes) -> str:
+        return " + ".join(f"{k.replicas}x{classes[k.cls].gpu.name} tp{k.tp} share {k.share}" for k in self.kinds)
+
+
+@dataclass(frozen=True)
+class MixedPiece:
+    """A core option's label: the mixed key over one block range (``piece`` numbers them)."""
+    key: MixedKey
+    piece: int
+
+    @property
+    def cls(self) -> int:
+        return self.key.cls
+
+
+def _splits(B: int, na: int, nb: int, ratio: float) -> list[tuple[int, int]]:
+    """Shares (s_a, s_b) >= 1 with na s_a + nb s_b = B nearest to s_a / s_b = ratio from below
+    and from above (one when it is exact)."""
+    sols = [((B - nb * sb) // na, sb) for sb in range(1, B // nb + 1)
+            if B - nb * sb >= na and (B - nb * sb) % na == 0]
+    below = [s for s in sols if s[0] <= ratio * s[1]]
+    above = [s for s in sols if s[0] >= ratio * s[1]]
+    out = []
+    if below:
+        out.append(max(below, key=lambda s: s[0] / s[1]))
+    if above:
+        out.append(min(above, key=lambda s: s[0] / s[1]))
+    return list(dict.fromkeys(out))
+
+
+def kind_counts(info, tp: int, most: int) -> list[int]:
+    """The declared replica counts of one kind: whole nodes in a class of several nodes (a
+    stage holds its nodes whole, so a part-filled node only idles GPUs), 1, 2, 4, 8, ... nodes
+    (or GPU slices of a one-node class); at most ``most``."""
+    per_node = info.gpus_per_node // tp
+    step, limit = (1, per_node) if info.shared_node else (per_node, info.node_class.count)
+    out, u = [], 1
+    while u <= limit and u * step <= most:
+        out.append(u * step)
+        u *= 2
+    return out
+
+
+def mixed_keys(model, training, classes, B: int, tp_degrees) -> list[MixedKey]:
+    """The declared mixed stages for a micro-batch of B sequences (the search and the oracle
+    share this definition).  ``tp_degrees(model, info, max_tp)`` as in space.py."""
+    allowed_q = set(training.micro_batch_sizes or ())
+    out = []
+    for ia in classes:
+        for ib in classes:
+            if ib.index <= ia.index or ib.zone != ia.zone:
+                continue
+            for ta in tp_degrees(model, ia, training.max_tp):
+                for tb in tp_degrees(model, ib, training.max_tp):
+                    ratio = (ia.gpu.peak_flops * ta) / (ib.gpu.peak_flops * tb)
+                    for na in kind_counts(ia, ta, B - 1):
+                        for nb in kind_counts(ib, tb, B - na):
+                            for sa, sb in _splits(B, na, nb, ratio):
+                                if allowed_q and (sa not in allowed_q or sb not in allowed_q):
+                                    continue
+                                out.append(MixedKey(Kind(ia.index, ta, na, sa), Kind(ib.index, tb, nb, sb)))
+    return out
+
+
+def stage_shares(key) -> list[int]:
+    """Per replica of a mixed stage, in plan order: kind a's, then kind b's."""
+    return [key.a.share] * key.a.replicas + [key.b.share] * key.b.replicas
+
+
+def mixed_options(pricer, ctx, knobs, key: MixedKey, unit: int, L_units: int) -> list[CoreOption]:
+    """The core options of ``key`` in this knob tuple: one per block range over which the
+    slowest kind (compute; optimizer step) is the same at every stage position."""
+    p = knobs.num_stages
+    classes = pricer.classes
+    infos = [classes[k.cls] for k in key.kinds]
+    n = key.replicas
+    shard = n if knobs.zero_stage >= 1 else 1
+    nbs = np.arange(1, L_units + 1)
+    ring = pricer.mixed_ring(key) if n > 1 else None
+    per_position = {}
+    for s in range(p):
+        emb, head = s == 0, s == p - 1
+        if (emb, head) in per_position:
+            continue
+        rts = [[replica_compute(ctx, info.gpu, info.node_class.intra_Bps, k.tp, k.share, int(u) * unit, emb, head)
+                for u in nbs] for k, info in zip(key.kinds, infos)]
+        totals = np.array([[r.total_s for r in row] for row in rts])
+        slow = np.where(totals[1] > totals[0], 1, 0)
+        params = [stage_params(ctx, int(u) * unit, emb, head) for u in nbs]
+        opts = np.array([[optimizer_time_s(ctx, info.gpu, q / k.tp / shard) for q in params]
+                         for k, info in zip(key.kinds, infos)])
+        opt_slow = np.where(opts[1] > opts[0], 1, 0)
+        dp = np.array([dp_sync_time_s(ctx, q, n, key.min_tp, ring.bandwidth_Bps, ring.latency_s, ring.kind,
+                                      infos[0].gpu) if ring else 0.0 for q in params])
+        per_position[emb, head] = (rts, slow, opt_slow, opts, dp)
+    # block ranges with one (slowest kind, optimizer's kind) per position
+    ranges: dict[tuple[int, int], list] = {}
+    for s in range(p):
+        _, slow, opt_slow, _, _ = per_position[s == 0, s == p - 1]
+        tag = slow * 2 + opt_slow
+        start = 0
+        for i in range(1, L_units + 1):
+            if i == L_units or tag[i] != tag[start]:
+                ranges.setdefault((s, int(tag[start])), []).append((start + 1, i))
+                start = i
+    pieces = sorted({(t, j) for (s, t), rs in ranges.items() for j in range(len(rs))})
+    out = []
+    for t, j in pieces:
+        opt = _piece(ctx, knobs, key, infos, per_position, ranges, t, j, unit, L_units, shard)
+        if opt is not None:
+            opt.label = MixedPiece(key, len(out))
+            out.append(opt)
+    return out
+
+
+def _piece(ctx, knobs, key, infos, per_position, ranges, tag, j, unit, L_units, shard):
+    from planner.search.space import exposed_sync_parts
+    p, m, v = knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages
+    slow_kind, opt_kind = tag // 2, tag % 2
+    slope = None
+    fixed, lo_b, hi_b = [], [], []
+    for s in range(p):
+        emb, head = s == 0, s == p - 1
+        rs = ranges.get((s, tag), [])
+        if j >= len(rs):
+            fixed.append(None), lo_b.append(0), hi_b.append(0)
+            continue
+        lo, hi = rs[j]
+        rts, _, _, opts, dp = per_position[emb, head]
+        fwd = np.array([r.total_forward_s for r in rts[slow_kind]])
+        bwd = np.array([r.total_backward_s for r in rts[slow_kind]])
+        rsync, ag = exposed_sync_parts(ctx, dp, fwd, bwd)
+        q = np.stack([fwd, bwd, rsync, opts[opt_kind], ag], axis=1)        # [L_units, 5]
+        # every per-stage quantity is affine in the block count: take the line from the
+        # whole curve (two points), the range only selects where it applies
+        sl = q[1] - q[0] if L_units >= 2 else np.zeros(5)
+        fx = q[0] - sl
+        if slope is None:
+            slope = tuple(float(x) for x in sl)
+        fixed.append(tuple(float(x) for x in fx))
+        f = in_flight_micro_batches(knobs.schedule, p, s, m, v)
+        cap = L_units
+        for k, info in zip(key.kinds, infos):
+            cap = min(cap, _kind_units(ctx, info, k, key.replicas, unit, emb, head, f, L_units))
+        lo_b.append(lo)
+        hi_b.append(min(hi, cap))
+        if hi_b[-1] < lo:
+            fixed[-1] = None
+    if slope is None or not any(fx is not None for fx in fixed):
+        return None
+    a, b = infos
+    return CoreOption(resource=key.a.cls, units=a.units(key.a.tp, key.a.replicas),
+                      extra_uses=((key.b.cls, b.units(key.b.tp, key.b.replicas)),),
+                      slope=slope, fixed=fixed, max_blocks=hi_b, min_blocks=lo_b,
+                      price_usd_per_hour=a.option_price(key.a.tp, key.a.replicas)
+                      + b.option_price(key.b.tp, key.b.replicas))
+
+
+def _kind_units(ctx, info, kind: Kind, n: int, unit: int, emb: bool, head: bool, f: float, L_units: int) -> int:
+    """Most block units a replica of ``kind`` fits with ``f`` micro-batches in flight."""
+    def mem(u: int) -> float:
+        return replica_memory_bytes(ctx, info.gpu, kind.tp, kind.share, u * unit, emb, head, n, f)
+    base = mem(1)
+    per_u = mem(2) - base
+    return _max_units(info.gpu.memory_bytes, base - per_u, per_u, False, mem, L_units)
+
+
+def replica_groups(label, B: int) -> list[tuple[tuple[int, int], int]]:
+    """Per replica of a stage option, in plan order: its (class, tp) and its share."""
+    from planner.search.pieces import shares
+    key = label.key if isinstance(label, MixedPiece) else label
+    if isinstance(key, MixedKey):
+        return [((k.cls, k.tp), k.share) for k in key.kinds for _ in range(k.replicas)]
+    return [((key.cls, key.tp), q) for q in shares(B, key.replicas)]
+
+
+def send_table(pricer, ctx, B: int, labels: list) -> np.ndarray:
+    """[K, K] send time between adjacent stages for every option pair, as evaluate prices a
+    boundary: the busiest replica's transfers (comm.boundary_bytes with each side's shares,
+    the path of each replica pair's classes and TPs), at least the shared-link floor."""
+    from planner.cost.comm import boundary_bytes, boundary_time_s
+    pure = [i for i, lab in enumerate(labels) if not isinstance(lab, MixedPiece)]
+    K = len(labels)
+    T = np.zeros((K, K))
+    if pure:
+        T[np.ix_(pure, pure)] = pricer._send_table(ctx, B, [labels[i] for i in pure])
+    if len(pure) == K:
+        return T
+    keys = [lab.key if isinstance(lab, MixedPiece) else lab for lab in labels]
+    reps = {}
+    for k in keys:
+        if k not in reps:
+            reps[k] = replica_groups(k, B)
+    cache = pricer._mixed_sends
+    cid = pricer.cache_id(ctx)
+    for i, ka in enumerate(keys):
+        for j, kb in enumerate(keys):
+            if not (isinstance(ka, MixedKey) or isinstance(kb, MixedKey)):
+                continue
+            ck = (cid, B, ka, kb)
+            t = cache.get(ck)
+            if t is None:
+                ra, rb = reps[ka], reps[kb]
+                times = []
+                for x, y, nbytes in boundary_bytes([q for _, q in ra], [q for _, q in rb], 1.0):
+                    L0, X = pricer.send_line(ctx, _one(ra[x][0]), _one(rb[y][0]))
+                    times.append((x, y, L0 + nbytes * X))
+                t = max(boundary_time_s(times), pricer.shared_link(ctx, B, ra[0][0], rb[0][0]))
+                cache[ck] = t
+            T[i, j] = t
+    return T
+
+
+def _one(group: tuple[int, int]):
+    from planner.search.space import OptionKey
+    return OptionKey(group[0], group[1], 1)
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """A mixed key as the knob bounds see it (bound.py, packed.py, floors.py): an option of
+    its primary kind's class that takes only that kind's units and rents only its nodes,
+    whose lines are the two kinds' lines' per-quantity least, with no gradient sync, the
+    primary kind's memory, and sends priced over both kinds' paths.  Each is at most what
+    the mixed stage has, so any plan with mixed stages maps to a plan over stand-ins that
+    every bound level bounds from below; a stage of two classes counted in one only lowers
+    what the per-class capacities and rents say.  ``replicas`` is the whole stage's: no
+    share is below ``ceil(B / replicas)``, which is all the send floors read of it."""
+    key: MixedKey
+
+    @property
+    def primary(self) -> Kind:
+        a, b = self.key.kinds
+        return b if b.replicas * b.share > a.replicas * a.share else a
+
+    @property
+    def cls(self) -> int:
+        return self.primary.cls
+
+    @property
+    def tp(self) -> int:
+        return self.primary.tp
+
+    @property
+    def replicas(self) -> int:
+        return self.key.replicas
+
+    @property
+    def send_groups(self) -> tuple[tuple[int, int], ...]:
+        return tuple(dict.fromkeys((k.cls, k.tp) for k in self.key.kinds))
+
+    def units_in(self, classes) -> int:
+        k = self.primary
+        return classes[k.cls].units(k.tp, k.replicas)
+
+    def extra_units_in(self, classes) -> tuple[tuple[int, int], ...]:
+        """The other kind's units: the position LPs (packed.py) charge them to its class."""
+        k = self.key.b if self.primary is self.key.a else self.key.a
+        return ((k.cls, classes[k.cls].units(k.tp, k.replicas)),)
+
+    def rent_share_in(self, classes) -> float:
+        k = self.primary
+        return classes[k.cls].rent_share(k.tp, k.replicas)
+
+    def least_rent_in(self, classes) -> float:
+        k = self.primary
+        return classes[k.cls].least_rent(k.tp, k.replicas)
+
+    def full_least_rent(self, classes) -> float:
+        """What any plan with this stage rents at least (the budget filter): both kinds'."""
+        return sum(classes[k.cls].least_rent(k.tp, k.replicas) for k in self.key.kinds)

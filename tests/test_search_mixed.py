@@ -1,0 +1,179 @@
+"""Mixed stages (planner/search/mixed.py): two node classes of one zone in one stage, each
+kind with its own TP and share.  Their pricing must be evaluate's, their stand-ins must keep
+every knob bound below the tuple's optimum, and the search must find the oracle's optimum
+over the space that holds them."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+from test_oracle import case_pricer, check_case, make_case
+
+from planner.cost import evaluate
+from planner.plan.model import Objective
+from planner.search.core.brute import assignments, solve_brute
+from planner.search.incumbent import layout
+from planner.search.mixed import MixedKey, MixedPiece, _splits, mixed_keys
+from planner.search.naming import build_plan
+from planner.search.space import enumerate_knobs, make_context, tp_degrees
+
+
+def mixed_case(seed: int):
+    """The oracle's case of ``seed`` with mixed stages on; None when it has none (no two
+    classes share a zone)."""
+    cluster, model, training = make_case(seed)
+    training = training.model_copy(update={"mixed_stages": True})
+    classes, _ = case_pricer(cluster, model, training)
+    if not any(mixed_keys(model, training, classes, B, tp_degrees) for B in (2, 4, 8)):
+        return None
+    return cluster, model, training
+
+
+MIXED_SEEDS = [s for s in range(40) if mixed_case(s) is not None]
+
+
+def test_declared_shares_sum_to_the_micro_batch_nearest_the_ratio():
+    for B, na, nb in itertools.product(range(2, 33), range(1, 9), range(1, 9)):
+        for ratio in (0.3, 1.0, 2.5):
+            got = _splits(B, na, nb, ratio)
+            sols = [(sa, sb) for sb in range(1, B) for sa in range(1, B) if na * sa + nb * sb == B]
+            assert all(s in sols for s in got)
+            assert bool(got) == bool(sols)
+            below = [s for s in sols if s[0] <= ratio * s[1]]
+            if below:       # the nearest from below is there
+                assert max(s[0] / s[1] for s in below) in [s[0] / s[1] for s in got]
+
+
+def test_mixed_keys_pair_classes_of_one_zone_on_whole_nodes():
+    seen = 0
+    for seed in MIXED_SEEDS:
+        cluster, model, training = mixed_case(seed)
+        classes, _ = case_pricer(cluster, model, training)
+        for B in (2, 4, 8):
+            for key in mixed_keys(model, training, classes, B, tp_degrees):
+                a, b = (classes[k.cls] for k in key.kinds)
+                assert a.zone == b.zone and a.index < b.index
+                assert key.a.replicas * key.a.share + key.b.replicas * key.b.share == B
+                for k in key.kinds:
+                    info = classes[k.cls]
+                    if not info.shared_node:     # whole nodes of a class of several
+                        assert k.replicas % (info.gpus_per_node // k.tp) == 0
+                seen += 1
+    assert seen >= 50
+
+
+def test_mixed_options_price_as_evaluate():
+    """Every assignment with a mixed stage: the core objective is evaluate's iteration time of
+    the plan naming builds (slowest replica per block range, the ring over both kinds, the
+    sends by each side's shares), and the plan fits in memory."""
+    checked = mixed_won = 0
+    for seed in MIXED_SEEDS[:12]:
+        cluster, model, training = mixed_case(seed)
+        classes, pricer = case_pricer(cluster, model, training)
+        rng = random.Random(seed)
+        tuples = enumerate_knobs(model, training, classes)
+        for knobs in rng.sample(tuples, min(10, len(tuples))):
+            ctx = make_context(model, training, knobs)
+            prob = pricer.price(knobs, ctx, [*pricer.option_keys(knobs), *pricer.stand_ins(knobs)])
+            mixed = {i for i, o in enumerate(prob.options) if isinstance(o.label, MixedPiece)}
+            with_mixed = [a for a in itertools.islice(assignments(prob), 20000) if any(o in mixed for o, _ in a)]
+            for a in rng.sample(with_mixed, min(8, len(with_mixed))):
+                plan = build_plan(cluster, model, training, classes, knobs, layout(prob, a, knobs),
+                                  Objective(kind="throughput"))
+                ev = evaluate(cluster, plan, model=model)
+                assert ev.fits, (seed, knobs.label(), a)
+                assert math.isclose(prob.objective(a), ev.iteration_time_s, rel_tol=1e-9), (seed, knobs.label(), a)
+                assert math.isclose(prob.price(a), ev.nodes_usd_per_hour or 0.0, rel_tol=1e-9, abs_tol=1e-9)
+                checked += 1
+            best = solve_brute(prob)[0]
+            mixed_won += best.ok and any(o in mixed for o, _ in best.assign)
+    assert checked >= 150 and mixed_won >= 5, (checked, mixed_won)
+
+
+def test_knob_bounds_with_stand_ins_hold():
+    """Every level of the knob bound over options and mixed stages' stand-ins stays at most
+    the tuple's optimum over options and mixed stages (brute force); and over the stand-ins
+    alone at most the optimum of the plans whose every stage is mixed, where nothing else
+    can hold the bound down."""
+    from planner.search.bound import KnobBound
+    checked = alone = tight = 0
+    for seed in MIXED_SEEDS[:16]:
+        cluster, model, training = mixed_case(seed)
+        classes, pricer = case_pricer(cluster, model, training)
+        knob_bound = KnobBound(pricer)
+        tuples = enumerate_knobs(model, training, classes)
+        for knobs in random.Random(seed).sample(tuples, min(10, len(tuples))):
+            ctx = make_context(model, training, knobs)
+            stand_ins = pricer.stand_ins(knobs)
+            for keys in ([*pricer.option_keys(knobs), *stand_ins], stand_ins):
+                if not keys:
+                    continue
+                best = solve_brute(pricer.price(knobs, ctx, keys))[0]
+                if not best.ok:
+                    continue
+                bounds = [knob_bound(knobs, ctx, keys, memory=False),
+                          *(knob_bound(knobs, ctx, keys, packed=level) for level in range(3)),
+                          knob_bound(knobs, ctx, keys, enough=best.objective * 0.98),
+                          knob_bound(knobs, ctx, keys, enough=best.objective * 1.02)]
+                assert max(bounds) <= best.objective * (1 + 1e-9), (seed, knobs.label(), bounds, best.objective)
+                checked += 1
+                alone += keys is stand_ins
+                tight += keys is stand_ins and max(bounds) >= 0.9 * best.objective
+    assert checked >= 100 and alone >= 40 and tight >= alone // 3, (checked, alone, tight)
+
+
+@pytest.mark.parametrize("seed", MIXED_SEEDS)
+def test_solver_equals_oracle_with_mixed_stages(seed):
+    check_case(*mixed_case(seed))
+
+
+def test_mixed_stages_win_some_oracle_cases():
+    """Not vacuous: in some cases the oracle's best plan has a stage of two kinds."""
+    from planner.search.oracle import oracle
+    won = 0
+    for seed in MIXED_SEEDS[:14]:
+        ref = oracle(*mixed_case(seed))
+        won += ref.plan is not None and any(len({(r.gpu_type, r.tp) for r in st.replicas}) > 1
+                                            for st in ref.plan.stages)
+    assert won >= 2, won
+
+
+@pytest.mark.parametrize("seed", MIXED_SEEDS[:6])
+def test_cost_objectives_equal_oracle_with_mixed_stages(seed):
+    """USD per token, throughput under a budget and USD/hour above a tokens/s floor: the
+    cost walk (per_tuple.py) and the floors (floors.py) over stand-ins."""
+    from planner.errors import InfeasibleError
+    from planner.search import solve
+    from planner.search.objectives import ObjectiveSpec
+    from planner.search.oracle import oracle
+    cluster, model, training = mixed_case(seed)
+    check_case(cluster, model, training, objective="cost")
+    fast = oracle(cluster, model, training)
+    if fast.value is None:
+        return
+    budget = ObjectiveSpec("throughput-under-budget", budget_usd_per_hour=0.6 * fast.evaluation.nodes_usd_per_hour)
+    ref = oracle(cluster, model, training, objective=budget)
+    try:
+        res = solve(cluster, model, training, objective=budget, time_limit_s=60)
+        assert ref.value is not None
+        assert math.isclose(res.evaluation.iteration_time_s, ref.value, rel_tol=1e-9)
+    except InfeasibleError:
+        assert ref.value is None
+    floor = ObjectiveSpec("cost-above-floor", min_tokens_per_s=0.5 * fast.evaluation.tokens_per_s)
+    ref = oracle(cluster, model, training, objective=floor)
+    res = solve(cluster, model, training, objective=floor, time_limit_s=60)
+    assert math.isclose(res.evaluation.nodes_usd_per_hour, ref.value, rel_tol=1e-9)
+
+
+def test_mixed_key_is_one_stage_of_two_kinds_in_the_plan():
+    cluster, model, training = mixed_case(MIXED_SEEDS[0])
+    classes, pricer = case_pricer(cluster, model, training)
+    knobs = next(k for k in enumerate_knobs(model, training, classes) if pricer.stand_ins(k) and k.num_stages == 1)
+    key: MixedKey = pricer.stand_ins(knobs)[0].key
+    plan = build_plan(cluster, model, training, classes, knobs, [(key, model.num_layers)], Objective(kind="throughput"))
+    st = plan.stages[0]
+    assert [r.micro_batch_share for r in st.replicas] == [key.a.share] * key.a.replicas + [key.b.share] * key.b.replicas
+    assert {r.gpu_type for r in st.replicas} == {classes[k.cls].gpu.name for k in key.kinds}
