@@ -51,6 +51,17 @@ class _Arrays(NamedTuple):
     extra: np.ndarray       # [K, classes] units of other classes (a mixed stage's stand-in)
 
 
+def _both_classes(vals, U, units, cls, extra):
+    """``max_row_bound`` 's per-option arrays (slopes, U [K, 1], None, units, classes) with a
+    mixed stage's stand-in at its blocks per unit of all its units and also listed under its
+    other class: its blocks then count against both classes' capacities (a plan's blocks are
+    at most each class's capacity times the best blocks per unit of any option on it)."""
+    total = units + extra.sum(axis=1)
+    rows, other = np.nonzero(extra)
+    return (np.concatenate([vals, vals[rows]]), np.concatenate([U, U[rows]])[:, None], None,
+            np.concatenate([total, total[rows]]), np.concatenate([cls, other]))
+
+
 class KnobBound:
     """Knob-tuple bounds over one Pricer's options; caches per (context, B, options), so the
     knob tuples of one search that differ only in p, m or the schedule share the work."""
@@ -298,8 +309,8 @@ class KnobBound:
             m_cap = 0.0
             if t.kind == "max" and memory and base.a_min > 0:
                 vals = (arrays.slopes @ np.array(row.stage, dtype=float))[usable]
-                m_cap = max_row_bound(L, vals, U[usable][:, None], None, units[usable], cls[usable], capacity,
-                                      [L], rel_tol=1e-5)
+                m_cap = max_row_bound(L, *_both_classes(vals, U[usable], units[usable], cls[usable],
+                                                        arrays.extra[usable]), capacity, [L], rel_tol=1e-5)
             parts.append(replace(base, kind=t.kind, row=t.row, weight=t.weight, m_cap=m_cap))
         return parts, U
 
@@ -318,9 +329,12 @@ class KnobBound:
         speed, rates = 0.0, None
         uu, cc, nn = U[usable], cls[usable], units[usable]
         if a_min > 0:
-            ratio = 1.0 / (vals * nn)
-            for c in np.unique(cc):
-                speed += capacity[int(c)] * float(ratio[cc == c].max())
+            # a stand-in's rate spread over all its units, counted in both its classes: the
+            # classes' capacities times their best rates still cap the stages' total rate
+            extra = arrays.extra[usable]
+            ratio = 1.0 / (vals * (nn + extra.sum(axis=1)))
+            for c in np.unique(np.concatenate([cc, np.flatnonzero(extra.any(axis=0))])):
+                speed += capacity[int(c)] * float(ratio[(cc == c) | (extra[:, c] > 0)].max())
         if a_min > 0 and memory:
             # at most p whole options, not the classes' capacity at their best rates
             rates = most_speed(1.0 / vals, nn, cc, capacity, most_p)
