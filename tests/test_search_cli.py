@@ -276,3 +276,30 @@ def test_a_sequence_longer_than_the_model_takes_is_warned_about(capsys):
     assert "at most 2048 tokens; planning for 4096" in capsys.readouterr().err
     assert main(BASE + ["--quiet"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_mixed_stages_give_a_stage_of_two_gpu_types_that_evaluate_reproduces(tmp_path, capsys):
+    """tiny-mixed: one node of A100s and one of V100s in one zone.  With --mixed-stages the
+    best plan runs both in one stage, the A100s on the larger share; it is written, passes
+    the schema, and evaluate reproduces it.  Without the flag the plan is pure and slower."""
+    base = ["plan", "cluster_specs/tiny-mixed.yaml", "--model", "opt-350m", "--global-batch-size", "32",
+            "--seq-len", "1024", "--precision", "fp16", "--time-limit", "60", "--json"]
+    assert main(base) == 0
+    pure = Plan.from_json(json.loads(capsys.readouterr().out))
+    out = tmp_path / "mixed.json"
+    assert main([*base, "--mixed-stages", "-o", str(out)]) == 0
+    capsys.readouterr()
+    plan = Plan.from_json(json.loads(out.read_text()))
+    assert plan.solver.status == "optimal"
+    mixed = [st for st in plan.stages if len({r.gpu_type for r in st.replicas}) == 2]
+    assert mixed
+    share = {r.gpu_type: r.micro_batch_share for r in mixed[0].replicas}
+    assert share["A100-SXM4-80GB"] > share["V100-SXM2-32GB"]
+    assert plan.predicted.tokens_per_s > pure.predicted.tokens_per_s
+    ev = evaluate(load_cluster("cluster_specs/tiny-mixed.yaml"), plan)
+    assert ev.iteration_time_s == plan.predicted.iteration_time_s
+
+
+def test_mixed_stages_contradict_a_uniform_launcher(capsys):
+    assert main(BASE + ["--mixed-stages", "--launcher", "megatron"]) == 2
+    assert "--mixed-stages contradicts --launcher megatron" in capsys.readouterr().err

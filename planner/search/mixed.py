@@ -128,11 +128,6 @@ def mixed_keys(model, training, classes, B: int, tp_degrees) -> list[MixedKey]:
     return out
 
 
-def stage_shares(key) -> list[int]:
-    """Per replica of a mixed stage, in plan order: kind a's, then kind b's."""
-    return [key.a.share] * key.a.replicas + [key.b.share] * key.b.replicas
-
-
 def mixed_options(pricer, ctx, knobs, key: MixedKey, unit: int, L_units: int) -> list[CoreOption]:
     """The core options of ``key`` in this knob tuple: one per block range over which the
     slowest kind (compute; optimizer step) is the same at every stage position."""
@@ -141,24 +136,17 @@ def mixed_options(pricer, ctx, knobs, key: MixedKey, unit: int, L_units: int) ->
     infos = [classes[k.cls] for k in key.kinds]
     n = key.replicas
     shard = n if knobs.zero_stage >= 1 else 1
-    nbs = np.arange(1, L_units + 1)
-    ring = pricer.mixed_ring(key) if n > 1 else None
     per_position = {}
     for s in range(p):
         emb, head = s == 0, s == p - 1
         if (emb, head) in per_position:
             continue
-        rts = [[replica_compute(ctx, info.gpu, info.node_class.intra_Bps, k.tp, k.share, int(u) * unit, emb, head)
-                for u in nbs] for k, info in zip(key.kinds, infos)]
-        totals = np.array([[r.total_s for r in row] for row in rts])
-        slow = np.where(totals[1] > totals[0], 1, 0)
-        params = [stage_params(ctx, int(u) * unit, emb, head) for u in nbs]
-        opts = np.array([[optimizer_time_s(ctx, info.gpu, q / k.tp / shard) for q in params]
-                         for k, info in zip(key.kinds, infos)])
-        opt_slow = np.where(opts[1] > opts[0], 1, 0)
-        dp = np.array([dp_sync_time_s(ctx, q, n, key.min_tp, ring.bandwidth_Bps, ring.latency_s, ring.kind,
-                                      infos[0].gpu) if ring else 0.0 for q in params])
-        per_position[emb, head] = (rts, slow, opt_slow, opts, dp)
+        ck = (pricer.cache_id(ctx), key, unit, L_units, emb, head)
+        hit = pricer._mixed_positions.get(ck)
+        if hit is None:
+            hit = pricer._mixed_positions[ck] = _position_curves(ctx, key, infos, unit, L_units, emb, head, shard,
+                                                                 pricer.mixed_ring(key) if n > 1 else None)
+        per_position[emb, head] = hit
     # block ranges with one (slowest kind, optimizer's kind) per position
     ranges: dict[tuple[int, int], list] = {}
     for s in range(p):
@@ -177,6 +165,24 @@ def mixed_options(pricer, ctx, knobs, key: MixedKey, unit: int, L_units: int) ->
             opt.label = MixedPiece(key, len(out))
             out.append(opt)
     return out
+
+
+def _position_curves(ctx, key, infos, unit, L_units, emb, head, shard, ring):
+    """At every block count of one stage position: each kind's replica timings, which kind
+    is slowest (compute; the optimizer step), the kinds' optimizer steps and the ring's sync."""
+    nbs = range(1, L_units + 1)
+    n = key.replicas
+    rts = [[replica_compute(ctx, info.gpu, info.node_class.intra_Bps, k.tp, k.share, u * unit, emb, head)
+            for u in nbs] for k, info in zip(key.kinds, infos)]
+    totals = np.array([[r.total_s for r in row] for row in rts])
+    slow = np.where(totals[1] > totals[0], 1, 0)      # evaluate: ties to the replica listed first
+    params = [stage_params(ctx, u * unit, emb, head) for u in nbs]
+    opts = np.array([[optimizer_time_s(ctx, info.gpu, q / k.tp / shard) for q in params]
+                     for k, info in zip(key.kinds, infos)])
+    opt_slow = np.where(opts[1] > opts[0], 1, 0)
+    dp = np.array([dp_sync_time_s(ctx, q, n, key.min_tp, ring.bandwidth_Bps, ring.latency_s, ring.kind,
+                                  infos[0].gpu) if ring else 0.0 for q in params])
+    return rts, slow, opt_slow, opts, dp
 
 
 def _piece(ctx, knobs, key, infos, per_position, ranges, tag, j, unit, L_units, shard):
@@ -229,57 +235,6 @@ def _kind_units(ctx, info, kind: Kind, n: int, unit: int, emb: bool, head: bool,
     base = mem(1)
     per_u = mem(2) - base
     return _max_units(info.gpu.memory_bytes, base - per_u, per_u, False, mem, L_units)
-
-
-def replica_groups(label, B: int) -> list[tuple[tuple[int, int], int]]:
-    """Per replica of a stage option, in plan order: its (class, tp) and its share."""
-    from planner.search.pieces import shares
-    key = label.key if isinstance(label, MixedPiece) else label
-    if isinstance(key, MixedKey):
-        return [((k.cls, k.tp), k.share) for k in key.kinds for _ in range(k.replicas)]
-    return [((key.cls, key.tp), q) for q in shares(B, key.replicas)]
-
-
-def send_table(pricer, ctx, B: int, labels: list) -> np.ndarray:
-    """[K, K] send time between adjacent stages for every option pair, as evaluate prices a
-    boundary: the busiest replica's transfers (comm.boundary_bytes with each side's shares,
-    the path of each replica pair's classes and TPs), at least the shared-link floor."""
-    from planner.cost.comm import boundary_bytes, boundary_time_s
-    pure = [i for i, lab in enumerate(labels) if not isinstance(lab, MixedPiece)]
-    K = len(labels)
-    T = np.zeros((K, K))
-    if pure:
-        T[np.ix_(pure, pure)] = pricer._send_table(ctx, B, [labels[i] for i in pure])
-    if len(pure) == K:
-        return T
-    keys = [lab.key if isinstance(lab, MixedPiece) else lab for lab in labels]
-    reps = {}
-    for k in keys:
-        if k not in reps:
-            reps[k] = replica_groups(k, B)
-    cache = pricer._mixed_sends
-    cid = pricer.cache_id(ctx)
-    for i, ka in enumerate(keys):
-        for j, kb in enumerate(keys):
-            if not (isinstance(ka, MixedKey) or isinstance(kb, MixedKey)):
-                continue
-            ck = (cid, B, ka, kb)
-            t = cache.get(ck)
-            if t is None:
-                ra, rb = reps[ka], reps[kb]
-                times = []
-                for x, y, nbytes in boundary_bytes([q for _, q in ra], [q for _, q in rb], 1.0):
-                    L0, X = pricer.send_line(ctx, _one(ra[x][0]), _one(rb[y][0]))
-                    times.append((x, y, L0 + nbytes * X))
-                t = max(boundary_time_s(times), pricer.shared_link(ctx, B, ra[0][0], rb[0][0]))
-                cache[ck] = t
-            T[i, j] = t
-    return T
-
-
-def _one(group: tuple[int, int]):
-    from planner.search.space import OptionKey
-    return OptionKey(group[0], group[1], 1)
 
 
 @dataclass(frozen=True)

@@ -286,8 +286,7 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
     wall = time.monotonic() - t0
     report_fields = {
         "method": "milp", "status": status, "objective": value, "bound": bound if bound is not None else (value if complete else None),
-        "gap": gap, "wall_s": wall, "space": SPACE + (f"; launcher {launcher}: same tp and replicas per stage, "
-                                              "equal shares" if launcher else ""),
+        "gap": gap, "wall_s": wall, "space": _space(training, launcher),
         "candidates": stats["solved"] + stats["pruned"], "knob_tuples": stats["knobs"],
         "knob_tuples_solved": stats["solved"], "knob_tuples_pruned": stats["pruned"],
         "knob_tuples_infeasible": stats["empty"], "knob_tuples_unexplored": stats["unexplored"],
@@ -316,6 +315,16 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
         idle.append(f"{c.num_gpus} GPUs of {c.name} idle: {c.gpu.name} has no bf16; train with "
                     "--precision fp16 to use them")
     return SearchResult(plans=final, evaluations=evals, report=report, idle=idle)
+
+
+def _space(training, launcher: str | None) -> str:
+    """The searched space, as the plan's solver report states it."""
+    if launcher:
+        return SPACE + f"; launcher {launcher}: same tp and replicas per stage, equal shares"
+    if training.mixed_stages:
+        return SPACE + ("; also mixed stages: two node classes of one zone, a TP degree and 1, 2, 4, ... "
+                        "whole nodes (GPU slices of a one-node class) each, shares split by peak FLOP/s")
+    return SPACE
 
 
 def _enough_on(spec: ObjectiveSpec, floors: TupleFloors, cut: float, tokens: float) -> float:

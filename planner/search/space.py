@@ -32,7 +32,7 @@ from planner.cost import (
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row, Term
 from planner.search.mixed import MixedKey, MixedPiece, StandIn, mixed_keys, mixed_options
-from planner.search.mixed import send_table as mixed_send_table
+from planner.search.mixed_sends import send_table as mixed_send_table
 from planner.search.pieces import _busiest_points, _max_units, replica_counts, shares  # noqa: F401
 
 INTERLEAVE_V = 2            # virtual stages tried for interleaved-1f1b
@@ -175,6 +175,7 @@ class Pricer:
         self._memory: dict = {}
         self._contexts: dict = {}       # id -> context: kept alive, so cache keys by id stay unique
         self._mixed_sends: dict = {}
+        self._mixed_positions: dict = {}
         self._stand_ins: dict = {}
         self._pure: dict = {}
 
