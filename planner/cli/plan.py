@@ -42,6 +42,11 @@ def _training(training_path, global_batch_size, seq_len, precision):
     return validate_model(Training, document_from_data(flags, file="--global-batch-size/--seq-len"))
 
 
+def _uneven(stage) -> bool:
+    shares = [r.micro_batch_share for r in stage.replicas]
+    return max(shares) - min(shares) > 1
+
+
 def _stage_rows(plan) -> Table:
     t = Table(title="Stages", title_justify="left")
     for col in ("stage", "blocks", "GPUs", "replicas", "tp", "shares", "devices"):
@@ -112,9 +117,12 @@ def _summary(out, result) -> None:
                     "per stage: replicas x tp GPU, blocks"):
             t.add_column(col, justify="right", no_wrap=not col.startswith("per stage"))
         for i, (p, e) in enumerate(zip(result.plans, result.evaluations)):
+            # a kind's share only where the shares differ by more than one (mixed stages)
             per_stage = " | ".join(
-                "+".join(f"{n}x{tp} {gpu.split('-')[0]}" for (tp, gpu), n in
-                         Counter((r.tp, r.gpu_type) for r in st.replicas).items())
+                "+".join(f"{n}x{tp} {gpu.split('-')[0]}" + ("" if q is None else f" s{q}")
+                         for (tp, gpu, q), n in
+                         Counter((r.tp, r.gpu_type, r.micro_batch_share if _uneven(st) else None)
+                                 for r in st.replicas).items())
                 + f" {st.blocks[0]}-{st.blocks[1]}" for st in p.stages)
             t.add_row(str(i + 1), f"{e.tokens_per_s:,.0f}", "-" if e.usd_per_hour is None else f"{e.usd_per_hour:,.2f}",
                       str(p.num_stages), p.schedule, f"{p.micro_batch_size}x{p.num_micro_batches}",
