@@ -10,6 +10,8 @@ import math
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_oracle import case_pricer, check_case, make_case
 
 from planner.cost import evaluate
@@ -130,14 +132,22 @@ def test_solver_equals_oracle_with_mixed_stages(seed):
     check_case(*mixed_case(seed))
 
 
+@given(st.integers(1000, 10**6))
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_solver_equals_oracle_with_mixed_stages_hypothesis(seed):
+    cluster, model, training = make_case(seed, max_plans=800)
+    training = training.model_copy(update={"mixed_stages": True})
+    check_case(cluster, model, training)
+
+
 def test_mixed_stages_win_some_oracle_cases():
     """Not vacuous: in some cases the oracle's best plan has a stage of two kinds."""
     from planner.search.oracle import oracle
     won = 0
     for seed in MIXED_SEEDS[:14]:
         ref = oracle(*mixed_case(seed))
-        won += ref.plan is not None and any(len({(r.gpu_type, r.tp) for r in st.replicas}) > 1
-                                            for st in ref.plan.stages)
+        won += ref.plan is not None and any(len({(r.gpu_type, r.tp) for r in stage.replicas}) > 1
+                                            for stage in ref.plan.stages)
     assert won >= 2, won
 
 
@@ -174,6 +184,6 @@ def test_mixed_key_is_one_stage_of_two_kinds_in_the_plan():
     knobs = next(k for k in enumerate_knobs(model, training, classes) if pricer.stand_ins(k) and k.num_stages == 1)
     key: MixedKey = pricer.stand_ins(knobs)[0].key
     plan = build_plan(cluster, model, training, classes, knobs, [(key, model.num_layers)], Objective(kind="throughput"))
-    st = plan.stages[0]
-    assert [r.micro_batch_share for r in st.replicas] == [key.a.share] * key.a.replicas + [key.b.share] * key.b.replicas
-    assert {r.gpu_type for r in st.replicas} == {classes[k.cls].gpu.name for k in key.kinds}
+    stage = plan.stages[0]
+    assert [r.micro_batch_share for r in stage.replicas] == [key.a.share] * key.a.replicas + [key.b.share] * key.b.replicas
+    assert {r.gpu_type for r in stage.replicas} == {classes[k.cls].gpu.name for k in key.kinds}

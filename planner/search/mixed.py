@@ -240,13 +240,16 @@ def _kind_units(ctx, info, kind: Kind, n: int, unit: int, emb: bool, head: bool,
 @dataclass(frozen=True)
 class StandIn:
     """A mixed key as the knob bounds see it (bound.py, packed.py, floors.py): an option of
-    its primary kind's class that takes only that kind's units and rents only its nodes,
-    whose lines are the two kinds' lines' per-quantity least, with no gradient sync, the
-    primary kind's memory, and sends priced over both kinds' paths.  Each is at most what
-    the mixed stage has, so any plan with mixed stages maps to a plan over stand-ins that
-    every bound level bounds from below; a stage of two classes counted in one only lowers
-    what the per-class capacities and rents say.  ``replicas`` is the whole stage's: no
-    share is below ``ceil(B / replicas)``, which is all the send floors read of it."""
+    its primary kind's class (the kind with more sequences) that rents only that kind's
+    nodes, whose lines are at most the stage's (``Pricer._stand_in_lines``), with no
+    gradient sync, the primary kind's memory, and sends priced over both kinds' paths
+    (``packed.partner_sends``).  Each is at most what the mixed stage has, so any plan with
+    mixed stages maps to a plan over stand-ins that every bound level bounds from below.
+    Its other kind's units (``extra_units_in``) are charged to that class where the bounds
+    read capacities as sums (the class speed cap, the max-row bound, the position LPs); the
+    knapsacks of whole options leave them out, which only lowers what they say.
+    ``replicas`` is the whole stage's: no share is below ``ceil(B / replicas)``, which is
+    all the send floors read of it."""
     key: MixedKey
 
     @property
