@@ -28,6 +28,10 @@ WARM_SHARE = 0.5            # of the time left, for the warm start's enumeration
 WARM_MILP_SHARE = 0.3       # of the time left, for its MILPs of longer pipelines
 WARM_TUPLE_SHARE = 0.07     # of the time limit, at most, for one tuple's warm-start MILP
 POLISH_SHARE = 0.02         # of the time limit, at most, for one local search (polish.py)
+# The shares above are of a limit of at most this: a longer limit is time to prove in, not a
+# reason to spend longer on incumbents (lab-mixed's job took 159 s to prove under a 600-s
+# limit against 24 s under 60 s, its warm-start MILPs capped at 42 s each instead of 4.2 s)
+WARM_HORIZON_S = 60.0
 ENUM_STAGES = 2             # pipelines this short are solved by enumeration (core/enum.py)
 RELAX_MAX_VARS = 20_000     # stage x option pairs of a send-free MILP we still build
 
@@ -127,7 +131,7 @@ def relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, s
     stats["relaxed_setup_s"] = max(stats.get("relaxed_setup_s", 0.0), time.monotonic() - started)
     # capped like a warm start: a relaxation that cannot prune in a few seconds rarely does
     # later, and the time is better spent on the next tuples
-    until = min(deadline, time.monotonic() + WARM_TUPLE_SHARE * settings.time_limit_s)
+    until = min(deadline, time.monotonic() + WARM_TUPLE_SHARE * _horizon(settings))
     sol = solver.solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
     stats["relaxed"] = stats.get("relaxed", 0) + 1
     if sol.status == "infeasible":
@@ -152,7 +156,11 @@ def relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, s
     if t < best.threshold():
         best.add(Candidate.of(full, assign, t, knobs, spec))
         polish_into(pricer, knobs, ctx, keys, full, assign, spec, launcher, best,
-                    min(deadline, time.monotonic() + POLISH_SHARE * settings.time_limit_s))
+                    min(deadline, time.monotonic() + POLISH_SHARE * _horizon(settings)))
+
+
+def _horizon(settings) -> float:
+    return min(settings.time_limit_s, WARM_HORIZON_S)
 
 
 def polish_into(pricer, knobs, ctx, keys, prob, assign, spec, launcher, best, deadline) -> None:
@@ -213,9 +221,13 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
     now = time.monotonic()
     # enumerations (one and two stages) up to ``share`` of the time left; the MILPs of longer
     # pipelines up to WARM_MILP_SHARE of it (c: once its 12-stage tuple's plan is polished,
-    # the other stage counts' capped MILPs rarely beat it, and the bounds need the time)
-    stop = now + share * max(0.0, deadline - now)
-    stop_milp = now + min(share, milp_share) * max(0.0, deadline - now)
+    # the other stage counts' capped MILPs rarely beat it, and the bounds need the time); the
+    # first pass plans on at most WARM_HORIZON_S of it, the second (share 1) on all that is left
+    left = max(0.0, deadline - now)
+    if share < 1.0:
+        left = min(left, WARM_HORIZON_S)
+    stop = now + share * left
+    stop_milp = now + min(share, milp_share) * left
     done = set() if done is None else done
     order = _warm_order(ranked, knob_bound, best, pricer)
     found: dict = {}
@@ -247,7 +259,7 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
         if late and not isinstance(solver, enum.CoreEnum):
             break                   # a MILP is not milliseconds
         until = None if late else min(stop_milp if knobs.num_stages > ENUM_STAGES else stop,
-                                      time.monotonic() + WARM_TUPLE_SHARE * settings.time_limit_s)
+                                      time.monotonic() + WARM_TUPLE_SHARE * _horizon(settings))
         sol = solver.solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
         if sol.ok and sol.objective < best.threshold():
             say(f"warm start {knobs.label()}: {sol.objective:.4g} s")
@@ -256,14 +268,14 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
             if not late and knobs.num_stages > ENUM_STAGES:
                 # at once, so that the next MILPs have its cutoff (c: 2.565 s to 2.409 s)
                 polish_into(pricer, knobs, ctx, keys, prob, sol.assign, spec, launcher, best,
-                            min(stop_milp, time.monotonic() + POLISH_SHARE * settings.time_limit_s))
+                            min(stop_milp, time.monotonic() + POLISH_SHARE * _horizon(settings)))
                 polished.add(knobs)
     # the incumbent was found on a few options of its tuple: local search on all of them
     top = best.items[0] if best.items else None
     if top is not None and top.knobs in found and top.knobs not in polished:
         ctx, keys, prob, assign = found[top.knobs]
         polish_into(pricer, top.knobs, ctx, keys, prob, assign, spec, launcher, best,
-                    min(deadline, time.monotonic() + POLISH_SHARE * settings.time_limit_s))
+                    min(deadline, time.monotonic() + POLISH_SHARE * _horizon(settings)))
 
 
 def _warm_order(ranked, knob_bound, best, pricer):
