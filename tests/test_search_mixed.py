@@ -187,3 +187,52 @@ def test_mixed_key_is_one_stage_of_two_kinds_in_the_plan():
     stage = plan.stages[0]
     assert [r.micro_batch_share for r in stage.replicas] == [key.a.share] * key.a.replicas + [key.b.share] * key.b.replicas
     assert {r.gpu_type for r in stage.replicas} == {classes[k.cls].gpu.name for k in key.kinds}
+
+
+def test_a_gpipe_tuple_reads_its_own_stand_in_lines_after_its_1f1b_twin(monkeypatch):
+    """Under 1F1B a stand-in takes one kind's forward and backward (their sum is at most the
+    stage's); GPipe reads them apart, so it needs the least of each.  The knob bound caches
+    the lines per option list: a GPipe tuple bounded after its 1F1B twin must not read the
+    twin's.  Every forward line the GPipe tuple reads stays at most the mixed stage's own."""
+    from planner.search.bound import KnobBound
+    from planner.search.space import Knobs
+    checked = 0
+    for seed in MIXED_SEEDS[:10]:
+        cluster, model, training = mixed_case(seed)
+        training = training.model_copy(update={"schedules": ("1f1b", "gpipe")})
+        classes, pricer = case_pricer(cluster, model, training)
+        for k1 in enumerate_knobs(model, training, classes):
+            if k1.schedule != "1f1b" or k1.num_stages < 2 or not pricer.stand_ins(k1):
+                continue
+            kg = Knobs(k1.micro_batch_size, k1.num_micro_batches, "gpipe", 1, k1.recompute, k1.zero_stage,
+                       k1.num_stages)
+            ctx = make_context(model, training, k1)
+            keys = pricer.stand_ins(k1)
+            bound = KnobBound(pricer)
+            read = {}
+            parts = KnobBound._parts
+
+            def spy(self, knobs, arrays, *args, parts=parts, read=read):
+                read[knobs.schedule] = arrays
+                return parts(self, knobs, arrays, *args)
+
+            monkeypatch.setattr(KnobBound, "_parts", spy)
+            bound(k1, ctx, keys, memory=False)
+            bound(kg, ctx, keys, memory=False)
+            monkeypatch.undo()
+            arrays = read["gpipe"]
+            prob = pricer.price(kg, ctx, keys)
+            for i, stand_in in enumerate(keys):
+                for o in prob.options:
+                    if o.label.key != stand_in.key:
+                        continue
+                    for s in range(kg.num_stages):
+                        if o.fixed[s] is None:
+                            continue
+                        pos = 1 if s == 0 else 2 if s == kg.num_stages - 1 else 0
+                        for nb in range(o.least_blocks(s), o.max_blocks[s] + 1):
+                            line = arrays.slopes[i, 0] * nb + arrays.icpt[i, pos, 0]
+                            assert line <= (o.slope[0] * nb + o.fixed[s][0]) * (1 + 1e-9), (seed, kg.label())
+                            checked += 1
+            break       # one tuple per case
+    assert checked >= 50, checked

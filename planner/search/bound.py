@@ -214,7 +214,10 @@ class KnobBound:
         (``PackedBound``, packed.py)."""
         unit = knobs.block_unit
         L = self.model.num_layers // unit
-        sk = (self.pricer.cache_id(ctx), knobs.micro_batch_size, unit, id(keys), len(keys), memory)
+        # a stand-in's lines depend on whether the schedule reads forward and backward apart
+        # (GPipe: Pricer._stand_in_lines); an option's do not, but the key stays one form
+        sk = (self.pricer.cache_id(ctx), knobs.micro_batch_size, (unit, knobs.schedule == "gpipe"), id(keys),
+              len(keys), memory)
         hit = self._slopes.get(sk) or self._slope_arrays(sk, knobs, ctx, keys, memory)
         if not len(hit.slopes):
             return math.inf
