@@ -302,4 +302,39 @@ def test_mixed_stages_give_a_stage_of_two_gpu_types_that_evaluate_reproduces(tmp
 
 def test_mixed_stages_contradict_a_uniform_launcher(capsys):
     assert main(BASE + ["--mixed-stages", "--launcher", "megatron"]) == 2
-    assert "--mixed-stages contradicts --launcher megatron" in capsys.readouterr().err
+    assert "contradict --launcher megatron" in capsys.readouterr().err
+
+
+def test_a_training_file_with_mixed_stages_contradicts_a_uniform_launcher(tmp_path, capsys):
+    t = tmp_path / "t.yaml"
+    t.write_text("global_batch_size: 4\nseq_len: 256\nmixed_stages: true\n")
+    assert main(["plan", CLUSTER, "--model", "opt-350m", "--training", str(t), "--launcher", "megatron"]) == 2
+    assert "contradict --launcher megatron" in capsys.readouterr().err
+
+
+def test_replan_searches_mixed_stages_again_when_the_plan_did(tmp_path, capsys):
+    """The plan carries ``mixed_stages`` in inputs.training, so replan on the same cluster
+    finds the same mixed plan rather than a slower pure one."""
+    from planner import api
+    cluster = load_cluster("cluster_specs/tiny-mixed.yaml")
+    training = api.Training(global_batch_size=32, seq_len=1024, precision="fp16", mixed_stages=True)
+    old = api.plan(cluster, api.load_model("opt-350m"), training, time_limit_s=60).plan
+    assert old.inputs.training["mixed_stages"] is True
+    new = api.replan(cluster, Plan.from_json(json.loads(old.dumps())), time_limit_s=60).search.plan
+    assert new.predicted.tokens_per_s == old.predicted.tokens_per_s
+
+
+def test_idle_gpus_a_mixed_stage_could_use_are_not_claimed_proved_beyond_the_space():
+    """Without --mixed-stages the proof that idle GPUs do not help holds in the pure space
+    only; where two classes share a zone the message says so."""
+    from planner import api
+    from planner.spec import cluster_from_dict
+    cluster = cluster_from_dict({"name": "t", "nodes": [
+        {"name": "a", "gpu": "A100-SXM4-80GB", "gpus_per_node": 4, "network_bandwidth": "100 Gbit/s"},
+        {"name": "v", "gpu": "V100-SXM2-32GB", "gpus_per_node": 1, "network_bandwidth": "10 Gbit/s"}]})
+    model = api.load_model("opt-350m")
+    for mixed in (False, True):
+        res = api.plan(cluster, model, api.Training(global_batch_size=16, seq_len=1024, precision="fp16",
+                                                    mixed_stages=mixed), time_limit_s=30)
+        assert res.report.status == "optimal" and len(res.idle) == 1
+        assert ("--mixed-stages also searches" in res.idle[0]) is not mixed

@@ -43,8 +43,9 @@ def _training(training_path, global_batch_size, seq_len, precision):
 
 
 def _uneven(stage) -> bool:
+    """A stage whose shares are not the even split: of two kinds, or differing by more than one."""
     shares = [r.micro_batch_share for r in stage.replicas]
-    return max(shares) - min(shares) > 1
+    return len({(r.gpu_type, r.tp) for r in stage.replicas}) > 1 or max(shares) - min(shares) > 1
 
 
 def _stage_rows(plan) -> Table:
@@ -52,16 +53,17 @@ def _stage_rows(plan) -> Table:
     for col in ("stage", "blocks", "GPUs", "replicas", "tp", "shares", "devices"):
         t.add_column(col, justify="right" if col not in ("GPUs", "devices") else "left")
     for st in plan.stages:
-        kinds: dict[tuple, int] = {}
+        kinds: dict[tuple, list[int]] = {}        # per (GPU, tp), its replicas' shares
         for r in st.replicas:
-            kinds[(r.gpu_type, r.tp)] = kinds.get((r.gpu_type, r.tp), 0) + 1
-        gpus = ", ".join(f"{n}x{tp} {g}" for (g, tp), n in kinds.items())
-        shares = sorted({r.micro_batch_share for r in st.replicas}, reverse=True)
+            kinds.setdefault((r.gpu_type, r.tp), []).append(r.micro_batch_share)
+        gpus = ", ".join(f"{len(q)}x{tp} {g}" for (g, tp), q in kinds.items())
+        # shares in the order of the kinds (GPUs, tp), a kind's distinct ones largest first
+        shares = "/".join(",".join(map(str, sorted(set(q), reverse=True))) for q in kinds.values())
         nodes = sorted({r.node for r in st.replicas})
         where = nodes[0] if len(nodes) == 1 else f"{nodes[0]} … {nodes[-1]} ({len(nodes)} nodes)"
         blocks = f"{st.blocks[0]}-{st.blocks[1]}" + (" +emb" if st.embedding else "") + (" +head" if st.head else "")
         t.add_row(str(st.index), blocks, gpus, str(len(st.replicas)),
-                  "/".join(str(tp) for _, tp in kinds), "/".join(map(str, shares)), where)
+                  "/".join(str(tp) for _, tp in kinds), shares, where)
     return t
 
 
@@ -178,9 +180,6 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     model = load_model(model_name)
     training = _training(training_path, global_batch_size, seq_len, precision)
     if mixed_stages:
-        if launcher:
-            raise InputError(f"--mixed-stages contradicts --launcher {launcher}: its layouts have the same GPUs, "
-                             "TP and share in every replica of a stage; drop one of the two")
         training = training.model_copy(update={"mixed_stages": True})
     if model.max_seq_len and training.seq_len > model.max_seq_len:
         click.echo(f"warning: {model.name} is defined for sequences of at most {model.max_seq_len} tokens; "

@@ -88,6 +88,9 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
         raise InputError(f"--top must be at least 1, got {top_k}")
     if launcher is not None and launcher not in MEGATRON_LAUNCHERS:
         raise InputError(f"unknown launcher {launcher!r}; choose megatron or deepspeed")
+    if launcher is not None and training.mixed_stages:
+        raise InputError(f"mixed stages (--mixed-stages, training.mixed_stages) contradict --launcher {launcher}: "
+                         "its layouts have the same GPUs, TP and share in every replica of a stage; drop one of the two")
     spec = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
     # The limit covers the whole answer: after the search come naming devices, evaluating the
     # plan and its rank map (0.2-0.3 s for 16,384 GPUs here), and HiGHS stops up to ~0.4 s past
@@ -310,7 +313,8 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
             pass
         final.append(plan.model_copy(update=update))
     report = SolverReport(**report_fields)
-    idle = idle_gpus(classes, final[0], cluster, spec, proved=status == "optimal")
+    idle = idle_gpus(classes, final[0], cluster, spec, proved=status == "optimal",
+                     unsearched=_unsearched(classes, training, launcher))
     for c in classes_without_bf16(topology_for(cluster)) if training.precision == "bf16" else []:
         idle.append(f"{c.num_gpus} GPUs of {c.name} idle: {c.gpu.name} has no bf16; train with "
                     "--precision fp16 to use them")
@@ -395,7 +399,17 @@ IDLE_GAIN = {"throughput": "shorten the iteration",
              "cost-above-floor": "meet the tokens/s floor for fewer USD/hour"}
 
 
-def idle_gpus(classes, plan: Plan, cluster, spec: ObjectiveSpec | None = None, proved: bool = True) -> list[str]:
+def _unsearched(classes, training, launcher) -> str:
+    """What the searched space leaves out that could use idle GPUs: mixed stages, where two
+    classes share a zone and they were not searched."""
+    zones = [c.zone for c in classes]
+    if training.mixed_stages or launcher or len(set(zones)) == len(zones):
+        return ""
+    return "mixed stages, which --mixed-stages also searches"
+
+
+def idle_gpus(classes, plan: Plan, cluster, spec: ObjectiveSpec | None = None, proved: bool = True,
+              unsearched: str = "") -> list[str]:
     """GPUs the plan leaves idle, per class, with the reason we can give: proved, that no plan
     using them does better under the objective; otherwise only that the best plan found does
     not use them."""
@@ -412,6 +426,8 @@ def idle_gpus(classes, plan: Plan, cluster, spec: ObjectiveSpec | None = None, p
         if proved:
             why = (f"the optimum under the cost model does not use them: using them (as more replicas "
                    f"or more stages) does not {gain}")
+            if unsearched:
+                why += f" (in the space searched: not {unsearched})"
         else:
             why = (f"the best plan found does not use them (not proved: the search stopped with a gap; "
                    f"a plan using them might {gain})")

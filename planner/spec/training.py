@@ -45,5 +45,8 @@ class Training(BaseModel):
 
     def io_mapping(self) -> dict:
         """The part of the training spec a plan carries in ``inputs.training``."""
-        return {"global_batch_size": self.global_batch_size, "seq_len": self.seq_len,
-                "precision": self.precision}
+        out = {"global_batch_size": self.global_batch_size, "seq_len": self.seq_len,
+               "precision": self.precision}
+        if self.mixed_stages:   # replan searches the same space again
+            out["mixed_stages"] = True
+        return out
