@@ -155,27 +155,10 @@ def test_mixed_stages_win_some_oracle_cases():
 def test_cost_objectives_equal_oracle_with_mixed_stages(seed):
     """USD per token, throughput under a budget and USD/hour above a tokens/s floor: the
     cost walk (per_tuple.py) and the floors (floors.py) over stand-ins."""
-    from planner.errors import InfeasibleError
-    from planner.search import solve
-    from planner.search.objectives import ObjectiveSpec
-    from planner.search.oracle import oracle
+    from test_search_objectives import check_budget_and_floor
     cluster, model, training = mixed_case(seed)
     check_case(cluster, model, training, objective="cost")
-    fast = oracle(cluster, model, training)
-    if fast.value is None:
-        return
-    budget = ObjectiveSpec("throughput-under-budget", budget_usd_per_hour=0.6 * fast.evaluation.nodes_usd_per_hour)
-    ref = oracle(cluster, model, training, objective=budget)
-    try:
-        res = solve(cluster, model, training, objective=budget, time_limit_s=60)
-        assert ref.value is not None
-        assert math.isclose(res.evaluation.iteration_time_s, ref.value, rel_tol=1e-9)
-    except InfeasibleError:
-        assert ref.value is None
-    floor = ObjectiveSpec("cost-above-floor", min_tokens_per_s=0.5 * fast.evaluation.tokens_per_s)
-    ref = oracle(cluster, model, training, objective=floor)
-    res = solve(cluster, model, training, objective=floor, time_limit_s=60)
-    assert math.isclose(res.evaluation.nodes_usd_per_hour, ref.value, rel_tol=1e-9)
+    check_budget_and_floor(cluster, model, training)
 
 
 def test_mixed_key_is_one_stage_of_two_kinds_in_the_plan():
