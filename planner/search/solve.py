@@ -228,7 +228,15 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             relaxed(pricer, knobs, ctx, keys, kb, spec, launcher, best, bounds, stats, settings, deadline,
                     gap_rel, time_like)
             continue
+        # pricing cannot be interrupted (mixed stages' take up to ~2 s on lab-mixed): start it
+        # only when the longest so far still fits in the time left
+        if time.monotonic() + stats.get("price_s", 0.0) > deadline:
+            stats["unexplored"] += len(heap) + 1
+            bounds.append(kb)
+            break
+        started = time.monotonic()
         prob, qb = priced(pricer, knobs, ctx, keys, spec, launcher)
+        stats["price_s"] = max(stats.get("price_s", 0.0), time.monotonic() - started)
         if qb is None:
             stats["empty"] += 1
             continue
