@@ -13,7 +13,6 @@ slope and intercept at two block counts and re-check memory at the chosen limit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
@@ -23,17 +22,15 @@ from planner.cost import (
     dp_sync_time_s,
     in_flight_micro_batches,
     optimizer_time_s,
-    p2p_time_s,
     replica_compute,
     replica_memory_bytes,
-    shared_link_time_s,
     stage_params,
 )
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row, Term
-from planner.search.mixed import MixedKey, MixedPiece, StandIn, mixed_keys, mixed_options
-from planner.search.mixed_sends import send_table as mixed_send_table
+from planner.search.mixed import MixedKey, StandIn, mixed_keys, mixed_options
 from planner.search.pieces import _busiest_points, _max_units, replica_counts, shares  # noqa: F401
+from planner.search.sends import SendPricing
 
 INTERLEAVE_V = 2            # virtual stages tried for interleaved-1f1b
 QUANTITIES = ("forward", "backward", "sync_less_backward", "optimizer", "gather_less_forward")
@@ -158,7 +155,7 @@ def exposed_sync_parts(ctx: CostContext, dp_s, forward_s, backward_s) -> tuple:
     return dp_s - backward_s, -forward_s
 
 
-class Pricer:
+class Pricer(SendPricing):
     """Prices the options of one knob tuple; topology paths are cached across knob tuples."""
 
     def __init__(self, model, training, classes: list[ClassInfo], topology, profiles=None):
@@ -239,26 +236,6 @@ class Pricer:
             devs = tuple(r[0] for k in key.kinds
                          for r in self.classes[k.cls].replica_devices(k.tp, k.replicas))
             hit = self._rings[key] = self.topo.ring(devs, concurrent_rings=key.min_tp)
-        return hit
-
-    def send_path(self, a: OptionKey, b: OptionKey):
-        """(L0, X): a transfer of k sequences takes L0 + k X (p2p_time_s is affine in bytes)."""
-        ck = (a.cls, a.tp, b.cls, b.tp)
-        hit = self._paths.get(ck)
-        if hit is None:
-            ia, ib = self.classes[a.cls], self.classes[b.cls]
-            da = ia.replica_devices(a.tp, 1)[0][0]
-            if a.cls == b.cls and not ia.shared_node:
-                db = ib.replica_devices(b.tp, 1, first_node=1)[0][0]
-            elif a.cls == b.cls:
-                db = ib.replica_devices(b.tp, 1, first_gpu=a.tp)[0][0] if a.tp + b.tp <= ia.gpus_per_node \
-                    else ib.replica_devices(b.tp, 1)[0][0]
-            else:
-                db = ib.replica_devices(b.tp, 1)[0][0]
-            na, nb = da.rpartition(":")[0], db.rpartition(":")[0]
-            path = self.topo.p2p(da, db)
-            cap = None if na == nb else self.topo.node_p2p(na, nb).bandwidth_Bps
-            hit = self._paths[ck] = (path, cap, min(a.tp, b.tp))
         return hit
 
     def price(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey] | None = None,
@@ -470,80 +447,9 @@ class Pricer:
                           max_blocks=max_blocks, price_usd_per_hour=info.option_price(key.tp, key.replicas),
                           label=key)
 
-    def _boundary(self, ctx, knobs, options: list[CoreOption]) -> np.ndarray:
-        """Send time between adjacent stages for every option pair (evaluate's bottleneck rule):
-        ``max(c L0 + k X)`` over the boundary's busiest points (c transfers, k sequences), with
-        the path's (L0, X) per (class, TP) pair and the points per replica-count pair, so the
-        K x K table is filled by numpy, not a K^2 Python loop."""
-        labels = [o.label for o in options]
-        if any(isinstance(lab, MixedPiece) for lab in labels):
-            return mixed_send_table(self, ctx, knobs.micro_batch_size, labels)[None]
-        return self._send_table(ctx, knobs.micro_batch_size, labels)[None]
-
-    def _send_table(self, ctx, B: int, labels: list[OptionKey]) -> np.ndarray:
-        groups = list(dict.fromkeys((k.cls, k.tp) for k in labels))
-        counts = list(dict.fromkeys(k.replicas for k in labels))
-        gi = np.array([groups.index((k.cls, k.tp)) for k in labels])
-        ri = np.array([counts.index(k.replicas) for k in labels])
-        L0, X, shared = self.group_lines(ctx, B, groups)
-        pc, pk = _point_tables(B, tuple(counts))
-        c = pc[ri[:, None], ri[None, :]]                   # [K, K, points]
-        k = pk[ri[:, None], ri[None, :]]
-        T = (c * L0[gi[:, None], gi[None, :], None] + k * X[gi[:, None], gi[None, :], None]).max(axis=2)
-        return np.maximum(T, shared[gi[:, None], gi[None, :]])
-
-    def group_lines(self, ctx, B: int, groups: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """[G, G] each, from group a to group b ((class, TP) each): (L0, X) of ``send_line``
-        and the ``shared_link`` floor of a whole micro-batch of B sequences between them."""
-        lines = np.array([[(*self.send_line(ctx, OptionKey(a[0], a[1], 1), OptionKey(b[0], b[1], 1)),
-                            self.shared_link(ctx, B, a, b)) for b in groups] for a in groups])
-        return lines[..., 0], lines[..., 1], lines[..., 2]
-
-    def shared_link(self, ctx, B: int, a: tuple[int, int], b: tuple[int, int]) -> float:
-        """A whole micro-batch crossing a capped zone link between the classes of ``a`` and
-        ``b`` ((class, TP) each): evaluate's shared-link floor of a boundary."""
-        ia, ib = self.classes[a[0]], self.classes[b[0]]
-        if ia.zone == ib.zone:
-            return 0.0
-        aggregate = self.topo.zone_path(ia.zone, ib.zone)[1]
-        path = self.send_path(OptionKey(a[0], a[1], 1), OptionKey(b[0], b[1], 1))[0]
-        per_seq = ctx.seq_len * ctx.model.hidden_size * ctx.activation_bytes
-        return shared_link_time_s(B * per_seq, path, aggregate, ctx, ia.gpu)
-
-    def send_line(self, ctx, a: OptionKey, b: OptionKey) -> tuple[float, float]:
-        """(L0, X) of a send from class/TP ``a`` to ``b``: k sequences take L0 + k X
-        (p2p_time_s is affine in bytes; the sender's GPU prices it, as in evaluate)."""
-        ck = (self.cache_id(ctx), a.cls, a.tp, b.cls, b.tp)
-        hit = self._sends.get(ck)
-        if hit is None:
-            per_seq = ctx.seq_len * ctx.model.hidden_size * ctx.activation_bytes
-            path, cap, flows = self.send_path(a, b)
-            gpu = self.classes[a.cls].gpu
-            t1 = p2p_time_s(per_seq, path, ctx, flows, cap, gpu)
-            t2 = p2p_time_s(2 * per_seq, path, ctx, flows, cap, gpu)
-            X = t2 - t1
-            hit = self._sends[ck] = (t1 - X, X)
-        return hit
-
-
 def _mixed_of(key) -> MixedKey:
     """The mixed key behind a stand-in, a core option's label or the key itself."""
     return key if isinstance(key, MixedKey) else key.key
-
-
-@lru_cache(maxsize=256)
-def _point_tables(B: int, counts: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """The busiest points per replica-count pair, padded with (0, 0) (a zero-cost point never
-    wins the max, as L0, X >= 0): arrays [counts, counts, points] of transfers and sequences."""
-    pts = {(x, y): _busiest_points(B, x, y) for x in counts for y in counts}
-    width = max(len(v) for v in pts.values())
-    pc = np.zeros((len(counts), len(counts), width))
-    pk = np.zeros_like(pc)
-    for i, x in enumerate(counts):
-        for j, y in enumerate(counts):
-            for w, (c, k) in enumerate(pts[x, y]):
-                pc[i, j, w], pk[i, j, w] = c, k
-    return pc, pk
 
 
 def pipeline_rows(knobs: Knobs) -> tuple[list[Row], list[Term]]:
