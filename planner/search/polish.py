@@ -53,11 +53,7 @@ class Evaluator:
                     self.min_blocks[i, s] = o.least_blocks(s)
         self.fixed = fixed
         self.any_least = bool((self.min_blocks > 1).any())
-        # units held per (option, resource), mixed stages' extra uses included: [K, C]
-        self.units = np.zeros((K, len(prob.capacity)))
-        for i, o in enumerate(prob.options):
-            for c, u in o.uses():
-                self.units[i, c] += u
+        self.units = prob.units_by_resource()                  # [K, C]
         self.resource = np.array([o.resource for o in prob.options])       # the primary one
         self.capacity = np.array(prob.capacity, dtype=float)
         # per resource some option holds: its units per option, and who holds it (a column

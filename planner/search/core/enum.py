@@ -42,11 +42,7 @@ class CoreEnum:
         K = len(prob.options)
         opts = prob.options
         C = len(prob.capacity)
-        # units held per (option, resource), mixed stages' extra uses included: [K, C]
-        self.units = np.zeros((K, C))
-        for i, o in enumerate(opts):
-            for c, u in o.uses():
-                self.units[i, c] += u
+        self.units = prob.units_by_resource()                  # [K, C]
         self.capacity = np.array(prob.capacity, dtype=float)
         # only resources some option holds can bind or be charged
         self.held = [c for c in range(C) if self.units[:, c].any()]

@@ -9,8 +9,8 @@ position ``s``:
   gradient-sync time less its overlap, optimizer time, ...), affine in ``nb`` because every
   block costs the same while the embedding and head add a constant at the ends;
 - the largest ``nb`` that fits in memory at that position (``max_blocks[s]``; 0 = never);
-- the least ``nb`` at that position (``min_blocks[s]``; None = 1 everywhere), e.g. a stage
-  whose replicas come from two node classes must hold enough blocks to be worth the split;
+- the least ``nb`` at that position (``min_blocks[s]``; None = 1 everywhere), e.g. a mixed
+  stage's option holds only the block range over which one kind stays its slowest;
 - the resources it holds: ``units`` GPUs of resource (node class) ``resource`` and, for such
   mixed stages, ``extra_uses`` (resource, units) pairs of other resources; and a price.
 
@@ -140,6 +140,14 @@ class CoreProblem:
             row = vals[t.row]
             total += t.weight * (max(0.0, float(row.max())) if t.kind == "max" else float(row.sum()))
         return total
+
+    def units_by_resource(self) -> np.ndarray:
+        """[options, resources] the units each option holds, extra uses included."""
+        units = np.zeros((len(self.options), len(self.capacity)))
+        for i, o in enumerate(self.options):
+            for c, u in o.uses():
+                units[i, c] += u
+        return units
 
     def price(self, assign: Sequence[tuple[int, int]]) -> float:
         total = float(sum(self.options[o].price_usd_per_hour for o, _ in assign))
