@@ -20,7 +20,7 @@ from planner.search.core import enum
 from planner.search.core.milp import CoreMilp
 from planner.search.core.problem import quick_bound
 from planner.search.polish import polish
-from planner.search.space import Knobs, OptionKey
+from planner.search.space import Knobs
 
 WARM_KEYS_ABOVE = 48        # options per stage above which a warm start pays for itself
 WARM_RERANK = 8            # first stage counts re-ranked by the knapsack bound
@@ -196,9 +196,8 @@ def warm_keys(pricer, knobs: Knobs, keys) -> list:
     over k = 1, 2, 3, 4, 6, 8, ... stages.  A subset of the space, for a quick incumbent."""
     out = []
     groups: dict = {}
-    for k in keys:
-        if isinstance(k, OptionKey):        # not the mixed stages' stand-ins
-            groups.setdefault((k.cls, k.tp), []).append(k)
+    for k in pricer.pure_part(keys):        # not the mixed stages' stand-ins
+        groups.setdefault((k.cls, k.tp), []).append(k)
     for (c, t), ks in sorted(groups.items()):
         cap = pricer.classes[c].capacity_units
         for share in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32):

@@ -42,6 +42,9 @@ class Kind:
     replicas: int
     share: int
 
+    def units_in(self, classes) -> int:
+        return classes[self.cls].units(self.tp, self.replicas)
+
 
 @dataclass(frozen=True)
 class MixedKey:
@@ -64,8 +67,9 @@ class MixedKey:
     def min_tp(self) -> int:
         return min(self.a.tp, self.b.tp)
 
-    def describe(self, classes) -> str:
-        return " + ".join(f"{k.replicas}x{classes[k.cls].gpu.name} tp{k.tp} share {k.share}" for k in self.kinds)
+    def uses(self, classes) -> tuple[tuple[int, int], ...]:
+        """(class, units) of each kind, kind a first."""
+        return tuple((k.cls, k.units_in(classes)) for k in self.kinds)
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,11 @@ class MixedPiece:
     @property
     def cls(self) -> int:
         return self.key.cls
+
+
+def key_of(label):
+    """The mixed key behind a core option's label or a stand-in; anything else as it is."""
+    return label.key if isinstance(label, (MixedPiece, StandIn)) else label
 
 
 def _splits(B: int, na: int, nb: int, ratio: float) -> list[tuple[int, int]]:
@@ -131,27 +140,26 @@ def mixed_keys(model, training, classes, B: int, tp_degrees) -> list[MixedKey]:
 def mixed_options(pricer, ctx, knobs, key: MixedKey, unit: int, L_units: int) -> list[CoreOption]:
     """The core options of ``key`` in this knob tuple: one per block range over which the
     slowest kind (compute; optimizer step) is the same at every stage position."""
-    p = knobs.num_stages
+    p, m, v = knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages
     classes = pricer.classes
     infos = [classes[k.cls] for k in key.kinds]
     n = key.replicas
     shard = n if knobs.zero_stage >= 1 else 1
-    per_position = {}
+    curves, caps = [], []          # per stage position: its curves (shared by the ends' kinds), its memory limit
     for s in range(p):
         emb, head = s == 0, s == p - 1
-        if (emb, head) in per_position:
-            continue
         ck = (pricer.cache_id(ctx), key, unit, L_units, emb, head)
         hit = pricer._mixed_positions.get(ck)
         if hit is None:
             hit = pricer._mixed_positions[ck] = _position_curves(ctx, key, infos, unit, L_units, emb, head, shard,
                                                                  pricer.mixed_ring(key) if n > 1 else None)
-        per_position[emb, head] = hit
+        curves.append(hit)
+        f = in_flight_micro_batches(knobs.schedule, p, s, m, v)
+        caps.append(min(_kind_units(ctx, info, k, n, unit, emb, head, f, L_units) for k, info in zip(key.kinds, infos)))
     # block ranges with one (slowest kind, optimizer's kind) per position
     ranges: dict[tuple[int, int], list] = {}
-    for s in range(p):
-        _, slow, opt_slow, _, _ = per_position[s == 0, s == p - 1]
-        tag = slow * 2 + opt_slow
+    for s, c in enumerate(curves):
+        tag = c.slow * 2 + c.opt_slow
         start = 0
         for i in range(1, L_units + 1):
             if i == L_units or tag[i] != tag[start]:
@@ -160,72 +168,71 @@ def mixed_options(pricer, ctx, knobs, key: MixedKey, unit: int, L_units: int) ->
     pieces = sorted({(t, j) for (s, t), rs in ranges.items() for j in range(len(rs))})
     out = []
     for t, j in pieces:
-        opt = _piece(ctx, knobs, key, infos, per_position, ranges, t, j, unit, L_units, shard)
+        opt = _piece(ctx, key, classes, curves, caps, [ranges.get((s, t), []) for s in range(p)], t, j)
         if opt is not None:
             opt.label = MixedPiece(key, len(out))
             out.append(opt)
     return out
 
 
-def _position_curves(ctx, key, infos, unit, L_units, emb, head, shard, ring):
-    """At every block count of one stage position: each kind's replica timings, which kind
-    is slowest (compute; the optimizer step), the kinds' optimizer steps and the ring's sync."""
+@dataclass(frozen=True)
+class _Curves:
+    """One stage position of a mixed stage, at every block count 1..L (arrays [kinds, L]):
+    each kind's forward and backward, which kind is slowest (compute; the optimizer step,
+    [L]), the kinds' optimizer steps, the ring's sync ([L])."""
+    forward: np.ndarray
+    backward: np.ndarray
+    slow: np.ndarray
+    opt_slow: np.ndarray
+    optimizer: np.ndarray
+    sync: np.ndarray
+
+
+def _position_curves(ctx, key, infos, unit, L_units, emb, head, shard, ring) -> _Curves:
     nbs = range(1, L_units + 1)
-    n = key.replicas
     rts = [[replica_compute(ctx, info.gpu, info.node_class.intra_Bps, k.tp, k.share, u * unit, emb, head)
             for u in nbs] for k, info in zip(key.kinds, infos)]
     totals = np.array([[r.total_s for r in row] for row in rts])
-    slow = np.where(totals[1] > totals[0], 1, 0)      # evaluate: ties to the replica listed first
     params = [stage_params(ctx, u * unit, emb, head) for u in nbs]
     opts = np.array([[optimizer_time_s(ctx, info.gpu, q / k.tp / shard) for q in params]
                      for k, info in zip(key.kinds, infos)])
-    opt_slow = np.where(opts[1] > opts[0], 1, 0)
-    dp = np.array([dp_sync_time_s(ctx, q, n, key.min_tp, ring.bandwidth_Bps, ring.latency_s, ring.kind,
+    dp = np.array([dp_sync_time_s(ctx, q, key.replicas, key.min_tp, ring.bandwidth_Bps, ring.latency_s, ring.kind,
                                   infos[0].gpu) if ring else 0.0 for q in params])
-    return rts, slow, opt_slow, opts, dp
+    return _Curves(forward=np.array([[r.total_forward_s for r in row] for row in rts]),
+                   backward=np.array([[r.total_backward_s for r in row] for row in rts]),
+                   slow=np.where(totals[1] > totals[0], 1, 0),      # evaluate: ties to the replica listed first
+                   opt_slow=np.where(opts[1] > opts[0], 1, 0), optimizer=opts, sync=dp)
 
 
-def _piece(ctx, knobs, key, infos, per_position, ranges, tag, j, unit, L_units, shard):
+def _piece(ctx, key, classes, curves: list[_Curves], caps: list[int], ranges: list[list], tag: int,
+           j: int) -> CoreOption | None:
+    """The core option of the ``j``-th block range, per position, where the kinds' tag
+    (slowest kind x 2 + the optimizer's slowest kind) is ``tag``; None where it has none."""
     from planner.search.space import exposed_sync_parts
-    p, m, v = knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages
     slow_kind, opt_kind = tag // 2, tag % 2
     slope = None
     fixed, lo_b, hi_b = [], [], []
-    for s in range(p):
-        emb, head = s == 0, s == p - 1
-        rs = ranges.get((s, tag), [])
-        if j >= len(rs):
+    for c, cap, rs in zip(curves, caps, ranges):
+        if j >= len(rs) or min(rs[j][1], cap) < rs[j][0]:
             fixed.append(None), lo_b.append(0), hi_b.append(0)
             continue
-        lo, hi = rs[j]
-        rts, _, _, opts, dp = per_position[emb, head]
-        fwd = np.array([r.total_forward_s for r in rts[slow_kind]])
-        bwd = np.array([r.total_backward_s for r in rts[slow_kind]])
-        rsync, ag = exposed_sync_parts(ctx, dp, fwd, bwd)
-        q = np.stack([fwd, bwd, rsync, opts[opt_kind], ag], axis=1)        # [L_units, 5]
+        fwd, bwd = c.forward[slow_kind], c.backward[slow_kind]
+        rsync, ag = exposed_sync_parts(ctx, c.sync, fwd, bwd)
+        q = np.stack([fwd, bwd, rsync, c.optimizer[opt_kind], ag], axis=1)        # [L_units, 5]
         # every per-stage quantity is affine in the block count: take the line from the
         # whole curve (two points), the range only selects where it applies
-        sl = q[1] - q[0] if L_units >= 2 else np.zeros(5)
-        fx = q[0] - sl
+        sl = q[1] - q[0] if len(q) >= 2 else np.zeros(5)
         if slope is None:
             slope = tuple(float(x) for x in sl)
-        fixed.append(tuple(float(x) for x in fx))
-        f = in_flight_micro_batches(knobs.schedule, p, s, m, v)
-        cap = L_units
-        for k, info in zip(key.kinds, infos):
-            cap = min(cap, _kind_units(ctx, info, k, key.replicas, unit, emb, head, f, L_units))
-        lo_b.append(lo)
-        hi_b.append(min(hi, cap))
-        if hi_b[-1] < lo:
-            fixed[-1] = None
-    if slope is None or not any(fx is not None for fx in fixed):
+        fixed.append(tuple(float(x) for x in q[0] - sl))
+        lo_b.append(rs[j][0])
+        hi_b.append(min(rs[j][1], cap))
+    if slope is None:
         return None
-    a, b = infos
-    return CoreOption(resource=key.a.cls, units=a.units(key.a.tp, key.a.replicas),
-                      extra_uses=((key.b.cls, b.units(key.b.tp, key.b.replicas)),),
-                      slope=slope, fixed=fixed, max_blocks=hi_b, min_blocks=lo_b,
-                      price_usd_per_hour=a.option_price(key.a.tp, key.a.replicas)
-                      + b.option_price(key.b.tp, key.b.replicas))
+    (cls_a, units_a), extra = key.uses(classes)
+    return CoreOption(resource=cls_a, units=units_a, extra_uses=(extra,), slope=slope, fixed=fixed,
+                      max_blocks=hi_b, min_blocks=lo_b,
+                      price_usd_per_hour=sum(classes[k.cls].option_price(k.tp, k.replicas) for k in key.kinds))
 
 
 def _kind_units(ctx, info, kind: Kind, n: int, unit: int, emb: bool, head: bool, f: float, L_units: int) -> int:
@@ -274,13 +281,12 @@ class StandIn:
         return tuple(dict.fromkeys((k.cls, k.tp) for k in self.key.kinds))
 
     def units_in(self, classes) -> int:
-        k = self.primary
-        return classes[k.cls].units(k.tp, k.replicas)
+        return self.primary.units_in(classes)
 
     def extra_units_in(self, classes) -> tuple[tuple[int, int], ...]:
         """The other kind's units: the position LPs (packed.py) charge them to its class."""
         k = self.key.b if self.primary is self.key.a else self.key.a
-        return ((k.cls, classes[k.cls].units(k.tp, k.replicas)),)
+        return ((k.cls, k.units_in(classes)),)
 
     def rent_share_in(self, classes) -> float:
         k = self.primary

@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.search.mixed import MixedKey, MixedPiece
+from planner.search.mixed import MixedKey, MixedPiece, key_of
 from planner.search.pieces import shares
-
-
-def _key(label):
-    return label.key if isinstance(label, MixedPiece) else label
 
 
 def replica_groups(key, B: int) -> list[tuple[tuple[int, int], int]]:
@@ -43,7 +39,7 @@ def send_table(pricer, ctx, B: int, labels: list) -> np.ndarray:
         T[np.ix_(pure, pure)] = pricer._send_table(ctx, B, [labels[i] for i in pure])
     if len(pure) == K:
         return T
-    keys = [_key(lab) for lab in labels]
+    keys = [key_of(lab) for lab in labels]
     uniq = list(dict.fromkeys(keys))
     reps = {k: replica_groups(k, B) for k in uniq}
     groups = sorted({g for r in reps.values() for g, _ in r})

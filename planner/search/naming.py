@@ -14,7 +14,7 @@ from __future__ import annotations
 from planner.plan import Plan
 from planner.plan.model import Objective, PlanInputs, Replica, Stage
 from planner.search.classes import ClassInfo
-from planner.search.mixed import MixedKey, MixedPiece
+from planner.search.mixed import MixedKey, key_of
 from planner.search.space import Knobs, OptionKey, shares
 
 
@@ -37,7 +37,7 @@ def name_stages(classes: list[ClassInfo], knobs: Knobs,
         return devs
 
     for s, (key, nb) in enumerate(layout):
-        key = key.key if isinstance(key, MixedPiece) else key
+        key = key_of(key)
         if isinstance(key, MixedKey):
             reps = tuple(Replica(gpu_type=classes[k.cls].gpu.name, tp=k.tp, micro_batch_share=k.share, devices=d)
                          for k in key.kinds for d in take(k.cls, k.tp, k.replicas))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from planner.cost import evaluate, topology_for
 from planner.search.classes import class_infos
-from planner.search.mixed import MixedKey, mixed_keys
+from planner.search.mixed import mixed_keys
 from planner.search.naming import build_plan
 from planner.search.objectives import ObjectiveSpec, parse_objective
 from planner.search.space import OptionKey, enumerate_knobs, replica_counts, tp_degrees
@@ -38,13 +38,6 @@ def _stage_keys(model, training, classes, B):
                         continue
                     keys.append(OptionKey(info.index, t, n))
     return keys
-
-
-def _units(classes, key) -> list[tuple[int, int]]:
-    """(class, units) a stage option takes: one class, or a mixed stage's two."""
-    if isinstance(key, MixedKey):
-        return [(k.cls, classes[k.cls].units(k.tp, k.replicas)) for k in key.kinds]
-    return [(key.cls, classes[key.cls].units(key.tp, key.replicas))]
 
 
 def _compositions(total: int, parts: int, step: int):
@@ -74,7 +67,7 @@ def oracle(cluster, model, training, objective: str | ObjectiveSpec = "throughpu
                 continue
             used = [0] * len(classes)
             for k in combo:
-                for c, u in _units(classes, k):
+                for c, u in k.uses(classes):
                     used[c] += u
             if any(u > c.capacity_units for u, c in zip(used, classes)):
                 continue

@@ -28,7 +28,7 @@ from planner.cost import (
 )
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row, Term
-from planner.search.mixed import MixedKey, StandIn, mixed_keys, mixed_options
+from planner.search.mixed import StandIn, key_of, mixed_keys, mixed_options
 from planner.search.pieces import _busiest_points, _max_units, replica_counts, shares  # noqa: F401
 from planner.search.sends import SendPricing
 
@@ -71,6 +71,10 @@ class OptionKey:
 
     def units_in(self, classes) -> int:
         return classes[self.cls].units(self.tp, self.replicas)
+
+    def uses(self, classes) -> tuple[tuple[int, int], ...]:
+        """(class, units) it takes (mixed.MixedKey: one pair per kind)."""
+        return ((self.cls, self.units_in(classes)),)
 
     def extra_units_in(self, classes) -> tuple[tuple[int, int], ...]:
         """(class, units) it also takes from other classes: none (mixed.StandIn: one)."""
@@ -239,13 +243,13 @@ class Pricer(SendPricing):
         return hit
 
     def price(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey] | None = None,
-              sends: bool = True, mixed: list | None = None) -> CoreProblem:
-        """The tuple's CoreProblem on ``keys`` and the mixed stages ``mixed`` (mixed.py);
-        ``sends=False``: without the pipeline sends (no boundary table, rows without send
-        terms): a relaxation, whose optimum bounds the tuple's from below (sends are >= 0 with
-        non-negative coefficients)."""
+              sends: bool = True) -> CoreProblem:
+        """The tuple's CoreProblem on ``keys``: options, and mixed stages as their stand-ins,
+        keys or core labels (mixed.py); ``sends=False``: without the pipeline sends (no
+        boundary table, rows without send terms): a relaxation, whose optimum bounds the
+        tuple's from below (sends are >= 0 with non-negative coefficients)."""
         keys = self.option_keys(knobs) if keys is None else keys
-        mixed = list(dict.fromkeys([*(mixed or ()), *(_mixed_of(k) for k in keys if not isinstance(k, OptionKey))]))
+        mixed = list(dict.fromkeys(key_of(k) for k in keys if not isinstance(k, OptionKey)))
         keys = [k for k in keys if isinstance(k, OptionKey)]
         p, _m, _B = knobs.num_stages, knobs.num_micro_batches, knobs.micro_batch_size
         unit = knobs.block_unit
@@ -255,7 +259,7 @@ class Pricer(SendPricing):
             opt = self._option(ctx, knobs, key, unit, L_units)
             if opt is not None:
                 options.append(opt)
-        for key in mixed or ():
+        for key in mixed:
             options.extend(mixed_options(self, ctx, knobs, key, unit, L_units))
         boundary = self._boundary(ctx, knobs, options) if p > 1 and options and sends else None
         rows, terms = pipeline_rows(knobs)
@@ -274,7 +278,7 @@ class Pricer(SendPricing):
         slopes and each position's intercept.  Forward and backward do not read the ZeRO stage,
         the optimizer step neither the recompute nor B (planner.cost.compute): cached apart, so
         the knob tuples of one search share the work.  A mixed stage's stand-in (mixed.py):
-        the least of its two kinds' lines, quantity by quantity."""
+        lines at most the stage's (``_stand_in_lines``)."""
         if isinstance(key, StandIn):
             return self._stand_in_lines(ctx, knobs, key, unit)
         share = -(-knobs.micro_batch_size // key.replicas)
@@ -446,11 +450,6 @@ class Pricer(SendPricing):
         return CoreOption(resource=key.cls, units=info.units(key.tp, key.replicas), slope=slope, fixed=fixed,
                           max_blocks=max_blocks, price_usd_per_hour=info.option_price(key.tp, key.replicas),
                           label=key)
-
-def _mixed_of(key) -> MixedKey:
-    """The mixed key behind a stand-in, a core option's label or the key itself."""
-    return key if isinstance(key, MixedKey) else key.key
-
 
 def pipeline_rows(knobs: Knobs) -> tuple[list[Row], list[Term]]:
     """planner.cost.schedule's closed forms as core rows and terms (F, B, DPX, OPT; one send)."""
