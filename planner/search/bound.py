@@ -52,10 +52,10 @@ class _Arrays(NamedTuple):
 
 
 def _both_classes(vals, U, units, cls, extra):
-    """``max_row_bound`` 's per-option arrays (slopes, U [K, 1], None, units, classes) with a
-    mixed stage's stand-in at its blocks per unit of all its units and also listed under its
-    other class: its blocks then count against both classes' capacities (a plan's blocks are
-    at most each class's capacity times the best blocks per unit of any option on it)."""
+    """Per-option arrays (slopes, U [K, 1], None, units, classes, as ``max_row_bound`` takes
+    them) with a mixed stage's stand-in at all its units and also listed under its other
+    class: its blocks and rate then count against both classes' capacities (a plan's blocks
+    or rate are at most each class's capacity times the best per unit of any option on it)."""
     total = units + extra.sum(axis=1)
     rows, other = np.nonzero(extra)
     return (np.concatenate([vals, vals[rows]]), np.concatenate([U, U[rows]])[:, None], None,
@@ -332,12 +332,12 @@ class KnobBound:
         speed, rates = 0.0, None
         uu, cc, nn = U[usable], cls[usable], units[usable]
         if a_min > 0:
-            # a stand-in's rate spread over all its units, counted in both its classes: the
-            # classes' capacities times their best rates still cap the stages' total rate
-            extra = arrays.extra[usable]
-            ratio = 1.0 / (vals * (nn + extra.sum(axis=1)))
-            for c in np.unique(np.concatenate([cc, np.flatnonzero(extra.any(axis=0))])):
-                speed += capacity[int(c)] * float(ratio[(cc == c) | (extra[:, c] > 0)].max())
+            # each class's capacity times its best rate per unit caps the stages' total rate,
+            # a stand-in's rate per all its units and under both its classes (_both_classes)
+            vx, _, _, ux, cx = _both_classes(vals, uu, nn, cc, arrays.extra[usable])
+            ratio = 1.0 / (vx * ux)
+            for c in np.unique(cx):
+                speed += capacity[int(c)] * float(ratio[cx == c].max())
         if a_min > 0 and memory:
             # at most p whole options, not the classes' capacity at their best rates
             rates = most_speed(1.0 / vals, nn, cc, capacity, most_p)
