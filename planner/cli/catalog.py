@@ -17,16 +17,19 @@ def catalog() -> None:
 @catalog.command()
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON, sources included.")
 def gpus(as_json: bool) -> None:
-    """GPU types: memory, dense bf16 peak, memory and NVLink bandwidth, price, sources."""
+    """GPU types: memory, dense bf16, fp32 and tf32 peaks, memory and NVLink bandwidth, price, sources."""
     entries = data.gpus()
     if as_json:
         echo_json({gid: g.model_dump(mode="json", by_alias=True) for gid, g in entries.items()})
         return
-    table = Table(title="GPU catalog (dense FP16/BF16 peak; bandwidth per direction)")
-    for col in ("id", "memory", "TFLOP/s", "HBM", "intra-node", "USD/GPU-h", "aliases"):
+    table = Table(title="GPU catalog (dense TFLOP/s: FP16/BF16 tensor, FP32 without tensor cores, "
+                        "TF32 tensor, '-' none; bandwidth per direction)")
+    for col in ("id", "memory", "TFLOP/s", "FP32", "TF32", "HBM", "intra-node", "USD/GPU-h", "aliases"):
         table.add_column(col)
     for gid, g in entries.items():
         table.add_row(gid, f"{g.memory_bytes / 1e9:.0f} GB", f"{g.peak_tflops:g}",
+                      "-" if g.fp32_tflops is None else f"{g.fp32_tflops:g}",
+                      "-" if g.tf32_tflops is None else f"{g.tf32_tflops:g}",
                       f"{g.memory_bandwidth_Bps / 1e9:.0f} GB/s", f"{g.intra_node_bandwidth_Bps / 1e9:.0f} GB/s",
                       "-" if g.price_per_hour_usd is None else f"{g.price_per_hour_usd:.2f}",
                       ", ".join(g.aliases[:2]))

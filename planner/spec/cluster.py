@@ -137,6 +137,21 @@ class Cluster(BaseModel):
                     return link
         return None
 
+    def precision_notes(self, precision: str, gpu_types=None) -> list[str]:
+        """One warning per GPU type whose matmul peak in ``precision`` stands in one figure for
+        another (``GpuType.precision_note``), types in spec order; empty for bf16/fp16.
+        ``gpu_types``: only these GPU names (e.g. the ones a plan uses)."""
+        notes: list[str] = []
+        seen: set[str] = set()
+        for group in self.nodes:
+            if group.gpu.name in seen or (gpu_types is not None and group.gpu.name not in gpu_types):
+                continue
+            seen.add(group.gpu.name)
+            note = group.gpu.precision_note(precision)
+            if note:
+                notes.append(note)
+        return notes
+
     def sha256(self) -> str:
         if self.source_sha256:
             return self.source_sha256

@@ -35,7 +35,9 @@ def _resolve_gpus(doc: Document, errors: list[InputError]) -> set[str]:
             if found is None:
                 errors.append(doc.error(path, f"unknown GPU type {value!r}; use a catalog id "
                                         f"({', '.join(catalog.gpus())}) or a mapping with name, "
-                                        "memory, peak_tflops, memory_bandwidth, intra_node_bandwidth"))
+                                        "memory, peak_tflops, memory_bandwidth, intra_node_bandwidth "
+                                        "(optionally fp32_tflops, tf32_tflops, price_per_hour, "
+                                        "nic_bandwidth_per_gpu)"))
                 failed.add(format_field_path(path))
             else:
                 node["gpu"] = found
@@ -55,6 +57,13 @@ def _fill_defaults(cluster: Cluster, doc: Document, errors: list[InputError]) ->
     groups = []
     for i, group in enumerate(cluster.nodes):
         update = {}
+        # An inline copy of a catalog GPU (same name and figures) without its fp32 / tf32 peaks
+        # takes the catalog's, rather than the peak_tflops / 16 stand-in.
+        found = catalog.find_gpu(group.gpu.name)
+        if found is not None and group.gpu is not found and _figures(found) == _figures(group.gpu):
+            fill = {f: getattr(found, f) for f in _PRECISION_FIGURES if getattr(group.gpu, f) is None}
+            if any(v is not None for v in fill.values()):
+                update["gpu"] = group.gpu.model_copy(update=fill)
         if group.network_bandwidth_Bps is None:
             nic = group.gpu.nic_bandwidth_per_gpu_Bps
             if nic is None:
@@ -71,6 +80,15 @@ def _figures(gpu: GpuType) -> tuple:
     return (gpu.memory_bytes, gpu.peak_tflops, gpu.memory_bandwidth_Bps, gpu.intra_node_bandwidth_Bps)
 
 
+_PRECISION_FIGURES = ("fp32_tflops", "tf32_tflops")
+
+
+def _same_gpu(inline: GpuType, other: GpuType) -> bool:
+    """The same figures; an fp32 / tf32 peak the inline GPU leaves out is not a difference."""
+    return _figures(inline) == _figures(other) and all(
+        getattr(inline, f) is None or getattr(inline, f) == getattr(other, f) for f in _PRECISION_FIGURES)
+
+
 def _check_gpu_names(cluster: Cluster, doc: Document, errors: list[InputError]) -> None:
     """One name, one GPU: costs, calibration and profiles are looked up by the GPU's name."""
     seen: dict[str, tuple[GpuType, int]] = {}
@@ -78,11 +96,11 @@ def _check_gpu_names(cluster: Cluster, doc: Document, errors: list[InputError]) 
         gpu, key = group.gpu, group.gpu.name.lower()
         path = ("nodes", i, "gpu")
         catalog_gpu = catalog.find_gpu(gpu.name)
-        if catalog_gpu is not None and _figures(catalog_gpu) != _figures(gpu):
+        if catalog_gpu is not None and gpu is not catalog_gpu and not _same_gpu(gpu, catalog_gpu):
             errors.append(doc.error(path, f"the inline GPU is named {gpu.name!r}, which is the catalog's "
                                     f"{catalog_gpu.name} with other figures; use the catalog id alone "
                                     "or give your GPU a name of its own"))
-        elif key in seen and _figures(seen[key][0]) != _figures(gpu):
+        elif key in seen and not (_same_gpu(gpu, seen[key][0]) and _same_gpu(seen[key][0], gpu)):
             errors.append(doc.error(path, f"two different GPUs are named {gpu.name!r} (the other at "
                                     f"nodes[{seen[key][1]}].gpu); give each its own name"))
         seen.setdefault(key, (gpu, i))

@@ -10,6 +10,12 @@ from planner.spec.quantities import PositiveInt
 
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Recompute = Literal["none", "selective", "full"]
+# bf16 / fp16: mixed precision (16-bit weights and activations, fp32 master weights and Adam
+# state).  fp32: everything in fp32, matmuls on CUDA cores at the FP32 (SIMT) peak, PyTorch's
+# default since 1.12 (torch.backends.cuda.matmul.allow_tf32 = False).  tf32: fp32 storage,
+# matmuls on TF32 tensor cores (allow_tf32 = True); priced at fp32 on GPUs without them.
+Precision = Literal["bf16", "fp16", "fp32", "tf32"]
+PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32", "tf32")
 
 
 class Training(BaseModel):
@@ -19,7 +25,10 @@ class Training(BaseModel):
     # (sqrt of the batch) from running past the time limit before it starts.
     global_batch_size: PositiveInt = Field(le=10**9, description="sequences per iteration (at most 10^9)")
     seq_len: PositiveInt = Field(description="tokens per sequence")
-    precision: Literal["bf16", "fp16"] = "bf16"
+    precision: Precision = Field(
+        default="bf16", description="bf16 | fp16 (mixed precision, 16-bit tensor-core matmuls); "
+        "fp32 (4-byte weights, grads and activations, matmuls at the FP32 CUDA-core peak); "
+        "tf32 (fp32 storage, matmuls on TF32 tensor cores; fp32 speed where a GPU has none)")
     optimizer: Literal["adam"] = "adam"
     # The search's freedoms.
     schedules: tuple[Schedule, ...] = ("1f1b", "gpipe", "interleaved-1f1b")
