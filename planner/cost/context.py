@@ -24,6 +24,21 @@ class Profiles(Protocol):
 
 # Bytes of one activation / parameter element in mixed precision (bf16 or fp16).
 ACTIVATION_BYTES = 2
+# Precisions that keep weights, activations and gradients in fp32 (4 bytes) and have no master
+# copy: fp32 (matmuls on CUDA cores) and tf32 (matmuls on TF32 tensor cores, fp32 storage).
+FULL_PRECISIONS = ("fp32", "tf32")
+
+
+def element_bytes(precision: str) -> int:
+    """Bytes of one activation (and working weight) element when training in ``precision``:
+    2 in mixed precision (bf16, fp16), 4 in fp32 and tf32."""
+    return 4 if precision in FULL_PRECISIONS else ACTIVATION_BYTES
+
+
+def grad_bytes(precision: str) -> int:
+    """Bytes of one gradient element in memory and on the wire (see
+    ``CostContext.grad_bytes_per_param``): fp32 grads with bf16, fp32 and tf32, fp16 with fp16."""
+    return 2 if precision == "fp16" else 4
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,7 +83,9 @@ class CostContext:
 
     @property
     def activation_bytes(self) -> int:
-        return ACTIVATION_BYTES
+        """Bytes of one activation element (and of a working weight on the wire, e.g. the
+        ZeRO-1 parameter all-gather): 2 in bf16/fp16, 4 in fp32/tf32 (``element_bytes``)."""
+        return element_bytes(self.precision)
 
     @property
     def grad_bytes_per_param(self) -> int:
@@ -77,6 +94,7 @@ class CostContext:
         Megatron keeps and all-reduces fp32 main grads with bf16 (it sets
         ``accumulate_allreduce_grads_in_fp32`` for bf16), fp16 grads with fp16; this is the
         "bf16 param, fp32 grads" / "fp16 param, fp16 grads" rows of the distributed-optimizer
-        docs (docs/source/api-guide/dist_optimizer.md).
+        docs (docs/source/api-guide/dist_optimizer.md).  fp32 and tf32 train fp32 weights, so
+        their grads are fp32 too.
         """
-        return 4 if self.precision == "bf16" else 2
+        return grad_bytes(self.precision)

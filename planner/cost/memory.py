@@ -5,13 +5,18 @@ Sources:
   (Megatron-LM docs/source/api-guide/dist_optimizer.md, table "bytes per parameter"):
   bf16 params + fp32 grads: 2 + 4 + 12 (fp32 master, Adam m, v) = 18, or 6 + 12/d with the
   distributed optimizer (ZeRO-1) over d data-parallel ranks; fp16 params + fp16 grads:
-  2 + 2 + 16 = 20, or 4 + 16/d.
+  2 + 2 + 16 = 20, or 4 + 16/d.  fp32 and tf32 (no mixed precision: the weights are the
+  master copy): fp32 params + fp32 grads + Adam m, v = 4 + 4 + 8 = 16, or 8 + 8/d with ZeRO-1
+  (the "fp32 param, fp32 grads" row of the same table).
 - Activations per block and micro-batch, Korthikanti et al. 2022, "Reducing Activation
   Recomputation in Large Transformer Models", Table 2: ``s b h (34 + 5 a s / h)`` bytes
   without parallelism; ``s b h (10 + 24/t + 5 a s/(h t))`` with tensor parallel t;
   ``s b h (34/t + 5 a s/(h t))`` with sequence parallel too; selective recompute drops the
   ``5 a s / h`` term; full recompute keeps only the block input, ``2 s b h`` (``/t`` with
   sequence parallel), plus one block's full activations while it is recomputed.
+  The paper's bytes are 2-byte (16-bit) tensors and 1-byte dropout masks; in fp32 / tf32 the
+  tensors take 4 bytes (``CostContext.activation_bytes``) and the masks still 1, so each
+  tensor term is scaled by ``activation_bytes / 2`` and the mask terms are not.
   Generalised here term by term to GQA (K, V of width h_kv) and any MLP width / SwiGLU; for a
   GPT (h_kv = h, f = 4h, GeLU) it is exactly the paper's formula (tests check it).
 - Micro-batches in flight (activations held at once) per schedule: GPipe ``m``; 1F1B
@@ -26,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost.context import CostContext
+from planner.cost.context import FULL_PRECISIONS, CostContext
 from planner.cost.flops import block_params, embedding_params, head_params, kv_width, mlp_matrices
 from planner.spec.gpu import GpuType
 
@@ -57,9 +62,13 @@ class MemoryBreakdown:
 
 
 def bytes_per_param(precision: str) -> tuple[float, float, float]:
-    """(weights, grads, optimizer state) bytes per parameter, Megatron dist-optimizer docs."""
+    """(weights, grads, optimizer state) bytes per parameter, Megatron dist-optimizer docs:
+    bf16 2 + 4 + 12 (fp32 master, m, v); fp16 2 + 2 + 16 (fp32 master, m, v, fp32 grad copy);
+    fp32 / tf32 4 + 4 + 8 (the weights are the master copy; Adam m, v)."""
     if precision == "bf16":
         return 2.0, 4.0, 12.0
+    if precision in FULL_PRECISIONS:
+        return 4.0, 4.0, 8.0
     return 2.0, 2.0, 16.0
 
 
@@ -70,16 +79,18 @@ def block_activation_bytes(ctx: CostContext, tp: int, b: float, recompute: str |
     sbh = s * b * h
     recompute = recompute or ctx.recompute
     sp = ctx.sequence_parallel and tp > 1
+    k = ctx.activation_bytes / 2   # 1 in bf16/fp16 (the paper's 2-byte tensors), 2 in fp32/tf32
     if recompute == "full":
-        return 2 * sbh / (tp if sp else 1)
+        return 2 * k * sbh / (tp if sp else 1)
     # Replicated without SP: 2 LayerNorm inputs (4), QKV input (2), MLP input (2), 2 dropout masks (2).
-    replicated = 10.0
+    replicated = 8.0 * k + 2.0
     # Sharded by TP: Q (2) and K, V (2 h_kv/h each), out-projection input (2), MLP: GeLU input
     # and output 2 x 2 f/h (SwiGLU: gate and up inputs, product: 3 x 2 f/h).
-    sharded = 4.0 + 4.0 * kv_width(m) / h + 2.0 * (mlp_matrices(m)) * m.ffn_size / h
+    sharded = k * (4.0 + 4.0 * kv_width(m) / h + 2.0 * (mlp_matrices(m)) * m.ffn_size / h)
     per = replicated / (tp if sp else 1) + sharded / tp
     if recompute == "none" and not ctx.flash_attention:
-        per += 5.0 * a * s / (h * tp)  # softmax output (2), dropout mask (1) and output (2)
+        # softmax output (2), dropout mask (1) and output (2)
+        per += (4.0 * k + 1.0) * a * s / (h * tp)
     return sbh * per
 
 
