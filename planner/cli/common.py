@@ -25,6 +25,19 @@ def warn_skipped_profiles(files: list[dict] | None) -> None:
                        "its layers are estimated by the roofline", err=True)
 
 
+def warn_precision(cluster, precision: str, plan=None) -> None:
+    """One stderr line per GPU type priced at a stand-in matmul peak in ``precision`` (tf32 on
+    a GPU without TF32 tensor cores, a GPU without fp32 figures: ``GpuType.precision_note``);
+    with ``plan``, only the types its devices are on."""
+    types = None
+    if plan is not None:
+        nodes = cluster.node_by_name
+        types = {nodes[d.rpartition(":")[0]].gpu.name for d in plan.devices()
+                 if d.rpartition(":")[0] in nodes}
+    for note in cluster.precision_notes(precision, types):
+        click.echo(f"warning: {note}", err=True)
+
+
 def format_seconds(x: float) -> str:
     return f"{x * 1e3:.2f} ms" if x < 1 else f"{x:.3f} s"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from planner.cli.common import console, echo_json, format_seconds, warn_skipped_profiles
+from planner.cli.common import console, echo_json, format_seconds, warn_precision, warn_skipped_profiles
 from planner.errors import InfeasibleError, InputError
 
 _GiB = 2**30
@@ -115,6 +115,7 @@ def evaluate(cluster, plan, as_json, profiles, calibration_path):
         # was searched on: its prediction here is for this file, and it may no longer be the best
         click.echo(f"warning: {cluster} is not the cluster file {plan} was planned on (its sha256 "
                    f"differs); the prediction below is for {cluster}", err=True)
+    warn_precision(spec, str(the_plan.inputs.training.get("precision", "bf16")), the_plan)
     ev = cost_evaluate(spec, the_plan, profiles=profile_set, check=False)
     if profile_set is not None and hasattr(profile_set, "usage"):
         warn_skipped_profiles(profile_set.usage().get("files"))

@@ -15,10 +15,12 @@ from planner.cli.common import (
     console,
     echo_json,
     format_seconds,
+    warn_precision,
     warn_skipped_profiles,
     write_atomic,
 )
 from planner.errors import InputError
+from planner.spec.training import PRECISIONS
 
 
 def _training(training_path, global_batch_size, seq_len, precision):
@@ -139,8 +141,10 @@ def _summary(out, result) -> None:
               help="training YAML (global batch, sequence length, the search's freedoms)")
 @click.option("--global-batch-size", type=int, default=None, help="sequences per iteration")
 @click.option("--seq-len", type=int, default=None, help="tokens per sequence")
-@click.option("--precision", type=click.Choice(["bf16", "fp16"]), default=None,
-              help="training precision  [default: bf16; with --training, the file's]")
+@click.option("--precision", type=click.Choice(list(PRECISIONS)), default=None,
+              help="training precision: bf16 | fp16 (mixed), fp32 (matmuls at the FP32 CUDA-core "
+                   "peak), tf32 (fp32 storage, TF32 tensor-core matmuls)  [default: bf16; with "
+                   "--training, the file's]")
 @click.option("--objective", default="throughput", show_default=True,
               help="throughput | cost | throughput-under-budget | cost-above-floor")
 @click.option("--budget-usd-per-hour", type=float, default=None, help="maximise throughput within this USD/hour")
@@ -184,6 +188,7 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     if model.max_seq_len and training.seq_len > model.max_seq_len:
         click.echo(f"warning: {model.name} is defined for sequences of at most {model.max_seq_len} tokens; "
                    f"planning for {training.seq_len} (a longer context than it was trained with)", err=True)
+    warn_precision(spec, training.precision)
     err = console(quiet=True)       # progress always on stderr
 
     def progress(msg: str) -> None:

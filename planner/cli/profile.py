@@ -39,8 +39,8 @@ def dump_yaml(data: dict) -> str:
 @click.option("--tp", default="1", show_default=True, help="tensor-parallel degrees, comma-separated")
 @click.option("--seq-len", type=click.IntRange(min=1), default=None,
               help="tokens per sequence [default: the model's max_seq_len, else 2048]")
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default=None,
-              help="[default: bf16 on cuda, fp32 on cpu]")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32", "tf32"]), default=None,
+              help="tf32: fp32 tensors, matmuls on TF32 tensor cores  [default: bf16 on cuda, fp32 on cpu]")
 @click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True,
               help="timed runs per entry (the median is kept)")
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from planner.cli.common import console, echo_json, write_atomic
+from planner.cli.common import console, echo_json, warn_precision, write_atomic
 
 # Not 1 (no feasible plan) nor 2 (bad input): CI can tell "re-deploy" from "broken".
 OLD_PLAN_INVALID_EXIT = 4
@@ -34,6 +34,7 @@ def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json,
         use_calibration(calibration_path)
     cluster = api.load_cluster(cluster_file)
     old = api.load_plan(plan_file)
+    warn_precision(cluster, str(old.inputs.training.get("precision", "bf16")))
     result = api.replan(cluster, old, time_limit_s=time_limit_s, profiles=profiles_dir, file=plan_file)
     new_ev = result.search.evaluation
     if output:

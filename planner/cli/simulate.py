@@ -7,7 +7,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from planner.cli.common import console, echo_json
+from planner.cli.common import console, echo_json, warn_precision
 
 _STYLE = {"fwd": "cyan", "bwd": "magenta", "send": "yellow", "idle": "dim"}
 
@@ -37,6 +37,7 @@ def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int, profi
     from planner.api import resolve_profiles
 
     sim = simulate_plan(cluster, plan, profiles=resolve_profiles(cluster, profiles_path), file=plan_file)
+    warn_precision(cluster, str(plan.inputs.training.get("precision", "bf16")), plan)
     if as_json:
         echo_json(sim.to_json())
         return

@@ -128,7 +128,8 @@ def _check_devices(cluster: Cluster, plan: Plan, report: _Report, precision: str
                                                          f"node {rep_nodes[0]!r}, which holds {gpu.name}")
                 elif precision == "bf16" and not gpu.supports_bf16:
                     report.add(rep_path + ("gpu_type",), f"{gpu.name} has no bf16, but "
-                               "inputs.training.precision is bf16; use fp16 or another GPU type")
+                               "inputs.training.precision is bf16; use fp16 (or fp32, tf32) or "
+                               "another GPU type")
 
 
 def _check_stages(plan: Plan, model: ModelSpec | None, report: _Report) -> None:

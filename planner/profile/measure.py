@@ -37,7 +37,8 @@ from planner.errors import InputError
 from planner.profile.schema import LAYER_KINDS, SCHEMA_ID, ProfileEntry, ProfileFile
 from planner.spec.model import ModelSpec
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# tf32 keeps fp32 tensors; its matmuls run on TF32 tensor cores (allow_tf32, set per entry).
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
 
 
 # ---------------------------------------------------------------------------- layers (one rank)
@@ -247,6 +248,9 @@ def measure_entry(model: ModelSpec, kind: str, mb: int, tp: int, seq_len: int, d
                   statistic=statistics.median) -> ProfileEntry:
     s = RankShape.of(model, tp)
     case = None
+    # fp32 matmuls on CUDA cores (PyTorch's default since 1.12), tf32 on TF32 tensor cores.
+    allow_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     try:
         case = _make_case(kind, s, mb, seq_len, DTYPES[dtype], device)
         if device.type == "cuda":
@@ -266,6 +270,8 @@ def measure_entry(model: ModelSpec, kind: str, mb: int, tp: int, seq_len: int, d
         oom = True
     else:
         oom = False
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     # Free outside the except block: its traceback would keep the failed step's tensors alive.
     del case
     if device.type == "cuda":

@@ -20,7 +20,7 @@ from planner.spec.quantities import PositiveInt
 SCHEMA_ID = "planner.profile/v1"
 LAYER_KINDS = ("embedding", "block", "head")
 LayerKind = Literal["embedding", "block", "head"]
-Dtype = Literal["bf16", "fp16", "fp32"]
+Dtype = Literal["bf16", "fp16", "fp32", "tf32"]  # tf32: fp32 tensors, TF32 tensor-core matmuls
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 

@@ -109,7 +109,8 @@ class ClassInfo:
 
 def class_infos(topology, precision: str | None = None) -> list[ClassInfo]:
     """The node classes a plan may use; with ``precision="bf16"`` only GPU types that have
-    bf16 (Volta and Turing do not: a bf16 job would not start on them)."""
+    bf16 (Volta and Turing do not: a bf16 job would not start on them).  fp16, fp32 and tf32
+    run on every GPU type (tf32 without TF32 tensor cores runs, and is priced, as fp32)."""
     usable = [c for c in topology.node_classes() if precision != "bf16" or c.gpu.supports_bf16]
     return [ClassInfo(i, c) for i, c in enumerate(usable)]
 

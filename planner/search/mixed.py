@@ -127,7 +127,8 @@ def mixed_keys(model, training, classes, B: int, tp_degrees) -> list[MixedKey]:
                 continue
             for ta in tp_degrees(model, ia, training.max_tp):
                 for tb in tp_degrees(model, ib, training.max_tp):
-                    ratio = (ia.gpu.peak_flops * ta) / (ib.gpu.peak_flops * tb)
+                    ratio = (ia.gpu.peak_flops_for(training.precision) * ta) / (
+                        ib.gpu.peak_flops_for(training.precision) * tb)
                     for na in kind_counts(ia, ta, B - 1):
                         for nb in kind_counts(ib, tb, B - na):
                             for sa, sb in _splits(B, na, nb, ratio):

@@ -58,6 +58,9 @@ class SearchResult:
     evaluations: list
     report: SolverReport
     idle: list[str] = field(default_factory=list)
+    # Assumptions the prices rest on, one line each: GPU types priced at a stand-in matmul peak
+    # in the training precision (tf32 without TF32 tensor cores, no fp32 figures; GpuType.precision_note).
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def plan(self) -> Plan:
@@ -103,7 +106,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     if not classes:
         raise InfeasibleError(f"no GPU type of cluster {cluster.name!r} computes in bf16 "
                               f"({', '.join(sorted({c.gpu.name for c in no_bf16}))}); train with "
-                              "--precision fp16 (training.precision: fp16)")
+                              "--precision fp16 (training.precision: fp16), or fp32 / tf32")
     if spec.needs_prices and any(c.node_price_usd_per_hour is None for c in classes):
         missing = sorted({c.gpu.name for c in classes if c.node_price_usd_per_hour is None})
         raise InputError(f"objective {spec.kind!r} needs prices, but nodes of {', '.join(missing)} have "
@@ -325,8 +328,9 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
                      unsearched=_unsearched(classes, training, launcher))
     for c in classes_without_bf16(topology_for(cluster)) if training.precision == "bf16" else []:
         idle.append(f"{c.num_gpus} GPUs of {c.name} idle: {c.gpu.name} has no bf16; train with "
-                    "--precision fp16 to use them")
-    return SearchResult(plans=final, evaluations=evals, report=report, idle=idle)
+                    "--precision fp16 (or fp32 / tf32) to use them")
+    return SearchResult(plans=final, evaluations=evals, report=report, idle=idle,
+                        warnings=cluster.precision_notes(training.precision))
 
 
 def _space(training, launcher: str | None) -> str:
@@ -387,9 +391,10 @@ def gpipe_dominated(knobs_list: list, same_only: bool = False) -> set:
 
 
 def aggregate_compute_bound_s(model, training, classes) -> float:
-    """Iteration time if every GPU ran the model's FLOPs at its peak (a bound no plan beats)."""
+    """Iteration time if every GPU ran the model's FLOPs at its matmul peak in the training
+    precision (``GpuType.peak_flops_for``; a bound no plan beats)."""
     flops = model_flops_per_iteration(model, training.global_batch_size, training.seq_len)
-    peak = sum(c.gpu.peak_flops * c.node_class.num_gpus for c in classes)
+    peak = sum(c.gpu.peak_flops_for(training.precision) * c.node_class.num_gpus for c in classes)
     return flops / peak
 
 
