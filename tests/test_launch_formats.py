@@ -361,3 +361,62 @@ def test_same_plan_same_bytes(fmt):
     again = Plan.from_json(json.loads(plan.dumps()))
     assert render(plan, fmt, master_addr="h") == render(again, fmt, master_addr="h")
     assert all(text.endswith("\n") for text in render(plan, fmt, master_addr="h").values())
+
+
+# -- precision ----------------------------------------------------------------------------------
+def with_precision(prec: str, gpu: str = "A100-SXM4-80GB") -> Plan:
+    stages = [[rep(["a:0", "a:1"], gpu=gpu), rep(["a:2", "a:3"], gpu=gpu)],
+              [rep(["b:0", "b:1"], gpu=gpu), rep(["b:2", "b:3"], gpu=gpu)]]
+    return make_plan(stages, inputs={"cluster": "t", "model": MODEL, "training": {
+        "global_batch_size": 64, "seq_len": 2048, "precision": prec}})
+
+
+@pytest.mark.parametrize("prec", ["fp32", "tf32"])
+def test_megatron_fp32_and_tf32_pass_neither_fp16_nor_bf16(prec):
+    files = render(with_precision(prec), "megatron", master_addr="h")
+    args = megatron_args(files)
+    assert "--fp16" not in args and "--bf16" not in args
+    assert args[-1] == "--use-distributed-optimizer"
+    notes = json.loads(files["megatron_args.json"])["notes"]
+    assert any("neither --fp16 nor --bf16" in n for n in notes)
+    env = script_env(files["node0-a.sh"])
+    if prec == "tf32":   # PyTorch's allow_tf32 switch, forced on from outside the script
+        assert env["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] == "1"
+        assert "allow_tf32 = True" in files["node0-a.sh"]
+    else:                # plain fp32: PyTorch's default, nothing to set; TE's TF32 GEMMs noted
+        assert "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE" not in env
+        assert any("--transformer-impl local" in n for n in notes)
+    assert "NVIDIA_TF32_OVERRIDE" not in files["node0-a.sh"]   # that one can only turn TF32 off
+
+
+@pytest.mark.parametrize("prec", ["fp32", "tf32"])
+def test_deepspeed_fp32_and_tf32_have_no_fp16_or_bf16_section(prec):
+    files = render(with_precision(prec), "deepspeed", master_addr="h")
+    config = json.loads(files["ds_config.json"])
+    assert "fp16" not in config and "bf16" not in config
+    assert config["zero_optimization"] == {"stage": 1}
+    assert ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE" in script_env(files["node1-b.sh"])) == (prec == "tf32")
+    assert any(prec in n for n in json.loads(files["deepspeed_pipeline.json"])["notes"])
+
+
+def test_mixed_precision_launch_files_are_as_before():
+    fp16 = json.loads(render(with_precision("fp16"), "deepspeed", master_addr="h")["ds_config.json"])
+    assert fp16["fp16"] == {"enabled": True} and fp16["bf16"] == {"enabled": False}
+    assert megatron_args(render(with_precision("fp16"), "megatron", master_addr="h"))[-1] == "--fp16"
+    for fmt in sorted(FORMATS):
+        files = render(with_precision("bf16"), fmt, master_addr="h")
+        assert "TF32" not in "".join(files[name] for name in files if name.endswith(".sh"))
+
+
+@pytest.mark.parametrize("fmt", ["torchrun", "pipelining"])
+def test_tf32_plans_export_the_tf32_switch_and_the_rank_map_names_the_precision(fmt):
+    files = render(with_precision("tf32"), fmt, master_addr="h")
+    assert json.loads(files["rank_map.json"])["precision"] == "tf32"
+    env = script_env(files["node0-a.sh"])
+    assert env["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] == "1" and "HIPBLASLT_ALLOW_TF32" not in env
+    fp32 = render(with_precision("fp32"), fmt, master_addr="h")
+    assert json.loads(fp32["rank_map.json"])["precision"] == "fp32"
+    assert "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE" not in script_env(fp32["node0-a.sh"])
+    # ROCm's PyTorch also wants its own switch before it uses TF32 (MI300X)
+    amd = render(with_precision("tf32", gpu="MI300X-192GB"), fmt, master_addr="h")
+    assert script_env(amd["node0-a.sh"])["HIPBLASLT_ALLOW_TF32"] == "1"

@@ -147,6 +147,46 @@ def precision(plan: Plan) -> str:
     return str(plan.inputs.training.get("precision", "bf16"))
 
 
+# PyTorch's switch for TF32 matmuls is torch.backends.cuda.matmul.allow_tf32 (False by default
+# since 1.12).  TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 forces it on for cuBLAS from outside the
+# script (PyTorch docs, "CUDA Environment Variables"); on ROCm PyTorch also needs
+# HIPBLASLT_ALLOW_TF32=1 (pytorch/pytorch PR 143549).  NVIDIA_TF32_OVERRIDE can only turn TF32
+# *off*, so it is not used.
+TF32_ENV = {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}
+ROCM_TF32_ENV = {"HIPBLASLT_ALLOW_TF32": "1"}
+
+
+def _amd_plan(plan: Plan) -> bool:
+    from planner import catalog
+    for gpu_type in {r.gpu_type for s in plan.stages for r in s.replicas}:
+        found = catalog.find_gpu(gpu_type)
+        if found is not None and found.vendor == "amd":
+            return True
+    return False
+
+
+def precision_env(plan: Plan) -> dict[str, str]:
+    """Environment the node scripts export for the plan's precision: for tf32, the switches
+    that make PyTorch's fp32 matmuls use TF32 tensor cores; nothing otherwise (bf16/fp16 are
+    the framework's flags, fp32 is PyTorch's default)."""
+    if precision(plan) != "tf32":
+        return {}
+    return {**TF32_ENV, **(ROCM_TF32_ENV if _amd_plan(plan) else {})}
+
+
+def precision_comment(plan: Plan) -> list[str]:
+    """Node-script comment lines on how the plan's precision is set up."""
+    prec = precision(plan)
+    if prec == "tf32":
+        return ["tf32: fp32 weights and activations, matmuls on TF32 tensor cores; the export of",
+                "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 below has the effect of",
+                "torch.backends.cuda.matmul.allow_tf32 = True (off by default)."]
+    if prec == "fp32":
+        return ["fp32: weights, activations and matmuls in fp32",
+                "(torch.backends.cuda.matmul.allow_tf32 stays False, PyTorch's default)."]
+    return []
+
+
 def seq_len(plan: Plan) -> int:
     value = plan.inputs.training.get("seq_len")
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -23,6 +23,8 @@ from planner.launch.common import (
     global_batch_size,
     num_layers,
     precision,
+    precision_comment,
+    precision_env,
 )
 from planner.launch.ranks import AXES_DP_PP_TP, AXES_PP_DP_TP, describe_nodes, framework_layout
 from planner.launch.torchrun import RANK_MAP, node_scripts, rank_map
@@ -69,13 +71,15 @@ def ds_layout(plan: Plan):
 
 
 def ds_config(plan: Plan) -> dict:
-    bf16 = precision(plan) == "bf16"
+    prec = precision(plan)
+    # fp32 / tf32: no bf16 or fp16 section, so DeepSpeed trains in fp32 (its default).
+    mixed = {"bf16": {"enabled": prec == "bf16"}, "fp16": {"enabled": prec == "fp16"}} \
+        if prec in ("bf16", "fp16") else {}
     return {
         "train_batch_size": global_batch_size(plan),
         "train_micro_batch_size_per_gpu": plan.stages[0].replicas[0].micro_batch_share,
         "gradient_accumulation_steps": plan.num_micro_batches,
-        "bf16": {"enabled": bf16},
-        "fp16": {"enabled": not bf16},
+        **mixed,
         "zero_optimization": {"stage": plan.zero_stage},
         # Checkpoints stay whole on each rank (no partitioning across TP, no CPU copies): that
         # is the memory the cost model charges for full recompute.
@@ -98,6 +102,11 @@ def pipeline_spec(plan: Plan, axes: tuple[str, ...]) -> dict:
                      "fewer micro-batches in flight")
     if plan.sequence_parallel and tp > 1:
         notes.append("sequence_parallel is the layers' own business in DeepSpeed; enable it there")
+    if precision(plan) == "tf32":
+        notes.append("tf32: ds_config has no fp16/bf16 section (fp32 training); the node scripts export "
+                     "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 so PyTorch's fp32 matmuls use TF32 tensor cores")
+    elif precision(plan) == "fp32":
+        notes.append("fp32: ds_config has no fp16/bf16 section, so DeepSpeed trains in fp32")
     return {
         "deepspeed_commit": DEEPSPEED_COMMIT,
         "num_stages": plan.num_stages,
@@ -158,8 +167,10 @@ def render(plan: Plan, opts: LaunchOptions, cluster=None) -> dict[str, str]:
     spec = pipeline_spec(plan, axes)
     script = opts.script or "train.py"
     # --deepspeed_config is the flag deepspeed.add_config_arguments gives a training script.
-    files = node_scripts(layout, opts, script, ["--deepspeed_config", f"$DIR/{CONFIG}"], comment=[
-        f"DeepSpeed at {DEEPSPEED_COMMIT[:12]}; build the model with {MODULE}'s PlannedPipelineModule."])
+    files = node_scripts(layout, opts, script, ["--deepspeed_config", f"$DIR/{CONFIG}"],
+                         extra_env=precision_env(plan), comment=[
+        f"DeepSpeed at {DEEPSPEED_COMMIT[:12]}; build the model with {MODULE}'s PlannedPipelineModule.",
+        *precision_comment(plan)])
     files[CONFIG] = dump_json(ds_config(plan))
     files[PIPELINE] = dump_json(spec)
     files[MODULE] = module_snippet(spec)

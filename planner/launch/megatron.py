@@ -24,6 +24,8 @@ from planner.launch.common import (
     global_batch_size,
     num_layers,
     precision,
+    precision_comment,
+    precision_env,
     seq_len,
     shell_join,
 )
@@ -101,7 +103,21 @@ def training_args(plan: Plan, tp: int) -> tuple[list[str], list[str]]:
             notes.append("sequence_parallel is set but tp is 1: Megatron-LM turns it off, so it is not passed")
     if plan.zero_stage == 1:
         args.append("--use-distributed-optimizer")
-    args.append("--bf16" if precision(plan) == "bf16" else "--fp16")
+    prec = precision(plan)
+    if prec in ("bf16", "fp16"):
+        args.append(f"--{prec}")
+    else:
+        # Without --fp16/--bf16 Megatron-LM keeps params, grads and activations in fp32
+        # (params_dtype float32) and sets no TF32 switch of its own (arguments.py at MEGATRON_COMMIT).
+        notes.append(f"{prec}: neither --fp16 nor --bf16, so Megatron-LM trains in fp32")
+        if prec == "tf32":
+            notes.append("tf32: Megatron-LM does not set torch.backends.cuda.matmul.allow_tf32; the node "
+                         "scripts export TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, which turns it on")
+        else:
+            notes.append("fp32: Transformer Engine (the default --transformer-impl transformer_engine) runs "
+                         "fp32 GEMMs on TF32 tensor cores whatever PyTorch's setting (CUBLAS_COMPUTE_32F_FAST_TF32 "
+                         "in its cublaslt_gemm.cu), faster than the plan's FP32 CUDA-core pricing; add "
+                         "--transformer-impl local for plain fp32 matmuls")
     if plan.schedule == "gpipe" and plan.num_stages > 1:
         notes.append("schedule gpipe runs as Megatron-LM's 1F1B: the same bubble with fewer "
                      "micro-batches in flight, so it fits wherever the GPipe plan fits")
@@ -154,9 +170,11 @@ def render(plan: Plan, opts: LaunchOptions, cluster=None) -> dict[str, str]:
     # Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tensor parallelism before Blackwell
     # (validate_args), so the kernel order overlaps TP communication as it expects.
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if tp > 1 else {}
+    env.update(precision_env(plan))
     files = node_scripts(layout, opts, script, args, extra_env=env, comment=[
         f"Megatron-LM at {MEGATRON_COMMIT[:12]}; add data, tokenizer and optimizer arguments",
-        "after this script's name: ./<this script> --data-path ... --tokenizer-type ..."])
+        "after this script's name: ./<this script> --data-path ... --tokenizer-type ...",
+        *precision_comment(plan)])
     files[ARGS_FILE] = dump_json({
         "megatron_lm_commit": MEGATRON_COMMIT,
         "args": args,

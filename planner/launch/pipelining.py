@@ -19,6 +19,9 @@ from planner.launch.common import (
     check_structure,
     chunks,
     dump_json,
+    precision,
+    precision_comment,
+    precision_env,
 )
 from planner.launch.ranks import plan_layout
 from planner.launch.torchrun import RANK_MAP, node_scripts, rank_map
@@ -106,6 +109,11 @@ def _notes(plan: Plan, d: int) -> list[str]:
                      "torch.utils.checkpoint inside each stage module")
     if plan.zero_stage == 1 and d > 1:
         notes.append("zero_stage 1: shard the optimizer state over the dp group")
+    prec = precision(plan)
+    if prec in ("fp32", "tf32"):
+        notes.append(f"precision {prec}: build the stage modules and their inputs in torch.float32 "
+                     "(no autocast)" + ("; the node scripts export TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 "
+                                       "for TF32 matmuls" if prec == "tf32" else ""))
     return notes
 
 
@@ -170,9 +178,9 @@ def render(plan: Plan, opts: LaunchOptions, cluster=None) -> dict[str, str]:
     check(plan)
     layout = plan_layout(plan, cluster)
     data = spec(plan, layout)
-    files = node_scripts(layout, opts, opts.script or "train.py", comment=[
+    files = node_scripts(layout, opts, opts.script or "train.py", extra_env=precision_env(plan), comment=[
         (f"torch.distributed.pipelining ({data['schedule_class']}); the script builds its groups "
-         f"with {SNIPPET}.")])
+         f"with {SNIPPET}."), *precision_comment(plan)])
     files[SPEC] = dump_json(data)
     files[SNIPPET] = SNIPPET_TEXT
     files[RANK_MAP] = dump_json(rank_map(plan, layout, opts))

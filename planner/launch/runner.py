@@ -412,7 +412,10 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
            "micro_batch_size": plan.micro_batch_size, "num_micro_batches": plan.num_micro_batches,
            "global_batch": plan.micro_batch_size * plan.num_micro_batches,
            "world_size": len(ranks), "port": _free_port(),
-           "collective_timeout_s": collective_timeout_s}
+           "collective_timeout_s": collective_timeout_s,
+           # The runner computes in ``dtype`` (float32 by default) whatever the plan's precision
+           # (bf16/fp16 plans too); a tf32 plan also gets TF32 matmuls on a GPU.
+           "allow_tf32": dtype == "float32" and plan.inputs.training.get("precision") == "tf32"}
     t0 = time.perf_counter()
     for attempt in range(2):
         with tempfile.TemporaryDirectory(prefix="planner-run-") as tmp:

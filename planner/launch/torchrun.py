@@ -18,6 +18,9 @@ from planner.launch.common import (
     dump_json,
     node_script,
     node_script_name,
+    precision,
+    precision_comment,
+    precision_env,
 )
 from planner.launch.ranks import plan_layout
 from planner.plan import Plan
@@ -83,6 +86,7 @@ def rank_map(plan: Plan, layout: Layout, opts: LaunchOptions, extra: dict | None
         "recompute": plan.recompute,
         "zero_stage": plan.zero_stage,
         "sequence_parallel": plan.sequence_parallel,
+        "precision": precision(plan),
     }
     data.update(extra or {})
     return data
@@ -92,8 +96,8 @@ def render(plan: Plan, opts: LaunchOptions, cluster=None) -> dict[str, str]:
     check_structure(plan, "torchrun")
     layout = plan_layout(plan, cluster)
     script = opts.script or "train.py"
-    files = node_scripts(layout, opts, script, comment=[
+    files = node_scripts(layout, opts, script, extra_env=precision_env(plan), comment=[
         f"The training script reads {RANK_MAP} (path in $PLANNER_RANK_MAP) to learn its stage,",
-        "replica and tensor-parallel rank from RANK."])
+        "replica and tensor-parallel rank from RANK.", *precision_comment(plan)])
     files[RANK_MAP] = dump_json(rank_map(plan, layout, opts))
     return files

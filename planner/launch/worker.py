@@ -92,6 +92,8 @@ class Worker:
         if cfg["backend"] == "nccl":
             torch.cuda.set_device(self.rank)
             self.device = torch.device("cuda", self.rank)
+            # float32 matmuls on TF32 tensor cores only for a tf32 plan (PyTorch's default is off).
+            torch.backends.cuda.matmul.allow_tf32 = bool(cfg.get("allow_tf32", False))
         dist.init_process_group(cfg["backend"], init_method=f"tcp://127.0.0.1:{cfg['port']}",
                                 rank=self.rank, world_size=cfg["world_size"],
                                 timeout=timedelta(seconds=cfg["collective_timeout_s"]))
