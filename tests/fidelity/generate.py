@@ -235,10 +235,11 @@ SAILOR_GPU = {"GH-96": "GH200-96GB", "RTX-3090": "RTX3090-24GB", "RTX-2080": "RT
               "Titan-RTX": "TITANRTX-24GB"}
 MIT_GROUP = {"RTX-3090": "rtx3090", "RTX-2080": "rtx2080ti", "Titan-RTX": "titanrtx"}
 MIT_LINK_LATENCY = "0.1 ms"
-# fp32: Sailor's launches pass neither --fp16 nor --bf16 and its DeepSpeed configs have no fp16
-# section (tests/fidelity/README.md, "Sailor", Training).
+# tf32: fp32 training (Sailor's launches pass neither --fp16 nor --bf16, its DeepSpeed configs have
+# no fp16 section) whose matmuls ran on TF32 tensor cores (Sailor's own A100 profiles exceed the
+# FP32 peak); tests/fidelity/README.md, "Sailor", Training.
 SAILOR_META = {
-    "plan_defaults": {"precision": "fp32", "schedule": "1f1b", "recompute": "none", "zero_stage": 0,
+    "plan_defaults": {"precision": "tf32", "schedule": "1f1b", "recompute": "none", "zero_stage": 0,
                       "sequence_parallel": False},
 }
 
