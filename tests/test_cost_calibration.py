@@ -18,21 +18,22 @@ def test_shipped_calibration_has_fitted_entries_with_provenance():
     cal = default_calibration()
     for arch, set_name in (("ampere", "vtrain-single"), ("hopper", "megatron-core-h100")):
         entry = cal.architectures[arch]
-        assert 0 < entry.eff_max <= 0.95 and 0 < entry.mem_eff <= 1 and 0 < entry.intra_eff <= 1
+        assert entry.gemm_outputs_half > 0 and entry.gemm_depth_half > 0 and 0 < entry.mem_eff <= 1
+        assert entry.matmul_ceiling is None  # the ceiling is the published benchmark's, not fitted
         assert set_name in entry.source
         prov = cal.provenance[arch]
         assert prov["set"] == set_name and prov["rows"] > 0 and prov["mape_percent"] > 0 and prov["date"]
 
 
 def test_lookup_order_name_then_architecture_then_derived():
-    cal = Calibration(gpus={"H100-SXM5-80GB": GpuCalibration(eff_max=0.5)},
-                      architectures={"ampere": GpuCalibration(eff_max=0.7, tokens_half=100.0),
-                                     "hopper": GpuCalibration(eff_max=0.8)})
-    assert cal.for_gpu(catalog.gpu("H100-SXM5-80GB")).eff_max == 0.5
-    assert cal.for_gpu(catalog.gpu("H200-SXM-141GB")).eff_max == 0.8
-    assert cal.for_gpu(catalog.gpu("A100-SXM4-40GB")).eff_max == 0.7
-    v100 = cal.for_gpu(catalog.gpu("V100-SXM2-32GB"))  # volta: derived from ampere
-    assert v100.eff_max == 0.7 and v100.tokens_half == pytest.approx(100.0 * 125 / 312)
+    cal = Calibration(gpus={"H100-SXM5-80GB": GpuCalibration(mem_eff=0.5)},
+                      architectures={"ampere": GpuCalibration(mem_eff=0.7, gemm_outputs_half=100.0),
+                                     "hopper": GpuCalibration(mem_eff=0.8)})
+    assert cal.for_gpu(catalog.gpu("H100-SXM5-80GB")).mem_eff == 0.5
+    assert cal.for_gpu(catalog.gpu("H200-SXM-141GB")).mem_eff == 0.8
+    assert cal.for_gpu(catalog.gpu("A100-SXM4-40GB")).mem_eff == 0.7
+    v100 = cal.for_gpu(catalog.gpu("V100-SXM2-32GB"))  # volta: derived from ampere (Little's law)
+    assert v100.mem_eff == 0.7 and v100.gemm_outputs_half == pytest.approx(100.0 * 125 / 312)
     assert "derived" in v100.source
 
 

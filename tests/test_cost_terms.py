@@ -7,6 +7,7 @@ import math
 import pytest
 
 from planner import catalog
+from planner.catalog.benchmarks import matmul_ceiling
 from planner.cost import CostContext, pipeline_breakdown, pipeline_time_s, ring_allreduce_s
 from planner.cost.calibration import Calibration, GpuCalibration
 from planner.cost.comm import (
@@ -18,6 +19,7 @@ from planner.cost.comm import (
 )
 from planner.cost.compute import matmul_efficiency, replica_compute
 from planner.cost.flops import block_params, model_flops_per_iteration, total_params
+from planner.cost.gemm import Gemm
 from planner.cost.memory import (
     block_activation_bytes,
     bytes_per_param,
@@ -75,7 +77,7 @@ def test_ring_allreduce_formula():
 
 
 def _ctx(model=None, **kw):
-    cal = Calibration(architectures={"ampere": GpuCalibration(intra_eff=1.0, intra_latency_s=0.0)})
+    cal = Calibration(architectures={"ampere": GpuCalibration()})
     cal = cal.with_comm(cal.comm.__class__(inter_eff=1.0, inter_latency_s=0.0))
     return CostContext(model=model or gpt(), seq_len=1024, calibration=cal, **kw)
 
@@ -93,6 +95,23 @@ def test_dp_sync_zero1_moves_grads_then_params():
     assert dp_exposed_s(_ctx(grad_reduce_overlap=False), 1.0, 0.3) == 1.0
     # ZeRO-1: reduce-scatter (4 of 6 bytes) behind the last backward, all-gather behind the first forward
     assert dp_exposed_s(_ctx(zero_stage=1), 1.2, 0.3, 0.1) == pytest.approx((0.8 - 0.3) + (0.4 - 0.1))
+
+
+def test_tp_collective_at_published_nccl_bus_bandwidth():
+    """Inside a node a TP all-reduce runs at the architecture's nccl-tests bus bandwidth, not the
+    NVLink line rate, and pays NCCL's per-step latency plus the stack's per-collective cost."""
+    from planner.catalog.benchmarks import collective_figures
+    from planner.cost.comm import tp_collective_s
+    a100, h100 = catalog.gpu("A100-SXM4-80GB"), catalog.gpu("H100-SXM5-80GB")
+    fig = collective_figures("ampere")
+    assert 0.6 < fig.busbw_fraction < 0.75 and "nccl-tests" in fig.source
+    assert collective_figures("hopper").busbw_fraction > fig.busbw_fraction
+    S, tp = 64e6, 8
+    want = ring_allreduce_s(S, tp, a100.intra_node_bandwidth_Bps * fig.busbw_fraction, fig.intra_step_latency_s)
+    got = tp_collective_s(_ctx(), S, tp, a100.intra_node_bandwidth_Bps, a100)
+    assert got == pytest.approx(want + GpuCalibration().collective_overhead_s)
+    assert got > ring_allreduce_s(S, tp, a100.intra_node_bandwidth_Bps)  # slower than line rate
+    assert tp_collective_s(_ctx(), S, tp, h100.intra_node_bandwidth_Bps, h100) < got
 
 
 def test_tp_comm_overlap_hides_behind_gemms():
@@ -190,8 +209,9 @@ def test_replica_memory_zero1_shards_optimizer_state():
 def test_efficiency_saturates_and_replica_time_scales_with_blocks():
     gpu = catalog.gpu("A100-SXM4-80GB")
     ctx = _ctx()
-    effs = [matmul_efficiency(ctx, gpu, n, 1024) for n in (128, 1024, 8192, 65536)]
-    assert effs == sorted(effs) and effs[-1] < ctx.calibration.for_gpu(gpu).eff_max
+    effs = [matmul_efficiency(ctx, gpu, Gemm("g", n, 1024, 1024)) for n in (128, 1024, 8192, 65536)]
+    assert effs == sorted(effs) and effs[0] < 0.5 * effs[-1]
+    assert effs[-1] <= matmul_ceiling(gpu.name).fraction  # never above the published benchmark
     one = replica_compute(ctx, gpu, 300e9, 2, 2, 1)
     four = replica_compute(ctx, gpu, 300e9, 2, 2, 4)
     assert four.total_s == pytest.approx(4 * one.total_s + 0 * one.total_s, rel=0.25)

@@ -16,12 +16,14 @@ pytestmark = pytest.mark.skipif(not (Path(__file__).parent / "fidelity" / "rows.
                                 reason="fidelity sets not present")
 
 # MAPE bounds (fraction), the level reached rounded up; see the module docstring.
+# megatron-core-h100 went from 6.7% to 7.4% with the per-GEMM model: its matmul ceiling is now
+# the published 80.1% of peak, no longer a free parameter fitted to 0.95 at its bound.
 BOUNDS = {
-    "vtrain-single": 0.08,
-    "megatron-core-h100": 0.07,
-    "vtrain-multi": 0.105,
-    "sailor/GH200": 0.43,
-    "sailor/MIT-mixed": 0.71,
+    "vtrain-single": 0.07,
+    "megatron-core-h100": 0.076,
+    "vtrain-multi": 0.091,
+    "sailor/GH200": 0.235,
+    "sailor/MIT-mixed": 0.255,
 }
 
 
@@ -40,6 +42,36 @@ def test_fidelity_table_prints_and_meets_bounds(table, capsys):
     for name, bound in BOUNDS.items():
         assert by_name[name].mape <= bound, f"{name}: MAPE {by_name[name].mape:.3f} > {bound}"
         assert by_name[name].median_ape <= by_name[name].mape * 1.5
+
+
+# Largest spread of the median signed error between hidden-size buckets (of 3 rows or more) of
+# one set: a model whose shape is right shows no trend with model size.  The median, so that the
+# suspect rows the sets flag (tests/fidelity/README.md) do not decide it.
+TREND_BOUND = 0.12
+
+
+def test_no_trend_of_error_with_model_size(capsys):
+    from planner.cost.fidelity import bucket_table, format_buckets
+    buckets = bucket_table()
+    with capsys.disabled():
+        print("\n" + format_buckets(buckets))
+    by_set: dict[str, list[float]] = {}
+    for b in buckets:
+        if b.rows >= 3:
+            by_set.setdefault(b.set, []).append(b.median_signed)
+    assert by_set["vtrain-multi"] and by_set["vtrain-single"]
+    for name, means in by_set.items():
+        assert max(means) - min(means) <= TREND_BOUND, f"{name}: error trend with hidden size {means}"
+
+
+def test_shipped_validation_file_is_current():
+    """planner/cost/validation.yaml (what the trust line reads) equals a fresh fidelity run."""
+    import yaml
+
+    from planner.cost.fidelity import validation_summary
+    from planner.cost.trust import VALIDATION_FILE
+    assert yaml.safe_load(VALIDATION_FILE.read_text()) == validation_summary(), (
+        "rewrite it with `python -m planner.cost.fidelity --write`")
 
 
 def test_every_row_is_predicted_finite(table):

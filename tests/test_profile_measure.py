@@ -122,8 +122,8 @@ def test_calibration_recovers_a_synthetic_device(tmp_path):
     cluster = load_cluster(cluster_file)
     gpu = cluster.node_list[0].gpu
     model = load_model({**TINY, "hidden_size": 256})
-    truth = replace(default_calibration().for_gpu(gpu), eff_max=0.5, tokens_half=300.0,
-                    width_half=50.0, layer_overhead_s=0.0)
+    truth = replace(default_calibration().for_gpu(gpu), matmul_ceiling=0.5, gemm_outputs_half=10 ** 4.5,
+                    gemm_depth_half=64.0, layer_overhead_s=0.0)
     entries = []
     for tp in (1, 2):
         for mb in (1, 2, 4, 8):
@@ -138,15 +138,15 @@ def test_calibration_recovers_a_synthetic_device(tmp_path):
         "settings": {"warmup": 0, "repeats": 1, "timer": "t", "memory": "m"}, "entries": entries}))
     result = calibrate_file(path, cluster=cluster)
     assert result.error_after < 0.02 < result.error_before
-    assert result.fitted.eff_max == pytest.approx(0.5, rel=0.15)
+    assert result.fitted.matmul_ceiling == pytest.approx(0.5, rel=0.15)
     data = result.to_yaml_data()
-    assert data["gpus"]["fake"]["eff_max"] == result.fitted.eff_max
+    assert data["gpus"]["fake"]["matmul_ceiling"] == result.fitted.matmul_ceiling
     assert "profile-fit:fake" in data["provenance"]
     # Through the command, with -o.
     out = tmp_path / "cal.yaml"
     assert main(["profile", "--calibrate", str(path), "--cluster", str(cluster_file), "-o", str(out),
                  "--quiet"]) == 0
-    assert yaml.safe_load(out.read_text())["gpus"]["fake"]["tokens_half"] > 0
+    assert yaml.safe_load(out.read_text())["gpus"]["fake"]["gemm_outputs_half"] > 0
     # An inline type unknown without --cluster: exit 2.
     assert main(["profile", "--calibrate", str(path), "--quiet"]) == 2
 

@@ -144,11 +144,15 @@ def test_mixed_stages_win_some_oracle_cases():
     """Not vacuous: in some cases the oracle's best plan has a stage of two kinds."""
     from planner.search.oracle import oracle
     won = 0
-    for seed in MIXED_SEEDS[:14]:
+    for seed in MIXED_SEEDS:
         ref = oracle(*mixed_case(seed))
         won += ref.plan is not None and any(len({(r.gpu_type, r.tp) for r in stage.replicas}) > 1
                                             for stage in ref.plan.stages)
-    assert won >= 2, won
+    # One of the 24 cases under the per-GEMM cost model (two of the first 14 under the old
+    # curve, which priced a small share's GEMMs no worse than a large one's); none in seeds
+    # 40-160 either.  One case where the oracle's best is mixed is what keeps the equality
+    # tests above from being vacuous.
+    assert won >= 1, won
 
 
 @pytest.mark.parametrize("seed", MIXED_SEEDS[:6])

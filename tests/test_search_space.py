@@ -539,7 +539,9 @@ def test_every_gpipe_plan_is_a_no_worse_1f1b_plan():
             best_g, best_1 = solve_brute(pg)[0], solve_brute(p1)[0]
             if best_g.ok:
                 assert best_1.ok and best_1.objective <= best_g.objective * (1 + 1e-12)
-    assert cases >= 8 and plans >= 50 and strict >= plans // 20, (cases, plans, strict)
+    # not vacuous: some twins are strictly better (their share follows the cost constants: 7.4%
+    # under the old efficiency curve, 4.3% under the per-GEMM one)
+    assert cases >= 8 and plans >= 50 and strict >= plans // 40, (cases, plans, strict)
 
 
 def test_knob_bound_past_the_deadline_skips_its_lps_and_stays_a_bound(monkeypatch):

@@ -7,6 +7,7 @@ import click
 from rich.table import Table
 
 from planner.cli.common import console, echo_json, format_seconds, warn_precision, warn_skipped_profiles
+from planner.cost.trust import trust_line
 from planner.errors import InfeasibleError, InputError
 
 _GiB = 2**30
@@ -133,6 +134,8 @@ def evaluate(cluster, plan, as_json, profiles, calibration_path):
         else:
             summary += "; cost unknown (a used node has no price)"
         out.print(summary)
+        if ev.trust:
+            out.print(trust_line(ev.trust))
         for term, value, formula in ev.details:
             out.print(f"{term} = {value:.4g}: {formula}")
         count = {k: sum(1 for v in ev.sources.values() if v == k) for k in ("measured", "interpolated", "estimated")}

@@ -19,6 +19,7 @@ from planner.cli.common import (
     warn_skipped_profiles,
     write_atomic,
 )
+from planner.cost.trust import trust_line
 from planner.errors import InputError
 from planner.spec.training import PRECISIONS
 
@@ -110,6 +111,8 @@ def _summary(out, result) -> None:
     else:
         line += ", cost unknown (a used node has no price)"
     out.print(line)
+    if ev.trust:
+        out.print(trust_line(ev.trust))
     # below the solvers' tolerance a gap is rounding noise (3.58e-14% was printed)
     gap = "n/a" if rep.gap is None else "0%" if rep.gap <= 1e-9 else f"{100 * rep.gap:.3g}%"
     out.print(f"solver: {rep.status} (gap {gap}, bound {_bound_text(plan, rep.bound)}), "

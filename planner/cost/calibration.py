@@ -1,8 +1,9 @@
 """Calibrated constants of the cost model, with provenance, and their fitting.
 
-The roofline of ``compute.py`` needs a few numbers per GPU type that no datasheet gives: how
-close to peak a matmul of a given size runs, and how close to peak bandwidth the elementwise
-kernels run.  They are fitted (``fit_calibration``) on the calibration sets only
+The cost model needs a few numbers per GPU type that no datasheet or published
+micro-benchmark gives: at which GEMM sizes a GPU fills (gemm.py; the ceiling itself is the
+catalog's published maximum achievable matmul), how close to peak bandwidth the elementwise
+kernels run, and the software stack's fixed launch costs.  They are fitted (``fit_calibration``) on the calibration sets only
 (``vtrain-single`` for A100, ``megatron-core`` for H100) and stored in ``calibration.yaml``
 beside this file with which set, how many rows, the resulting error and the date.
 
@@ -10,14 +11,14 @@ GPU types without fitted values get defaults by architecture (``Calibration.for_
 1. an entry for the exact GPU name, else
 2. an entry for its architecture (``ampere``: fitted on A100; ``hopper``: fitted on H100, used
    for H100 PCIe / H200 / GH200), else
-3. ``fallback``: the ampere entry with the half-saturation sizes scaled by the GPU's peak over
-   the A100's (a faster GPU needs bigger matmuls to fill; a slower one saturates earlier).
+3. ``fallback``: the ampere entry with the GEMM fill size scaled by the GPU's peak over the
+   A100's (Little's law: a faster GPU needs more work in flight to fill; a slower one fills
+   earlier).
    Volta, Turing, Ada and AMD parts land here; their predictions are unfitted.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -33,27 +34,29 @@ A100_PEAK_FLOPS = 312e12  # the GPU the ampere entry was fitted on (A100 datashe
 
 @dataclass(frozen=True)
 class GpuCalibration:
-    """Efficiency curve of one GPU type (compute.py explains the formula)."""
+    """The few numbers per GPU type that no datasheet or micro-benchmark gives (gemm.py and
+    compute.py explain the formulas).  The matmul ceiling comes from the catalog's published
+    benchmark (``matmul_ceiling`` None) unless a profile fit sets it."""
 
-    eff_max: float = 0.6              # fraction of peak reached by large matmuls
-    tokens_half: float = 512.0        # b*s (matmul rows) at which the row factor is 1/2
-    width_half: float = 256.0         # h/tp (matmul columns per shard) at which the width factor is 1/2
-    mem_eff: float = 0.7              # fraction of peak memory bandwidth of elementwise kernels
-    layer_overhead_s: float = 0.0     # fixed time per block per forward (kernel launches); backward 2x
+    gemm_outputs_half: float = 1.0e6  # M*N output elements at which a GEMM's wave fill is 1/2 (at the bf16 peak)
+    gemm_depth_half: float = 128.0    # K at which a GEMM's K-loop amortisation is 1/2
+    mem_eff: float = 0.8              # fraction of peak memory bandwidth reached by elementwise kernels
+    layer_overhead_s: float = 0.0     # host launch floor per block per forward pass (backward 2x)
     microbatch_overhead_s: float = 0.0  # fixed time per micro-batch per stage (scheduling, launches)
-    intra_eff: float = 0.7            # TP ring all-reduce bus bandwidth / intra-node link bandwidth
-    intra_latency_s: float = 2e-5     # per TP ring step (NCCL launch + handshake)
+    collective_overhead_s: float = 0.0  # fixed time per TP collective: its launch and the ranks' skew
+    matmul_ceiling: float | None = None  # None: the catalog's published MAMF fraction
     source: str = "default guess (unfitted)"
 
 
 @dataclass(frozen=True)
 class CommCalibration:
     """Between nodes: achieved fraction of the path's bandwidth and the NCCL latency per step
-    or send on top of the wire's.  (Inside a node these are per GPU type: GpuCalibration.)"""
+    or send on top of the wire's.  Defaults come from published nccl-tests figures; a
+    calibration file may override them (a measured cluster)."""
 
-    inter_eff: float = 0.8            # network ring / p2p
-    inter_latency_s: float = 3e-5     # per ring step or send between nodes (added to the path's)
-    source: str = "default guess (unfitted)"
+    inter_eff: float | None = None        # None: the catalog's NCCL figure (benchmarks.yaml)
+    inter_latency_s: float | None = None  # per ring step or send between nodes (added to the path's)
+    source: str = "catalog: planner/catalog/benchmarks.yaml collectives"
 
 
 @dataclass(frozen=True)
@@ -80,9 +83,9 @@ class Calibration:
             return self.architectures[arch]
         base = self.architectures.get("ampere", GpuCalibration())
         scale = gpu.peak_flops / A100_PEAK_FLOPS
-        return replace(base, tokens_half=base.tokens_half * scale,
-                       width_half=base.width_half * math.sqrt(scale),
-                       source=f"derived from ampere, half sizes scaled by peak ratio {scale:.2f} (unfitted)")
+        # Little's law: the GEMM work in flight needed to fill a GPU grows with its throughput.
+        return replace(base, gemm_outputs_half=base.gemm_outputs_half * scale,
+                       source=f"derived from ampere, GEMM fill size scaled by peak ratio {scale:.2f} (unfitted)")
 
     # -- yaml ---------------------------------------------------------------------------
     def with_entry(self, key: str, entry: GpuCalibration, by: str = "architectures") -> Calibration:

@@ -12,8 +12,10 @@ Sources:
   adjacent stages (Narayanan et al. SC21 §4.1); Megatron's scatter/gather optimisation splits
   it over the tp GPUs of the sending replica, which send their slices in parallel.
 
-Every bandwidth is scaled by the calibrated efficiency (``CommCalibration``) and every
-message pays the calibrated NCCL latency on top of the path's wire latency.
+Every bandwidth is scaled by the bus-bandwidth fraction NCCL reaches on that kind of link
+(published nccl-tests figures, catalog ``benchmarks.yaml``: e.g. ~0.69 of NVLink 3's line
+rate on A100, ~0.82 of NVLink 4's on H100) and every ring step or send pays NCCL's latency on
+top of the path's wire latency.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from planner.catalog.benchmarks import collective_figures
 from planner.cost.context import CostContext
 
 
@@ -38,14 +41,16 @@ def ring_reduce_scatter_s(num_bytes: float, n: int, bandwidth_Bps: float, latenc
 
 
 def _eff(ctx: CostContext, kind: str, gpu=None) -> tuple[float, float]:
-    """(bandwidth efficiency, extra latency) of a path kind; inside a node, per GPU type."""
+    """(bus bandwidth fraction, latency per ring step or send) of a path kind: inside a node
+    the GPU architecture's published nccl-tests figure, between nodes the network's
+    (catalog benchmarks.yaml; a calibration file may override the network's)."""
+    figures = collective_figures(getattr(gpu, "architecture", None))
     if kind in ("nvlink", "same-device"):
-        if gpu is not None:
-            g = ctx.calibration.for_gpu(gpu)
-            return g.intra_eff, g.intra_latency_s
-        return 0.7, 2e-5
+        return figures.busbw_fraction, figures.intra_step_latency_s
     c = ctx.calibration.comm
-    return c.inter_eff, c.inter_latency_s
+    eff = c.inter_eff if c.inter_eff is not None else figures.network_busbw_fraction
+    lat = c.inter_latency_s if c.inter_latency_s is not None else figures.inter_step_latency_s
+    return eff, lat
 
 
 def tp_collective_s(ctx: CostContext, num_bytes: float, tp: int, intra_Bps: float, gpu=None) -> float:
@@ -54,7 +59,10 @@ def tp_collective_s(ctx: CostContext, num_bytes: float, tp: int, intra_Bps: floa
     if tp <= 1:
         return 0.0
     eff, lat = _eff(ctx, "nvlink", gpu)
-    return ring_allreduce_s(num_bytes, tp, intra_Bps * eff, lat)
+    # A collective is a barrier: besides NCCL's ring steps it waits for the slowest rank's host
+    # to launch it (the software stack's fixed cost, calibrated per GPU type).
+    sync = ctx.calibration.for_gpu(gpu).collective_overhead_s if gpu is not None else 0.0
+    return ring_allreduce_s(num_bytes, tp, intra_Bps * eff, lat) + sync
 
 
 def p2p_time_s(num_bytes: float, path, ctx: CostContext | None = None, parallel_flows: int = 1,

@@ -1,37 +1,21 @@
 """Compute time of one replica of a stage for one micro-batch: profile first, roofline else.
 
-Roofline (per layer, per TP shard):
-    time = max(matmul FLOPs / tp / (peak * efficiency) + elementwise bytes / (mem_bw * mem_eff),
-               layer_overhead)
-    efficiency = eff_max * n/(n + tokens_half) * w/(w + width_half)
-The max: the host launches a block's kernels asynchronously, so its launch cost (a fixed
-``layer_overhead`` per block and pass, fitted) only shows when the GPU work is shorter (small
-models, thin TP shards); backward: both sides x2.
-n = b*s is the number of matmul rows (tokens of the replica's share) and w = h/tp the
-columns of one shard: a saturating curve in both matmul dimensions with three fitted numbers
-per GPU type (calibration.py).  Small matmuls (few tokens, thin shards) run far below peak
-(cf. NVIDIA "Matrix multiplication background" guide on tile quantisation and wave
-quantisation); large ones approach eff_max.
+Roofline (per layer, per TP shard; roofline.py lists every term):
+    GPU work = sum over the layer's GEMMs of max(FLOPs / (peak * eff(M, N, K)), operand bytes /
+               memory bandwidth) + elementwise bytes / (memory bandwidth * mem_eff)
+    forward  = max(GPU work, layer_overhead)        backward = max(GPU work, 2 layer_overhead)
+Each GEMM has its own shape and so its own efficiency (gemm.py: a saturating curve in output
+size and reduction depth through the GPU's published maximum achievable matmul), and the
+backward prices each GEMM's dgrad and wgrad by their own shapes.  The max: the host launches a
+block's kernels asynchronously, so the software stack's launch cost (``layer_overhead``,
+fitted) shows only when the GPU work is shorter (small models, thin TP shards).
 
-Memory-bound work (counted in elements of 2 bytes, forward; backward = 2x), with Megatron's
-fused kernels (fused bias-GeLU, bias-dropout-add, scale-mask-softmax), which both Megatron-LM
-and Megatron-DeepSpeed use by default:
-- per block, on the b s h activation: 2 LayerNorms (read + write: 4), 2 fused
-  bias-dropout-adds (read input and residual, write, 1-byte mask: 3.5 each) -> 11 b s h,
-  divided by tp only with sequence parallel (Korthikanti et al. 2022 §4.2.2: these regions are
-  replicated without it);
-- on the b s f MLP activation: fused bias + GeLU (read + write: 2 b s f / tp; SwiGLU reads
-  two inputs: 3 b s f / tp);
-- attention: fused scale-mask-softmax (read + write: 2) and dropout (read, write, mask: 2.5)
-  -> 4.5 a s^2 b / tp, unless flash attention (fused into the attention kernel: 0).
-Embedding: a gather (2 b s h) forward, a dense fp32 gradient of the table backward
-(V h / tp * 4 bytes, read+write).  Head: the fp32 logits through the cross-entropy
-(~3 x 4 b s V / tp bytes forward and backward).
+Recompute (Korthikanti et al. 2022): ``selective`` redoes the attention core, ``full`` the whole
+block forward (and its TP collectives); the recomputed work runs inside the backward, so it
+shares the backward's launch floor (plus, for full recompute, the forward's own launches).
 
 TP communication per block (comm.py): 2 collectives forward, 2 backward, on b s h.
-Embedding: 1 forward; head: 1 backward.  With full recompute the forward collectives are
-repeated in the backward.  Recompute (Korthikanti et al. 2022): ``selective`` recomputes the
-attention core (the s^2 matmuls and softmax); ``full`` the whole block forward.
+Embedding: 1 forward; head: 1 backward.
 """
 
 from __future__ import annotations
@@ -42,7 +26,8 @@ from dataclasses import dataclass
 
 from planner.cost.comm import tp_collective_s
 from planner.cost.context import CostContext
-from planner.cost.flops import BACKWARD_FLOPS_FACTOR, block_forward_flops, head_forward_flops
+from planner.cost.gemm import Gemm, GemmCurve, gemm_curve
+from planner.cost.roofline import block_work, head_work
 from planner.spec.gpu import GpuType
 
 
@@ -86,10 +71,19 @@ class ReplicaTiming:
 ZERO = ReplicaTiming(0.0, 0.0, 0.0, 0.0, 0.0)
 
 
-def matmul_efficiency(ctx: CostContext, gpu: GpuType, tokens: float, width: float) -> float:
-    """eff_max * n/(n + n_half) * w/(w + w_half) (see the module docstring)."""
-    c = ctx.calibration.for_gpu(gpu)
-    return c.eff_max * tokens / (tokens + c.tokens_half) * width / (width + c.width_half)
+def gemm_curve_for(ctx: CostContext, gpu: GpuType) -> GemmCurve:
+    """The GPU's GEMM efficiency curve in the context's precision (cached per context)."""
+    key = ("gemm-curve", gpu.name, gpu.peak_tflops, ctx.precision)
+    hit = ctx.cache.get(key)
+    if hit is None:
+        hit = ctx.cache[key] = gemm_curve(gpu, ctx.precision, ctx.calibration.for_gpu(gpu),
+                                          ctx.activation_bytes)
+    return hit
+
+
+def matmul_efficiency(ctx: CostContext, gpu: GpuType, gemm: Gemm) -> float:
+    """Fraction of the precision's peak one GEMM reaches (gemm.py)."""
+    return gemm_curve_for(ctx, gpu).efficiency(gemm)
 
 
 def _mem_time_s(ctx: CostContext, gpu: GpuType, num_bytes: float) -> float:
@@ -98,28 +92,17 @@ def _mem_time_s(ctx: CostContext, gpu: GpuType, num_bytes: float) -> float:
 
 
 def _block_roofline(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> tuple[float, float, float, float]:
-    """(forward, backward, selective-recompute, dense-GEMM forward) of one block, seconds."""
-    m, s = ctx.model, ctx.seq_len
-    h, f, a = m.hidden_size, m.ffn_size, m.num_attention_heads
-    fl = block_forward_flops(m, share, s)
-    eff = matmul_efficiency(ctx, gpu, share * s, h / tp)
-    peak = gpu.peak_flops
-    t_dense = fl.dense_flops / tp / (peak * eff)
-    # The s^2 attention matmuls are batched per head (K dimension = head_dim): same curve.
-    t_attn = fl.attention_flops / tp / (peak * eff)
-    sbh = share * s * h
-    act_elems = 11 * sbh / (tp if ctx.sequence_parallel else 1)
-    act_elems += (3 if m.mlp == "swiglu" else 2) * share * s * f / tp
-    softmax_elems = 0.0 if ctx.flash_attention else 4.5 * a * s * s * share / tp
-    eb = ctx.activation_bytes
-    t_elem = _mem_time_s(ctx, gpu, act_elems * eb)
-    t_soft = _mem_time_s(ctx, gpu, softmax_elems * eb)
+    """(forward, backward, recompute, dense-GEMM forward) of one block, seconds (docstring)."""
+    work = block_work(ctx, gemm_curve_for(ctx, gpu), tp, share)
     overhead = ctx.calibration.for_gpu(gpu).layer_overhead_s
-    gpu_fwd = t_dense + t_attn + t_elem + t_soft
-    fwd = max(gpu_fwd, overhead)  # launches overlap GPU work (module docstring)
-    bwd = BACKWARD_FLOPS_FACTOR * fwd
-    core = t_attn + t_soft  # what selective recompute redoes (Korthikanti et al. 2022 §5)
-    return fwd, bwd, core, t_dense
+    fwd = max(work.forward_s, overhead)  # launches overlap GPU work (module docstring)
+    bwd = max(work.backward_s, 2 * overhead)
+    if ctx.recompute == "none":
+        return fwd, bwd, 0.0, work.dense_forward_s
+    redo_gpu, redo_floor = ((work.forward_s, overhead) if ctx.recompute == "full"
+                            else (work.core_forward_s, 0.0))
+    recompute = max(work.backward_s + redo_gpu, 2 * overhead + redo_floor) - bwd
+    return fwd, bwd, recompute, work.dense_forward_s
 
 
 def _lookup(ctx: CostContext, gpu: GpuType, kind: str, share: int, tp: int):
@@ -169,11 +152,14 @@ def _cached_per_context(kind: str):
 @_cached_per_context("block")
 def block_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, share: int) -> ReplicaTiming:
     """One transformer block, one micro-batch share: profile if measured, else roofline."""
-    fwd, bwd, core, gemm = _block_roofline(ctx, gpu, tp, share)
+    fwd, bwd, recompute, gemm = _block_roofline(ctx, gpu, tp, share)
     measured = _lookup(ctx, gpu, "block", share, tp)
     if measured is not None:
+        if ctx.recompute == "full":  # a measured forward is what full recompute redoes
+            recompute = measured[0]
+        elif fwd > 0:
+            recompute *= measured[0] / fwd
         fwd, bwd = measured
-    recompute = {"none": 0.0, "selective": core, "full": fwd}[ctx.recompute]
     act = share * ctx.seq_len * ctx.model.hidden_size * ctx.activation_bytes
     coll = tp_collective_s(ctx, act, tp, intra_Bps, gpu)
     tp_fwd, tp_bwd = 2 * coll, 2 * coll
@@ -201,12 +187,7 @@ def embedding_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, 
 @_cached_per_context("head")
 def head_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, share: int) -> ReplicaTiming:
     m, s = ctx.model, ctx.seq_len
-    eff = matmul_efficiency(ctx, gpu, share * s, m.hidden_size)
-    t_mm = head_forward_flops(m, share, s) / tp / (gpu.peak_flops * eff)
-    logits_bytes = 3 * 4 * share * s * m.vocab_size / tp
-    norm_bytes = 4 * share * s * m.hidden_size * ctx.activation_bytes
-    fwd = t_mm + _mem_time_s(ctx, gpu, logits_bytes + norm_bytes)
-    bwd = BACKWARD_FLOPS_FACTOR * t_mm + _mem_time_s(ctx, gpu, logits_bytes + 2 * norm_bytes)
+    fwd, bwd = head_work(ctx, gemm_curve_for(ctx, gpu), tp, share)
     measured = _lookup(ctx, gpu, "head", share, tp)
     if measured is not None:
         fwd, bwd = measured
@@ -231,11 +212,19 @@ def replica_compute(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, s
     return out
 
 
-def optimizer_time_s(ctx: CostContext, gpu: GpuType, local_params: float) -> float:
-    """Adam step over the GPU's local parameters: memory-bound.
+# Bytes touched per local parameter by the optimizer-side passes of one iteration, from the
+# state layout of Megatron's distributed-optimizer docs (fp32 main grads and params, Adam m, v):
+#   Adam step: read grad 4, read+write main param, m, v 3 x 8                        = 28
+#   write the bf16/fp16 model weight from the main param                              =  2
+#   grad-norm for clipping: read grad                                                 =  4
+#   zero the grad buffer for the next iteration: write                                =  4
+#   fp16 only: unscale + inf/nan check of the grads (read + write)                    =  8
+# fp32 / tf32 training keeps one fp32 copy (no model-weight write, no loss scaling).
+OPTIMIZER_BYTES_PER_PARAM = {"bf16": 38, "fp16": 46, "fp32": 36, "tf32": 36}
 
-    Per parameter: read fp32 grad (4), read+write fp32 master, m and v (24), write the
-    bf16/fp16 weight (2), plus one more read of the grad for the norm / clipping (4): 34 bytes
-    (the state layout of Megatron's distributed-optimizer docs).
-    """
-    return _mem_time_s(ctx, gpu, 34 * local_params)
+
+def optimizer_time_s(ctx: CostContext, gpu: GpuType, local_params: float) -> float:
+    """The optimizer-side passes of one iteration over the GPU's local parameters: memory-bound,
+    priced by the bytes they touch (``OPTIMIZER_BYTES_PER_PARAM``)."""
+    per_param = OPTIMIZER_BYTES_PER_PARAM.get(ctx.precision, 38)
+    return _mem_time_s(ctx, gpu, per_param * local_params)

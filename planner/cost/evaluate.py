@@ -154,7 +154,7 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
             node = nodes.get(r.node)
             if node is None:
                 raise InputError(f"stage {st.index} replica {k}: unknown node {r.node!r}")
-            peak_flops += node.gpu.peak_flops * r.tp
+            peak_flops += node.gpu.peak_flops_for(ctx.precision) * r.tp  # MFU against the precision used
             rt = replica_compute(ctx, node.gpu, node.group.intra_Bps, r.tp, r.micro_batch_share,
                                  st.num_blocks, st.embedding, st.head)
             if best is None or rt.total_s > best[1].total_s:
@@ -259,7 +259,15 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
         model_flops_per_iteration=flops, nodes_usd_per_hour=money.nodes_usd_per_hour,
         egress_usd_per_hour=money.egress_usd_per_hour, memory_by_replica=by_replica,
         sources=_plan_sources(ctx, stages, nodes), schedule=plan.schedule, num_micro_batches=m, virtual_stages=v,
-        details=details)
+        details=details, trust=_trust(ctx, stages, nodes))
+
+
+def _trust(ctx, stages, nodes) -> list:
+    """Per GPU type used: validated on measured runs, profiled, or datasheet-only (trust.py)."""
+    from planner.cost.trust import plan_trust
+    types = sorted({nodes[r.node].gpu.name for st in stages for r in st.replicas})
+    profiled = {key.split("/")[0] for key, src in ctx.sources.items() if src != "estimated"}
+    return plan_trust(types, ctx.precision, profiled & set(types))
 
 
 def _plan_sources(ctx, stages, nodes) -> dict[str, str]:
@@ -278,21 +286,33 @@ def _plan_sources(ctx, stages, nodes) -> dict[str, str]:
 
 
 def _details(ctx, plan, nodes, timings, k) -> list[tuple[str, float, str]]:
-    """Explain rows for the bottleneck stage's slowest replica: efficiency and its provenance."""
-    from planner.cost.compute import matmul_efficiency
+    """Explain rows for the bottleneck stage's slowest replica: each GEMM's efficiency, the
+    launch floors, and where the curve's numbers come from."""
+    from planner.catalog.benchmarks import matmul_ceiling
+    from planner.cost.compute import gemm_curve_for
+    from planner.cost.roofline import block_gemms
     st = plan.stages[k]
     r = st.replicas[timings[k].slowest_replica]
     gpu = nodes[r.node].gpu
     cal = ctx.calibration.for_gpu(gpu)
-    eff = matmul_efficiency(ctx, gpu, r.micro_batch_share * ctx.seq_len, ctx.model.hidden_size / r.tp)
+    curve = gemm_curve_for(ctx, gpu)
     where = f"stage {k} replica {timings[k].slowest_replica} ({gpu.name}, tp={r.tp}, share={r.micro_batch_share})"
-    return [
-        ("matmul_efficiency", eff, (f"{where}: eff_max {cal.eff_max:.3g} x n/(n+{cal.tokens_half:.4g}) x "
-         f"w/(w+{cal.width_half:.4g}), n=b s, w=h/tp; calibration: {cal.source}")),
+    bench = matmul_ceiling(gpu.name)
+    ceiling_src = "profile fit" if cal.matmul_ceiling is not None else bench.source
+    rows = []
+    for g in block_gemms(ctx.model, r.micro_batch_share, ctx.seq_len, r.tp):
+        shape = f"M={g.m:.0f} N={g.n:.0f} K={g.k:.0f} x{g.batch:g}"
+        rows.append((f"gemm_efficiency.{g.name}", curve.efficiency(g),
+                     f"{where}: {shape}, {curve.time_s(g) * 1e3:.3f} ms forward"))
+    rows += [
+        ("gemm_ceiling", curve.ceiling, f"{ctx.precision} peak {curve.peak_flops / 1e12:.4g} TFLOP/s; {ceiling_src}"),
+        ("gemm_fill_half_outputs", curve.outputs_half, f"x/(x+x_half) wave fill, x = M N; {cal.source}"),
+        ("gemm_depth_half", curve.depth_half, f"K/(K+k_half) K-loop amortisation; {cal.source}"),
         ("block_launch_floor_s", cal.layer_overhead_s, ("per block forward (backward 2x): block time = "
          "max(GPU work, floor), launches overlap GPU work")),
         ("microbatch_overhead_s", cal.microbatch_overhead_s, "fixed time per micro-batch per stage"),
     ]
+    return rows
 
 
 def _gb(x: float) -> str:

@@ -11,25 +11,16 @@ Per set, a priori framework facts (not fitted, from the sources' own description
   ``--overlap-grad-reduce``, ``--overlap-param-gather`` and ``--tp-comm-overlap``.
 - Sailor (its Megatron-DeepSpeed fork): no flash attention, no gradient-reduce overlap.
 
-What the errors say (see the table; numbers as of the last calibration):
-- vtrain-single / megatron-core-h100 are fitted (8 parameters on 1440 rows; 4 on 9 rows).
-  On A100 the fit gives a matmul ceiling of ~0.80 of peak, half-saturation at ~490 tokens
-  and ~190 columns per shard, and a ~0.7 ms floor per block pass (Megatron-DeepSpeed's
-  kernel launches, hidden when the GPU work is longer).
-- vtrain-multi (unfitted): ~10% (vTrain's own simulator: 14.7%).  The worst rows are the
-  extreme micro-batch sizes (64 sequences per replica); the measured cluster's interconnect
-  is unknown (800 Gbit/s per node assumed).
-- sailor/GH200 (unfitted): predicted ~2x fast.  Single-node rows already show it: OPT-350M
-  at tp=4, one sequence per micro-batch, takes 71 ms per micro-batch (about 2% of the
-  GH200's peak), several times the per-layer overhead of either calibration stack; the
-  hopper entry comes from Megatron-Core with Transformer Engine, not this fork on a Grace
-  host.  Measured profiles of the stack (planner profile, ``--profiles``) are the remedy,
-  as in Sailor's own simulator (which profiles each layer on the machine).
-- sailor/MIT-mixed (unfitted): predicted ~3x fast.  The runs are bound by cross-type links
-  given as 115 MB/s; the measured gradient reductions (e.g. 59 s for OPT-350M over two
-  replicas) imply 5-10x less, and pipeline-only runs ~3x less, than that figure.
-- Peak memory (Sailor's max_mem, semantics unverified): GH200 rows ~15% under (workspace and
-  temporary buffers), two MIT tp=2 rows 3x over (they look like runs with recompute).
+What the errors say (see the table and README "How good are the predictions?"):
+- vtrain-single / megatron-core-h100 are fitted (6 parameters on 1440 rows; 2 on 9 rows): the
+  GEMM curve's two half-sizes, elementwise memory efficiency, and the stack's launch costs.
+  The matmul ceiling (published MAMF) and NCCL bus bandwidths are not fitted.
+- vtrain-multi (unfitted): ~9%, about 8% too fast at every hidden size: not the compute
+  curve's shape but the multi-node runs (unknown network; unbucketed gradient all-reduce).
+- sailor: fp32 storage with TF32 matmuls on GH200 (model FLOP/s above the FP32 peak), fp32 on
+  the MIT RTX cluster; ~23% / ~25%, both predicted too fast; one GH200 row is flagged suspect.
+- Peak memory (Sailor's max_mem, semantics unverified): 4-byte training raises every
+  prediction; two MIT tp=2 rows look like runs with recompute.
 """
 
 from __future__ import annotations
@@ -63,10 +54,18 @@ class RowResult:
     predicted_s: float
     measured_memory_bytes: float | None = None   # where the source measured a peak
     predicted_memory_bytes: float | None = None  # largest device peak of the plan
+    hidden_size: int = 0
+    gpu_types: tuple[str, ...] = ()
+    precision: str = "bf16"
 
     @property
     def ape(self) -> float:
         return abs(self.predicted_s - self.measured_s) / self.measured_s
+
+    @property
+    def signed_error(self) -> float:
+        """(predicted - measured) / measured: negative = predicted too fast."""
+        return (self.predicted_s - self.measured_s) / self.measured_s
 
 
 @dataclass(frozen=True)
@@ -125,8 +124,43 @@ def predict_set(name: str, calibration=None) -> list[RowResult]:
         ev = evaluate(cluster, p, model=model, check=False, ctx=ctx)
         mem = row.extras.get("measured_max_mem_bytes")
         out.append(RowResult(row.id, name, group_of(name, row.id), row.measured_iteration_time_s,
-                             ev.iteration_time_s, mem, max(ev.peak_memory_bytes.values()) if mem else None))
+                             ev.iteration_time_s, mem, max(ev.peak_memory_bytes.values()) if mem else None,
+                             model.hidden_size, _gpu_types(cluster, p), str(p.inputs.training.get("precision", "bf16"))))
     return out
+
+
+def _gpu_types(cluster, plan) -> tuple[str, ...]:
+    nodes = cluster.node_by_name
+    return tuple(sorted({nodes[r.node].gpu.name for st in plan.stages for r in st.replicas}))
+
+
+def validation_summary(calibration=None) -> dict:
+    """Per GPU type and precision: the sets it ran in, rows, fitted or not, mean error
+    (what planner.cost.trust reads from validation.yaml)."""
+    by_gpu: dict[str, list[dict]] = {}
+    for name in SETS:
+        results = predict_set(name, calibration)
+        keys = sorted({(g, r.precision, r.group) for r in results for g in r.gpu_types})
+        for gpu, precision, group in keys:
+            rows = [r for r in results if gpu in r.gpu_types and r.precision == precision and r.group == group]
+            by_gpu.setdefault(gpu, []).append({
+                "set": group, "precision": precision, "rows": len(rows), "fitted": name in CALIBRATION_SETS,
+                "mape_percent": round(100 * statistics.fmean(r.ape for r in rows), 1)})
+    return {"gpu_types": dict(sorted(by_gpu.items()))}
+
+
+VALIDATION_HEADER = """\
+# Written by `python -m planner.cost.fidelity --write` (planner/cost/trust.py reads it): for each
+# GPU type that ran in a measured fidelity set, the model's mean absolute error there. Do not edit.
+"""
+
+
+def write_validation(calibration=None) -> Path:
+    import yaml
+
+    from planner.cost.trust import VALIDATION_FILE
+    VALIDATION_FILE.write_text(VALIDATION_HEADER + yaml.safe_dump(validation_summary(calibration), sort_keys=False))
+    return VALIDATION_FILE
 
 
 def summarize(name: str, results: list[RowResult]) -> Summary:
@@ -171,8 +205,54 @@ def format_table(summaries: list[Summary]) -> str:
     return "\n".join(lines)
 
 
+# Hidden-size buckets: a model whose shape is right shows no trend of error across them.
+HIDDEN_BUCKETS = ((0, 2048), (2048, 4096), (4096, 8192), (8192, 1 << 30))
+
+
+@dataclass(frozen=True)
+class Bucket:
+    set: str
+    hidden: str          # "1024-2047" etc.
+    rows: int
+    mape: float
+    mean_signed: float   # negative: predicted too fast on average
+    median_signed: float  # the same, robust to the suspect rows the sets flag
+
+
+def bucket_table(calibration=None) -> list[Bucket]:
+    """Per set (and Sailor sub-cluster), the error by hidden-size bucket."""
+    out = []
+    for name in SETS:
+        results = predict_set(name, calibration)
+        for group in sorted({r.group for r in results}):
+            rows = [r for r in results if r.group == group]
+            for lo, hi in HIDDEN_BUCKETS:
+                sel = [r for r in rows if lo <= r.hidden_size < hi]
+                if sel:
+                    label = f">={lo}" if hi >= 1 << 30 else f"{lo}-{hi - 1}"
+                    out.append(Bucket(group, label, len(sel), statistics.fmean(r.ape for r in sel),
+                                      statistics.fmean(r.signed_error for r in sel),
+                                      statistics.median(r.signed_error for r in sel)))
+    return out
+
+
+def format_buckets(buckets: list[Bucket]) -> str:
+    lines = [f"{'set':<22}{'hidden':>12}{'rows':>6}{'MAPE':>9}{'mean signed':>13}{'median signed':>15}",
+             "-" * 77]
+    for b in buckets:
+        lines.append(f"{b.set:<22}{b.hidden:>12}{b.rows:>6}{100 * b.mape:>8.1f}%{100 * b.mean_signed:>+12.1f}%"
+                     f"{100 * b.median_signed:>+14.1f}%")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if "--write" in args:
+        print(f"wrote {write_validation()}")
     print(format_table(fidelity_table()))
+    print()
+    print("error by hidden size (signed: negative = predicted too fast)")
+    print(format_buckets(bucket_table()))
     return 0
 
 

@@ -9,14 +9,16 @@ from planner.cost.schedule import BREAKDOWN_KEYS, StageTiming
 
 # What each breakdown term is and where its formula comes from (shown by explain()).
 TERM_FORMULAS = {
-    "compute": "m x forward+backward compute of the bottleneck stage's slowest replica: "
-               "matmul FLOPs/tp / (peak x eff(b s, h/tp)) + elementwise bytes / mem BW "
-               "(FLOPs: Narayanan et al. SC21; eff: calibrated saturating curve)",
+    "compute": "m x forward+backward compute of the bottleneck stage's slowest replica: each "
+               "GEMM (qkv, attention core, projection, MLP, head; backward: dgrad + wgrad) at "
+               "2MNK / (peak x eff(MN, K)) + elementwise and attention-core bytes / mem BW, "
+               "at least the launch floor (eff: saturating in output size and depth through "
+               "the GPU's published max achievable matmul; FLOPs: Narayanan et al. SC21)",
     "recompute": "m x recomputed forward (selective: attention core; full: whole block) "
                  "(Korthikanti et al. 2022)",
     "tp_comm": "m x TP collectives, 2 fwd + 2 bwd per block of b s h bytes, ring "
-               "2(t-1)/t S/B + 2(t-1) alpha on the intra-node link (Shoeybi et al. 2019; "
-               "Patarasuk & Yuan 2009)",
+               "2(t-1)/t S/B + 2(t-1) alpha on the intra-node link at NCCL's published bus "
+               "bandwidth (nccl-tests) (Shoeybi et al. 2019; Patarasuk & Yuan 2009)",
     "pp_comm": "m x v x activation + gradient sends of b s h bytes to the neighbour stages "
                "over the real path, busiest replica (Narayanan et al. SC21 §4.1)",
     "bubble": "pipeline time - m x bottleneck cycle; 1F1B: F + (m-1) max c_s "
@@ -24,7 +26,8 @@ TERM_FORMULAS = {
     "dp_sync_exposed": "max over stages of gradient all-reduce (ZeRO-1: reduce-scatter + "
                        "all-gather) over the stage's replicas, ring bound by the slowest hop, "
                        "less the last micro-batch's backward when overlapped",
-    "optimizer": "max over stages of Adam step, 34 bytes per local parameter / mem BW "
+    "optimizer": "max over stages of the optimizer-side passes (Adam step, grad-norm, grad "
+                 "zeroing, fp16 unscale), 36-46 bytes per local parameter / mem BW "
                  "(state layout: Megatron distributed-optimizer docs)",
 }
 
@@ -54,6 +57,7 @@ class Evaluation:
     num_micro_batches: int = 1
     virtual_stages: int = 1
     details: list[tuple[str, float, str]] = field(default_factory=list)  # extra explain rows
+    trust: list = field(default_factory=list)  # planner.cost.trust.Trust per GPU type used
 
     def predicted(self):
         from planner.plan.model import Predicted
@@ -62,7 +66,8 @@ class Evaluation:
             samples_per_s=self.samples_per_s, mfu=self.mfu, usd_per_hour=self.usd_per_hour,
             usd_per_million_tokens=self.usd_per_million_tokens,
             breakdown_s={k: self.breakdown_s[k] for k in BREAKDOWN_KEYS},
-            peak_memory_bytes=dict(sorted(self.peak_memory_bytes.items())))
+            peak_memory_bytes=dict(sorted(self.peak_memory_bytes.items())),
+            trust=[t.to_json() for t in self.trust] or None)
 
     def explain(self) -> list[tuple[str, float, str]]:
         """(term, value, formula / source) rows: the seven terms, then the totals."""

@@ -107,6 +107,8 @@ class Predicted(BaseModel):
     usd_per_million_tokens: float | None = None
     breakdown_s: dict[str, float]
     peak_memory_bytes: dict[str, float]
+    trust: list[dict[str, Any]] | None = Field(
+        default=None, description="per GPU type: validated on measured runs (and the error) or datasheet-only")
 
 
 class SolverReport(BaseModel):

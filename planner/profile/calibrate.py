@@ -1,15 +1,16 @@
 """``planner profile --calibrate``: fit a GPU type's roofline efficiency to its measured profile.
 
-The cost model's roofline (planner/cost/compute.py) prices a block as
-    matmul FLOPs / (peak * eff_max * n/(n + tokens_half) * w/(w + width_half))
-    + elementwise bytes / (memory bandwidth * mem_eff) + layer overhead.
-A profile measures blocks at a few (micro-batch, tp) points; fitting ``eff_max``,
-``tokens_half``, ``width_half`` and ``layer_overhead_s`` to them lets shapes the profile lacks
-(other micro-batches, seq_lens, models) be estimated from the same device's behaviour.
+The cost model's roofline (planner/cost/compute.py, gemm.py) prices each GEMM of a block as
+    FLOPs / (peak * ceiling * fill(M N; outputs_half) * depth(K; depth_half) / reference)
+plus elementwise bytes / (memory bandwidth * mem_eff), at least the layer launch floor.
+A profile measures blocks at a few (micro-batch, tp) points; fitting the GPU's own
+``matmul_ceiling``, ``gemm_outputs_half``, ``gemm_depth_half`` and ``layer_overhead_s`` to them
+lets shapes the profile lacks (other micro-batches, seq_lens, models) be estimated from the
+same device's behaviour.
 
-How: a grid over the two half-saturation sizes (log-spaced); for each, the predicted time is
-linear in 1/eff_max and in the overhead, so those two come from weighted least squares on the
-relative error (clamped to eff_max <= 1, overhead >= 0).  ``mem_eff`` keeps the shipped value:
+How: a grid over the two half-sizes (log-spaced); for each, the predicted time is nearly
+linear in 1/ceiling and in the overhead, so those two come from weighted least squares on the
+relative error (clamped to ceiling <= 1, overhead >= 0).  ``mem_eff`` keeps the shipped value:
 a block's elementwise share is too small to pin it down.  The roofline itself is evaluated by
 calling the cost model (``block_timing``), so the fit always matches the formula in use.
 
@@ -31,7 +32,8 @@ from planner.spec.gpu import GpuType
 from planner.spec.model import ModelSpec
 from planner.spec.source import load_yaml
 
-_GRID = [10 ** (k / 8) for k in range(41)]  # 1 .. 1e5, 8 points per decade
+_OUTPUTS_GRID = [10 ** (3 + k / 4) for k in range(21)]  # 1e3 .. 1e8 output elements, 4 per decade
+_DEPTH_GRID = [2.0 ** k for k in range(13)]              # 1 .. 4096 steps of K
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,9 @@ class CalibrationResult:
 
     def summary(self) -> str:
         f = self.fitted
-        return (f"{self.gpu_type}: eff_max {f.eff_max:.3f}, tokens_half {f.tokens_half:.3g}, "
-                f"width_half {f.width_half:.3g}, layer_overhead {f.layer_overhead_s * 1e6:.1f} us; "
+        return (f"{self.gpu_type}: matmul ceiling {f.matmul_ceiling:.3f}, GEMM fill half "
+                f"{f.gemm_outputs_half:.3g} outputs, depth half {f.gemm_depth_half:.3g}, "
+                f"layer_overhead {f.layer_overhead_s * 1e6:.1f} us; "
                 f"mean |error| on {len(self.rows)} block entries {self.error_before:.1%} -> "
                 f"{self.error_after:.1%}")
 
@@ -100,9 +103,10 @@ def fit_gpu(model: ModelSpec, seq_len: int, gpu: GpuType, points: list[tuple[int
             base):
     """Fitted ``GpuCalibration`` for block totals ``points`` = [(micro_batch, tp, measured_s)]."""
     best = None
-    for th in _GRID:
-        for wh in _GRID:
-            unit = replace(base, eff_max=1.0, tokens_half=th, width_half=wh, layer_overhead_s=0.0)
+    for th in _OUTPUTS_GRID:
+        for wh in _DEPTH_GRID:
+            unit = replace(base, matmul_ceiling=1.0, gemm_outputs_half=th, gemm_depth_half=wh,
+                           layer_overhead_s=0.0)
             rows = []
             for mb, tp, meas in points:
                 full = _total_s(model, seq_len, gpu, unit, mb, tp)
@@ -115,7 +119,8 @@ def fit_gpu(model: ModelSpec, seq_len: int, gpu: GpuType, points: list[tuple[int
             if best is None or err < best[0] - 1e-12:
                 best = (err, th, wh, u, o)
     _, th, wh, u, o = best
-    return replace(base, eff_max=1.0 / u, tokens_half=th, width_half=wh, layer_overhead_s=o)
+    return replace(base, matmul_ceiling=1.0 / u, gemm_outputs_half=th, gemm_depth_half=wh,
+                   layer_overhead_s=o)
 
 
 def _solve(rows) -> tuple[float, float]:
@@ -181,5 +186,5 @@ def calibrate_file(path: str | Path, gpu_type: str | None = None, cluster=None) 
         "mean_abs_rel_error_after": round(_mean_rel_error([(r.after_s, r.measured_s) for r in rows]), 4),
     }
     calibration = replace(shipped, gpus={**shipped.gpus, gpu.name: fitted}, provenance=provenance)
-    assert math.isfinite(fitted.eff_max)
+    assert math.isfinite(fitted.matmul_ceiling)
     return CalibrationResult(gpu.name, fitted, calibration, rows, str(path))

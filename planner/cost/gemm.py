@@ -1,0 +1,109 @@
+"""Time of one matrix multiplication on one GPU, from its own M, N, K.
+
+A GEMM ``C[M, N] = A[M, K] @ B[K, N]`` (``batch`` of them for the attention core) does
+``2 M N K`` FLOPs.  Its time is the larger of
+
+    compute: 2 M N K / (peak(precision) * efficiency(M N, K))
+    memory:  element bytes * (M K + K N + M N) / memory bandwidth
+
+The efficiency has two factors, each from how a GEMM library runs on the GPU:
+
+- wave fill, ``x / (x + x_half)`` with ``x = M N batch`` output elements: the output is cut into
+  tiles, one per SM at a time; while there are too few tiles to keep every SM busy (and hide
+  each SM's memory latency), the GPU idles.  By Little's law the work in flight needed grows
+  with the throughput, so ``x_half`` scales with the GPU's peak FLOP/s in the chosen precision
+  (calibration.py).
+- K-loop amortisation, ``K / (K + k_half)``: every output tile pays a fixed prologue and
+  epilogue (loading the pipeline, writing C) worth ``k_half`` steps of its K loop.
+
+The product is normalised to equal the GPU's published *maximum achievable matmul* fraction
+(catalog ``benchmarks.yaml``) at the shape where that was measured, and never exceeds it:
+``eff = ceiling * min(1, f(M N, K) / f(M* N*, K*))``.  So the ceiling comes from a
+micro-benchmark of that GPU, and only the two half-sizes come from fitting training runs.
+
+Backward: each GEMM of the forward becomes two, with their own shapes (and efficiencies):
+``dgrad`` (``dA = dC B^T``: M x K output, reduction over N) and ``wgrad`` (``dB = A^T dC``:
+K x N output, reduction over M).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.catalog.benchmarks import matmul_ceiling
+from planner.spec.gpu import GpuType
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """``batch`` independent ``[m, k] @ [k, n]`` products, named for explanations."""
+
+    name: str
+    m: float
+    n: float
+    k: float
+    batch: float = 1.0
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+    @property
+    def outputs(self) -> float:
+        return self.m * self.n * self.batch
+
+    def operand_elements(self) -> float:
+        return (self.m * self.k + self.k * self.n + self.m * self.n) * self.batch
+
+    def dgrad(self) -> Gemm:
+        return Gemm(f"{self.name}.dgrad", self.m, self.k, self.n, self.batch)
+
+    def wgrad(self) -> Gemm:
+        return Gemm(f"{self.name}.wgrad", self.k, self.n, self.m, self.batch)
+
+
+def peak_flops(gpu: GpuType, precision: str) -> float:
+    """The dense peak of the unit that runs this precision's GEMMs (tensor cores, or the
+    CUDA cores for fp32)."""
+    for_precision = getattr(gpu, "peak_flops_for", None)
+    return for_precision(precision) if for_precision is not None else gpu.peak_flops
+
+
+def _shape_factor(outputs: float, depth: float, outputs_half: float, depth_half: float) -> float:
+    return outputs / (outputs + outputs_half) * depth / (depth + depth_half)
+
+
+@dataclass(frozen=True)
+class GemmCurve:
+    """The efficiency curve of one GPU type in one precision (see the module docstring)."""
+
+    ceiling: float          # fraction of peak at the reference shape
+    outputs_half: float     # x_half, already scaled to this precision's peak
+    depth_half: float       # k_half
+    reference: float        # the shape factor at the benchmark's shape
+    peak_flops: float
+    memory_Bps: float       # achieved memory bandwidth (peak x mem_eff)
+    element_bytes: int
+
+    def efficiency(self, g: Gemm) -> float:
+        f = _shape_factor(g.outputs, g.k, self.outputs_half, self.depth_half)
+        return self.ceiling * min(1.0, f / self.reference)
+
+    def time_s(self, g: Gemm) -> float:
+        if g.flops <= 0:
+            return 0.0
+        compute = g.flops / (self.peak_flops * self.efficiency(g))
+        memory = self.element_bytes * g.operand_elements() / self.memory_Bps
+        return max(compute, memory)
+
+
+def gemm_curve(gpu: GpuType, precision: str, cal, element_bytes: int) -> GemmCurve:
+    """``cal``: the GPU's ``GpuCalibration`` (half-sizes fitted at its bf16/fp16 peak)."""
+    bench = matmul_ceiling(gpu.name)
+    ceiling = cal.matmul_ceiling if cal.matmul_ceiling is not None else bench.fraction
+    peak = peak_flops(gpu, precision)
+    outputs_half = cal.gemm_outputs_half * peak / gpu.peak_flops  # Little's law: module docstring
+    m, n, k = bench.shape
+    reference = _shape_factor(m * n, k, outputs_half, cal.gemm_depth_half)
+    return GemmCurve(ceiling, outputs_half, cal.gemm_depth_half, reference, peak,
+                     gpu.memory_bandwidth_Bps * cal.mem_eff, element_bytes)

@@ -1,0 +1,124 @@
+"""The estimated (not measured) work of one transformer block and of the head, term by term.
+
+Every matmul of a block is priced by its own shape (gemm.py), per TP shard, for the
+replica's share of a micro-batch (``T = b s`` tokens):
+
+    forward GEMM      M      N               K        batch
+    qkv               T      (h + 2 h_kv)/tp h
+    attn.scores       s      s               d        b a/tp      (Q K^T per head, d = h/a)
+    attn.context      s      d               s        b a/tp      (probabilities x V)
+    attn.out          T      h               h/tp
+    mlp.up            T      f/tp (2f/tp SwiGLU) h
+    mlp.down          T      h               f/tp
+    head              T      V/tp            h
+
+The backward of each is its ``dgrad`` and ``wgrad`` (gemm.py).  With flash attention the two
+attention-core GEMMs run inside one fused kernel that recomputes the scores in its backward:
+2.5x the forward's core FLOPs instead of 2x (Dao et al. 2022, FlashAttention §3.1 and App. B:
+the backward does five matmuls to the forward's two).
+
+Memory-bound work, elements of ``ctx.activation_bytes`` (forward; the backward reads and
+writes each twice as much), with Megatron's fused kernels:
+- per block on the ``b s h`` activation: 2 LayerNorms (read + write: 4), 2 fused
+  bias-dropout-adds (read input and residual, write, 1-byte mask: 3.5 each) -> 11 ``b s h``,
+  divided by tp only with sequence parallel (Korthikanti et al. 2022 §4.2.2);
+- on the MLP activation: fused bias + GeLU (read + write: 2 ``b s f``/tp; SwiGLU reads two
+  inputs: 3);
+- the attention core without flash attention, per ``a s^2 b / tp`` element: the scores written
+  by the Q K^T GEMM (1), read and the probabilities written by the fused scale-mask-softmax
+  (2), dropout's read, write and 1-byte mask (2.5), and the probabilities read by the
+  context GEMM (1): 6.5.  (The GEMMs' own operand traffic is in their memory-bound floor;
+  these s^2 tensors are what makes the core memory-bound.)  Flash attention: 0.
+Head: the logits through the fp32 cross-entropy, ~3 x 4 ``b s V``/tp bytes each way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.cost.flops import kv_width, mlp_matrices
+from planner.cost.gemm import Gemm, GemmCurve
+
+# Dao et al. 2022: the fused attention backward does 5 matmuls of the forward's size, not 4.
+FLASH_BACKWARD_CORE_FACTOR = 2.5
+ATTENTION_CORE_PASSES = 6.5     # elements of a s^2 b / tp moved by the unfused core (docstring)
+BLOCK_ACTIVATION_PASSES = 11.0  # elements of b s h moved by norms and bias-dropout-adds
+CORE_GEMMS = ("attn.scores", "attn.context")
+
+
+def block_gemms(model, share: int, seq_len: int, tp: int) -> list[Gemm]:
+    """The forward GEMMs of one block on one TP shard (module docstring's table)."""
+    h, f, a = model.hidden_size, model.ffn_size, model.num_attention_heads
+    d = model.head_dim
+    tokens = share * seq_len
+    up = (mlp_matrices(model) - 1) * f / tp
+    return [
+        Gemm("qkv", tokens, (h + 2 * kv_width(model)) / tp, h),
+        Gemm("attn.scores", seq_len, seq_len, d, share * a / tp),
+        Gemm("attn.context", seq_len, d, seq_len, share * a / tp),
+        Gemm("attn.out", tokens, h, h / tp),
+        Gemm("mlp.up", tokens, up, h),
+        Gemm("mlp.down", tokens, h, f / tp),
+    ]
+
+
+def head_gemm(model, share: int, seq_len: int, tp: int) -> Gemm:
+    return Gemm("head", share * seq_len, model.vocab_size / tp, model.hidden_size)
+
+
+@dataclass(frozen=True)
+class BlockWork:
+    """One block's estimated times in seconds, by term (forward and backward apart)."""
+
+    gemm_forward_s: dict[str, float] = field(default_factory=dict)
+    gemm_backward_s: dict[str, float] = field(default_factory=dict)
+    elementwise_forward_s: float = 0.0
+    attention_core_traffic_forward_s: float = 0.0
+
+    @property
+    def core_forward_s(self) -> float:
+        """What selective recompute redoes: the attention core (Korthikanti et al. 2022 §5)."""
+        return sum(self.gemm_forward_s[g] for g in CORE_GEMMS) + self.attention_core_traffic_forward_s
+
+    @property
+    def dense_forward_s(self) -> float:
+        """The weight GEMMs of the forward (what TP comm overlap can hide behind)."""
+        return sum(t for g, t in self.gemm_forward_s.items() if g not in CORE_GEMMS)
+
+    @property
+    def forward_s(self) -> float:
+        return (sum(self.gemm_forward_s.values()) + self.elementwise_forward_s
+                + self.attention_core_traffic_forward_s)
+
+    @property
+    def backward_s(self) -> float:
+        return (sum(self.gemm_backward_s.values())
+                + 2 * (self.elementwise_forward_s + self.attention_core_traffic_forward_s))
+
+
+def block_work(ctx, curve: GemmCurve, tp: int, share: int) -> BlockWork:
+    m, s = ctx.model, ctx.seq_len
+    eb = ctx.activation_bytes
+    fwd, bwd = {}, {}
+    for g in block_gemms(m, share, s, tp):
+        fwd[g.name] = curve.time_s(g)
+        if ctx.flash_attention and g.name in CORE_GEMMS:
+            bwd[g.name] = FLASH_BACKWARD_CORE_FACTOR * fwd[g.name]
+        else:
+            bwd[g.name] = curve.time_s(g.dgrad()) + curve.time_s(g.wgrad())
+    tokens_h = share * s * m.hidden_size
+    elems = BLOCK_ACTIVATION_PASSES * tokens_h / (tp if ctx.sequence_parallel else 1)
+    elems += (3 if m.mlp == "swiglu" else 2) * share * s * m.ffn_size / tp
+    core = 0.0 if ctx.flash_attention else ATTENTION_CORE_PASSES * m.num_attention_heads * s * s * share / tp
+    return BlockWork(fwd, bwd, elems * eb / curve.memory_Bps, core * eb / curve.memory_Bps)
+
+
+def head_work(ctx, curve: GemmCurve, tp: int, share: int) -> tuple[float, float]:
+    """(forward, backward) seconds of the final norm, output projection and cross-entropy."""
+    m, s = ctx.model, ctx.seq_len
+    g = head_gemm(m, share, s, tp)
+    logits_bytes = 3 * 4 * share * s * m.vocab_size / tp
+    norm_bytes = 4 * share * s * m.hidden_size * ctx.activation_bytes
+    fwd = curve.time_s(g) + (logits_bytes + norm_bytes) / curve.memory_Bps
+    bwd = curve.time_s(g.dgrad()) + curve.time_s(g.wgrad()) + (logits_bytes + 2 * norm_bytes) / curve.memory_Bps
+    return fwd, bwd
