@@ -1,0 +1,81 @@
+"""The per-GEMM compute model: shapes, FLOPs, the curve's anchor at the published benchmark."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner import catalog
+from planner.catalog.benchmarks import matmul_ceiling
+from planner.cost.calibration import default_calibration
+from planner.cost.context import CostContext
+from planner.cost.flops import block_forward_flops, head_forward_flops
+from planner.cost.gemm import Gemm, gemm_curve
+from planner.cost.roofline import FLASH_BACKWARD_CORE_FACTOR, block_gemms, block_work, head_gemm
+from planner.spec import load_model
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "gpt3-175b", "opt-350m"])
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_block_gemms_add_up_to_the_block_flops(name, tp):
+    """The GEMM table is the same model as flops.py's closed form (Narayanan et al., GQA, SwiGLU)."""
+    m = load_model(name)
+    b, s = 2, 2048
+    gemms = block_gemms(m, b, s, tp)
+    assert sum(g.flops for g in gemms) * tp == pytest.approx(block_forward_flops(m, b, s).total_flops)
+    core = [g for g in gemms if g.name.startswith("attn.") and g.name != "attn.out"]
+    assert sum(g.flops for g in core) * tp == pytest.approx(block_forward_flops(m, b, s).attention_flops)
+    assert head_gemm(m, b, s, tp).flops * tp == pytest.approx(head_forward_flops(m, b, s))
+
+
+def test_backward_gemms_have_their_own_shapes_and_twice_the_flops():
+    g = Gemm("x", 4096, 1024, 8192)
+    d, w = g.dgrad(), g.wgrad()
+    assert (d.m, d.n, d.k) == (4096, 8192, 1024)      # dA = dC B^T: M x K, reduce over N
+    assert (w.m, w.n, w.k) == (8192, 1024, 4096)      # dB = A^T dC: K x N, reduce over M
+    assert d.flops + w.flops == pytest.approx(2 * g.flops)
+
+
+def test_curve_passes_through_the_published_benchmark_and_never_above():
+    a100 = catalog.gpu("A100-SXM4-80GB")
+    cal = default_calibration().for_gpu(a100)
+    curve = gemm_curve(a100, "bf16", cal, 2)
+    bench = matmul_ceiling(a100.name)
+    assert bench.measured and bench.fraction == pytest.approx(267.9 / 312, abs=1e-3)
+    assert curve.efficiency(Gemm("best", *bench.shape)) == pytest.approx(bench.fraction)
+    assert curve.efficiency(Gemm("huge", 32768, 32768, 32768)) == pytest.approx(bench.fraction)
+    small = [curve.efficiency(Gemm("g", 2048, n, 1024)) for n in (128, 512, 2048, 8192)]
+    assert small == sorted(small) and small[0] < 0.5 * bench.fraction
+    shallow = [curve.efficiency(Gemm("g", 8192, 8192, k)) for k in (32, 128, 512, 4096)]
+    assert shallow == sorted(shallow)
+
+
+def test_skinny_gemm_is_memory_bound():
+    a100 = catalog.gpu("A100-SXM4-80GB")
+    curve = gemm_curve(a100, "bf16", default_calibration().for_gpu(a100), 2)
+    g = Gemm("gemv", 1, 16384, 16384)            # a matrix-vector product: bytes, not FLOPs
+    assert curve.time_s(g) == pytest.approx(2 * g.operand_elements() / curve.memory_Bps)
+
+
+def test_precision_sets_the_peak_and_littles_law_the_fill_size():
+    a100 = catalog.gpu("A100-SXM4-80GB")
+    cal = default_calibration().for_gpu(a100)
+    half, fp32, tf32 = (gemm_curve(a100, p, cal, 2 if p == "bf16" else 4) for p in ("bf16", "fp32", "tf32"))
+    assert half.peak_flops == pytest.approx(312e12) and fp32.peak_flops == pytest.approx(19.5e12)
+    assert tf32.peak_flops == pytest.approx(156e12)
+    # a GPU 16x slower needs 16x less work in flight to fill
+    assert fp32.outputs_half == pytest.approx(half.outputs_half * 19.5 / 312)
+    g = Gemm("g", 8192, 8192, 8192)
+    assert fp32.time_s(g) > tf32.time_s(g) > half.time_s(g)
+
+
+def test_flash_attention_drops_the_s2_traffic_and_recomputes_scores_in_backward():
+    m = load_model("gpt3-175b")
+    a100 = catalog.gpu("A100-SXM4-80GB")
+    plain = CostContext(model=m, seq_len=2048)
+    flash = CostContext(model=m, seq_len=2048, flash_attention=True)
+    curve = gemm_curve(a100, "bf16", default_calibration().for_gpu(a100), 2)
+    wp, wf = block_work(plain, curve, 8, 1), block_work(flash, curve, 8, 1)
+    assert wp.attention_core_traffic_forward_s > 0 and wf.attention_core_traffic_forward_s == 0
+    assert wf.gemm_backward_s["attn.scores"] == pytest.approx(
+        FLASH_BACKWARD_CORE_FACTOR * wf.gemm_forward_s["attn.scores"])
+    assert wf.forward_s < wp.forward_s
