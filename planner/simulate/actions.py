@@ -1,0 +1,460 @@
+"""Pipeline schedules as per-rank action lists, and an event-driven executor for any of them.
+
+This is the first step of issue 17: the schedule becomes data.  A ``Schedule`` is, for each of
+``num_ranks`` ranks, the ordered list of actions that rank runs; an action is
+
+- ``F``: forward of one stage chunk on one micro-batch,
+- ``B``: full backward (input and weight gradients together),
+- ``I``: backward with respect to the input only (the gradient the previous stage waits on),
+- ``W``: backward with respect to the weights only (nobody waits on it; it can be deferred),
+
+on ``(chunk, micro_batch)``, where ``chunk`` is the rank-local model chunk.  Which global
+stage a chunk is comes from the stage-to-rank map:
+
+- ``loop`` (Megatron's interleaving): chunk ``c`` of rank ``r`` is stage ``c * p + r``;
+- ``v`` (the V shape of ZB-V / DualPipeV, two chunks per rank): chunk 0 of rank ``r`` is stage
+  ``r``, chunk 1 is stage ``2p - 1 - r``, so the last rank holds the two middle stages and the
+  first rank the first and the last.
+
+``validate`` checks a schedule: every (stage, micro-batch) has exactly one F and either one B
+or one I and one W, and the lists can run to the end under the data dependencies
+F(s, m) after F(s-1, m); B/I(s, m) after F(s, m) and B/I(s+1, m); W(s, m) after I(s, m).
+
+``GENERATORS`` holds the named schedules (``generate(name, p, m, v)``).  ``gpipe``, ``1f1b`` and
+``interleaved-1f1b`` are ``planner.simulate.schedules.stage_orders`` written as actions (one
+source of truth for the orders the closed forms and the plan-level simulator use); ``zb-h1``
+is Qi et al. 2024's handcrafted ZB-H1, in the order torch's ``ScheduleInterleavedZeroBubble``
+gives with one stage per rank (tests/test_simulate_actions.py compares them).
+
+``execute`` runs any schedule on per-stage durations (``StageTimes``): each rank runs its list in
+order; an action starts when the rank is free and its inputs have arrived, an input from a
+stage on another rank arriving the sender's send time after the producing action ends.  Sends
+block the sender by default (Megatron's schedules wait on their p2p ops; the closed forms in
+``planner.cost.schedule`` assume it), or run beside compute (``blocking_sends=False``: a pure
+delay).  There is no other contention, so each action's start is fixed by the ends of the
+actions it waits on: the executor walks the ranks' lists as a worklist (an action runs once its
+inputs' times are known) and the times are those of a discrete-event run, exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+KINDS = ("F", "B", "I", "W")
+STAGE_MAPS = ("loop", "v")
+
+
+class ScheduleError(ValueError):
+    """An action list that is malformed or cannot run (missing, duplicated or deadlocked actions)."""
+
+
+@dataclass(frozen=True, order=True)
+class Action:
+    kind: str          # F, B, I or W
+    chunk: int         # rank-local chunk index
+    micro_batch: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ScheduleError(f"action kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.chunk}.{self.micro_batch}"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-rank ordered action lists with the stage-to-rank map."""
+
+    name: str
+    num_ranks: int
+    chunks: int
+    num_micro_batches: int
+    stage_map: str
+    ranks: tuple[tuple[Action, ...], ...]
+
+    def __post_init__(self) -> None:
+        if self.num_ranks < 1 or self.chunks < 1 or self.num_micro_batches < 1:
+            raise ScheduleError("ranks, chunks and micro-batches must be at least 1")
+        if self.stage_map not in STAGE_MAPS:
+            raise ScheduleError(f"stage map must be one of {', '.join(STAGE_MAPS)}, got {self.stage_map!r}")
+        if self.stage_map == "v" and self.chunks != 2:
+            raise ScheduleError(f"the v stage map needs exactly 2 chunks per rank, got {self.chunks}")
+        if len(self.ranks) != self.num_ranks:
+            raise ScheduleError(f"{len(self.ranks)} action lists for {self.num_ranks} ranks")
+
+    @property
+    def num_stages(self) -> int:
+        return self.num_ranks * self.chunks
+
+    def stage(self, rank: int, chunk: int) -> int:
+        """The global stage of ``chunk`` on ``rank``."""
+        p = self.num_ranks
+        if self.stage_map == "v" and chunk == 1:
+            return 2 * p - 1 - rank
+        return chunk * p + rank
+
+    def owner(self, stage: int) -> tuple[int, int]:
+        """(rank, chunk) holding global ``stage``."""
+        p = self.num_ranks
+        chunk, rank = divmod(stage, p)
+        if self.stage_map == "v" and chunk == 1:
+            rank = 2 * p - 1 - stage
+        return rank, chunk
+
+    def table(self) -> list[list[str]]:
+        """Per rank, the actions as ``<stage><kind><micro-batch>`` strings (torch's notation)."""
+        return [[f"{self.stage(r, a.chunk)}{a.kind}{a.micro_batch}" for a in acts]
+                for r, acts in enumerate(self.ranks)]
+
+
+# --------------------------------------------------------------------------- dependencies
+
+def _deps(sched: Schedule, stage: int, a: Action) -> list[tuple[str, int, int]]:
+    """The (kind, stage, micro-batch) keys ``a`` waits on; "G" is the input gradient (B or I)."""
+    mb, last = a.micro_batch, sched.num_stages - 1
+    if a.kind == "F":
+        return [("F", stage - 1, mb)] if stage > 0 else []
+    if a.kind in ("B", "I"):
+        out = [("F", stage, mb)]
+        if stage < last:
+            out.append(("G", stage + 1, mb))
+        return out
+    return [("I", stage, mb)]
+
+
+def _keys(a: Action, stage: int) -> list[tuple[str, int, int]]:
+    """The keys an action completes."""
+    if a.kind == "B":
+        return [("G", stage, a.micro_batch), ("B", stage, a.micro_batch)]
+    if a.kind == "I":
+        return [("G", stage, a.micro_batch), ("I", stage, a.micro_batch)]
+    return [(a.kind, stage, a.micro_batch)]
+
+
+def validate(sched: Schedule) -> None:
+    """Raise ``ScheduleError`` unless every (stage, micro-batch) has exactly one F and one B or
+    one I and one W, and the lists run to the end under the data dependencies."""
+    S, m = sched.num_stages, sched.num_micro_batches
+    seen: dict[tuple[str, int, int], int] = {}
+    for r, acts in enumerate(sched.ranks):
+        for a in acts:
+            if not 0 <= a.chunk < sched.chunks:
+                raise ScheduleError(f"rank {r}: {a} names chunk {a.chunk}; chunks are 0..{sched.chunks - 1}")
+            if not 0 <= a.micro_batch < m:
+                raise ScheduleError(f"rank {r}: {a} names micro-batch {a.micro_batch}; there are {m}")
+            key = (a.kind, sched.stage(r, a.chunk), a.micro_batch)
+            if key in seen:
+                raise ScheduleError(f"rank {r}: {a} (stage {key[1]}) appears twice")
+            seen[key] = r
+    for s in range(S):
+        for mb in range(m):
+            has = {k for k in KINDS if (k, s, mb) in seen}
+            where = f"stage {s} (rank {sched.owner(s)[0]}), micro-batch {mb}"
+            if "F" not in has:
+                raise ScheduleError(f"{where}: no F")
+            if "B" in has and has & {"I", "W"}:
+                raise ScheduleError(f"{where}: both B and I/W")
+            if "B" not in has and not {"I", "W"} <= has:
+                missing = "B" if not has & {"I", "W"} else ("W" if "I" in has else "I")
+                raise ScheduleError(f"{where}: no {missing}")
+    # Dependencies: run the lists with zero durations; a rank stuck on an input is a deadlock.
+    done: set[tuple[str, int, int]] = set()
+    pos = [0] * sched.num_ranks
+    progress = True
+    while progress:
+        progress = False
+        for r, acts in enumerate(sched.ranks):
+            while pos[r] < len(acts):
+                a = acts[pos[r]]
+                s = sched.stage(r, a.chunk)
+                if not all(d in done for d in _deps(sched, s, a)):
+                    break
+                done.update(_keys(a, s))
+                pos[r] += 1
+                progress = True
+    stuck = [(r, sched.ranks[r][pos[r]]) for r in range(sched.num_ranks) if pos[r] < len(sched.ranks[r])]
+    if stuck:
+        waits = "; ".join(f"rank {r} waits at {a} (stage {sched.stage(r, a.chunk)})" for r, a in stuck)
+        raise ScheduleError(f"{sched.name}: the action lists deadlock: {waits}")
+
+
+# --------------------------------------------------------------------------- generators
+
+def _from_ops(name: str, p: int, m: int, v: int, orders) -> Schedule:
+    kind = {"fwd": "F", "bwd": "B"}
+    ranks = tuple(tuple(Action(kind[k], c, mb) for k, c, mb in ops) for ops in orders)
+    return Schedule(name, p, v, m, "loop", ranks)
+
+
+def _need_one_chunk(name: str, v: int) -> None:
+    if v != 1:
+        raise ScheduleError(f"{name} runs one chunk per rank, not {v}")
+
+
+def gpipe(p: int, m: int, v: int = 1) -> Schedule:
+    from planner.simulate.schedules import stage_orders
+
+    _need_one_chunk("gpipe", v)
+    return _from_ops("gpipe", p, m, 1, stage_orders("gpipe", p, m))
+
+
+def one_f_one_b(p: int, m: int, v: int = 1) -> Schedule:
+    from planner.simulate.schedules import stage_orders
+
+    _need_one_chunk("1f1b", v)
+    return _from_ops("1f1b", p, m, 1, stage_orders("1f1b", p, m))
+
+
+def interleaved_1f1b(p: int, m: int, v: int = 2) -> Schedule:
+    from planner.simulate.schedules import stage_orders
+
+    try:
+        orders = stage_orders("interleaved-1f1b", p, m, v)
+    except ValueError as e:
+        raise ScheduleError(str(e)) from None
+    return _from_ops("interleaved-1f1b", p, m, v, orders)
+
+
+def zb_h1(p: int, m: int, v: int = 1) -> Schedule:
+    """ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", §3.1).
+
+    1F1B with each B split into I and W: rank ``r`` runs ``min(p - 1 - r, m)`` warm-up forwards,
+    then F / I pairs, then the remaining I's, as 1F1B runs F / B; the W of micro-batch ``j``
+    follows the I of micro-batch ``j + r``, and the last ``min(r, m)`` W's close the list.  So
+    the last rank, which would idle while the input gradients walk back to rank 0, fills that
+    cool-down with its deferred W's, and rank 0 defers none.
+
+    At F = I = W = 1 (B = 2) the makespan is m (F + I + W) + (p - 1)(F + I - W): for p = 4,
+    m = 8, 24 + 3 = 27 against 1F1B's 33.  Memory: a micro-batch holds its full activations
+    from F until I (at most ``min(m, p - r)`` on rank ``r``, as in 1F1B) and the smaller
+    W-inputs from I until W; counted until W, rank ``r`` holds up to ``min(m, p)`` micro-batches,
+    the same peak as 1F1B's rank 0 (the paper's "same peak memory as 1F1B" is over ranks).
+    """
+    _need_one_chunk("zb-h1", v)
+    ranks = []
+    for r in range(p):
+        warmup = min(p - 1 - r, m)
+        acts: list[Action] = [Action("F", 0, i) for i in range(warmup)]
+        for j in range(m):  # the j-th input gradient, with the forward that precedes it in 1F1B
+            if warmup + j < m:
+                acts.append(Action("F", 0, warmup + j))
+            acts.append(Action("I", 0, j))
+            if j >= r:  # the W of micro-batch j - r follows the I of micro-batch j
+                acts.append(Action("W", 0, j - r))
+        acts.extend(Action("W", 0, j) for j in range(max(0, m - r), m))
+        ranks.append(tuple(acts))
+    return Schedule("zb-h1", p, 1, m, "loop", tuple(ranks))
+
+
+@dataclass(frozen=True)
+class Generator:
+    name: str
+    help: str
+    build: Callable[[int, int, int], Schedule]
+    default_chunks: int = 1
+
+
+GENERATORS: dict[str, Generator] = {g.name: g for g in (
+    Generator("gpipe", "GPipe (Huang et al. 2019): every forward, then every backward; holds all m "
+                       "micro-batches' activations.", gpipe),
+    Generator("1f1b", "1F1B / PipeDream-Flush (Narayanan et al. SC21): p - 1 - r warm-up forwards on "
+                      "rank r, then one forward, one backward; at most p - r micro-batches in flight.",
+              one_f_one_b),
+    Generator("interleaved-1f1b", "Megatron-LM's interleaved 1F1B: v chunks per rank on the loop map "
+                                  "(chunk c of rank r is stage c*p + r), micro-batches in groups of p; "
+                                  "needs v >= 2 and m a multiple of p, as Megatron does.",
+              interleaved_1f1b, 2),
+    Generator("zb-h1", "ZB-H1 (Qi et al. 2024): 1F1B with B split into I and W, rank r deferring r W's "
+                       "into the cool-down; bubble (p-1)(F+I-W) instead of (p-1)(F+B).", zb_h1),
+)}
+
+
+def generate(name: str, num_ranks: int, num_micro_batches: int, chunks: int | None = None) -> Schedule:
+    """The named schedule's action lists (validated); ``ScheduleError`` on unknown names or bad knobs."""
+    gen = GENERATORS.get(name)
+    if gen is None:
+        raise ScheduleError(f"unknown schedule {name!r}; one of {', '.join(GENERATORS)}")
+    if num_ranks < 1 or num_micro_batches < 1:
+        raise ScheduleError("ranks and micro-batches must be at least 1")
+    sched = gen.build(num_ranks, num_micro_batches, gen.default_chunks if chunks is None else chunks)
+    validate(sched)
+    return sched
+
+
+# --------------------------------------------------------------------------- executor
+
+@dataclass(frozen=True)
+class StageTimes:
+    """One stage (chunk), one micro-batch (seconds).  ``backward_s`` (a full B) defaults to
+    ``backward_input_s + backward_weight_s``; ``send_forward_s`` is this stage's activation
+    send to the next stage, ``send_backward_s`` its gradient send to the previous one."""
+
+    forward_s: float
+    backward_input_s: float = 0.0
+    backward_weight_s: float = 0.0
+    backward_s: float | None = None
+    send_forward_s: float = 0.0
+    send_backward_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("forward_s", "backward_input_s", "backward_weight_s", "backward_s",
+                     "send_forward_s", "send_backward_s"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+
+    @property
+    def full_backward_s(self) -> float:
+        return self.backward_input_s + self.backward_weight_s if self.backward_s is None else self.backward_s
+
+    def duration_s(self, kind: str) -> float:
+        return {"F": self.forward_s, "B": self.full_backward_s, "I": self.backward_input_s,
+                "W": self.backward_weight_s}[kind]
+
+
+def stage_times_from_ranks(stages, chunks: int = 1, stage_map: str = "loop",
+                           weight_fraction: float = 0.5) -> list[StageTimes]:
+    """Per-stage ``StageTimes`` from per-rank timings (``planner.cost`` StageTiming or
+    ``planner.simulate.SimStage``: forward_s, backward_s, send_forward_s, send_backward_s for the
+    whole rank and one micro-batch).  A chunk computes ``1/chunks`` of its rank's time and sends
+    with its rank's send times (as ``planner.simulate.engine`` does); a backward splits into I
+    and W by ``weight_fraction`` (W's share; the profiles do not yet give the split)."""
+    p = len(stages)
+    sched = Schedule("map", p, chunks, 1, stage_map, tuple(() for _ in range(p)))
+    out = []
+    for s in range(p * chunks):
+        rank, _ = sched.owner(s)
+        st = stages[rank]
+        b = float(st.backward_s) / chunks
+        out.append(StageTimes(forward_s=float(st.forward_s) / chunks,
+                              backward_input_s=b * (1 - weight_fraction), backward_weight_s=b * weight_fraction,
+                              backward_s=b,
+                              send_forward_s=float(getattr(st, "send_forward_s", 0.0) or 0.0),
+                              send_backward_s=float(getattr(st, "send_backward_s", 0.0) or 0.0)))
+    return out
+
+
+@dataclass(frozen=True)
+class ActionRun:
+    """One action or send on the timeline; for a send ``kind`` is ``send-F`` or ``send-B`` and
+    ``rank``/``stage`` are the sender's."""
+
+    rank: int
+    stage: int
+    chunk: int
+    micro_batch: int
+    kind: str
+    start_s: float
+    end_s: float
+
+
+@dataclass
+class Execution:
+    schedule: Schedule
+    makespan_s: float
+    actions: list[ActionRun]                      # compute, by rank then list order
+    sends: list[ActionRun]                        # between ranks, by start time
+    busy_s: list[float] = field(default_factory=list)            # compute per rank
+    peak_in_flight: list[int] = field(default_factory=list)      # F done, B / W not yet
+    peak_before_input_grad: list[int] = field(default_factory=list)  # F done, B / I not yet
+
+    @property
+    def idle_s(self) -> list[float]:
+        return [self.makespan_s - b for b in self.busy_s]
+
+    @property
+    def bubble_fraction(self) -> float:
+        total = self.makespan_s * self.schedule.num_ranks
+        return (total - sum(self.busy_s)) / total if total > 0 else 0.0
+
+    def rank_actions(self, rank: int) -> list[ActionRun]:
+        return [a for a in self.actions if a.rank == rank]
+
+
+def execute(sched: Schedule, times: StageTimes | Sequence[StageTimes], blocking_sends: bool = True,
+            check: bool = True) -> Execution:
+    """Run ``sched`` on per-stage ``times`` (one ``StageTimes`` for all stages, or one per global
+    stage).  ``ScheduleError`` if the lists are invalid (``check``) or deadlock."""
+    if check:
+        validate(sched)
+    S, p = sched.num_stages, sched.num_ranks
+    st = [times] * S if isinstance(times, StageTimes) else list(times)
+    if len(st) != S:
+        raise ValueError(f"{len(st)} stage times for {S} stages")
+    # key -> time the output is available to its consumer on the same rank ("end") and to the
+    # neighbouring stage (after the send); the consumer picks by whether it shares the rank.
+    end: dict[tuple[str, int, int], float] = {}
+    arrive: dict[tuple[str, int, int], float] = {}
+    pos = [0] * p
+    free = [0.0] * p
+    runs: list[list[ActionRun]] = [[] for _ in range(p)]
+    sends: list[ActionRun] = []
+    busy = [0.0] * p
+    waiting: dict[tuple[str, int, int], list[int]] = {}
+    work = list(range(p))
+    while work:
+        r = work.pop()
+        acts = sched.ranks[r]
+        while pos[r] < len(acts):
+            a = acts[pos[r]]
+            s = sched.stage(r, a.chunk)
+            ready = free[r]
+            blocked = None
+            for d in _deps(sched, s, a):
+                if d not in end:
+                    blocked = d
+                    break
+                same_rank = sched.owner(d[1])[0] == r
+                ready = max(ready, end[d] if same_rank else arrive[d])
+            if blocked is not None:
+                waiting.setdefault(blocked, []).append(r)
+                break
+            secs = st[s].duration_s(a.kind)
+            t_end = ready + secs
+            runs[r].append(ActionRun(r, s, a.chunk, a.micro_batch, a.kind, ready, t_end))
+            busy[r] += secs
+            free[r] = t_end
+            # what it sends, and to whom
+            target, send_s, label = None, 0.0, ""
+            if a.kind == "F" and s < S - 1:
+                target, send_s, label = s + 1, st[s].send_forward_s, "send-F"
+            elif a.kind in ("B", "I") and s > 0:
+                target, send_s, label = s - 1, st[s].send_backward_s, "send-B"
+            t_arrive = t_end
+            if target is not None and sched.owner(target)[0] != r and send_s > 0:
+                t_arrive = t_end + send_s
+                sends.append(ActionRun(r, s, a.chunk, a.micro_batch, label, t_end, t_arrive))
+                if blocking_sends:
+                    free[r] = t_arrive
+            for k in _keys(a, s):
+                end[k] = t_end
+                arrive[k] = t_arrive
+                work.extend(waiting.pop(k, []))
+            pos[r] += 1
+    stuck = [r for r in range(p) if pos[r] < len(sched.ranks[r])]
+    if stuck:
+        r = stuck[0]
+        raise ScheduleError(f"{sched.name}: rank {r} deadlocks at {sched.ranks[r][pos[r]]}")
+    peak, peak_g = [], []
+    for r in range(p):
+        held = held_g = top = top_g = 0
+        for a in runs[r]:
+            if a.kind == "F":
+                held += 1
+                held_g += 1
+                top, top_g = max(top, held), max(top_g, held_g)
+            elif a.kind == "B":
+                held -= 1
+                held_g -= 1
+            elif a.kind == "I":
+                held_g -= 1
+            else:
+                held -= 1
+        peak.append(top)
+        peak_g.append(top_g)
+    actions = [a for rr in runs for a in rr]
+    makespan = max((a.end_s for a in actions), default=0.0)
+    sends.sort(key=lambda e: (e.start_s, e.rank))
+    return Execution(sched, makespan, actions, sends, busy, peak, peak_g)

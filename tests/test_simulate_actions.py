@@ -1,0 +1,306 @@
+"""The action-list schedule engine (planner.simulate.actions): generated schedules at unit times
+against the closed forms, peak in-flight micro-batches, the validator, torch's own orders, and
+the plan-level simulator on random unequal stages."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from planner.cost.schedule import StageTiming, pipeline_time_s
+from planner.simulate import SimStage, simulate_pipeline
+from planner.simulate.actions import (
+    GENERATORS,
+    Action,
+    Schedule,
+    ScheduleError,
+    StageTimes,
+    execute,
+    generate,
+    stage_times_from_ranks,
+    validate,
+)
+
+UNIT = StageTimes(forward_s=1, backward_input_s=1, backward_weight_s=1)  # F = 1, B = I + W = 2
+
+
+# ---------------------------------------------------------------- unit times, closed forms
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(1, 1), (1, 4), (2, 1), (4, 8), (3, 7), (8, 3)])
+def test_gpipe_and_1f1b_at_unit_times(name, p, m):
+    run = execute(generate(name, p, m), UNIT)
+    assert run.makespan_s == (m + p - 1) * 3
+    assert run.busy_s == [m * 3.0] * p
+
+
+def test_issue_figures_p4_m8():
+    assert execute(generate("1f1b", 4, 8), UNIT).makespan_s == 33
+    assert execute(generate("gpipe", 4, 8), UNIT).makespan_s == 33
+    # ZB-H1: m (F + I + W) + (p - 1)(F + I - W) = 24 + 3 (Qi et al. 2024, §3.1: a third of
+    # 1F1B's bubble when F = I = W).
+    assert execute(generate("zb-h1", 4, 8), UNIT).makespan_s == 27
+
+
+@pytest.mark.parametrize("p,m", [(1, 3), (2, 2), (2, 5), (3, 3), (4, 4), (4, 8), (5, 12), (8, 16)])
+def test_zb_h1_bubble_formula_when_m_at_least_p(p, m):
+    run = execute(generate("zb-h1", p, m), UNIT)
+    assert run.makespan_s == m * 3 + (p - 1) * 1
+
+
+@pytest.mark.parametrize("p,k,v", [(2, 1, 2), (2, 3, 2), (4, 2, 2), (4, 2, 4), (3, 2, 3), (1, 4, 2)])
+def test_interleaved_matches_megatron_bubble(p, k, v):
+    m = k * p
+    f, b = 2.0, 4.0       # per rank; a chunk does 1/v of it
+    chunk = StageTimes(forward_s=f / v, backward_s=b / v)
+    run = execute(generate("interleaved-1f1b", p, m, v), chunk)
+    assert run.makespan_s == pytest.approx((m + (p - 1) / v) * (f + b))
+
+
+# ---------------------------------------------------------------- in-flight micro-batches
+
+@pytest.mark.parametrize("p,m", [(1, 3), (2, 1), (4, 2), (4, 8), (6, 9)])
+def test_peak_in_flight(p, m):
+    one = execute(generate("1f1b", p, m), UNIT)
+    assert one.peak_in_flight == [min(m, p - r) for r in range(p)]
+    assert one.peak_before_input_grad == one.peak_in_flight
+    zb = execute(generate("zb-h1", p, m), UNIT)
+    # Full activations (held from F until I) as in 1F1B on every rank; counted until W, rank r
+    # holds its r deferred W's on top, which is 1F1B's rank-0 peak min(m, p) on every rank.
+    assert zb.peak_before_input_grad == one.peak_in_flight
+    assert zb.peak_in_flight == [min(m, p)] * p
+    assert max(zb.peak_in_flight) == max(one.peak_in_flight)
+    assert execute(generate("gpipe", p, m), UNIT).peak_in_flight == [m] * p
+
+
+# ---------------------------------------------------------------- against the closed forms
+
+def _random_stages(rng: random.Random, p: int, sends: bool, wrap: bool = False) -> list[StageTiming]:
+    """Unequal stages; the last stage sends no activation and the first no gradient unless
+    ``wrap`` (interleaved: the last rank's forward send is the wrap-around to rank 0), as the
+    cost model prices them."""
+    def t() -> float:
+        return rng.choice([0.5, 1.0, 1.5, 2.0, 3.0])
+    return [StageTiming(forward_s=t(), backward_s=2 * t(),
+                        send_forward_s=t() / 4 if sends and (i < p - 1 or wrap) else 0.0,
+                        send_backward_s=t() / 4 if sends and (i > 0 or wrap) else 0.0) for i in range(p)]
+
+
+def _run(stages, m: int, schedule: str, v: int = 1):
+    sched = generate(schedule, len(stages), m, v)
+    return execute(sched, stage_times_from_ranks(stages, v))
+
+
+def _lower_bounds(stages, m: int) -> float:
+    """No schedule beats the bottleneck rank's compute, nor one micro-batch's trip."""
+    work = [s.forward_s + s.backward_s for s in stages]
+    return max(m * max(work), sum(work))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=hs.integers(0, 10**6), p=hs.integers(1, 5), m=hs.integers(1, 9))
+def test_gpipe_equals_closed_form_on_any_stages_and_sends(seed, p, m):
+    # The GPipe closed form is two flow shops of identical jobs: exact for unequal stages and
+    # blocking sends (planner/cost/schedule.py).
+    stages = _random_stages(random.Random(seed), p, sends=True)
+    assert _run(stages, m, "gpipe").makespan_s == pytest.approx(pipeline_time_s(stages, m, "gpipe"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=hs.integers(0, 10**6), p=hs.integers(1, 5), m=hs.integers(1, 9))
+def test_1f1b_closed_form_exact_where_documented(seed, p, m):
+    rng = random.Random(seed)
+    stages = _random_stages(rng, p, sends=rng.random() < 0.5)
+    sim = _run(stages, m, "1f1b").makespan_s
+    closed = pipeline_time_s(stages, m, "1f1b")
+    # Exact for p = 1, m = 1 and equal stages without sends.  Otherwise neither bound: usually
+    # above the simulator (an early slow stage's warm-up forwards overlap the fill), sometimes
+    # below (tests/test_simulate.py: 30 against 31); only the simulator's lower bounds hold.
+    if p == 1 or m == 1:
+        assert sim == pytest.approx(closed)
+    assert sim >= _lower_bounds(stages, m) - 1e-9
+    equal = [StageTiming(stages[0].forward_s, stages[0].backward_s)] * p
+    assert _run(equal, m, "1f1b").makespan_s == pytest.approx(pipeline_time_s(equal, m, "1f1b"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=hs.integers(0, 10**6), p=hs.integers(1, 4), k=hs.integers(1, 3), v=hs.integers(2, 3))
+def test_interleaved_closed_form_exact_on_equal_stages_without_sends(seed, p, k, v):
+    rng = random.Random(seed)
+    m = k * p
+    stages = _random_stages(rng, p, sends=rng.random() < 0.5, wrap=True)
+    # Unequal stages: the closed form m c* + (F - c*)/v is off in both directions (seen 25%
+    # below the simulator, and far above it at p = 1 with sends, where the wrap-around stays on
+    # the rank and costs nothing); only the lower bounds hold.
+    assert _run(stages, m, "interleaved-1f1b", v).makespan_s >= _lower_bounds(stages, m) - 1e-9
+    equal = [StageTiming(stages[0].forward_s, stages[0].backward_s)] * p
+    assert _run(equal, m, "interleaved-1f1b", v).makespan_s == pytest.approx(
+        pipeline_time_s(equal, m, "interleaved-1f1b", v))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=hs.integers(0, 10**6), p=hs.integers(1, 4), k=hs.integers(1, 3),
+       schedule=hs.sampled_from(["gpipe", "1f1b", "interleaved-1f1b"]), blocking=hs.booleans())
+def test_same_times_as_the_plan_simulator(seed, p, k, schedule, blocking):
+    # planner.simulate.engine (the plan-level simulator) runs the same orders: every op's start
+    # and end agree, blocking sends or not (its link serialisation off: sends as pure delays).
+    rng = random.Random(seed)
+    v = rng.choice([2, 3]) if schedule == "interleaved-1f1b" else 1
+    m = k * p
+    stages = _random_stages(rng, p, sends=True, wrap=True)
+    sim = [SimStage(s.forward_s, s.backward_s, s.send_forward_s, s.send_backward_s) for s in stages]
+    ref = simulate_pipeline(sim, m, schedule, v, blocking_sends=blocking, serialize_links=False)
+    run = execute(generate(schedule, p, m, v), stage_times_from_ranks(stages, v), blocking_sends=blocking)
+    assert run.makespan_s == pytest.approx(ref.makespan_s)
+    kind = {"fwd": "F", "bwd": "B"}
+    want = sorted((e.stage, e.virtual_stage, kind[e.kind], e.micro_batch, round(e.start_s, 9), round(e.end_s, 9))
+                  for e in ref.timeline)
+    got = sorted((a.rank, a.stage, a.kind, a.micro_batch, round(a.start_s, 9), round(a.end_s, 9))
+                 for a in run.actions)
+    assert got == want
+    assert run.peak_in_flight == ref.max_in_flight
+
+
+def test_zb_h1_not_slower_than_1f1b_on_random_stages():
+    rng = random.Random(7)
+    for _ in range(50):
+        p, m = rng.randint(1, 5), rng.randint(1, 10)
+        stages = _random_stages(rng, p, sends=rng.random() < 0.5)
+        assert _run(stages, m, "zb-h1").makespan_s <= _run(stages, m, "1f1b").makespan_s + 1e-9
+
+
+def test_blocking_send_hand_computed():
+    # Two ranks, 1F1B, m = 1: F on rank 0 [0,1], send [1,1.5]; rank 1 F [1.5,2.5], B [2.5,4.5],
+    # send back [4.5,4.75]; rank 0 B [4.75,6.75].
+    times = [StageTimes(1, backward_s=2, send_forward_s=0.5), StageTimes(1, backward_s=2, send_backward_s=0.25)]
+    run = execute(generate("1f1b", 2, 1), times)
+    assert run.makespan_s == pytest.approx(6.75)
+    assert [(s.kind, s.start_s, s.end_s) for s in run.sends] == [("send-F", 1, 1.5), ("send-B", 4.5, 4.75)]
+    assert run.busy_s == [3, 3] and run.idle_s == [pytest.approx(3.75)] * 2
+
+
+# ---------------------------------------------------------------- the V map
+
+def test_v_map_stages_and_a_hand_run():
+    p = 2
+    order = [Action("F", 0, 0), Action("F", 1, 0), Action("B", 1, 0), Action("B", 0, 0)]
+    # rank 0: stages 0 and 3; rank 1: stages 1 and 2.
+    r0 = (Action("F", 0, 0), Action("F", 1, 0), Action("B", 1, 0), Action("B", 0, 0))
+    r1 = tuple(order)
+    sched = Schedule("v-hand", p, 2, 1, "v", (r0, r1))
+    assert [sched.stage(0, c) for c in (0, 1)] == [0, 3] and [sched.stage(1, c) for c in (0, 1)] == [1, 2]
+    assert sched.owner(3) == (0, 1) and sched.owner(2) == (1, 1)
+    # F0 [0,1] -> F1 [1,2] -> F2 (rank 1, no send) [2,3] -> F3 [3,4] -> B3 [4,6] -> B2 [6,8]
+    # -> B1 [8,10] -> B0 [10,12].
+    run = execute(sched, StageTimes(1, backward_s=2))
+    assert run.makespan_s == 12
+    # The stage 1 -> 2 hand-off stays on rank 1 and sends nothing.
+    times = [StageTimes(1, backward_s=2, send_forward_s=0.5, send_backward_s=0.5)] * 4
+    run = execute(sched, times)
+    assert run.makespan_s == 12 + 4 * 0.5
+    assert len(run.sends) == 4
+    with pytest.raises(ScheduleError, match="2 chunks"):
+        Schedule("bad", 2, 3, 1, "v", ((), ()))
+
+
+# ---------------------------------------------------------------- the validator
+
+def _replace(sched: Schedule, rank: int, acts) -> Schedule:
+    ranks = list(sched.ranks)
+    ranks[rank] = tuple(acts)
+    return Schedule(sched.name, sched.num_ranks, sched.chunks, sched.num_micro_batches, sched.stage_map,
+                    tuple(ranks))
+
+
+def test_validator_rejects_missing_w_duplicate_f_and_deadlock():
+    good = generate("zb-h1", 3, 4)
+    validate(good)
+    no_w = _replace(good, 1, [a for a in good.ranks[1] if a != Action("W", 0, 2)])
+    with pytest.raises(ScheduleError, match="stage 1 .*micro-batch 2: no W"):
+        validate(no_w)
+    dup = _replace(good, 0, [Action("F", 0, 0), *good.ranks[0]])
+    with pytest.raises(ScheduleError, match="appears twice"):
+        validate(dup)
+    # Rank 0 wants the gradient of micro-batch 0 before it sends micro-batch 0 forward.
+    one = generate("1f1b", 2, 2)
+    swapped = _replace(one, 0, [Action("B", 0, 0), *[a for a in one.ranks[0] if a != Action("B", 0, 0)]])
+    with pytest.raises(ScheduleError, match="deadlock"):
+        validate(swapped)
+    with pytest.raises(ScheduleError, match="deadlock"):
+        execute(swapped, UNIT, check=False)
+    # Two ranks each waiting on the other's second micro-batch first.
+    crossed = _replace(one, 1, [Action("F", 0, 1), Action("B", 0, 1), Action("F", 0, 0), Action("B", 0, 0)])
+    crossed = _replace(crossed, 0, [Action("F", 0, 0), Action("B", 0, 0), Action("F", 0, 1), Action("B", 0, 1)])
+    with pytest.raises(ScheduleError, match="deadlock"):
+        validate(crossed)
+    # W before its I on the same rank, B beside I / W, out-of-range indices.
+    w_first = _replace(good, 2, [Action("W", 0, 0), *[a for a in good.ranks[2] if a != Action("W", 0, 0)]])
+    with pytest.raises(ScheduleError, match="deadlock"):
+        validate(w_first)
+    with pytest.raises(ScheduleError, match="both B and I/W"):
+        validate(_replace(good, 0, [*good.ranks[0], Action("B", 0, 0)]))
+    with pytest.raises(ScheduleError, match="micro-batch 9"):
+        validate(_replace(good, 0, [*good.ranks[0], Action("F", 0, 9)]))
+    with pytest.raises(ScheduleError):
+        Action("X", 0, 0)
+
+
+def test_registry_and_knobs():
+    assert list(GENERATORS) == ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
+    assert all(g.help for g in GENERATORS.values())
+    with pytest.raises(ScheduleError, match="unknown schedule"):
+        generate("zb-v", 2, 4)
+    with pytest.raises(ScheduleError, match="multiple"):
+        generate("interleaved-1f1b", 4, 6, 2)
+    with pytest.raises(ScheduleError, match="one chunk"):
+        generate("zb-h1", 4, 8, 2)
+    assert generate("interleaved-1f1b", 2, 4).chunks == 2
+
+
+# ---------------------------------------------------------------- torch's own orders
+
+torch_schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+
+
+def _torch_order(cls, p: int, m: int, v: int = 1) -> list[list[str]]:
+    """``pipeline_order`` of a torch schedule class, built on stand-in stages (no process group,
+    nothing run): per rank, the compute actions as ``<stage><kind><micro-batch>``."""
+    stages = [SimpleNamespace(num_stages=p * v, group_size=p, group_rank=0, stage_index=c * p,
+                              is_first=c == 0, is_last=c == v - 1, submod=None) for c in range(v)]
+    single = issubclass(cls, torch_schedules.PipelineScheduleSingle)
+    sched = cls(stages[0], m) if single else cls(stages, m)
+    return [[str(a) for a in sched.pipeline_order[r]
+             if a is not None and a.computation_type.value in ("F", "B", "I", "W")] for r in range(p)]
+
+
+@pytest.mark.parametrize("p,m", [(2, 2), (2, 6), (4, 4), (4, 8), (4, 3), (8, 16)])
+def test_zb_h1_is_torchs_interleaved_zero_bubble_with_one_stage_per_rank(p, m):
+    assert generate("zb-h1", p, m).table() == _torch_order(torch_schedules.ScheduleInterleavedZeroBubble, p, m)
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 4, 2), (4, 8, 3), (3, 6, 4)])
+def test_interleaved_is_torchs_interleaved_1f1b(p, m, v):
+    assert generate("interleaved-1f1b", p, m, v).table() == _torch_order(
+        torch_schedules.ScheduleInterleaved1F1B, p, m, v)
+
+
+@pytest.mark.parametrize("p,m", [(2, 2), (4, 4), (4, 8), (8, 12)])
+def test_1f1b_is_torchs_schedule_1f1b(p, m):
+    ours = generate("1f1b", p, m).table()
+    theirs = _torch_order(torch_schedules.Schedule1F1B, p, m)
+    assert ours[:-1] == theirs[:-1]
+    # torch 2.13's Schedule1F1B._get_pipeline_order numbers the last rank's forwards from 1
+    # (F1 .. Fm, its forward counter starts at 0 and is incremented before use when that rank
+    # has no warm-up); that IR is only drawn, not run (its _step_microbatches runs forwards
+    # 0 .. m-1).  With that off-by-one undone the last rank's order is ours.
+    fixed = [f"{a[:a.index('F') + 1]}{int(a[a.index('F') + 1:]) - 1}" if "F" in a else a for a in theirs[-1]]
+    assert ours[-1] == fixed
+
+
+@pytest.mark.parametrize("p,m", [(1, 2), (2, 3), (4, 8)])
+def test_gpipe_is_torchs_schedule_gpipe(p, m):
+    assert generate("gpipe", p, m).table() == _torch_order(torch_schedules.ScheduleGPipe, p, m)
