@@ -12,6 +12,31 @@ from planner.cli.common import console, echo_json, warn_precision
 _STYLE = {"fwd": "cyan", "bwd": "magenta", "send": "yellow", "idle": "dim"}
 
 
+def _timeline_suffix(ctx, param, value):
+    if value is not None and not value.lower().endswith((".png", ".svg")):
+        raise click.BadParameter(f"{value}: the file must end in .png or .svg")
+    return value
+
+
+def _draw(sim, timeline_path: str | None, trace_path: str | None, quiet: bool) -> None:
+    """The plan's schedule as generated action lists on the simulated stage times, drawn and/or
+    traced (planner.simulate.plan.plan_execution, planner.simulate.render)."""
+    from planner.simulate.plan import plan_execution
+    from planner.simulate.render import write_timeline, write_trace
+
+    run = plan_execution(sim)
+    out = console(quiet=True)
+    if abs(run.makespan_s - sim.simulated_pipeline_s) > 1e-9 * max(1.0, sim.simulated_pipeline_s):
+        out.print(f"note: the drawing does not model shared CPU cores: {run.makespan_s:.4f} s there, "
+                  f"{sim.simulated_pipeline_s:.4f} s simulated")
+    if timeline_path is not None:
+        write_timeline(run, timeline_path)
+        out.print(f"timeline written to {timeline_path}")
+    if trace_path is not None:
+        write_trace(run, trace_path)
+        out.print(f"trace written to {trace_path} (open it in https://ui.perfetto.dev)")
+
+
 @click.command()
 @click.argument("cluster_file", metavar="CLUSTER", type=click.Path(dir_okay=False))
 @click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
@@ -22,9 +47,20 @@ _STYLE = {"fwd": "cyan", "bwd": "magenta", "send": "yellow", "idle": "dim"}
               help="Folder or file of measured per-layer profiles (default: the cluster spec's profiles:).")
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False), default=None,
               help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
+@click.option("--timeline", "timeline_path", type=click.Path(dir_okay=False), default=None,
+              callback=_timeline_suffix,
+              help="Draw the schedule to FILE.png or FILE.svg: one row per rank, F / B / I / W and send "
+                   "blocks numbered by micro-batch (needs matplotlib).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the schedule as Chrome trace events to FILE.json (opens in Perfetto).")
 def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int, profiles_path: str | None,
-             calibration_path: str | None) -> None:
+             calibration_path: str | None, timeline_path: str | None, trace_path: str | None) -> None:
     """Simulate PLAN's schedule on CLUSTER; compare with the closed-form iteration time."""
+    from planner.cli.common import check_writable
+
+    for path in (timeline_path, trace_path):
+        if path is not None:
+            check_writable(path)
     from planner.plan.check import load_plan
     from planner.simulate.plan import simulate_plan, timeline_rows
     from planner.spec import load_cluster
@@ -38,6 +74,8 @@ def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int, profi
 
     sim = simulate_plan(cluster, plan, profiles=resolve_profiles(cluster, profiles_path), file=plan_file)
     warn_precision(cluster, str(plan.inputs.training.get("precision", "bf16")), plan)
+    if timeline_path is not None or trace_path is not None:
+        _draw(sim, timeline_path, trace_path, quiet=as_json)
     if as_json:
         echo_json(sim.to_json())
         return

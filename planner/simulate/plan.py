@@ -84,6 +84,18 @@ def simulate_plan(cluster, plan, profiles=None, file: str = "<plan>") -> PlanSim
                           closed_form_iteration_s=ev.iteration_time_s)
 
 
+def plan_execution(sim: PlanSimulation):
+    """The plan's schedule as generated action lists (``planner.simulate.actions``), run on the
+    per-stage times ``simulate_plan`` priced (one micro-batch per stage, sends blocking as in the
+    closed forms).  Without oversubscribed cores its times are ``sim.result``'s; shared cores
+    are not modelled here."""
+    from planner.simulate.actions import execute, generate, stage_times_from_ranks
+
+    r = sim.result
+    sched = generate(r.schedule, r.num_stages, r.num_micro_batches, r.virtual_stages)
+    return execute(sched, stage_times_from_ranks(sim.evaluation.stages, r.virtual_stages))
+
+
 def timeline_rows(result: SimResult, width: int = 80) -> list[list[tuple[str, str]]]:
     """A character grid of the timeline: per stage, ``width`` cells of (char, kind).
 

@@ -1,0 +1,147 @@
+"""Pictures and traces of an action-list run (``planner.simulate.actions.Execution``).
+
+- ``timeline_figure`` / ``write_timeline``: one row per rank (rank 0 on top), F / B / I / W
+  blocks coloured and numbered by micro-batch (``mb`` or ``mb.chunk`` with several chunks per
+  rank), sends as thin yellow bars under the row, idle gaps left blank.  matplotlib is
+  imported here, lazily: only a drawing needs it (``pip install matplotlib``, in the ``dev``
+  extra).
+- ``chrome_trace`` / ``write_trace``: Chrome trace events (the JSON object form with
+  ``traceEvents``; complete events ``ph: "X"`` with ``ts`` and ``dur`` in microseconds) that
+  Perfetto (ui.perfetto.dev) and chrome://tracing open.  Process ``pid`` = rank; its compute
+  is thread ``tid`` = rank and its sends thread ``num_ranks + rank``, named by metadata events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from planner.errors import InputError
+from planner.simulate.actions import Execution
+
+COLOURS = {"F": "#4c9be8", "B": "#b065c9", "I": "#f08a3c", "W": "#5cb85c",
+           "send-F": "#e8c547", "send-B": "#c9a227"}
+NAMES = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weights)",
+         "send-F": "send activation", "send-B": "send gradient"}
+TIMELINE_SUFFIXES = (".png", ".svg")
+
+
+def _label(run: Execution, a) -> str:
+    return f"{a.micro_batch}.{a.chunk}" if run.schedule.chunks > 1 else str(a.micro_batch)
+
+
+def _unit(span_s: float) -> tuple[str, float]:
+    if span_s >= 1:
+        return "s", 1.0
+    if span_s >= 1e-3:
+        return "ms", 1e3
+    return "us", 1e6
+
+
+def timeline_figure(run: Execution, title: str | None = None):
+    """A matplotlib Figure of the run."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
+    except ImportError:
+        raise InputError("--timeline needs matplotlib: pip install matplotlib "
+                         "(or the dev extra: pip install -e '.[dev]')") from None
+    p = run.schedule.num_ranks
+    unit, scale = _unit(run.makespan_s)
+    span = run.makespan_s * scale or 1.0
+    width = min(40.0, max(8.0, 0.35 * len(run.actions) / max(p, 1)))
+    fig, ax = plt.subplots(figsize=(width, 0.7 * p + 1.6))
+    height, send_h = 0.62, 0.16
+    for a in run.actions:
+        y = p - 1 - a.rank
+        x0, w = a.start_s * scale, (a.end_s - a.start_s) * scale
+        alpha = 1.0 if a.chunk % 2 == 0 else 0.6
+        ax.broken_barh([(x0, w)], (y - height / 2, height), facecolors=COLOURS[a.kind],
+                       edgecolors="black", linewidth=0.4, alpha=alpha)
+        if w > span / (width * 9):
+            ax.text(x0 + w / 2, y, _label(run, a), ha="center", va="center", fontsize=7)
+    for s in run.sends:
+        y = p - 1 - s.rank - height / 2 - send_h - 0.02
+        x0, w = s.start_s * scale, (s.end_s - s.start_s) * scale
+        ax.broken_barh([(x0, w)], (y, send_h), facecolors=COLOURS[s.kind], edgecolors="black", linewidth=0.3)
+        if w > span / (width * 9):
+            ax.text(x0 + w / 2, y + send_h / 2, str(s.micro_batch), ha="center", va="center", fontsize=5)
+    ax.set_yticks(range(p))
+    ax.set_yticklabels([f"rank {p - 1 - i}" for i in range(p)])
+    ax.set_ylim(-0.8, p - 0.3)
+    ax.set_xlim(0, span)
+    ax.set_xlabel(f"time ({unit})")
+    kinds = sorted({a.kind for a in run.actions} | {s.kind for s in run.sends}, key=list(COLOURS).index)
+    handles = [Patch(facecolor=COLOURS[k], edgecolor="black", label=NAMES[k]) for k in kinds]
+    if run.schedule.chunks > 1:
+        handles.append(Patch(facecolor="white", edgecolor="black", label="label: micro-batch.chunk, "
+                             "odd chunks lighter"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35 / (0.7 * p + 1.6) * 3),
+              ncol=len(handles), fontsize=8, frameon=False)
+    sched = run.schedule
+    ax.set_title(title or (f"{sched.name}: {p} ranks, {sched.num_micro_batches} micro-batches"
+                           + (f", {sched.chunks} chunks per rank" if sched.chunks > 1 else "")
+                           + f"; {run.makespan_s * scale:.4g} {unit}, bubble {run.bubble_fraction:.1%}"),
+                 fontsize=10)
+    ax.grid(axis="x", linestyle=":", linewidth=0.5)
+    fig.tight_layout()
+    return fig
+
+
+def write_timeline(run: Execution, path: str | Path, title: str | None = None) -> Path:
+    """Draw the run to ``path`` (.png or .svg)."""
+    path = Path(path)
+    if path.suffix.lower() not in TIMELINE_SUFFIXES:
+        raise InputError(f"--timeline {path}: the file must end in .png or .svg")
+    fig = timeline_figure(run, title)
+    import matplotlib.pyplot as plt
+
+    try:
+        fig.savefig(path, dpi=150, format=path.suffix.lower()[1:])
+    except OSError as e:
+        raise InputError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
+    return path
+
+
+def chrome_trace(run: Execution) -> dict:
+    """The run as a Chrome trace event object (times in microseconds)."""
+    p = run.schedule.num_ranks
+    events: list[dict] = []
+    for r in range(p):
+        events.append({"ph": "M", "name": "process_name", "pid": r, "tid": r, "args": {"name": f"rank {r}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": r, "args": {"sort_index": r}})
+        events.append({"ph": "M", "name": "thread_name", "pid": r, "tid": r, "args": {"name": "compute"}})
+        events.append({"ph": "M", "name": "thread_name", "pid": r, "tid": p + r, "args": {"name": "sends"}})
+    for a in run.actions:
+        events.append({"name": f"{a.kind}{_label(run, a)}", "cat": a.kind, "ph": "X", "pid": a.rank,
+                       "tid": a.rank, "ts": a.start_s * 1e6, "dur": (a.end_s - a.start_s) * 1e6,
+                       "args": {"stage": a.stage, "chunk": a.chunk, "micro_batch": a.micro_batch,
+                                "kind": NAMES[a.kind]}})
+    for s in run.sends:
+        events.append({"name": f"{s.kind} {s.micro_batch}", "cat": s.kind, "ph": "X", "pid": s.rank,
+                       "tid": p + s.rank, "ts": s.start_s * 1e6, "dur": (s.end_s - s.start_s) * 1e6,
+                       "args": {"from_stage": s.stage, "to_stage": s.stage + (1 if s.kind == "send-F" else -1),
+                                "micro_batch": s.micro_batch}})
+    sched = run.schedule
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"schedule": sched.name, "ranks": p, "chunks_per_rank": sched.chunks,
+                          "stage_map": sched.stage_map, "micro_batches": sched.num_micro_batches,
+                          "makespan_s": run.makespan_s}}
+
+
+def write_trace(run: Execution, path: str | Path) -> Path:
+    """Write the trace to ``path`` via a temporary file and a rename (never half-written)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(chrome_trace(run), sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise InputError(f"cannot write {path}: {e.strerror or e}") from None
+    return path
