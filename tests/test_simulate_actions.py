@@ -397,3 +397,32 @@ def test_trace_and_timeline_of_zb_h1(tmp_path):
     assert write_timeline(run, tmp_path / "zb.png").stat().st_size > 1000
     with pytest.raises(Exception, match=".png or .svg"):
         write_timeline(run, tmp_path / "zb.pdf")
+
+
+def test_cli_trace_notes_shared_cores(tmp_path, capsys):
+    # cpu-local-4: four processes on two cores. The plan simulation slows ops that share a
+    # core; the action-list run does not model it, and the command says so.
+    pytest.importorskip("planner.cost")
+    import json as _json
+    import sys
+
+    import yaml
+
+    from planner.cli.main import main
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from test_profile_e2e import pipeline_plan
+
+    data = yaml.safe_load((SPECS / "cpu-local-4.yaml").read_text())
+    data.pop("profiles", None)
+    data["nodes"][0]["cores"] = 2
+    data["name"] = "cpu-test"
+    cluster = tmp_path / "cpu-test.yaml"
+    cluster.write_text(yaml.safe_dump(data))
+    plan = tmp_path / "plan.json"
+    plan.write_text(_json.dumps(pipeline_plan(4, cluster="cpu-test").to_json()))
+    trace = tmp_path / "t.json"
+    assert main(["simulate", str(cluster), str(plan), "--trace", str(trace)]) == 0
+    assert trace.exists()
+    err = capsys.readouterr().err
+    assert "does not model shared CPU cores" in err and "trace written to" in err
