@@ -79,3 +79,22 @@ def test_flash_attention_drops_the_s2_traffic_and_recomputes_scores_in_backward(
     assert wf.gemm_backward_s["attn.scores"] == pytest.approx(
         FLASH_BACKWARD_CORE_FACTOR * wf.gemm_forward_s["attn.scores"])
     assert wf.forward_s < wp.forward_s
+
+
+def test_backward_splits_into_input_and_weight_gradients():
+    """Zero-bubble schedules need the backward's I and W parts apart: W is the wgrad GEMMs of
+    the weight matmuls (not of the attention core, which has no weights)."""
+    from planner.cost.compute import backward_weight_fraction
+    a100 = catalog.gpu("A100-SXM4-80GB")
+    curve = gemm_curve(a100, "bf16", default_calibration().for_gpu(a100), 2)
+    m = load_model("gpt3-175b")
+    ctx = CostContext(model=m, seq_len=2048, flash_attention=True)
+    work = block_work(ctx, curve, 8, 4)
+    assert set(work.gemm_wgrad_s) == {"qkv", "attn.out", "mlp.up", "mlp.down"}
+    assert 0 < work.backward_weight_s < work.backward_s
+    frac = backward_weight_fraction(ctx, a100, 8, 4)
+    # weight GEMMs dominate a 175B block: wgrad is close to half the backward, a bit under it
+    # (the dgrad side also carries the attention core and the elementwise backward)
+    assert 0.35 < frac < 0.5
+    small = backward_weight_fraction(CostContext(model=load_model("opt-350m"), seq_len=2048), a100, 1, 1)
+    assert small < frac  # an unfused s^2 core weighs more in a small model's backward

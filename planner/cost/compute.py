@@ -212,6 +212,15 @@ def replica_compute(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, s
     return out
 
 
+def backward_weight_fraction(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> float:
+    """The share of one block's backward compute that is weight gradients (the W of zero-bubble
+    schedules; the rest is I, the input gradients).  From the per-GEMM roofline (roofline.py):
+    each weight GEMM's wgrad over the whole backward's GPU work; a measured profile gives the
+    backward's total only, so its split is this same fraction."""
+    work = block_work(ctx, gemm_curve_for(ctx, gpu), tp, share)
+    return work.backward_weight_s / work.backward_s if work.backward_s > 0 else 0.0
+
+
 # Bytes touched per local parameter by the optimizer-side passes of one iteration, from the
 # state layout of Megatron's distributed-optimizer docs (fp32 main grads and params, Adam m, v):
 #   Adam step: read grad 4, read+write main param, m, v 3 x 8                        = 28

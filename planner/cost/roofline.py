@@ -71,7 +71,8 @@ class BlockWork:
     """One block's estimated times in seconds, by term (forward and backward apart)."""
 
     gemm_forward_s: dict[str, float] = field(default_factory=dict)
-    gemm_backward_s: dict[str, float] = field(default_factory=dict)
+    gemm_backward_s: dict[str, float] = field(default_factory=dict)   # dgrad + wgrad
+    gemm_wgrad_s: dict[str, float] = field(default_factory=dict)      # the weight-gradient part
     elementwise_forward_s: float = 0.0
     attention_core_traffic_forward_s: float = 0.0
 
@@ -91,6 +92,12 @@ class BlockWork:
                 + self.attention_core_traffic_forward_s)
 
     @property
+    def backward_weight_s(self) -> float:
+        """The backward's weight-gradient GEMMs (zero-bubble schedules' W); the rest is its
+        input-gradient part (I): dgrad GEMMs, the attention core and the elementwise backward."""
+        return sum(self.gemm_wgrad_s.values())
+
+    @property
     def backward_s(self) -> float:
         return (sum(self.gemm_backward_s.values())
                 + 2 * (self.elementwise_forward_s + self.attention_core_traffic_forward_s))
@@ -99,18 +106,22 @@ class BlockWork:
 def block_work(ctx, curve: GemmCurve, tp: int, share: int) -> BlockWork:
     m, s = ctx.model, ctx.seq_len
     eb = ctx.activation_bytes
-    fwd, bwd = {}, {}
+    fwd, bwd, wgrad = {}, {}, {}
     for g in block_gemms(m, share, s, tp):
         fwd[g.name] = curve.time_s(g)
         if ctx.flash_attention and g.name in CORE_GEMMS:
             bwd[g.name] = FLASH_BACKWARD_CORE_FACTOR * fwd[g.name]
         else:
+            # the attention core has no weights: both its backward GEMMs are input gradients
+            w = 0.0 if g.name in CORE_GEMMS else curve.time_s(g.wgrad())
             bwd[g.name] = curve.time_s(g.dgrad()) + curve.time_s(g.wgrad())
+            if w:
+                wgrad[g.name] = w
     tokens_h = share * s * m.hidden_size
     elems = BLOCK_ACTIVATION_PASSES * tokens_h / (tp if ctx.sequence_parallel else 1)
     elems += (3 if m.mlp == "swiglu" else 2) * share * s * m.ffn_size / tp
     core = 0.0 if ctx.flash_attention else ATTENTION_CORE_PASSES * m.num_attention_heads * s * s * share / tp
-    return BlockWork(fwd, bwd, elems * eb / curve.memory_Bps, core * eb / curve.memory_Bps)
+    return BlockWork(fwd, bwd, wgrad, elems * eb / curve.memory_Bps, core * eb / curve.memory_Bps)
 
 
 def head_work(ctx, curve: GemmCurve, tp: int, share: int) -> tuple[float, float]:
