@@ -208,6 +208,23 @@ def test_bad_model_and_training_are_located(mixed):
     assert "seq_len" in f["inputs.training.seq_len"]
 
 
+def test_zb_h1_plans(mixed):
+    data = hand_plan()
+    data["schedule"] = "zb-h1"
+    validate_plan_json(data)
+    check(mixed, data)
+    assert Plan.from_json(data).schedule == "zb-h1"
+    data["virtual_stages"] = 2
+    with pytest.raises(InputErrors) as exc:
+        check(mixed, data)
+    assert "zb-h1 runs one stage per rank: virtual_stages must be 1" in errors_of(exc.value)["virtual_stages"]
+    # an old plan file (no schedule key) still reads as 1f1b
+    data = hand_plan()
+    del data["schedule"]
+    validate_plan_json(data)
+    assert Plan.from_json(data).schedule == "1f1b"
+
+
 def test_schedule_knobs(mixed):
     data = hand_plan()
     data["virtual_stages"] = 2

@@ -190,6 +190,9 @@ def _check_schedule(plan: Plan, report: _Report) -> None:
             report.add(("num_micro_batches",),
                        f"interleaved-1f1b needs num_micro_batches ({plan.num_micro_batches}) to be "
                        f"a multiple of the number of stages ({p})")
+    elif v != 1 and plan.schedule == "zb-h1":
+        # ZB-H1 as torch's ScheduleInterleavedZeroBubble runs it here: one stage per rank.
+        report.add(("virtual_stages",), f"zb-h1 runs one stage per rank: virtual_stages must be 1, not {v}")
     elif v != 1:
         report.add(("virtual_stages",), f"virtual_stages={v} needs schedule \"interleaved-1f1b\" "
                                         f"(the schedule is {plan.schedule!r}); use 1")
