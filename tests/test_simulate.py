@@ -290,3 +290,81 @@ def test_in_flight_counts_match_cost_memory_model():
                 # cost counts whole-stage micro-batches; the simulator counts chunks
                 assert [c / v for c in res.max_in_flight] == [
                     memory.in_flight_micro_batches(schedule, p, s, m, v) for s in range(p)]
+
+
+# -- ZB-H1: the action-list executor behind simulate ---------------------------------------
+
+def test_zb_h1_in_flight_matches_cost_memory_model():
+    # activations stay until W: every stage holds min(m, p) micro-batches at its peak
+    memory = pytest.importorskip("planner.cost.memory")
+    from planner.cost.schedule import StageTiming
+    from planner.simulate.plan import simulate_action_schedule
+
+    for p in (1, 2, 4, 6):
+        for m in (1, 2, p, 2 * p):
+            st = [StageTiming(forward_s=1, backward_s=2, backward_weight_s=1)] * p
+            res = simulate_action_schedule(st, m)
+            assert res.max_in_flight == [memory.in_flight_micro_batches("zb-h1", p, s, m) for s in range(p)]
+            assert res.max_in_flight == [min(m, p)] * p
+
+
+def _one_stage_plan(tmp_path, m=8):
+    data = {
+        "schema": "planner.plan/v1",
+        "inputs": {"cluster": "tiny-mixed", "model": "opt-350m",
+                   "training": {"global_batch_size": 4 * m, "seq_len": 2048, "precision": "bf16"}},
+        "micro_batch_size": 4, "num_micro_batches": m, "schedule": "zb-h1",
+        "stages": [{"index": 0, "blocks": [0, 24], "embedding": True, "head": True, "replicas": [
+            {"gpu_type": "A100-SXM4-80GB", "tp": 4, "micro_batch_share": 4,
+             "devices": ["a100:0", "a100:1", "a100:2", "a100:3"]}]}]}
+    path = tmp_path / "one.json"
+    path.write_text(__import__("json").dumps(data))
+    return path
+
+
+def test_simulate_plan_zb_h1(tmp_path):
+    pytest.importorskip("planner.cost")
+    from planner.plan.check import load_plan
+    from planner.simulate import simulate_plan
+    from planner.simulate.plan import plan_execution
+    from planner.spec import load_cluster
+
+    cluster = load_cluster(SPECS / "tiny-mixed.yaml")
+    # one stage: the closed form is exact
+    sim = simulate_plan(cluster, load_plan(_one_stage_plan(tmp_path)))
+    assert sim.simulated_pipeline_s == pytest.approx(sim.closed_form_pipeline_s, rel=1e-12)
+    # two equal A100 stages with sends: close, and the W's are their own events
+    sim = simulate_plan(cluster, load_plan(_plan_file(tmp_path, schedule="zb-h1")))
+    ev = sim.evaluation
+    assert all(0 < s.backward_weight_s < s.backward_s for s in ev.stages)
+    assert abs(sim.relative_difference) < 0.02
+    out = sim.to_json()
+    assert out["schedule"] == "zb-h1"
+    assert sorted({e["kind"] for e in out["timeline"]}) == ["bwd", "fwd", "wgt"]
+    assert len(out["timeline"]) == 2 * 3 * 8
+    assert [s["max_in_flight"] for s in out["stages"]] == [2, 2]
+    assert plan_execution(sim).makespan_s == pytest.approx(sim.simulated_pipeline_s)
+    # ZB-H1 beats 1F1B under the model and the simulator on the same placement
+    one = simulate_plan(cluster, load_plan(_plan_file(tmp_path, schedule="1f1b")))
+    assert sim.closed_form_pipeline_s < one.closed_form_pipeline_s
+    assert sim.simulated_pipeline_s < one.simulated_pipeline_s
+
+
+def test_cli_simulate_zb_h1(tmp_path):
+    pytest.importorskip("planner.cost")
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    plan = _plan_file(tmp_path, schedule="zb-h1")
+    runner = CliRunner()
+    res = runner.invoke(cli, ["simulate", str(SPECS / "tiny-mixed.yaml"), str(plan), "--width", "40"])
+    assert res.exit_code == 0, res.output
+    assert "zb-h1" in res.output and "weight gradient" in res.output
+    res = runner.invoke(cli, ["simulate", str(SPECS / "tiny-mixed.yaml"), str(plan), "--json"])
+    assert res.exit_code == 0, res.output
+    assert _json.loads(res.output)["schedule"] == "zb-h1"
+    res = runner.invoke(cli, ["evaluate", str(SPECS / "tiny-mixed.yaml"), str(plan), "--json"])
+    assert res.exit_code == 0, res.output

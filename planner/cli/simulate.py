@@ -9,7 +9,7 @@ from rich.text import Text
 
 from planner.cli.common import console, echo_json, warn_precision
 
-_STYLE = {"fwd": "cyan", "bwd": "magenta", "send": "yellow", "idle": "dim"}
+_STYLE = {"fwd": "cyan", "bwd": "magenta", "wgt": "green", "send": "yellow", "idle": "dim"}
 
 
 def _timeline_suffix(ctx, param, value):
@@ -102,7 +102,9 @@ def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int, profi
                        f"{r.busy_s[i]:.3f}", f"{r.bubble_s[i]:.3f}", str(r.max_in_flight[i]))
     out.print(stages)
     out.print(f"timeline, 0 .. {r.makespan_s:.3f} s ([cyan]forward[/cyan] / [magenta]backward[/magenta]: "
-              "micro-batch digit, [yellow]>[/yellow] send, . idle)")
+              "micro-batch digit"
+              + (", [green]weight gradient[/green]" if r.schedule == "zb-h1" else "")
+              + ", [yellow]>[/yellow] send, . idle)")
     for i, row in enumerate(timeline_rows(r, width)):
         line = Text(f"stage {i:>2} |")
         for char, kind in row:

@@ -22,7 +22,14 @@ from planner.cost.comm import (
     p2p_time_s,
     shared_link_time_s,
 )
-from planner.cost.compute import optimizer_time_s, replica_compute
+from planner.cost.compute import (
+    backward_weight_fraction,
+    block_timing,
+    embedding_timing,
+    head_timing,
+    optimizer_time_s,
+    replica_compute,
+)
 from planner.cost.context import CostContext
 from planner.cost.flops import model_flops_per_iteration
 from planner.cost.memory import in_flight_micro_batches, replica_memory, stage_params
@@ -123,6 +130,31 @@ def _boundary(ctx, paths, sa, sb, crossings, m_sends, ctx_gpu):
     return max([boundary_time_s(times), *shared])
 
 
+def _backward_weight_s(ctx: CostContext, nodes, stage, slowest: int) -> float:
+    """The W part of the slowest replica's backward compute (zero-bubble schedules): each
+    block's backward times ``backward_weight_fraction`` (the weight GEMMs' wgrad share); the
+    embedding's backward is all weight gradient (the token ids need none); the head's backward
+    is split by the blocks' fraction too (its dgrad and wgrad are one GEMM each of the same
+    size, so about half; the block fraction is a stand-in, said so in docs/internals.md).
+    Recompute and TP collectives stay with I (the recompute runs before the input gradient;
+    the backward all-reduces are the dgrad's)."""
+    r = stage.replicas[slowest]
+    node = nodes[r.node]
+    gpu, intra, tp, share = node.gpu, node.group.intra_Bps, r.tp, r.micro_batch_share
+    key = ("backward_weight", gpu.name, tp, share, stage.num_blocks, stage.embedding, stage.head)
+    hit = ctx.cache.get(key)
+    if hit is not None:
+        return hit
+    frac = backward_weight_fraction(ctx, gpu, tp, share)
+    w = frac * stage.num_blocks * block_timing(ctx, gpu, intra, tp, share).backward_s if stage.num_blocks else 0.0
+    if stage.embedding:
+        w += embedding_timing(ctx, gpu, intra, tp, share).backward_s
+    if stage.head:
+        w += frac * head_timing(ctx, gpu, intra, tp, share).backward_s
+    ctx.cache[key] = w
+    return w
+
+
 def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = None, *,
              model=None, check: bool = True, ctx: CostContext | None = None, **ctx_extra) -> Evaluation:
     """Price ``plan`` on ``cluster``.  Checks the plan first (planner.plan.check when present)."""
@@ -206,7 +238,9 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
             forward_s=rt.total_forward_s, backward_s=rt.total_backward_s,
             send_forward_s=send_fwd[i], send_backward_s=send_bwd[i], dp_sync_s=dp,
             dp_sync_exposed_s=exposed, optimizer_s=opt, compute_s=rt.forward_s + rt.backward_s,
-            recompute_s=rt.recompute_s, tp_comm_s=rt.tp_comm_s, slowest_replica=timings[i]["slowest"]))
+            recompute_s=rt.recompute_s, tp_comm_s=rt.tp_comm_s, slowest_replica=timings[i]["slowest"],
+            backward_weight_s=(_backward_weight_s(ctx, nodes, st, timings[i]["slowest"])
+                               if plan.schedule == "zb-h1" else 0.0)))
 
     # -- memory -----------------------------------------------------------------------------
     peak: dict[str, float] = {}

@@ -22,7 +22,13 @@ Sources:
 - Micro-batches in flight (activations held at once) per schedule: GPipe ``m``; 1F1B
   ``min(p - s, m)`` for stage s (Narayanan et al. SC21 §2.2); interleaved 1F1B, Megatron's
   ``schedules.py`` warm-up count ``(p - s - 1) * 2 + (v - 1) * p`` plus the one in steady
-  state, in model chunks of 1/v of the stage.
+  state, in model chunks of 1/v of the stage; ZB-H1 ``min(m, p)`` on every stage: a
+  micro-batch's activations stay until its W (the weight gradient needs the layer inputs and
+  W is deferred), and stage s defers s W's behind its p - s in flight before I, so each stage
+  peaks at min(m, p) (planner.simulate.actions' executor counts this per rank,
+  tests/test_simulate_actions.py).  Qi et al. 2024's "same peak memory as 1F1B" is the peak
+  over ranks (1F1B's stage 0); per stage ZB-H1 holds more on all but stage 0.  Counted as
+  full activations: the W-inputs kept from I to W are smaller, so this is an upper bound.
 - Logits: the last stage holds fp32 logits of the vocabulary, ``4 s b V / t`` bytes, per
   micro-batch in flight (Korthikanti et al. §4.3, output layer).
 """
@@ -103,6 +109,8 @@ def in_flight_micro_batches(schedule: str, num_stages: int, stage: int, num_micr
     if schedule == "interleaved-1f1b" and v > 1:
         chunks = min(m * v, (p - stage - 1) * 2 + (v - 1) * p + 1)
         return chunks / v
+    if schedule == "zb-h1":
+        return float(min(p, m))
     return float(min(p - stage, m))
 
 

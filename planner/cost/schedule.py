@@ -25,6 +25,27 @@ trip through the whole pipeline (fill) is F = sum_s (f_s + b_s + sf_s + sb_s).
   (The last stage's sf_s is its send to stage 0 for the next chunk.)  Exact for equal stages
   without sends; with sends an upper bound (it counts v sends per boundary in the fill).
 
+- ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism" §3.1; planner.simulate.actions.zb_h1):
+  1F1B with each backward split into I (input gradient, b_s - w_s) and W (weight gradient,
+  w_s = ``backward_weight_s``), rank s deferring s of its W's into the cool-down.  Two things
+  leave 1F1B's fill/drain: (a) the drain carries only I's back to stage 0, so every
+  non-bottleneck stage's W leaves it; (b) the first q = min(m, p) - 1 deferred W's fill a gap
+  of each stage's cool-down, each shrinking it by the smallest work item, mu = min over stages
+  of min(f_s, b_s - w_s, w_s) (a W fills the gap only as far as the F or I it waits beside):
+  T = max(m c* + sum_{s != s*} (c_s - w_s) - q mu,  sum_s (c_s - w_s) + w_0),
+  c_s = f_s + b_s + sf_s + sb_s as in 1F1B; the second term is one micro-batch's own path
+  (forwards down, input gradients back, stage 0's W last), which binds for small m.
+  Equal stages without sends: T = m (F + I + W) + (p - 1)(F + I) - (min(m, p) - 1) min(F, I, W),
+  which for m >= p and W <= F, I is the paper's m (F + I + W) + (p - 1)(F + I - W) (p=4, m=8,
+  unit times: 27 against 1F1B's 33).  Exact (equal to the action-list executor,
+  planner.simulate.actions) for equal stages without sends, every m and p, and for p = 1;
+  with w_s = 0 it is 1F1B's formula; never above 1F1B's.  On unequal stages or with sends it
+  is an estimate, not a bound: in randomised tests (tests/test_cost_schedule_sim.py)
+  near-balanced stages (+-20%, W 35-55% of the backward, small sends) came out within 3% below
+  to 13% above the executor; arbitrary stages (times 0.05-2 apart, extremes included) 43%
+  below to 93% above (an early bottleneck's warm-up overlap, as for 1F1B; a stage 0 whose W
+  dominates, which the executor cannot hide and the formula drops).
+
 Attribution along the critical path (``pipeline_breakdown``): the bottleneck stage s* (the
 largest cycle) is busy m cycles; its compute, recompute, TP comm and sends times m are the
 ``compute``, ``recompute``, ``tp_comm`` and ``pp_comm`` terms, and everything else of the
@@ -54,6 +75,8 @@ class StageTiming:
     recompute_s: float = 0.0
     tp_comm_s: float = 0.0
     slowest_replica: int = 0
+    # the weight-gradient part of backward_s (the W of zero-bubble schedules; the rest is I)
+    backward_weight_s: float = 0.0
 
     @property
     def busy_s(self) -> float:
@@ -73,10 +96,25 @@ def pipeline_time_s(stages: list[StageTiming], num_micro_batches: int, schedule:
         fwd = [s.forward_s + s.send_forward_s for s in stages]
         bwd = [s.backward_s + s.send_backward_s for s in stages]
         return sum(fwd) + (m - 1) * max(fwd) + sum(bwd) + (m - 1) * max(bwd)
+    if schedule == "zb-h1":
+        return _zb_h1_time_s(stages, m)
     v = virtual_stages if schedule == "interleaved-1f1b" else 1
     cycles = [s.cycle_s(v) for s in stages]
     worst = max(cycles)
     return m * worst + (sum(cycles) - worst) / v
+
+
+def _zb_h1_time_s(stages: list[StageTiming], m: int) -> float:
+    """ZB-H1's closed form (module docstring): m c* + sum_{s != s*} (c_s - w_s) - q mu."""
+    cycles = [s.cycle_s() for s in stages]
+    k = max(range(len(stages)), key=lambda i: (cycles[i], -i))
+    weights = [min(max(s.backward_weight_s, 0.0), s.backward_s) for s in stages]
+    fill = sum(c - w for i, (c, w) in enumerate(zip(cycles, weights)) if i != k)
+    q = min(m, len(stages)) - 1
+    mu = min(min(s.forward_s, s.backward_s - w, w) for s, w in zip(stages, weights)) if q > 0 else 0.0
+    # one micro-batch's own path: forwards down, input gradients back, stage 0's W last
+    path = sum(c - w for c, w in zip(cycles, weights)) + weights[0]
+    return max(m * cycles[k] + fill - q * mu, path)
 
 
 def bottleneck_stage(stages: list[StageTiming], schedule: str = "1f1b", virtual_stages: int = 1) -> int:

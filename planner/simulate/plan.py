@@ -76,12 +76,56 @@ def simulate_plan(cluster, plan, profiles=None, file: str = "<plan>") -> PlanSim
     from planner.cost.sharing import core_shares
 
     ev = evaluate(cluster, plan, profiles=profiles, check=False)
+    if plan.schedule == "zb-h1":
+        # ZB-H1 is an action-list schedule (F / I / W): planner.simulate.actions' executor runs
+        # it on the priced stage times.  It does not model shared CPU cores; where a plan's
+        # devices outnumber a node's cores the evaluation prices the sharing through 1F1B's
+        # stretch (planner.cost.sharing), and this simulation leaves it out.
+        result = simulate_action_schedule(ev.stages, plan.num_micro_batches, plan.schedule)
+        return PlanSimulation(evaluation=ev, result=result, closed_form_pipeline_s=ev.pipeline_time_s,
+                              closed_form_iteration_s=ev.iteration_time_s)
     # Where the plan's devices outnumber a node's cores, the "closed form" pipeline time already
     # holds the simulated sharing slowdown (planner.cost.sharing), so simulate it shared too.
     result = simulate_pipeline(ev.stages, plan.num_micro_batches, plan.schedule, plan.virtual_stages,
                                core_shares=[sh for _, sh in core_shares(cluster, plan)])
     return PlanSimulation(evaluation=ev, result=result, closed_form_pipeline_s=ev.pipeline_time_s,
                           closed_form_iteration_s=ev.iteration_time_s)
+
+
+def zb_stage_times(stages) -> list:
+    """``StageTimes`` for one-chunk action schedules from per-stage timings (cost
+    ``StageTiming``): I = backward - W, W = ``backward_weight_s`` (0 where the timing has none)."""
+    from planner.simulate.actions import StageTimes
+
+    out = []
+    for st in stages:
+        b = float(st.backward_s)
+        w = min(max(float(getattr(st, "backward_weight_s", 0.0) or 0.0), 0.0), b)
+        out.append(StageTimes(forward_s=float(st.forward_s), backward_input_s=b - w, backward_weight_s=w,
+                              backward_s=b, send_forward_s=float(getattr(st, "send_forward_s", 0.0) or 0.0),
+                              send_backward_s=float(getattr(st, "send_backward_s", 0.0) or 0.0)))
+    return out
+
+
+_KIND = {"F": "fwd", "B": "bwd", "I": "bwd", "W": "wgt", "send-F": "send-fwd", "send-B": "send-bwd"}
+
+
+def simulate_action_schedule(stages, num_micro_batches: int, schedule: str = "zb-h1") -> SimResult:
+    """Run a one-chunk action-list schedule (planner.simulate.actions) on per-stage timings and
+    return it as a ``SimResult``: I is a ``bwd`` event, W a ``wgt`` event; ``max_in_flight`` is
+    the peak of micro-batches holding activations until their W (the memory model's count)."""
+    from planner.simulate.actions import execute, generate
+    from planner.simulate.engine import SimEvent
+
+    p, m = len(stages), num_micro_batches
+    run = execute(generate(schedule, p, m), zb_stage_times(stages))
+    timeline = sorted((SimEvent(a.stage, a.chunk, a.micro_batch, _KIND[a.kind], a.start_s, a.end_s, a.stage)
+                       for a in run.actions), key=lambda e: (e.start_s, e.stage))
+    transfers = sorted((SimEvent(e.rank, e.chunk, e.micro_batch, _KIND[e.kind], e.start_s, e.end_s, e.stage)
+                        for e in run.sends), key=lambda e: (e.start_s, e.stage))
+    return SimResult(makespan_s=run.makespan_s, timeline=timeline, transfers=transfers, schedule=schedule,
+                     num_stages=p, num_micro_batches=m, virtual_stages=1, busy_s=list(run.busy_s),
+                     max_in_flight=list(run.peak_in_flight))
 
 
 def plan_execution(sim: PlanSimulation):
@@ -93,6 +137,8 @@ def plan_execution(sim: PlanSimulation):
 
     r = sim.result
     sched = generate(r.schedule, r.num_stages, r.num_micro_batches, r.virtual_stages)
+    if r.schedule == "zb-h1":  # the cost model's own I / W split
+        return execute(sched, zb_stage_times(sim.evaluation.stages))
     return execute(sched, stage_times_from_ranks(sim.evaluation.stages, r.virtual_stages))
 
 
