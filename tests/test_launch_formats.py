@@ -340,17 +340,31 @@ def test_pipelining_interleaved_and_uneven_chain_shares():
     assert [data["ranks"][str(r)]["dp_grad_weight"] for r in (0, 2)] == [0.75, 0.25]
 
 
+def test_pipelining_zb_h1():
+    plan = make_plan(blocks=((0, 4), (4, 8)), schedule="zb-h1")
+    files = render(plan, "pipelining", master_addr="h")
+    data = json.loads(files["pipelining.json"])
+    assert data["schedule_class"] == "ScheduleInterleavedZeroBubble" and data["num_pipeline_stages"] == 2
+    assert any(n.startswith("zb-h1: ScheduleInterleavedZeroBubble with one stage per rank") for n in data["notes"])
+    assert "ScheduleInterleavedZeroBubble" in files["pipelining_setup.py"]
+    assert "ScheduleInterleavedZeroBubble" in files[next(f for f in files if f.endswith(".sh"))]
+    # torchrun passes the schedule through as it is
+    assert json.loads(render(plan, "torchrun", master_addr="h")["rank_map.json"])["schedule"] == "zb-h1"
+
+
 def test_pipelining_names_exist_in_installed_torch():
     pipelining = pytest.importorskip("torch.distributed.pipelining")
     import inspect
 
-    for fmt_schedule in ("gpipe", "1f1b", "interleaved-1f1b"):
+    for fmt_schedule in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"):
         plan = make_plan(blocks=((0, 4), (4, 8)), schedule=fmt_schedule,
                          virtual_stages=2 if fmt_schedule == "interleaved-1f1b" else 1)
         files = render(plan, "pipelining", master_addr="h")
         assert hasattr(pipelining, json.loads(files["pipelining.json"])["schedule_class"])
         compile(files["pipelining_setup.py"], "pipelining_setup.py", "exec")
     params = inspect.signature(pipelining.PipelineStage).parameters
+    zb = inspect.signature(pipelining.ScheduleInterleavedZeroBubble).parameters
+    assert list(zb)[:3] == ["stages", "n_microbatches", "loss_fn"]  # a list of stages, as the snippet passes
     assert list(params)[:4] == ["submodule", "stage_index", "num_stages", "device"] and "group" in params
 
 

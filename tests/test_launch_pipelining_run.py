@@ -91,7 +91,7 @@ def _plan(schedule, v):
 @pytest.mark.slow
 def test_generated_setup_trains_one_step(tmp_path):
     folders = []
-    for schedule, v in (("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2)):
+    for schedule, v in (("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)):
         folder = tmp_path / schedule
         write(render(_plan(schedule, v), "pipelining", master_addr="127.0.0.1"), folder)
         folders.append(str(folder))

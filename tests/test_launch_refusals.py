@@ -92,6 +92,22 @@ def test_interleaving_needs_divisible_stages_and_micro_batches():
     assert "multiple of the number of stages (2)" in refusal(odd, "megatron")
 
 
+@pytest.mark.parametrize("fmt,tool", [("megatron", "Megatron-LM"), ("deepspeed", "DeepSpeed")])
+def test_zb_h1_refused_by_megatron_and_deepspeed(fmt, tool):
+    msg = refusal(make_plan(blocks=((0, 4), (4, 8)), schedule="zb-h1"), fmt)
+    assert "schedule zb-h1: " + tool in msg and "no zero-bubble schedule" in msg
+    assert "re-plan with schedule 1f1b" in msg and "--format pipelining" in msg
+
+
+def test_zb_h1_micro_batches_torch_can_split_into_rounds():
+    # ScheduleInterleavedZeroBubble: rounds = max(1, m // p), m a multiple of the rounds
+    odd = make_plan(blocks=((0, 4), (4, 8)), schedule="zb-h1", num_micro_batches=5)
+    assert "multiple of its rounds, max(1, 5 // 2) = 2" in refusal(odd, "pipelining")
+    for m in (1, 2, 4, 6):
+        assert render(make_plan(blocks=((0, 4), (4, 8)), schedule="zb-h1", num_micro_batches=m),
+                      "pipelining", master_addr="h")
+
+
 @pytest.mark.parametrize("fmt", ["megatron", "deepspeed"])
 def test_nodes_without_a_contiguous_rank_block_refused(fmt):
     # Node a holds stage 0 replica 0 and stage 1 replica 1: no framework numbering gives a a block.

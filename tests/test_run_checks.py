@@ -218,3 +218,11 @@ def test_importing_the_runner_and_cli_does_not_import_torch():
                          check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_zb_h1_is_refused_by_the_runner(tmp_path, capsys, no_spawn):
+    path = tmp_path / "plan.json"
+    path.write_text(two_stage(schedule="zb-h1").dumps())
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "schedule zb-h1: the reference runner" in err and "--format pipelining" in err

@@ -144,6 +144,13 @@ def build_args(plan: Plan) -> tuple[list[str], list[str], object]:
     check_uniform(plan, "megatron", TOOL)
     interleaved = plan.schedule == "interleaved-1f1b" and plan.virtual_stages > 1
     m, p = plan.num_micro_batches, plan.num_stages
+    if plan.schedule == "zb-h1":
+        # core/pipeline_parallel/schedules.py: forward_backward_no_pipelining,
+        # _pipelining_without_interleaving (1F1B) and _with_interleaving; none splits a backward.
+        Problems("megatron", [("schedule zb-h1: Megatron-LM's pipeline schedules (1F1B and interleaved "
+                               "1F1B) run each backward whole and have no zero-bubble schedule; re-plan "
+                               "with schedule 1f1b, or use --format pipelining (torch's "
+                               "ScheduleInterleavedZeroBubble)")]).raise_if_any()
     if interleaved and p == 1:
         Problems("megatron", [("interleaved 1F1B with one stage has nothing to interleave: "
                                "re-plan with schedule 1f1b")]).raise_if_any()

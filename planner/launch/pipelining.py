@@ -30,7 +30,10 @@ from planner.plan import Plan
 SPEC = "pipelining.json"
 SNIPPET = "pipelining_setup.py"
 SCHEDULE_CLASS = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
-                  "interleaved-1f1b": "ScheduleInterleaved1F1B"}
+                  "interleaved-1f1b": "ScheduleInterleaved1F1B",
+                  # ZB-H1 (Qi et al. 2024) is torch's interleaved zero bubble with one stage per
+                  # rank (planner.simulate.actions.zb_h1 checks the orders are the same)
+                  "zb-h1": "ScheduleInterleavedZeroBubble"}
 
 
 def check(plan: Plan) -> None:
@@ -55,6 +58,16 @@ def check(plan: Plan) -> None:
                 problems.add(f"stage {stage.index} replica {j} has tp {r.tp}, stage 0 replica 0 has tp "
                              f"{tp}: stages exchange activations one rank per tp position, so every "
                              "replica needs the same tensor-parallel size")
+    if plan.schedule == "zb-h1":
+        # ScheduleInterleavedZeroBubble.__init__: rounds = max(1, n_microbatches // pp size) and
+        # n_microbatches must be a multiple of the rounds.
+        m, p = plan.num_micro_batches, plan.num_stages
+        rounds = max(1, m // p)
+        if m % rounds:
+            problems.add(f"schedule zb-h1 with {m} micro-batches over {p} stages: torch's "
+                         f"ScheduleInterleavedZeroBubble needs num_micro_batches to be a multiple of its "
+                         f"rounds, max(1, {m} // {p}) = {rounds}; re-plan num_micro_batches (a multiple "
+                         f"of {p}, or at most {p})")
     # ScheduleInterleaved1F1B refuses num_micro_batches not a multiple of max(1, n // stages);
     # check_structure's layout rule (a multiple of the stages) is stricter, so it never gets here.
     problems.raise_if_any()
@@ -104,6 +117,10 @@ def _notes(plan: Plan, d: int) -> list[str]:
     if plan.virtual_stages > 1:
         notes.append("interleaved: each stage's blocks are cut into virtual_stages equal pieces "
                      "dealt round-robin; 'stages' lists each piece's blocks")
+    if plan.schedule == "zb-h1":
+        notes.append("zb-h1: ScheduleInterleavedZeroBubble with one stage per rank (ZB-H1) runs each "
+                     "backward as an input-gradient and a deferred weight-gradient step; torch does "
+                     "not support it under torch.compile")
     if plan.recompute != "none":
         notes.append(f"recompute {plan.recompute}: wrap the blocks with "
                      "torch.utils.checkpoint inside each stage module")
@@ -134,11 +151,12 @@ import os
 
 import torch.distributed as dist
 from torch.distributed.pipelining import (
-    PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+    PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
 )
 
 SCHEDULES = {"Schedule1F1B": Schedule1F1B, "ScheduleGPipe": ScheduleGPipe,
-             "ScheduleInterleaved1F1B": ScheduleInterleaved1F1B}
+             "ScheduleInterleaved1F1B": ScheduleInterleaved1F1B,
+             "ScheduleInterleavedZeroBubble": ScheduleInterleavedZeroBubble}
 SPEC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipelining.json")
 
 
@@ -166,7 +184,7 @@ def build(make_stage_module, device, loss_fn, spec=None):
     stages = [PipelineStage(make_stage_module(spec["stages"][i]), i, spec["num_pipeline_stages"],
                             device, group=groups["pp"]) for i in me["pipeline_stages"]]
     cls = SCHEDULES[spec["schedule_class"]]
-    if cls is ScheduleInterleaved1F1B:
+    if cls in (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble):  # they take a list of stages
         schedule = cls(stages, n_microbatches=spec["n_microbatches"], loss_fn=loss_fn)
     else:
         schedule = cls(stages[0], n_microbatches=spec["n_microbatches"], loss_fn=loss_fn)
