@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
+from test_simulate import SPECS, _plan_file  # the simulate tests' plan file, one copy
 
 from planner.cost.schedule import StageTiming, pipeline_time_s
 from planner.simulate import SimStage, simulate_pipeline
@@ -308,24 +309,6 @@ def test_gpipe_is_torchs_schedule_gpipe(p, m):
 
 # ---------------------------------------------------------------- simulate --timeline / --trace
 
-SPECS = __import__("pathlib").Path(__file__).resolve().parent.parent / "cluster_specs"
-
-
-def _plan_file(tmp_path, **changes):
-    data = {
-        "schema": "planner.plan/v1",
-        "inputs": {"cluster": "tiny-mixed", "model": "opt-350m",
-                   "training": {"global_batch_size": 32, "seq_len": 2048, "precision": "bf16"}},
-        "micro_batch_size": 4, "num_micro_batches": 8, "schedule": "1f1b",
-        "stages": [
-            {"index": 0, "blocks": [0, 12], "embedding": True, "replicas": [
-                {"gpu_type": "A100-SXM4-80GB", "tp": 2, "micro_batch_share": 4, "devices": ["a100:0", "a100:1"]}]},
-            {"index": 1, "blocks": [12, 24], "head": True, "replicas": [
-                {"gpu_type": "A100-SXM4-80GB", "tp": 2, "micro_batch_share": 4, "devices": ["a100:2", "a100:3"]}]}],
-        **changes}
-    path = tmp_path / "plan.json"
-    path.write_text(__import__("json").dumps(data))
-    return path
 
 
 @pytest.mark.parametrize("schedule,v", [("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2)])
