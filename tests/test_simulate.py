@@ -309,17 +309,12 @@ def test_zb_h1_in_flight_matches_cost_memory_model():
 
 
 def _one_stage_plan(tmp_path, m=8):
-    data = {
-        "schema": "planner.plan/v1",
-        "inputs": {"cluster": "tiny-mixed", "model": "opt-350m",
-                   "training": {"global_batch_size": 4 * m, "seq_len": 2048, "precision": "bf16"}},
-        "micro_batch_size": 4, "num_micro_batches": m, "schedule": "zb-h1",
-        "stages": [{"index": 0, "blocks": [0, 24], "embedding": True, "head": True, "replicas": [
-            {"gpu_type": "A100-SXM4-80GB", "tp": 4, "micro_batch_share": 4,
-             "devices": ["a100:0", "a100:1", "a100:2", "a100:3"]}]}]}
-    path = tmp_path / "one.json"
-    path.write_text(__import__("json").dumps(data))
-    return path
+    inputs = {"cluster": "tiny-mixed", "model": "opt-350m",
+              "training": {"global_batch_size": 4 * m, "seq_len": 2048, "precision": "bf16"}}
+    stages = [{"index": 0, "blocks": [0, 24], "embedding": True, "head": True, "replicas": [
+        {"gpu_type": "A100-SXM4-80GB", "tp": 4, "micro_batch_share": 4,
+         "devices": ["a100:0", "a100:1", "a100:2", "a100:3"]}]}]
+    return _plan_file(tmp_path, inputs=inputs, num_micro_batches=m, schedule="zb-h1", stages=stages)
 
 
 def test_simulate_plan_zb_h1(tmp_path):

@@ -87,8 +87,8 @@ def matmul_efficiency(ctx: CostContext, gpu: GpuType, gemm: Gemm) -> float:
 
 
 def _mem_time_s(ctx: CostContext, gpu: GpuType, num_bytes: float) -> float:
-    c = ctx.calibration.for_gpu(gpu)
-    return num_bytes / (gpu.memory_bandwidth_Bps * c.mem_eff)
+    """Memory-bound work at the achieved bandwidth (peak x mem_eff), as the GEMMs' floor."""
+    return num_bytes / gemm_curve_for(ctx, gpu).memory_Bps
 
 
 def _block_roofline(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> tuple[float, float, float, float]:

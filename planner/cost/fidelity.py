@@ -134,12 +134,13 @@ def _gpu_types(cluster, plan) -> tuple[str, ...]:
     return tuple(sorted({nodes[r.node].gpu.name for st in plan.stages for r in st.replicas}))
 
 
-def validation_summary(calibration=None) -> dict:
+def validation_summary(calibration=None, results_by_set=None) -> dict:
     """Per GPU type and precision: the sets it ran in, rows, fitted or not, mean error
     (what planner.cost.trust reads from validation.yaml)."""
+    results_by_set = results_by_set or predict_all(calibration)
     by_gpu: dict[str, list[dict]] = {}
     for name in SETS:
-        results = predict_set(name, calibration)
+        results = results_by_set[name]
         keys = sorted({(g, r.precision, r.group) for r in results for g in r.gpu_types})
         for gpu, precision, group in keys:
             rows = [r for r in results if gpu in r.gpu_types and r.precision == precision and r.group == group]
@@ -155,11 +156,12 @@ VALIDATION_HEADER = """\
 """
 
 
-def write_validation(calibration=None) -> Path:
+def write_validation(calibration=None, results_by_set=None) -> Path:
     import yaml
 
     from planner.cost.trust import VALIDATION_FILE
-    VALIDATION_FILE.write_text(VALIDATION_HEADER + yaml.safe_dump(validation_summary(calibration), sort_keys=False))
+    summary = validation_summary(calibration, results_by_set)
+    VALIDATION_FILE.write_text(VALIDATION_HEADER + yaml.safe_dump(summary, sort_keys=False))
     return VALIDATION_FILE
 
 
@@ -178,12 +180,18 @@ def memory_summary(name: str, results: list[RowResult]) -> Summary | None:
     return summarize(f"{name} (peak memory)", fake)
 
 
-def fidelity_table(calibration=None, memory: bool = True) -> list[Summary]:
+def predict_all(calibration=None) -> dict[str, list[RowResult]]:
+    """Every set's predictions, once: the tables below all read from them."""
+    return {name: predict_set(name, calibration) for name in SETS}
+
+
+def fidelity_table(calibration=None, memory: bool = True, results_by_set=None) -> list[Summary]:
     """One summary per set, then per Sailor sub-cluster, then peak memory where measured."""
+    results_by_set = results_by_set or predict_all(calibration)
     out = []
     mem_rows = []
     for name in SETS:
-        results = predict_set(name, calibration)
+        results = results_by_set[name]
         out.append(summarize(name, results))
         m = memory_summary(name, results) if memory else None
         if m is not None:
@@ -219,11 +227,12 @@ class Bucket:
     median_signed: float  # the same, robust to the suspect rows the sets flag
 
 
-def bucket_table(calibration=None) -> list[Bucket]:
+def bucket_table(calibration=None, results_by_set=None) -> list[Bucket]:
     """Per set (and Sailor sub-cluster), the error by hidden-size bucket."""
+    results_by_set = results_by_set or predict_all(calibration)
     out = []
     for name in SETS:
-        results = predict_set(name, calibration)
+        results = results_by_set[name]
         for group in sorted({r.group for r in results}):
             rows = [r for r in results if r.group == group]
             for lo, hi in HIDDEN_BUCKETS:
@@ -247,12 +256,13 @@ def format_buckets(buckets: list[Bucket]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    results = predict_all()
     if "--write" in args:
-        print(f"wrote {write_validation()}")
-    print(format_table(fidelity_table()))
+        print(f"wrote {write_validation(results_by_set=results)}")
+    print(format_table(fidelity_table(results_by_set=results)))
     print()
     print("error by hidden size (signed: negative = predicted too fast)")
-    print(format_buckets(bucket_table()))
+    print(format_buckets(bucket_table(results_by_set=results)))
     return 0
 
 

@@ -17,7 +17,9 @@ import math
 import statistics
 from dataclasses import replace
 
+from planner import catalog
 from planner.cost.calibration import (
+    A100_PEAK_FLOPS,
     CALIBRATION_FILE,
     Calibration,
     GpuCalibration,
@@ -84,7 +86,8 @@ def fit_calibration(base: Calibration | None = None, log=print, only: str | None
         if arch == "hopper" and "ampere" in cal.architectures:
             a = cal.architectures["ampere"]
             # start from ampere's fill size scaled by the peak ratio (Little's law, gemm.py)
-            start = replace(a, gemm_outputs_half=a.gemm_outputs_half * 989.4 / 312.0)
+            ratio = catalog.gpu("H100-SXM5-80GB").peak_flops / A100_PEAK_FLOPS
+            start = replace(a, gemm_outputs_half=a.gemm_outputs_half * ratio)
             cal = cal.with_entry("hopper", start)
         log(f"fitting {arch} on {set_name}")
         cal, err = fit_entry(cal, arch, set_name, params, rounds=rounds, log=log)

@@ -62,13 +62,6 @@ class Gemm:
         return Gemm(f"{self.name}.wgrad", self.k, self.n, self.m, self.batch)
 
 
-def peak_flops(gpu: GpuType, precision: str) -> float:
-    """The dense peak of the unit that runs this precision's GEMMs (tensor cores, or the
-    CUDA cores for fp32)."""
-    for_precision = getattr(gpu, "peak_flops_for", None)
-    return for_precision(precision) if for_precision is not None else gpu.peak_flops
-
-
 def _shape_factor(outputs: float, depth: float, outputs_half: float, depth_half: float) -> float:
     return outputs / (outputs + outputs_half) * depth / (depth + depth_half)
 
@@ -101,7 +94,7 @@ def gemm_curve(gpu: GpuType, precision: str, cal, element_bytes: int) -> GemmCur
     """``cal``: the GPU's ``GpuCalibration`` (half-sizes fitted at its bf16/fp16 peak)."""
     bench = matmul_ceiling(gpu.name)
     ceiling = cal.matmul_ceiling if cal.matmul_ceiling is not None else bench.fraction
-    peak = peak_flops(gpu, precision)
+    peak = gpu.peak_flops_for(precision)  # tensor cores, or the CUDA cores for fp32
     outputs_half = cal.gemm_outputs_half * peak / gpu.peak_flops  # Little's law: module docstring
     m, n, k = bench.shape
     reference = _shape_factor(m * n, k, outputs_half, cal.gemm_depth_half)
