@@ -29,6 +29,13 @@ Sources:
   tests/test_simulate_actions.py).  Qi et al. 2024's "same peak memory as 1F1B" is the peak
   over ranks (1F1B's stage 0); per stage ZB-H1 holds more on all but stage 0.  Counted as
   full activations: the W-inputs kept from I to W are smaller, so this is an upper bound.
+  The V schedules hold two chunks of half a stage each (planner.simulate.zero_bubble), counted
+  in chunk micro-batches (F done, W not yet) and halved into whole-stage units: ZB-V
+  ``min(2p, m + s + 1, 2m)`` chunks on rank s (at most p whole-stage micro-batches, 1F1B's
+  stage-0 peak, as Qi et al. 2024 design it); DualPipeV ``2p + 1`` chunks on every rank
+  (DualPipe's "PP + 1" of DeepSeek-V3 Table 2 with PP = 2p chunks).  Both are what the
+  action-list executor counts, for every p and m tested (tests/test_simulate_zero_bubble.py);
+  the count depends only on each rank's order, not on the times.
 - Logits: the last stage holds fp32 logits of the vocabulary, ``4 s b V / t`` bytes, per
   micro-batch in flight (Korthikanti et al. §4.3, output layer).
 """
@@ -111,6 +118,10 @@ def in_flight_micro_batches(schedule: str, num_stages: int, stage: int, num_micr
         return chunks / v
     if schedule == "zb-h1":
         return float(min(p, m))
+    if schedule == "zb-v":
+        return min(2 * p, m + stage + 1, 2 * m) / 2
+    if schedule == "dualpipev":
+        return (2 * p + 1) / 2
     return float(min(p - stage, m))
 
 

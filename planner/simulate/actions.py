@@ -248,6 +248,18 @@ def zb_h1(p: int, m: int, v: int = 1) -> Schedule:
     return Schedule("zb-h1", p, 1, m, "loop", tuple(ranks))
 
 
+def _zbv(p: int, m: int, v: int = 2) -> Schedule:
+    from planner.simulate.zero_bubble import zb_v
+
+    return zb_v(p, m, v)
+
+
+def _dualpipev(p: int, m: int, v: int = 2) -> Schedule:
+    from planner.simulate.zero_bubble import dualpipev
+
+    return dualpipev(p, m, v)
+
+
 @dataclass(frozen=True)
 class Generator:
     name: str
@@ -268,6 +280,10 @@ GENERATORS: dict[str, Generator] = {g.name: g for g in (
               interleaved_1f1b, 2),
     Generator("zb-h1", "ZB-H1 (Qi et al. 2024): 1F1B with B split into I and W, rank r deferring r W's "
                        "into the cool-down; bubble (p-1)(F+I-W) instead of (p-1)(F+B).", zb_h1),
+    Generator("zb-v", "ZB-V (Qi et al. 2024): two chunks per rank in a V, F / I / W interleaved so "
+                      "that at F = I = W the bubble nearly vanishes; 1F1B's peak activations.", _zbv, 2),
+    Generator("dualpipev", "DualPipeV (DeepSeek-V3's DualPipe cut into a V, torch's ScheduleDualPipeV): "
+                           "two chunks per rank, forward-backward pairs; needs m >= 2p.", _dualpipev, 2),
 )}
 
 

@@ -1,0 +1,155 @@
+"""V-shaped zero-bubble schedules as action lists: ZB-V and DualPipeV (issue 17).
+
+Both run two chunks per rank on the ``v`` stage map (planner.simulate.actions: chunk 0 of rank
+``r`` is stage ``r``, chunk 1 is stage ``2p - 1 - r``), so the last rank turns a micro-batch
+around locally and the first rank holds the first and the last stage.
+
+- ``zb-v``: ZB-V of Qi et al. 2024 ("Pipeline Parallelism with Controllable Memory", and §6
+  of "Zero Bubble Pipeline Parallelism"), in the order torch 2.13's ``ScheduleZBVZeroBubble``
+  runs.  Rank ``r`` warms up with ``2(p - r) - 1`` chunk-0 forwards, ``r`` forward pairs
+  (chunk 1, chunk 0) and ``p - r`` chunk-1 triples F I W; the steady state alternates the
+  chunks, each step a forward, an input gradient and at once its weight gradient; the
+  cool-down runs ``r`` input-gradient pairs, then chunk 0's I / W pairs, then the deferred W's.
+  The lists are built for ``max(m, 2p - 1)`` micro-batches and the actions on micro-batches
+  ``>= m`` dropped, as torch does, so any ``m >= 1`` works.  At F = I = W = 1 per chunk and
+  ``m >= 2p`` the makespan is ``6m + 2p - 2``... (see tests/test_simulate_zero_bubble.py for
+  the measured closed form); peak activations in flight are ``2p`` chunk-micro-batches on
+  every rank, 1F1B's peak ``p`` in whole-stage units (the paper's "same memory as 1F1B").
+- ``dualpipev``: DeepSeek's DualPipe (DeepSeek-V3 report, arXiv 2412.19437, §3.2.1) cut in
+  half into a V, as torch 2.13's ``ScheduleDualPipeV`` runs it (needs ``m >= 2p``, torch's
+  ``n_microbatches >= num_stages``).  Eight phases per rank: chunk-0 forwards, forward pairs,
+  zero-bubble I W F steps on chunk 1, the main phase of forward-backward pairs
+  (F0 B1, F1 B0), B1 F1 B0 steps, the drain's backwards (the second half of them split into
+  I with the W queued), and the queued W's.  torch runs each main-phase pair as one
+  ``OVERLAP_F_B`` action whose two sub-actions run one after the other (its
+  ``_PipelineScheduleRuntime`` has no overlap of its own unless a custom function is
+  registered); here such a pair is the F followed by the B, the order torch executes them in.
+  DeepSeek's overlap of one pair's communication with the other's compute is not modelled.
+
+The generators below follow the phase descriptions above; tests compare every list with
+torch's ``pipeline_order`` (tests/test_simulate_zero_bubble.py).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from planner.simulate.actions import Action, Schedule, ScheduleError
+
+
+def _need_two_chunks(name: str, v: int) -> None:
+    if v != 2:
+        raise ScheduleError(f"{name} runs two chunks per rank in a V (virtual_stages 2), not {v}")
+
+
+class _Ranklist:
+    """One rank's list under construction: next micro-batch per (kind, chunk), the W queue."""
+
+    def __init__(self) -> None:
+        self.acts: list[Action] = []
+        self.next: dict[tuple[str, int], int] = {}
+        self.queued_w: deque[tuple[int, int]] = deque()
+
+    def add(self, kind: str, chunk: int) -> None:
+        # B and I share one counter: each micro-batch gets one or the other
+        key = ("I" if kind == "B" else kind, chunk)
+        mb = self.next.get(key, 0)
+        self.next[key] = mb + 1
+        self.acts.append(Action(kind, chunk, mb))
+
+    def input_grad_queued(self, chunk: int) -> None:
+        """I now, its W onto the queue (DualPipeV)."""
+        mb = self.next.get(("I", chunk), 0)
+        self.add("I", chunk)
+        self.queued_w.append((chunk, mb))
+
+    def pop_w(self) -> None:
+        if self.queued_w:
+            chunk, mb = self.queued_w.popleft()
+            self.acts.append(Action("W", chunk, mb))
+
+    def count(self, kind: str, chunk: int) -> int:
+        return self.next.get((kind, chunk), 0)
+
+
+def zb_v(p: int, m: int, v: int = 2) -> Schedule:
+    """ZB-V (module docstring), torch's ``ScheduleZBVZeroBubble`` order."""
+    _need_two_chunks("zb-v", v)
+    n = max(m, 2 * p - 1)   # padded so the phases below fill; actions past m dropped at the end
+    ranks = []
+    for r in range(p):
+        lst = _Ranklist()
+        for _ in range(2 * (p - r) - 1):
+            lst.add("F", 0)
+        for _ in range(r):
+            lst.add("F", 1)
+            lst.add("F", 0)
+        for _ in range(p - r):
+            for kind in "FIW":
+                lst.add(kind, 1)
+        while lst.count("F", 1) < lst.count("F", 0) or lst.count("F", 0) < n:
+            if lst.count("F", 0) < n:
+                lst.add("F", 0)
+            for chunk, kinds in ((0, "IW"), (1, "FIW")):
+                for kind in kinds:
+                    lst.add(kind, chunk)
+        for _ in range(r):
+            lst.add("I", 0)
+            lst.add("I", 1)
+        for _ in range(p - r):
+            lst.add("I", 0)
+            lst.add("W", 0)
+        for chunk in (1, 0):
+            while lst.count("W", chunk) < lst.count("I", chunk):
+                lst.add("W", chunk)
+        ranks.append(tuple(a for a in lst.acts if a.micro_batch < m))
+    return Schedule("zb-v", p, 2, m, "v", tuple(ranks))
+
+
+def dualpipev_min_micro_batches(p: int) -> int:
+    """torch 2.13's ``ScheduleDualPipeV`` refuses ``n_microbatches < num_stages`` (= 2p)."""
+    return 2 * p
+
+
+def dualpipev(p: int, m: int, v: int = 2) -> Schedule:
+    """DualPipeV (module docstring), torch's ``ScheduleDualPipeV`` order with each overlapped
+    forward-backward pair as its F then its B."""
+    _need_two_chunks("dualpipev", v)
+    if m < dualpipev_min_micro_batches(p):
+        raise ScheduleError(f"dualpipev needs at least 2 x {p} ranks = {2 * p} micro-batches "
+                            f"(torch's ScheduleDualPipeV: n_microbatches >= stages), got {m}")
+    ranks = []
+    for r in range(p):
+        lst = _Ranklist()
+        for _ in range(2 * (p - r - 1)):
+            lst.add("F", 0)
+        for _ in range(r + 1):
+            lst.add("F", 0)
+            lst.add("F", 1)
+        for _ in range(p - r - 1):
+            lst.input_grad_queued(1)
+            lst.pop_w()
+            lst.add("F", 1)
+        for _ in range(m - 2 * p + r + 1):   # main phase: (F0, B1), (F1, B0)
+            for fwd, bwd in ((0, 1), (1, 0)):
+                lst.add("F", fwd)
+                lst.add("B", bwd)
+        for _ in range(p - r - 1):
+            lst.add("B", 1)
+            lst.add("F", 1)
+            lst.add("B", 0)
+        # Drain: the later half of the backwards run as I with W queued, from the middle step
+        # on (before chunk 1's backward on odd ranks, between the two on even ones).
+        split = False
+        for i in range(r + 1):
+            for chunk in (1, 0):
+                if i == (r + 1) // 2 and (r % 2 == 1) == (chunk == 1):
+                    split = True
+                lst.input_grad_queued(chunk) if split else lst.add("B", chunk)
+        for _ in range(p - r - 1):
+            lst.pop_w()
+            lst.input_grad_queued(0) if split else lst.add("B", 0)
+        for _ in range(r + 1):
+            lst.pop_w()
+        ranks.append(tuple(lst.acts))
+    return Schedule("dualpipev", p, 2, m, "v", tuple(ranks))
