@@ -73,7 +73,7 @@ def test_to_json_passes_schema_with_outputs(mixed):
 @pytest.mark.parametrize("mutate,field", [
     (lambda d: d.pop("stages"), None),
     (lambda d: d.update(schema="planner.plan/v2"), "schema"),
-    (lambda d: d.update(schedule="zb-v"), "schedule"),
+    (lambda d: d.update(schedule="bitpipe"), "schedule"),
     (lambda d: d["stages"][0]["replicas"][0].update(tp=0), "stages[0].replicas[0].tp"),
     (lambda d: d["stages"][1]["replicas"][0]["devices"].append("a100-2"), "stages[1].replicas[0].devices[2]"),
     (lambda d: d["stages"][0].update(color="red"), "stages[0]"),
@@ -223,6 +223,42 @@ def test_zb_h1_plans(mixed):
     del data["schedule"]
     validate_plan_json(data)
     assert Plan.from_json(data).schedule == "1f1b"
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "dualpipev"])
+def test_v_schedule_plans(mixed, schedule):
+    data = hand_plan()
+    data["schedule"], data["virtual_stages"] = schedule, 2
+    validate_plan_json(data)
+    check(mixed, data)   # 14 and 10 blocks halve; 8 micro-batches >= 2 x 2 stages
+    assert Plan.from_json(data).schedule == schedule
+    data["virtual_stages"] = 1
+    with pytest.raises(InputErrors) as exc:
+        check(mixed, data)
+    assert f"{schedule} runs two chunks per rank in a V: virtual_stages must be 2, not 1" in \
+        errors_of(exc.value)["virtual_stages"]
+    data["virtual_stages"] = 2
+    data["stages"][0]["blocks"], data["stages"][1]["blocks"] = [0, 13], [13, 24]
+    with pytest.raises(InputErrors) as exc:
+        check(mixed, data)
+    f = errors_of(exc.value)
+    assert set(f) == {"stages[0].blocks", "stages[1].blocks"}
+    assert "13 blocks do not split into the two equal chunks" in f["stages[0].blocks"]
+
+
+def test_dualpipev_needs_twice_the_stages_in_micro_batches(mixed):
+    data = hand_plan()
+    data["schedule"], data["virtual_stages"] = "dualpipev", 2
+    data["num_micro_batches"], data["micro_batch_size"] = 2, 16
+    for stage in data["stages"]:
+        for rep in stage["replicas"]:
+            rep["micro_batch_share"] *= 4
+    with pytest.raises(InputErrors) as exc:
+        check(mixed, data)
+    assert errors_of(exc.value) == {"num_micro_batches": "dualpipev needs num_micro_batches >= 2 x stages = 4 "
+                                                         "(torch's ScheduleDualPipeV), got 2"}
+    data["schedule"] = "zb-v"   # ZB-V takes any number (torch pads and drops)
+    check(mixed, data)
 
 
 def test_schedule_knobs(mixed):

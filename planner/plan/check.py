@@ -13,7 +13,7 @@ from pathlib import Path
 
 from planner import catalog
 from planner.errors import InputError, InputErrors, Location
-from planner.plan.model import SCHEMA_ID, Plan
+from planner.plan.model import SCHEMA_ID, V_SCHEDULES, Plan
 from planner.spec.cluster import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.source import PathKey, document_from_data, format_field_path, read_text, validate_model
@@ -190,12 +190,33 @@ def _check_schedule(plan: Plan, report: _Report) -> None:
             report.add(("num_micro_batches",),
                        f"interleaved-1f1b needs num_micro_batches ({plan.num_micro_batches}) to be "
                        f"a multiple of the number of stages ({p})")
+    elif plan.schedule in V_SCHEDULES:
+        _check_v_schedule(plan, report)
     elif v != 1 and plan.schedule == "zb-h1":
         # ZB-H1 as torch's ScheduleInterleavedZeroBubble runs it here: one stage per rank.
         report.add(("virtual_stages",), f"zb-h1 runs one stage per rank: virtual_stages must be 1, not {v}")
     elif v != 1:
         report.add(("virtual_stages",), f"virtual_stages={v} needs schedule \"interleaved-1f1b\" "
-                                        f"(the schedule is {plan.schedule!r}); use 1")
+                                        f"(or 2 with \"zb-v\" / \"dualpipev\"; the schedule is "
+                                        f"{plan.schedule!r}); use 1")
+
+
+def _check_v_schedule(plan: Plan, report: _Report) -> None:
+    """ZB-V and DualPipeV: two chunks per rank in a V, as torch's ScheduleZBVZeroBubble and
+    ScheduleDualPipeV require; DualPipeV also torch's micro-batch rule."""
+    v, p, name = plan.virtual_stages, len(plan.stages), plan.schedule
+    if v != 2:
+        report.add(("virtual_stages",), f"{name} runs two chunks per rank in a V: virtual_stages must "
+                                        f"be 2, not {v}")
+        return
+    for i, stage in enumerate(plan.stages):
+        if stage.num_blocks % 2:
+            report.add(("stages", i, "blocks"), f"{stage.num_blocks} blocks do not split into the two "
+                                                f"equal chunks {name} runs per rank; use an even count")
+    if name == "dualpipev" and plan.num_micro_batches < 2 * p:
+        # torch 2.13 ScheduleDualPipeV.__init__: n_microbatches >= num_stages (= 2 per rank)
+        report.add(("num_micro_batches",), f"dualpipev needs num_micro_batches >= 2 x stages = {2 * p} "
+                                           f"(torch's ScheduleDualPipeV), got {plan.num_micro_batches}")
 
 
 def plan_training(plan: Plan, file: str = "<plan>") -> Training:

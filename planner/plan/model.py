@@ -18,6 +18,12 @@ SCHEMA_ID = "planner.plan/v1"
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
+# Schedules with two chunks per rank on the V stage map (chunk 0 of rank r is stage r, chunk 1
+# stage 2p - 1 - r; planner.simulate.zero_bubble), and those that split a backward into input
+# and weight gradients (the cost model prices their W part, StageTiming.backward_weight_s).
+V_SCHEDULES = ("zb-v", "dualpipev")
+SPLIT_BACKWARD_SCHEDULES = ("zb-h1", *V_SCHEDULES)
+
 # '<node name>:<local GPU index>', the index in canonical ASCII form, so that one GPU has one id
 # ("a100:0", never "a100:00" or a non-ASCII digit beside it).
 DEVICE_ID = re.compile(r"^(?P<node>[^:\s]+):(?P<index>0|[1-9][0-9]*)$")
@@ -157,7 +163,7 @@ class Plan(BaseModel):
     objective: Objective = Field(default_factory=Objective)
     micro_batch_size: PositiveInt
     num_micro_batches: PositiveInt
-    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"] = "1f1b"
+    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipev"] = "1f1b"
     virtual_stages: PositiveInt = 1
     recompute: Literal["none", "selective", "full"] = "none"
     zero_stage: Literal[0, 1] = 0
