@@ -97,7 +97,7 @@ def _summary(out, result) -> None:
     plan, ev, rep = result.plan, result.evaluation, result.report
     out.print(f"[bold]{plan.num_stages} stage(s)[/bold], micro-batch {plan.micro_batch_size} x "
               f"{plan.num_micro_batches}, {plan.schedule}"
-              + (f" (v={plan.virtual_stages})" if plan.schedule == "interleaved-1f1b" else "")
+              + (f" (v={plan.virtual_stages})" if plan.virtual_stages > 1 else "")
               + f", recompute {plan.recompute}, ZeRO-{plan.zero_stage}"
               + (", sequence parallel" if plan.sequence_parallel and any(
                   r.tp > 1 for st in plan.stages for r in st.replicas) else ""))

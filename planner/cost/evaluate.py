@@ -38,6 +38,7 @@ from planner.cost.result import Evaluation
 from planner.cost.schedule import StageTiming, bottleneck_stage, pipeline_breakdown, pipeline_time_s
 from planner.cost.sharing import core_shares, price_core_sharing
 from planner.errors import InputError
+from planner.plan.model import SPLIT_BACKWARD_SCHEDULES, V_SCHEDULES
 
 _TOPOLOGIES: dict[int, tuple[object, object, object]] = {}
 
@@ -155,6 +156,16 @@ def _backward_weight_s(ctx: CostContext, nodes, stage, slowest: int) -> float:
     return w
 
 
+def _priced_stages(plan) -> list:
+    """The plan's stages as the cost model prices them.  In a V (zb-v, dualpipev) the model's
+    last piece, the head's, is rank 0's second chunk (planner.launch.common.chunks deals the
+    pieces down the ranks and back), so rank 0 is priced with the head and the last rank
+    without it; the plan file keeps the head on its last stage, as for every schedule."""
+    if plan.schedule not in V_SCHEDULES or len(plan.stages) == 1:
+        return list(plan.stages)
+    return [st.model_copy(update={"head": i == 0}) for i, st in enumerate(plan.stages)]
+
+
 def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = None, *,
              model=None, check: bool = True, ctx: CostContext | None = None, **ctx_extra) -> Evaluation:
     """Price ``plan`` on ``cluster``.  Checks the plan first (planner.plan.check when present)."""
@@ -173,9 +184,11 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
     _, _topo, paths = _topology_entry(cluster)  # paths are memoised per cluster, across calls
     nodes = cluster.node_by_name
     m, v = plan.num_micro_batches, plan.virtual_stages
-    v_eff = v if plan.schedule == "interleaved-1f1b" else 1
+    v_schedule = plan.schedule in V_SCHEDULES
+    # each boundary is crossed v_eff times each way per micro-batch: v interleaved, twice in a V
+    v_eff = v if plan.schedule == "interleaved-1f1b" or v_schedule else 1
     p = len(plan.stages)
-    stages = list(plan.stages)
+    stages = _priced_stages(plan)
 
     # -- per stage: compute of its slowest replica ------------------------------------------
     timings: list[dict] = []
@@ -204,7 +217,7 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
         t = _boundary(ctx, paths, stages[i], stages[i + 1], crossings, m * v_eff, gpu_of)
         send_fwd[i] = t
         send_bwd[i + 1] = t
-    if v_eff > 1 and p > 1:
+    if v_eff > 1 and p > 1 and not v_schedule:  # the V turns around on the last rank, no wrap
         t = _boundary(ctx, paths, stages[-1], stages[0], crossings, m * (v_eff - 1), gpu_of)
         send_fwd[-1] = t
         send_bwd[0] = max(send_bwd[0], t)
@@ -240,7 +253,7 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
             dp_sync_exposed_s=exposed, optimizer_s=opt, compute_s=rt.forward_s + rt.backward_s,
             recompute_s=rt.recompute_s, tp_comm_s=rt.tp_comm_s, slowest_replica=timings[i]["slowest"],
             backward_weight_s=(_backward_weight_s(ctx, nodes, st, timings[i]["slowest"])
-                               if plan.schedule == "zb-h1" else 0.0)))
+                               if plan.schedule in SPLIT_BACKWARD_SCHEDULES else 0.0)))
 
     # -- memory -----------------------------------------------------------------------------
     peak: dict[str, float] = {}

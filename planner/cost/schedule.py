@@ -46,6 +46,14 @@ trip through the whole pipeline (fill) is F = sum_s (f_s + b_s + sf_s + sb_s).
   below to 93% above (an early bottleneck's warm-up overlap, as for 1F1B; a stage 0 whose W
   dominates, which the executor cannot hide and the formula drops).
 
+- ZB-V and DualPipeV (``schedule: zb-v`` / ``dualpipev``, two chunks per rank in a V;
+  planner.cost.v_schedules): no closed form for unequal stages; the time is the action-list
+  executor's makespan on the stages' chunk times (planner.simulate.zero_bubble.v_stage_times),
+  exact for the executor's model by construction.  At unit chunk times it is ZB-V's
+  6m + max(p - 1, 4p - 2m - 2) and DualPipeV's 6m + p - 1 (tests/test_simulate_zero_bubble.py).
+  A micro-batch crosses every boundary twice each way, so the breakdown's pipeline sends are
+  2 m (sf + sb) on the bottleneck, as interleaving with v = 2.
+
 Attribution along the critical path (``pipeline_breakdown``): the bottleneck stage s* (the
 largest cycle) is busy m cycles; its compute, recompute, TP comm and sends times m are the
 ``compute``, ``recompute``, ``tp_comm`` and ``pp_comm`` terms, and everything else of the
@@ -57,6 +65,8 @@ pipeline drains; stages proceed in parallel, so the slowest one counts).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from planner.cost.v_schedules import V_SCHEDULES, v_schedule_time_s
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,8 @@ def pipeline_time_s(stages: list[StageTiming], num_micro_batches: int, schedule:
         return sum(fwd) + (m - 1) * max(fwd) + sum(bwd) + (m - 1) * max(bwd)
     if schedule == "zb-h1":
         return _zb_h1_time_s(stages, m)
+    if schedule in V_SCHEDULES:
+        return v_schedule_time_s(stages, m, schedule)
     v = virtual_stages if schedule == "interleaved-1f1b" else 1
     cycles = [s.cycle_s(v) for s in stages]
     worst = max(cycles)
@@ -117,8 +129,15 @@ def _zb_h1_time_s(stages: list[StageTiming], m: int) -> float:
     return max(m * cycles[k] + fill - q * mu, path)
 
 
+def _chunks(schedule: str, virtual_stages: int) -> int:
+    """How often a micro-batch crosses each boundary each way: v interleaved, 2 in a V."""
+    if schedule == "interleaved-1f1b":
+        return virtual_stages
+    return 2 if schedule in V_SCHEDULES else 1
+
+
 def bottleneck_stage(stages: list[StageTiming], schedule: str = "1f1b", virtual_stages: int = 1) -> int:
-    v = virtual_stages if schedule == "interleaved-1f1b" else 1
+    v = _chunks(schedule, virtual_stages)
     cycles = [s.cycle_s(v) for s in stages]
     return max(range(len(stages)), key=lambda i: (cycles[i], -i))
 
@@ -138,7 +157,7 @@ def pipeline_breakdown(stages: list[StageTiming], num_micro_batches: int, schedu
                        virtual_stages: int = 1) -> dict[str, float]:
     """The seven named terms; they sum to ``iteration_time_s`` (see the module docstring)."""
     m = num_micro_batches
-    v = virtual_stages if schedule == "interleaved-1f1b" else 1
+    v = _chunks(schedule, virtual_stages)
     total = pipeline_time_s(stages, m, schedule, virtual_stages)
     k = bottleneck_stage(stages, schedule, virtual_stages)
     s = stages[k]

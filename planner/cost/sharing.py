@@ -77,11 +77,11 @@ def core_shares(cluster, plan) -> list[tuple[str, CoreShare]]:
 def price_core_sharing(ctx, plan, nodes, stage_timings, shares, unshared_optimizer_s: float) -> CoreSharing:
     """Simulate the pipeline alone and shared; the optimizer as a processor-sharing makespan."""
     m, v, schedule = plan.num_micro_batches, plan.virtual_stages, plan.schedule
-    if schedule == "zb-h1":
-        # The shared-core engine runs F / B orders only: ZB-H1 takes 1F1B's stretch (shared
-        # minus alone), the schedule it splits the backward of; an approximation, said in
-        # docs/internals.md.
-        schedule = "1f1b"
+    if schedule in ("zb-h1", "zb-v", "dualpipev"):
+        # The shared-core engine runs F / B orders only: the zero-bubble schedules take 1F1B's
+        # stretch (shared minus alone), the schedule ZB-H1 splits the backward of (the V ones
+        # on one chunk per rank); an approximation, said in docs/internals.md.
+        schedule, v = "1f1b", 1
     alone = simulate_pipeline(stage_timings, m, schedule, v).makespan_s
     shared = simulate_pipeline(stage_timings, m, schedule, v,
                                core_shares=[sh for _, sh in shares]).makespan_s

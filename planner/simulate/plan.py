@@ -76,11 +76,11 @@ def simulate_plan(cluster, plan, profiles=None, file: str = "<plan>") -> PlanSim
     from planner.cost.sharing import core_shares
 
     ev = evaluate(cluster, plan, profiles=profiles, check=False)
-    if plan.schedule == "zb-h1":
-        # ZB-H1 is an action-list schedule (F / I / W): planner.simulate.actions' executor runs
-        # it on the priced stage times.  It does not model shared CPU cores; where a plan's
-        # devices outnumber a node's cores the evaluation prices the sharing through 1F1B's
-        # stretch (planner.cost.sharing), and this simulation leaves it out.
+    if plan.schedule in ACTION_SCHEDULES:
+        # ZB-H1, ZB-V and DualPipeV are action-list schedules (F / I / W): planner.simulate.actions'
+        # executor runs them on the priced stage times.  It does not model shared CPU cores; where
+        # a plan's devices outnumber a node's cores the evaluation prices the sharing through
+        # 1F1B's stretch (planner.cost.sharing), and this simulation leaves it out.
         result = simulate_action_schedule(ev.stages, plan.num_micro_batches, plan.schedule)
         return PlanSimulation(evaluation=ev, result=result, closed_form_pipeline_s=ev.pipeline_time_s,
                               closed_form_iteration_s=ev.iteration_time_s)
@@ -90,6 +90,19 @@ def simulate_plan(cluster, plan, profiles=None, file: str = "<plan>") -> PlanSim
                                core_shares=[sh for _, sh in core_shares(cluster, plan)])
     return PlanSimulation(evaluation=ev, result=result, closed_form_pipeline_s=ev.pipeline_time_s,
                           closed_form_iteration_s=ev.iteration_time_s)
+
+
+ACTION_SCHEDULES = ("zb-h1", "zb-v", "dualpipev")
+
+
+def action_stage_times(stages, schedule: str) -> list:
+    """Per global stage ``StageTimes`` for an action-list schedule from per-rank timings: the
+    V schedules' chunk times (planner.simulate.zero_bubble.v_stage_times), else one chunk each."""
+    if schedule in ("zb-v", "dualpipev"):
+        from planner.simulate.zero_bubble import v_stage_times
+
+        return v_stage_times(stages)
+    return zb_stage_times(stages)
 
 
 def zb_stage_times(stages) -> list:
@@ -111,20 +124,22 @@ _KIND = {"F": "fwd", "B": "bwd", "I": "bwd", "W": "wgt", "send-F": "send-fwd", "
 
 
 def simulate_action_schedule(stages, num_micro_batches: int, schedule: str = "zb-h1") -> SimResult:
-    """Run a one-chunk action-list schedule (planner.simulate.actions) on per-stage timings and
-    return it as a ``SimResult``: I is a ``bwd`` event, W a ``wgt`` event; ``max_in_flight`` is
-    the peak of micro-batches holding activations until their W (the memory model's count)."""
+    """Run an action-list schedule (planner.simulate.actions) on per-rank timings and return it
+    as a ``SimResult``: an event's ``stage`` is the rank, its ``virtual_stage`` the global
+    stage; I is a ``bwd`` event, W a ``wgt`` event; ``max_in_flight`` is the peak of
+    micro-batches (chunk micro-batches in a V) holding activations until their W."""
     from planner.simulate.actions import execute, generate
     from planner.simulate.engine import SimEvent
 
     p, m = len(stages), num_micro_batches
-    run = execute(generate(schedule, p, m), zb_stage_times(stages))
-    timeline = sorted((SimEvent(a.stage, a.chunk, a.micro_batch, _KIND[a.kind], a.start_s, a.end_s, a.stage)
+    sched = generate(schedule, p, m)
+    run = execute(sched, action_stage_times(stages, schedule))
+    timeline = sorted((SimEvent(a.rank, a.chunk, a.micro_batch, _KIND[a.kind], a.start_s, a.end_s, a.stage)
                        for a in run.actions), key=lambda e: (e.start_s, e.stage))
     transfers = sorted((SimEvent(e.rank, e.chunk, e.micro_batch, _KIND[e.kind], e.start_s, e.end_s, e.stage)
                         for e in run.sends), key=lambda e: (e.start_s, e.stage))
     return SimResult(makespan_s=run.makespan_s, timeline=timeline, transfers=transfers, schedule=schedule,
-                     num_stages=p, num_micro_batches=m, virtual_stages=1, busy_s=list(run.busy_s),
+                     num_stages=p, num_micro_batches=m, virtual_stages=sched.chunks, busy_s=list(run.busy_s),
                      max_in_flight=list(run.peak_in_flight))
 
 
@@ -137,8 +152,8 @@ def plan_execution(sim: PlanSimulation):
 
     r = sim.result
     sched = generate(r.schedule, r.num_stages, r.num_micro_batches, r.virtual_stages)
-    if r.schedule == "zb-h1":  # the cost model's own I / W split
-        return execute(sched, zb_stage_times(sim.evaluation.stages))
+    if r.schedule in ACTION_SCHEDULES:  # the cost model's own I / W split
+        return execute(sched, action_stage_times(sim.evaluation.stages, r.schedule))
     return execute(sched, stage_times_from_ranks(sim.evaluation.stages, r.virtual_stages))
 
 

@@ -153,3 +153,35 @@ def dualpipev(p: int, m: int, v: int = 2) -> Schedule:
             lst.pop_w()
         ranks.append(tuple(lst.acts))
     return Schedule("dualpipev", p, 2, m, "v", tuple(ranks))
+
+
+def v_stage_times(stages) -> list:
+    """Per-chunk ``StageTimes`` (2p of them, by global stage) for a V schedule from per-rank
+    timings (cost ``StageTiming``: one micro-batch through the rank's whole share of the model).
+
+    Each chunk computes half of its rank's forward, input gradient and weight gradient
+    (W = ``backward_weight_s``, 0 where the timing has none; I the rest of the backward): the
+    plan cuts each stage's blocks into two equal chunks, and the embedding and head are not
+    placed apart (rank 0 holds both in the V; their time is split with the blocks').  Sends
+    follow the V: chunk 0 of rank r sends its activation to rank r + 1 and its gradient to
+    rank r - 1, as in 1F1B, while chunk 1 runs the other way, so its activation goes over the
+    link the rank's ``send_backward_s`` prices and its gradient over ``send_forward_s``'s.
+    The last rank's hand-off from chunk 0 to chunk 1 stays on the rank (the executor sends
+    nothing between chunks of one rank)."""
+    from planner.simulate.actions import StageTimes
+
+    p = len(stages)
+    per_rank = []
+    for st in stages:
+        b = float(st.backward_s)
+        w = min(max(float(getattr(st, "backward_weight_s", 0.0) or 0.0), 0.0), b)
+        sf = float(getattr(st, "send_forward_s", 0.0) or 0.0)
+        sb = float(getattr(st, "send_backward_s", 0.0) or 0.0)
+        per_rank.append((float(st.forward_s) / 2, (b - w) / 2, w / 2, b / 2, sf, sb))
+    out = []
+    for g in range(2 * p):
+        rank, chunk0 = (g, True) if g < p else (2 * p - 1 - g, False)
+        f, i, w, b, sf, sb = per_rank[rank]
+        out.append(StageTimes(forward_s=f, backward_input_s=i, backward_weight_s=w, backward_s=b,
+                              send_forward_s=sf if chunk0 else sb, send_backward_s=sb if chunk0 else sf))
+    return out
