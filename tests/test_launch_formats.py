@@ -352,13 +352,30 @@ def test_pipelining_zb_h1():
     assert json.loads(render(plan, "torchrun", master_addr="h")["rank_map.json"])["schedule"] == "zb-h1"
 
 
+@pytest.mark.parametrize("schedule,cls", [("zb-v", "ScheduleZBVZeroBubble"), ("dualpipev", "ScheduleDualPipeV")])
+def test_pipelining_v_schedules(schedule, cls):
+    # stages of 2 and 6 blocks: pieces of 1, 3 | 3, 1 dealt down and back: rank 0 holds
+    # pieces 0 and 3 (the embedding and the head), rank 1 pieces 1 and 2
+    plan = make_plan(blocks=((0, 2), (2, 8)), schedule=schedule, virtual_stages=2)
+    files = render(plan, "pipelining", master_addr="h")
+    data = json.loads(files["pipelining.json"])
+    assert data["schedule_class"] == cls and data["num_pipeline_stages"] == 4
+    assert [s["blocks"] for s in data["stages"]] == [[0, 1], [1, 4], [4, 7], [7, 8]]
+    assert [(s["embedding"], s["head"]) for s in data["stages"]] == [(True, False), (False, False),
+                                                                    (False, False), (False, True)]
+    ranks = {r["stage"]: r["pipeline_stages"] for r in data["ranks"].values()}
+    assert ranks == {0: [0, 3], 1: [1, 2]}
+    assert any(n.startswith(f"{schedule}: {cls} with two stages per rank in a V") for n in data["notes"])
+    assert cls in files["pipelining_setup.py"]
+
+
 def test_pipelining_names_exist_in_installed_torch():
     pipelining = pytest.importorskip("torch.distributed.pipelining")
     import inspect
 
-    for fmt_schedule in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"):
+    for fmt_schedule in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipev"):
         plan = make_plan(blocks=((0, 4), (4, 8)), schedule=fmt_schedule,
-                         virtual_stages=2 if fmt_schedule == "interleaved-1f1b" else 1)
+                         virtual_stages=1 if fmt_schedule in ("gpipe", "1f1b", "zb-h1") else 2)
         files = render(plan, "pipelining", master_addr="h")
         assert hasattr(pipelining, json.loads(files["pipelining.json"])["schedule_class"])
         compile(files["pipelining_setup.py"], "pipelining_setup.py", "exec")

@@ -99,6 +99,14 @@ def test_zb_h1_refused_by_megatron_and_deepspeed(fmt, tool):
     assert "re-plan with schedule 1f1b" in msg and "--format pipelining" in msg
 
 
+@pytest.mark.parametrize("fmt,tool", [("megatron", "Megatron-LM"), ("deepspeed", "DeepSpeed")])
+@pytest.mark.parametrize("schedule,cls", [("zb-v", "ScheduleZBVZeroBubble"), ("dualpipev", "ScheduleDualPipeV")])
+def test_v_schedules_refused_by_megatron_and_deepspeed(fmt, tool, schedule, cls):
+    msg = refusal(make_plan(blocks=((0, 4), (4, 8)), schedule=schedule, virtual_stages=2), fmt)
+    assert f"schedule {schedule}: {tool}" in msg and "V" in msg and "each backward whole" in msg
+    assert "re-plan with schedule 1f1b" in msg and f"--format pipelining (torch's {cls})" in msg
+
+
 def test_zb_h1_micro_batches_torch_can_split_into_rounds():
     # ScheduleInterleavedZeroBubble: rounds = max(1, m // p), m a multiple of the rounds
     odd = make_plan(blocks=((0, 4), (4, 8)), schedule="zb-h1", num_micro_batches=5)

@@ -220,9 +220,12 @@ def test_importing_the_runner_and_cli_does_not_import_torch():
     assert out.stdout.strip() == "False"
 
 
-def test_zb_h1_is_refused_by_the_runner(tmp_path, capsys, no_spawn):
+@pytest.mark.parametrize("schedule,v,cls", [("zb-h1", 1, "ScheduleInterleavedZeroBubble"),
+                                            ("zb-v", 2, "ScheduleZBVZeroBubble"),
+                                            ("dualpipev", 2, "ScheduleDualPipeV")])
+def test_zero_bubble_schedules_are_refused_by_the_runner(tmp_path, capsys, no_spawn, schedule, v, cls):
     path = tmp_path / "plan.json"
-    path.write_text(two_stage(schedule="zb-h1").dumps())
+    path.write_text(two_stage(schedule=schedule, virtual_stages=v).dumps())
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "schedule zb-h1: the reference runner" in err and "--format pipelining" in err
+    assert f"schedule {schedule}: the reference runner" in err and f"--format pipelining (torch's {cls})" in err

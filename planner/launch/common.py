@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from planner.errors import InputError, InputErrors
 from planner.plan import Plan
+from planner.plan.model import V_SCHEDULES
 
 DEFAULT_MASTER_PORT = 29500
 # Node names become file names and torchrun arguments; the cluster spec allows the same set.
@@ -259,6 +260,8 @@ def chunks(plan: Plan, fmt: str) -> list[Chunk]:
     if v == 1:
         return [Chunk(s.index, s.index, 0, s.blocks[0], s.blocks[1], s.embedding, s.head)
                 for s in plan.stages]
+    if plan.schedule in V_SCHEDULES:
+        return _v_chunks(plan)
     problems = Problems(fmt)
     for s in plan.stages:
         if s.num_blocks % v:
@@ -273,6 +276,22 @@ def chunks(plan: Plan, fmt: str) -> list[Chunk]:
             out.append(Chunk(c * p + s.index, s.index, c, first, first + size,
                              s.embedding and c == 0, s.head and c == v - 1))
             first += size
+    return out
+
+
+def _v_chunks(plan: Plan) -> list[Chunk]:
+    """The V layout of zb-v / dualpipev (torch's ``style="v"`` stage-to-rank map): each stage's
+    blocks cut into two equal pieces (plan.check requires an even count), dealt down the ranks
+    and back up, so piece ``s`` is rank s's first chunk and piece ``2p - 1 - s`` its second.
+    Rank 0 holds the first piece (the embedding) and the last (the head)."""
+    p = plan.num_stages
+    order = [(s, 0) for s in plan.stages] + [(s, 1) for s in reversed(plan.stages)]
+    out: list[Chunk] = []
+    first = 0
+    for index, (s, c) in enumerate(order):
+        size = s.num_blocks // 2
+        out.append(Chunk(index, s.index, c, first, first + size, index == 0, index == 2 * p - 1))
+        first += size
     return out
 
 

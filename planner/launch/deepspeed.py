@@ -26,9 +26,11 @@ from planner.launch.common import (
     precision_comment,
     precision_env,
 )
+from planner.launch.pipelining import SCHEDULE_CLASS as _V_CLASS
 from planner.launch.ranks import AXES_DP_PP_TP, AXES_PP_DP_TP, describe_nodes, framework_layout
 from planner.launch.torchrun import RANK_MAP, node_scripts, rank_map
 from planner.plan import Plan
+from planner.plan.model import V_SCHEDULES
 
 TOOL = "DeepSpeed"
 DEEPSPEED_COMMIT = "12e65a6b112abebe37e46f87a25890641a9dd8d9"
@@ -56,6 +58,10 @@ def check(plan: Plan) -> None:
         problems.add("schedule zb-h1: DeepSpeed's pipeline engine runs its 1F1B TrainSchedule, which "
                      "runs each backward whole; it has no zero-bubble schedule: re-plan with schedule "
                      "1f1b, or use --format pipelining (torch's ScheduleInterleavedZeroBubble)")
+    if plan.schedule in V_SCHEDULES:
+        problems.add(f"schedule {plan.schedule}: DeepSpeed's pipeline engine runs one stage per rank "
+                     "with its 1F1B TrainSchedule (no V placement, each backward whole): re-plan with "
+                     f"schedule 1f1b, or use --format pipelining (torch's {_V_CLASS[plan.schedule]})")
     if plan.recompute == "selective":
         problems.add("recompute selective: PipelineModule only checkpoints whole layers "
                      "(activation_checkpoint_interval); re-plan with recompute none or full")

@@ -29,9 +29,11 @@ from planner.launch.common import (
     seq_len,
     shell_join,
 )
+from planner.launch.pipelining import SCHEDULE_CLASS as _V_CLASS
 from planner.launch.ranks import AXES_DP_PP_TP, AXES_PP_DP_TP, describe_nodes, framework_layout
 from planner.launch.torchrun import RANK_MAP, node_scripts, rank_map
 from planner.plan import Plan
+from planner.plan.model import V_SCHEDULES
 from planner.spec import load_model
 
 TOOL = "Megatron-LM"
@@ -151,6 +153,11 @@ def build_args(plan: Plan) -> tuple[list[str], list[str], object]:
                                "1F1B) run each backward whole and have no zero-bubble schedule; re-plan "
                                "with schedule 1f1b, or use --format pipelining (torch's "
                                "ScheduleInterleavedZeroBubble)")]).raise_if_any()
+    if plan.schedule in V_SCHEDULES:
+        Problems("megatron", [(f"schedule {plan.schedule}: Megatron-LM's pipeline schedules place "
+                               "virtual stages round-robin (interleaved 1F1B), not in a V, and run each "
+                               "backward whole; re-plan with schedule 1f1b or interleaved-1f1b, or use "
+                               f"--format pipelining (torch's {_V_CLASS[plan.schedule]})")]).raise_if_any()
     if interleaved and p == 1:
         Problems("megatron", [("interleaved 1F1B with one stage has nothing to interleave: "
                                "re-plan with schedule 1f1b")]).raise_if_any()

@@ -26,6 +26,7 @@ from planner.launch.common import (
 from planner.launch.ranks import plan_layout
 from planner.launch.torchrun import RANK_MAP, node_scripts, rank_map
 from planner.plan import Plan
+from planner.plan.model import V_SCHEDULES
 
 SPEC = "pipelining.json"
 SNIPPET = "pipelining_setup.py"
@@ -33,7 +34,9 @@ SCHEDULE_CLASS = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
                   "interleaved-1f1b": "ScheduleInterleaved1F1B",
                   # ZB-H1 (Qi et al. 2024) is torch's interleaved zero bubble with one stage per
                   # rank (planner.simulate.actions.zb_h1 checks the orders are the same)
-                  "zb-h1": "ScheduleInterleavedZeroBubble"}
+                  "zb-h1": "ScheduleInterleavedZeroBubble",
+                  # two stages per rank in a V (planner.simulate.zero_bubble checks the orders)
+                  "zb-v": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
 
 
 def check(plan: Plan) -> None:
@@ -114,7 +117,13 @@ def _notes(plan: Plan, d: int) -> list[str]:
     notes = [("each replica chain is its own pipeline: feed chain r share_r * n_microbatches "
               "sequences per step; after backward, all-reduce (SUM) every parameter's gradient "
               "times dp_grad_weight over the rank's dp group")]
-    if plan.virtual_stages > 1:
+    if plan.schedule in V_SCHEDULES:
+        notes.append(f"{plan.schedule}: {SCHEDULE_CLASS[plan.schedule]} with two stages per rank in a V: "
+                     "each stage's blocks are cut into two equal pieces dealt down the ranks and back "
+                     "(rank r builds pipeline stages r and 2p-1-r; rank 0 holds the embedding and the "
+                     "head); each backward runs as input- and weight-gradient steps; torch does not "
+                     "support it under torch.compile")
+    elif plan.virtual_stages > 1:
         notes.append("interleaved: each stage's blocks are cut into virtual_stages equal pieces "
                      "dealt round-robin; 'stages' lists each piece's blocks")
     if plan.schedule == "zb-h1":
@@ -151,12 +160,16 @@ import os
 
 import torch.distributed as dist
 from torch.distributed.pipelining import (
-    PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
+    PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe, ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble,
 )
 
 SCHEDULES = {"Schedule1F1B": Schedule1F1B, "ScheduleGPipe": ScheduleGPipe,
              "ScheduleInterleaved1F1B": ScheduleInterleaved1F1B,
-             "ScheduleInterleavedZeroBubble": ScheduleInterleavedZeroBubble}
+             "ScheduleInterleavedZeroBubble": ScheduleInterleavedZeroBubble,
+             "ScheduleZBVZeroBubble": ScheduleZBVZeroBubble, "ScheduleDualPipeV": ScheduleDualPipeV}
+LIST_TAKING = (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble,
+               ScheduleDualPipeV)
 SPEC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipelining.json")
 
 
@@ -184,7 +197,7 @@ def build(make_stage_module, device, loss_fn, spec=None):
     stages = [PipelineStage(make_stage_module(spec["stages"][i]), i, spec["num_pipeline_stages"],
                             device, group=groups["pp"]) for i in me["pipeline_stages"]]
     cls = SCHEDULES[spec["schedule_class"]]
-    if cls in (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble):  # they take a list of stages
+    if cls in LIST_TAKING:  # they take the rank's list of stages
         schedule = cls(stages, n_microbatches=spec["n_microbatches"], loss_fn=loss_fn)
     else:
         schedule = cls(stages[0], n_microbatches=spec["n_microbatches"], loss_fn=loss_fn)

@@ -140,11 +140,13 @@ def check_plan(plan: Plan, shape: dict) -> None:
     except InputErrors as exc:
         problems.extend(f"{e.location.field + ': ' if e.location and e.location.field else ''}{e.message}"
                         for e in exc.errors)
-    if plan.schedule == "zb-h1":
-        problems.append("schedule zb-h1: the reference runner follows forward / backward op orders "
-                        "(gpipe, 1f1b, interleaved-1f1b) and does not split a backward into its input "
-                        "and weight gradients; launch the plan with --format pipelining (torch's "
-                        "ScheduleInterleavedZeroBubble), or re-plan with schedule 1f1b to run it here")
+    torch_only = {"zb-h1": "ScheduleInterleavedZeroBubble", "zb-v": "ScheduleZBVZeroBubble",
+                  "dualpipev": "ScheduleDualPipeV"}
+    if plan.schedule in torch_only:
+        problems.append(f"schedule {plan.schedule}: the reference runner follows forward / backward op "
+                        "orders (gpipe, 1f1b, interleaved-1f1b) and does not split a backward into its "
+                        "input and weight gradients; launch the plan with --format pipelining (torch's "
+                        f"{torch_only[plan.schedule]}), or re-plan with schedule 1f1b to run it here")
     elif not problems:
         try:  # the same op orders the worker will follow
             stage_orders(plan.schedule, plan.num_stages, plan.num_micro_batches, plan.virtual_stages)
