@@ -11,20 +11,24 @@ around locally and the first rank holds the first and the last stage.
   chunks, each step a forward, an input gradient and at once its weight gradient; the
   cool-down runs ``r`` input-gradient pairs, then chunk 0's I / W pairs, then the deferred W's.
   The lists are built for ``max(m, 2p - 1)`` micro-batches and the actions on micro-batches
-  ``>= m`` dropped, as torch does, so any ``m >= 1`` works.  At F = I = W = 1 per chunk and
-  ``m >= 2p`` the makespan is ``6m + 2p - 2``... (see tests/test_simulate_zero_bubble.py for
-  the measured closed form); peak activations in flight are ``2p`` chunk-micro-batches on
-  every rank, 1F1B's peak ``p`` in whole-stage units (the paper's "same memory as 1F1B").
+  ``>= m`` dropped, as torch does, so any ``m >= 1`` works.  At F = I = W = 1 per chunk the
+  makespan is ``6m + max(p - 1, 4p - 2m - 2)``, and from ``m >= 2p - 1`` no rank idles between
+  its first and last action (the p - 1 left is the skew before the last rank's first
+  forward); rank r holds at most ``min(2p, m + r + 1, 2m)`` chunk micro-batches, so at most
+  ``p`` whole-stage ones, 1F1B's peak (the paper's "same memory as 1F1B").  Measured for
+  the p <= 8 and m the tests cover (tests/test_simulate_zero_bubble.py).
 - ``dualpipev``: DeepSeek's DualPipe (DeepSeek-V3 report, arXiv 2412.19437, §3.2.1) cut in
   half into a V, as torch 2.13's ``ScheduleDualPipeV`` runs it (needs ``m >= 2p``, torch's
   ``n_microbatches >= num_stages``).  Eight phases per rank: chunk-0 forwards, forward pairs,
   zero-bubble I W F steps on chunk 1, the main phase of forward-backward pairs
   (F0 B1, F1 B0), B1 F1 B0 steps, the drain's backwards (the second half of them split into
-  I with the W queued), and the queued W's.  torch runs each main-phase pair as one
+  I with the W queued), and the queued W's.  torch runs each forward-backward pair as one
   ``OVERLAP_F_B`` action whose two sub-actions run one after the other (its
   ``_PipelineScheduleRuntime`` has no overlap of its own unless a custom function is
   registered); here such a pair is the F followed by the B, the order torch executes them in.
   DeepSeek's overlap of one pair's communication with the other's compute is not modelled.
+  At F = I = W = 1 per chunk the makespan is ``6m + p - 1`` for every ``m >= 2p``, and every
+  rank holds ``2p + 1`` chunk micro-batches at its peak.
 
 The generators below follow the phase descriptions above; tests compare every list with
 torch's ``pipeline_order`` (tests/test_simulate_zero_bubble.py).
