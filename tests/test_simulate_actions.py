@@ -251,7 +251,8 @@ def test_validator_rejects_missing_w_duplicate_f_and_deadlock():
 
 
 def test_registry_and_knobs():
-    assert list(GENERATORS) == ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
+    assert list(GENERATORS)[:4] == ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
+    assert "bitpipe" in GENERATORS and GENERATORS["bitpipe"].default_chunks == 4
     assert all(g.help for g in GENERATORS.values())
     with pytest.raises(ScheduleError, match="unknown schedule"):
         generate("zb-v", 2, 4)
