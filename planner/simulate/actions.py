@@ -42,7 +42,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from planner.simulate import layouts
-from planner.simulate.layouts import STAGE_MAPS as STAGE_MAPS
+
+STAGE_MAPS = layouts.STAGE_MAPS
 
 KINDS = ("F", "B", "I", "W")
 
