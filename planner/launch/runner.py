@@ -140,7 +140,9 @@ def check_plan(plan: Plan, shape: dict) -> None:
     except InputErrors as exc:
         problems.extend(f"{e.location.field + ': ' if e.location and e.location.field else ''}{e.message}"
                         for e in exc.errors)
-    if plan.schedule == "zb-h1":
+    if plan.schedule == "bitpipe":
+        problems.append("schedule bitpipe: the reference runner does not run it yet (two pipelines over the same ranks, a second weight copy per rank and the pair all-reduce); re-plan with schedule interleaved-1f1b or 1f1b to run it here")
+    elif plan.schedule == "zb-h1":
         problems.append("schedule zb-h1: the reference runner follows forward / backward op orders "
                         "(gpipe, 1f1b, interleaved-1f1b) and does not split a backward into its input "
                         "and weight gradients; launch the plan with --format pipelining (torch's "
