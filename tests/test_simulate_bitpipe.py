@@ -59,22 +59,24 @@ def test_faster_than_1f1b_and_not_slower_than_interleaved_here(p, m):
         assert run.makespan_s <= inter
 
 
-@pytest.mark.parametrize("p,m,expected", [(4, 8, 53), (8, 16, 115), (8, 32, 223), (16, 32, 241)])
+@pytest.mark.parametrize("p,m,expected", [(4, 8, 53), (8, 16, 115), (8, 32, 218), (8, 64, 408),
+                                          (16, 16, 126), (16, 64, 418)])
 def test_recorded_unit_makespans(p, m, expected):
-    """The figures docs/schedules.md and the module docstring quote; p=8, m=32 is the case the
-    list order loses to interleaved 1F1B (213)."""
+    """The figures docs/schedules.md and the module docstring quote; p=8, m=32 and m=64 are
+    cases the list order loses to interleaved 1F1B (213, 405)."""
     assert execute(bitpipe(p, m), CHUNK).makespan_s == expected
 
 
 @pytest.mark.parametrize("p,m", GRID + [(16, 32), (16, 64)])
 def test_peak_in_flight_rule(p, m):
-    """Chunk activations held per rank (F done, B not yet): never above the cap 2p plus the
-    continuation allowance, measured at most p/2 + 1 over the grid; and every rank of a pair
-    (r, p-1-r) peaks alike up to 2 (the map is symmetric)."""
+    """Chunk activations held per rank (F done, B not yet): never above the larger cap 3p plus
+    the continuation allowance, measured at most p/2 + 1 over the grid, nor above all 2m chunks
+    a rank runs; with a cap given, that cap plus the allowance."""
     run = execute(bitpipe(p, m), CHUNK)
     peak = run.peak_in_flight
-    assert max(peak) <= min(2 * p + p // 2 + 1, 2 * m)
-    assert all(abs(peak[r] - peak[p - 1 - r]) <= 2 for r in range(p))
+    assert max(peak) <= min(3 * p + p // 2 + 1, 2 * m)
+    tight = execute(bitpipe(p, m, cap=2 * p), CHUNK).peak_in_flight
+    assert max(tight) <= min(2 * p + p // 2 + 1, 2 * m)
     if m == 2:
         assert peak == [4] * p   # each rank holds its two chunks of both micro-batches
 

@@ -20,22 +20,30 @@ there:
    forward continues a micro-batch the rank already holds (the V's turn: without it two ranks
    full of each other's micro-batches would wait on each other).
 
-``cap`` = 2p chunk activations (each a chunk of 1/(2p) of the model for one micro-batch, as
-an interleaved chunk with v = 2 is); the continuation rule can add at most one per micro-batch
-held, and the executor's measured peak (tests/test_simulate_bitpipe.py) stays under
-2p + p/2 + 1.  Interleaved 1F1B's rank 0 holds 3p - 1 such chunks.  Other caps and
-tie-breaks were tried (tests' docstring); none was better at every p, m.  Because the lists
-are the order of a real run, they are valid (every action follows its inputs) under any
-durations.
+``cap`` bounds the chunk activations a rank holds (a chunk is 1/(2p) of the model for one
+micro-batch, as an interleaved chunk with v = 2 is); the continuation rule can exceed it by at
+most one per micro-batch held.  The generator builds the order with cap 2p and with cap 3p and
+keeps the one with the smaller makespan at the generation times (ties: 2p): 2p wins for m up
+to about 2p, 3p for more micro-batches, where with 2p the steady state leaves gaps and the
+bubble grows with m (p = 8, m = 64: 59 units against 24).  Measured peaks
+(tests/test_simulate_bitpipe.py) stay within 3p + p/2 + 1 chunks; interleaved 1F1B's rank 0
+holds 3p - 1, 1F1B's rank 0 the equivalent of 2p.  Other tie-breaks (newest backward first,
+backward by later stage, first-in first-out, strict F/B alternation after a warm-up) were
+tried and were not better at every p, m.  Because the lists are the order of a real run, they
+are valid (every action follows its inputs) under any durations.
 
 Time at unit chunk times (F = 1, B = 2 per chunk, so 6 units of work per micro-batch per
-rank), measured against interleaved 1F1B (m + (p - 1) / 2) x 6 at equal work: p=4, m=8: 53
-against 57; p=8, m=16: 115 against 117; p=8, m=32: 223 against 213; p=16, m=32: 241 against
-237.  So this order's bubble is about interleaved's, not the half of it a bidirectional
-schedule can reach: the paper's own order is not reproduced (docs/schedules.md).
+rank), against interleaved 1F1B (m + (p - 1) / 2) x 6 at equal work, bubble = makespan - 6m:
+p=4, m=8: 53 (bubble 5, interleaved 9); p=8, m=16: 115 (19 against 21); p=8, m=32: 218 (26
+against 21); p=8, m=64: 408 (24 against 21); p=16, m=16: 126 (30 against 45); p=16, m=64: 418
+(34 against 45).  So this order's bubble is near interleaved's for m >= 2p and about half of
+it or less for m <= p, not the constant fraction of interleaved's a bidirectional schedule can
+reach: the paper's own order is not reproduced (docs/schedules.md).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from planner.simulate.actions import Action, Schedule, ScheduleError, StageTimes
 
@@ -56,8 +64,15 @@ def pipelines(m: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(range(m // 2)), tuple(range(m // 2, m))
 
 
-def default_cap(p: int) -> int:
-    return 2 * p
+CAPS_PER_RANK = (2, 3)   # the caps tried, in chunk activations per rank, times p
+
+
+def _generation_makespan(ranks: tuple[tuple[Action, ...], ...], sched: Schedule) -> float:
+    from planner.simulate.actions import execute
+
+    run = execute(replace(sched, ranks=ranks), StageTimes(forward_s=GEN_FORWARD_S, backward_s=GEN_BACKWARD_S),
+                  check=False)
+    return run.makespan_s
 
 
 def bitpipe(p: int, m: int, v: int = 4, cap: int | None = None) -> Schedule:
@@ -67,11 +82,14 @@ def bitpipe(p: int, m: int, v: int = 4, cap: int | None = None) -> Schedule:
     problem = check_knobs(p, m)
     if problem:
         raise ScheduleError(problem)
-    cap = default_cap(p) if cap is None else cap
-    if cap < 1:
+    if cap is not None and cap < 1:
         raise ScheduleError(f"bitpipe's cap on chunk activations per rank must be >= 1, not {cap}")
     shell = Schedule("bitpipe", p, 4, m, "bitpipe", tuple(() for _ in range(p)), pipelines(m))
-    return Schedule("bitpipe", p, 4, m, "bitpipe", _list_schedule(shell, cap), shell.pipelines)
+    if cap is not None:
+        return replace(shell, ranks=_list_schedule(shell, cap))
+    tried = [(k * p, _list_schedule(shell, k * p)) for k in CAPS_PER_RANK]
+    _, ranks = min(tried, key=lambda t: (_generation_makespan(t[1], shell), t[0]))
+    return replace(shell, ranks=ranks)
 
 
 def _order_key(sched: Schedule, mb: int) -> int:
@@ -89,6 +107,7 @@ def _list_schedule(sched: Schedule, cap: int) -> tuple[tuple[Action, ...], ...]:
     free = [0.0] * p
     held: list[dict[int, int]] = [{} for _ in range(p)]   # micro-batch -> chunk activations held
     out: list[list[Action]] = [[] for _ in range(p)]
+    stale = set(range(p))   # ranks whose ready set or state changed since their last pick
 
     def offer(kind: str, stage: int, mb: int) -> None:
         deps = ([("F", stage - 1, mb)] if stage > 0 else []) if kind == "F" else \
@@ -96,6 +115,7 @@ def _list_schedule(sched: Schedule, cap: int) -> tuple[tuple[Action, ...], ...]:
         if all(d in done for d in deps):
             r, c = sched.owner(stage, mb)
             ready[r][Action(kind, c, mb)] = max([done[d] for d in deps], default=0.0)
+            stale.add(r)
 
     for mb in range(sched.num_micro_batches):
         offer("F", 0, mb)
@@ -111,8 +131,12 @@ def _list_schedule(sched: Schedule, cap: int) -> tuple[tuple[Action, ...], ...]:
         return start, min(pool, key=lambda a: (_order_key(sched, a.micro_batch), -sched.stage(r, a.chunk)))
 
     remaining = 2 * sched.num_micro_batches * S
+    picks: list[tuple[float, Action] | None] = [None] * p
     while remaining:
-        choices = [(c[0], r, c[1]) for r in range(p) if (c := pick(r)) is not None]
+        for r in stale:
+            picks[r] = pick(r)
+        stale.clear()
+        choices = [(c[0], r, c[1]) for r, c in enumerate(picks) if c is not None]
         if not choices:
             raise ScheduleError(f"bitpipe p={p} m={sched.num_micro_batches}: the list schedule stalls "
                                 f"at cap {cap}")
@@ -126,6 +150,7 @@ def _list_schedule(sched: Schedule, cap: int) -> tuple[tuple[Action, ...], ...]:
         else:
             held[r].pop(mb, None)
         del ready[r][a]
+        stale.add(r)
         out[r].append(a)
         remaining -= 1
         if a.kind == "F":
