@@ -73,7 +73,7 @@ def test_to_json_passes_schema_with_outputs(mixed):
 @pytest.mark.parametrize("mutate,field", [
     (lambda d: d.pop("stages"), None),
     (lambda d: d.update(schema="planner.plan/v2"), "schema"),
-    (lambda d: d.update(schedule="bitpipe"), "schedule"),
+    (lambda d: d.update(schedule="chimera"), "schedule"),
     (lambda d: d["stages"][0]["replicas"][0].update(tp=0), "stages[0].replicas[0].tp"),
     (lambda d: d["stages"][1]["replicas"][0]["devices"].append("a100-2"), "stages[1].replicas[0].devices[2]"),
     (lambda d: d["stages"][0].update(color="red"), "stages[0]"),

@@ -251,10 +251,11 @@ def test_validator_rejects_missing_w_duplicate_f_and_deadlock():
 
 
 def test_registry_and_knobs():
-    assert list(GENERATORS) == ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipev"]
+    assert list(GENERATORS) == ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipev", "bitpipe"]
+    assert "bitpipe" in GENERATORS and GENERATORS["bitpipe"].default_chunks == 4
     assert all(g.help for g in GENERATORS.values())
     with pytest.raises(ScheduleError, match="unknown schedule"):
-        generate("bitpipe", 2, 4)
+        generate("no-such-schedule", 2, 4)
     with pytest.raises(ScheduleError, match="multiple"):
         generate("interleaved-1f1b", 4, 6, 2)
     with pytest.raises(ScheduleError, match="one chunk"):

@@ -13,6 +13,8 @@ import itertools
 import math
 from dataclasses import replace
 
+from planner.cost.bitpipe import in_flight_micro_batches as bitpipe_in_flight
+from planner.cost.bitpipe import pair_sync_s, with_pair_copy
 from planner.cost.calibration import Calibration
 from planner.cost.comm import (
     boundary_bytes,
@@ -224,8 +226,12 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
 
     # -- DP sync and optimizer per stage ---------------------------------------------------
     stage_timings: list[StageTiming] = []
+    bitpipe = plan.schedule == "bitpipe"
     for i, st in enumerate(stages):
         params = stage_params(ctx, st.num_blocks, st.embedding, st.head)
+        if bitpipe:  # the rank also holds its pair's share: its DP sync and step cover both copies
+            mirror = stages[p - 1 - i]
+            params += stage_params(ctx, mirror.num_blocks, mirror.embedding, mirror.head)
         n = len(st.replicas)
         dp = 0.0
         if n > 1:
@@ -253,24 +259,32 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
             dp_sync_exposed_s=exposed, optimizer_s=opt, compute_s=rt.forward_s + rt.backward_s,
             recompute_s=rt.recompute_s, tp_comm_s=rt.tp_comm_s, slowest_replica=timings[i]["slowest"],
             backward_weight_s=(_backward_weight_s(ctx, nodes, st, timings[i]["slowest"])
-                               if plan.schedule in SPLIT_BACKWARD_SCHEDULES else 0.0)))
+                               if plan.schedule in SPLIT_BACKWARD_SCHEDULES else 0.0),
+            pair_sync_s=pair_sync_s(ctx, paths, plan, i, gpu_of) if bitpipe else 0.0))
 
     # -- memory -----------------------------------------------------------------------------
     peak: dict[str, float] = {}
     capacity: dict[str, float] = {}
     by_replica = []
     problems: list[str] = []
+    bitpipe_inflight = bitpipe_in_flight(p, m) if bitpipe else None
     for i, st in enumerate(stages):
-        inflight = in_flight_micro_batches(plan.schedule, p, i, m, v)
+        inflight = (bitpipe_inflight[i] if bitpipe_inflight else
+                    in_flight_micro_batches(plan.schedule, p, i, m, v))
         row = []
         for k, r in enumerate(st.replicas):
             gpu = nodes[r.node].gpu
             key = ("memory", gpu.name, gpu.memory_bytes, r.tp, r.micro_batch_share, st.num_blocks,
-                   st.embedding, st.head, len(st.replicas), inflight)
+                   st.embedding, st.head, len(st.replicas), inflight,
+                   (stages[p - 1 - i].blocks, stages[p - 1 - i].embedding, stages[p - 1 - i].head) if bitpipe
+                   else None)
             mem = ctx.cache.get(key)
             if mem is None:
-                mem = ctx.cache[key] = replica_memory(ctx, gpu, r.tp, r.micro_batch_share, st.num_blocks,
-                                                      st.embedding, st.head, len(st.replicas), inflight)
+                mem = replica_memory(ctx, gpu, r.tp, r.micro_batch_share, st.num_blocks,
+                                     st.embedding, st.head, len(st.replicas), inflight)
+                if bitpipe:
+                    mem = with_pair_copy(ctx, gpu, r, st, stages[p - 1 - i], mem, inflight)
+                ctx.cache[key] = mem
             row.append(mem)
             for d in r.devices:
                 peak[d] = mem.total_bytes

@@ -87,6 +87,8 @@ class StageTiming:
     slowest_replica: int = 0
     # the weight-gradient part of backward_s (the W of zero-bubble schedules; the rest is I)
     backward_weight_s: float = 0.0
+    # bitpipe: all-reduce of this stage's share of gradients with its pair (planner.cost.bitpipe)
+    pair_sync_s: float = 0.0
 
     @property
     def busy_s(self) -> float:
@@ -110,6 +112,10 @@ def pipeline_time_s(stages: list[StageTiming], num_micro_batches: int, schedule:
         return _zb_h1_time_s(stages, m)
     if schedule in V_SCHEDULES:
         return v_schedule_time_s(stages, m, schedule)
+    if schedule == "bitpipe":  # no closed form: the action-list executor (planner.cost.bitpipe)
+        from planner.cost import bitpipe
+
+        return bitpipe.pipeline_time_s(stages, m)
     v = virtual_stages if schedule == "interleaved-1f1b" else 1
     cycles = [s.cycle_s(v) for s in stages]
     worst = max(cycles)
@@ -139,6 +145,8 @@ def _chunks(schedule: str, virtual_stages: int) -> int:
 def bottleneck_stage(stages: list[StageTiming], schedule: str = "1f1b", virtual_stages: int = 1) -> int:
     v = _chunks(schedule, virtual_stages)
     cycles = [s.cycle_s(v) for s in stages]
+    if schedule == "bitpipe":  # a rank runs half the micro-batches on its share, half on its pair's
+        cycles = [(c + cycles[-1 - i]) / 2 for i, c in enumerate(cycles)]
     return max(range(len(stages)), key=lambda i: (cycles[i], -i))
 
 
@@ -161,12 +169,19 @@ def pipeline_breakdown(stages: list[StageTiming], num_micro_batches: int, schedu
     total = pipeline_time_s(stages, m, schedule, virtual_stages)
     k = bottleneck_stage(stages, schedule, virtual_stages)
     s = stages[k]
+    pair = stages[-1 - k] if schedule == "bitpipe" else s
+
+    def per_micro_batch(name: str) -> float:  # bitpipe: half the micro-batches on each share
+        return (getattr(s, name) + getattr(pair, name)) / 2
+
     out = {
-        "compute": m * s.compute_s,
-        "recompute": m * s.recompute_s,
-        "tp_comm": m * s.tp_comm_s,
+        "compute": m * per_micro_batch("compute_s"),
+        "recompute": m * per_micro_batch("recompute_s"),
+        "tp_comm": m * per_micro_batch("tp_comm_s"),
         "pp_comm": m * v * (s.send_forward_s + s.send_backward_s),
     }
+    if schedule == "bitpipe":  # each micro-batch crosses the rank's links twice (the V)
+        out["pp_comm"] *= 2
     out["bubble"] = max(0.0, total - sum(out.values()))
     out["dp_sync_exposed"] = max((st.dp_sync_exposed_s for st in stages), default=0.0)
     out["optimizer"] = max((st.optimizer_s for st in stages), default=0.0)

@@ -54,6 +54,11 @@ def check(plan: Plan) -> None:
     if plan.schedule == "interleaved-1f1b" and plan.virtual_stages > 1:
         problems.add(f"schedule interleaved-1f1b with {plan.virtual_stages} virtual stages: DeepSpeed's "
                      "pipeline engine runs one stage per rank (TrainSchedule); re-plan with schedule 1f1b")
+    if plan.schedule == "bitpipe":
+        problems.add("schedule bitpipe: DeepSpeed's pipeline engine runs one pipeline (TrainSchedule, "
+                     "one stage per rank); BitPipe runs two in opposite directions over the same ranks "
+                     "with a second weight copy per rank all-reduced over rank pairs; re-plan with "
+                     "schedule 1f1b")
     if plan.schedule == "zb-h1":
         problems.add("schedule zb-h1: DeepSpeed's pipeline engine runs its 1F1B TrainSchedule, which "
                      "runs each backward whole; it has no zero-bubble schedule: re-plan with schedule "

@@ -146,6 +146,12 @@ def build_args(plan: Plan) -> tuple[list[str], list[str], object]:
     check_uniform(plan, "megatron", TOOL)
     interleaved = plan.schedule == "interleaved-1f1b" and plan.virtual_stages > 1
     m, p = plan.num_micro_batches, plan.num_stages
+    if plan.schedule == "bitpipe":
+        Problems("megatron", [("schedule bitpipe: Megatron-LM has no bidirectional schedule (BitPipe runs "
+                               "two pipelines in opposite directions over the same ranks, with a second "
+                               "weight copy per rank all-reduced over rank pairs; its authors ship it as a "
+                               "Megatron-LM fork, not upstream); re-plan with schedule interleaved-1f1b "
+                               "or 1f1b")]).raise_if_any()
     if plan.schedule == "zb-h1":
         # core/pipeline_parallel/schedules.py: forward_backward_no_pipelining,
         # _pipelining_without_interleaving (1F1B) and _with_interleaving; none splits a backward.

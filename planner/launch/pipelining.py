@@ -42,6 +42,12 @@ SCHEDULE_CLASS = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
 def check(plan: Plan) -> None:
     check_structure(plan, "pipelining")
     problems = Problems("pipelining")
+    if plan.schedule == "bitpipe":
+        problems.add("schedule bitpipe: torch.distributed.pipelining has no schedule class for it (a "
+                     "stage there belongs to one pipeline, while BitPipe runs two in opposite "
+                     "directions over the same ranks with a second weight copy per rank, all-reduced "
+                     "over rank pairs); re-plan with schedule interleaved-1f1b or zb-h1")
+        problems.raise_if_any()
     ref = plan.stages[0]
     tp = ref.replicas[0].tp
     for stage in plan.stages[1:]:

@@ -142,7 +142,11 @@ def check_plan(plan: Plan, shape: dict) -> None:
                         for e in exc.errors)
     torch_only = {"zb-h1": "ScheduleInterleavedZeroBubble", "zb-v": "ScheduleZBVZeroBubble",
                   "dualpipev": "ScheduleDualPipeV"}
-    if plan.schedule in torch_only:
+    if plan.schedule == "bitpipe":
+        problems.append("schedule bitpipe: the reference runner does not run it yet (two pipelines over the "
+                        "same ranks, a second weight copy per rank and the pair all-reduce); re-plan with "
+                        "schedule interleaved-1f1b or 1f1b to run it here")
+    elif plan.schedule in torch_only:
         problems.append(f"schedule {plan.schedule}: the reference runner follows forward / backward op "
                         "orders (gpipe, 1f1b, interleaved-1f1b) and does not split a backward into its "
                         "input and weight gradients; launch the plan with --format pipelining (torch's "

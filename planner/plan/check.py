@@ -192,6 +192,8 @@ def _check_schedule(plan: Plan, report: _Report) -> None:
                        f"a multiple of the number of stages ({p})")
     elif plan.schedule in V_SCHEDULES:
         _check_v_schedule(plan, report)
+    elif plan.schedule == "bitpipe":
+        _check_bitpipe(plan, report)
     elif v != 1 and plan.schedule == "zb-h1":
         # ZB-H1 as torch's ScheduleInterleavedZeroBubble runs it here: one stage per rank.
         report.add(("virtual_stages",), f"zb-h1 runs one stage per rank: virtual_stages must be 1, not {v}")
@@ -217,6 +219,32 @@ def _check_v_schedule(plan: Plan, report: _Report) -> None:
         # torch 2.13 ScheduleDualPipeV.__init__: n_microbatches >= num_stages (= 2 per rank)
         report.add(("num_micro_batches",), f"dualpipev needs num_micro_batches >= 2 x stages = {2 * p} "
                                            f"(torch's ScheduleDualPipeV), got {plan.num_micro_batches}")
+
+
+def _check_bitpipe(plan: Plan, report: _Report) -> None:
+    """BitPipe (planner.simulate.bitpipe): stage r is rank r's share of each pipeline, run as the
+    V's two chunks, and rank r also holds rank p-1-r's share (the up pipeline) and all-reduces
+    its gradients with rank p-1-r."""
+    p, m = len(plan.stages), plan.num_micro_batches
+    if plan.virtual_stages != 1:
+        report.add(("virtual_stages",), f"bitpipe cuts each stage into its V's two chunks itself: "
+                                        f"virtual_stages must be 1, not {plan.virtual_stages}")
+    if p < 2 or p % 2:
+        report.add(("stages",), f"bitpipe pairs stage r with stage p-1-r (they hold the same weights), "
+                                f"so it needs an even number of stages >= 2, not {p}")
+    if m < 2 or m % 2:
+        report.add(("num_micro_batches",), f"bitpipe sends half of the micro-batches down and half up: "
+                                           f"num_micro_batches must be even and >= 2, not {m}")
+    for i, stage in enumerate(plan.stages):
+        if stage.num_blocks % 2:
+            report.add(("stages", i, "blocks"), f"bitpipe runs each stage as two chunks of equal blocks; "
+                                                f"{stage.num_blocks} blocks do not split in two")
+        j = p - 1 - i
+        if i < j and len(stage.replicas) != len(plan.stages[j].replicas):
+            report.add(("stages", j, "replicas"),
+                       f"bitpipe all-reduces the gradients of stage {i} and stage {j} replica by "
+                       f"replica: they need as many replicas ({len(stage.replicas)} against "
+                       f"{len(plan.stages[j].replicas)})")
 
 
 def plan_training(plan: Plan, file: str = "<plan>") -> Training:

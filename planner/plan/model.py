@@ -163,7 +163,7 @@ class Plan(BaseModel):
     objective: Objective = Field(default_factory=Objective)
     micro_batch_size: PositiveInt
     num_micro_batches: PositiveInt
-    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipev"] = "1f1b"
+    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipev", "bitpipe"] = "1f1b"
     virtual_stages: PositiveInt = 1
     recompute: Literal["none", "selective", "full"] = "none"
     zero_stage: Literal[0, 1] = 0

@@ -41,8 +41,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from planner.simulate import layouts
+
+STAGE_MAPS = layouts.STAGE_MAPS
+
 KINDS = ("F", "B", "I", "W")
-STAGE_MAPS = ("loop", "v")
 
 
 class ScheduleError(ValueError):
@@ -65,7 +68,11 @@ class Action:
 
 @dataclass(frozen=True)
 class Schedule:
-    """Per-rank ordered action lists with the stage-to-rank map."""
+    """Per-rank ordered action lists with the stage-to-rank map (planner.simulate.layouts).
+
+    ``pipelines`` lists, for a map with more than one pipeline (``bitpipe``), the micro-batches
+    each pipeline carries (a partition of 0 .. m-1); empty means every micro-batch goes through
+    the one pipeline.  Dependencies link the stages of a micro-batch's own pipeline."""
 
     name: str
     num_ranks: int
@@ -73,35 +80,58 @@ class Schedule:
     num_micro_batches: int
     stage_map: str
     ranks: tuple[tuple[Action, ...], ...]
+    pipelines: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_ranks < 1 or self.chunks < 1 or self.num_micro_batches < 1:
             raise ScheduleError("ranks, chunks and micro-batches must be at least 1")
-        if self.stage_map not in STAGE_MAPS:
-            raise ScheduleError(f"stage map must be one of {', '.join(STAGE_MAPS)}, got {self.stage_map!r}")
-        if self.stage_map == "v" and self.chunks != 2:
-            raise ScheduleError(f"the v stage map needs exactly 2 chunks per rank, got {self.chunks}")
+        problem = layouts.check_map(self.stage_map, self.num_ranks, self.chunks)
+        if problem:
+            raise ScheduleError(problem)
         if len(self.ranks) != self.num_ranks:
             raise ScheduleError(f"{len(self.ranks)} action lists for {self.num_ranks} ranks")
+        n = layouts.num_pipelines(self.stage_map)
+        if n > 1 or self.pipelines:
+            carried = sorted(mb for pipe in self.pipelines for mb in pipe)
+            if len(self.pipelines) != n or carried != list(range(self.num_micro_batches)):
+                raise ScheduleError(f"the {self.stage_map} map needs its {n} pipelines' micro-batches, "
+                                    f"together 0..{self.num_micro_batches - 1} once each; got "
+                                    f"{[list(pipe) for pipe in self.pipelines]}")
+        pipe_of = {mb: i for i, pipe in enumerate(self.pipelines) for mb in pipe}
+        object.__setattr__(self, "_pipe_of", pipe_of)
 
     @property
     def num_stages(self) -> int:
-        return self.num_ranks * self.chunks
+        """Stages of one pipeline."""
+        return layouts.num_stages(self.stage_map, self.num_ranks, self.chunks)
+
+    @property
+    def num_pipelines(self) -> int:
+        return layouts.num_pipelines(self.stage_map)
+
+    @property
+    def num_slots(self) -> int:
+        """(pipeline, stage) pairs; per-stage times are indexed ``pipe * num_stages + stage``."""
+        return self.num_pipelines * self.num_stages
+
+    def pipe_of(self, micro_batch: int) -> int:
+        """The pipeline ``micro_batch`` runs through."""
+        return self._pipe_of.get(micro_batch, 0)
+
+    def pipe(self, rank: int, chunk: int) -> int:
+        return layouts.locate(self.stage_map, self.num_ranks, rank, chunk)[0]
 
     def stage(self, rank: int, chunk: int) -> int:
-        """The global stage of ``chunk`` on ``rank``."""
-        p = self.num_ranks
-        if self.stage_map == "v" and chunk == 1:
-            return 2 * p - 1 - rank
-        return chunk * p + rank
+        """The stage (of its pipeline) of ``chunk`` on ``rank``."""
+        return layouts.locate(self.stage_map, self.num_ranks, rank, chunk)[1]
 
-    def owner(self, stage: int) -> tuple[int, int]:
-        """(rank, chunk) holding global ``stage``."""
-        p = self.num_ranks
-        chunk, rank = divmod(stage, p)
-        if self.stage_map == "v" and chunk == 1:
-            rank = 2 * p - 1 - stage
-        return rank, chunk
+    def owner(self, stage: int, micro_batch: int = 0) -> tuple[int, int]:
+        """(rank, chunk) holding ``stage`` of the pipeline ``micro_batch`` runs through."""
+        return layouts.owner(self.stage_map, self.num_ranks, self.pipe_of(micro_batch), stage)
+
+    def slot(self, rank: int, chunk: int) -> int:
+        pipe, stage = layouts.locate(self.stage_map, self.num_ranks, rank, chunk)
+        return pipe * self.num_stages + stage
 
     def table(self) -> list[list[str]]:
         """Per rank, the actions as ``<stage><kind><micro-batch>`` strings (torch's notation)."""
@@ -144,6 +174,11 @@ def validate(sched: Schedule) -> None:
                 raise ScheduleError(f"rank {r}: {a} names chunk {a.chunk}; chunks are 0..{sched.chunks - 1}")
             if not 0 <= a.micro_batch < m:
                 raise ScheduleError(f"rank {r}: {a} names micro-batch {a.micro_batch}; there are {m}")
+            if sched.pipe(r, a.chunk) != sched.pipe_of(a.micro_batch):
+                raise ScheduleError(
+                    f"rank {r}: {a} runs micro-batch {a.micro_batch} (pipeline "
+                    f"{layouts.pipeline_name(sched.stage_map, sched.pipe_of(a.micro_batch))}) on a chunk of "
+                    f"pipeline {layouts.pipeline_name(sched.stage_map, sched.pipe(r, a.chunk))}")
             key = (a.kind, sched.stage(r, a.chunk), a.micro_batch)
             if key in seen:
                 raise ScheduleError(f"rank {r}: {a} (stage {key[1]}) appears twice")
@@ -151,7 +186,7 @@ def validate(sched: Schedule) -> None:
     for s in range(S):
         for mb in range(m):
             has = {k for k in KINDS if (k, s, mb) in seen}
-            where = f"stage {s} (rank {sched.owner(s)[0]}), micro-batch {mb}"
+            where = f"stage {s} (rank {sched.owner(s, mb)[0]}), micro-batch {mb}"
             if "F" not in has:
                 raise ScheduleError(f"{where}: no F")
             if "B" in has and has & {"I", "W"}:
@@ -258,6 +293,10 @@ def _dualpipev(p: int, m: int, v: int = 2) -> Schedule:
     from planner.simulate.zero_bubble import dualpipev
 
     return dualpipev(p, m, v)
+def _bitpipe(p: int, m: int, v: int = 4) -> Schedule:
+    from planner.simulate.bitpipe import bitpipe
+
+    return bitpipe(p, m, v)
 
 
 @dataclass(frozen=True)
@@ -284,6 +323,9 @@ GENERATORS: dict[str, Generator] = {g.name: g for g in (
                       "that at F = I = W the bubble nearly vanishes; 1F1B's peak activations.", _zbv, 2),
     Generator("dualpipev", "DualPipeV (DeepSeek-V3's DualPipe cut into a V, torch's ScheduleDualPipeV): "
                            "two chunks per rank, forward-backward pairs; needs m >= 2p.", _dualpipev, 2),
+    Generator("bitpipe", "BitPipe (Wu et al. 2024): two V-shaped interleaved pipelines in opposite "
+                         "directions over p ranks (p even, m even; 4 chunks per rank), a 1F1B-like list "
+                         "order (planner.simulate.bitpipe).", _bitpipe, 4),
 )}
 
 
@@ -396,9 +438,11 @@ def execute(sched: Schedule, times: StageTimes | Sequence[StageTimes], blocking_
     if check:
         validate(sched)
     S, p = sched.num_stages, sched.num_ranks
-    st = [times] * S if isinstance(times, StageTimes) else list(times)
-    if len(st) != S:
-        raise ValueError(f"{len(st)} stage times for {S} stages")
+    slots = sched.num_slots
+    st = [times] * slots if isinstance(times, StageTimes) else list(times)
+    if len(st) != slots:
+        raise ValueError(f"{len(st)} stage times for {slots} stages" + (
+            f" ({sched.num_pipelines} pipelines of {S})" if sched.num_pipelines > 1 else ""))
     # key -> time the output is available to its consumer on the same rank ("end") and to the
     # neighbouring stage (after the send); the consumer picks by whether it shares the rank.
     end: dict[tuple[str, int, int], float] = {}
@@ -415,19 +459,19 @@ def execute(sched: Schedule, times: StageTimes | Sequence[StageTimes], blocking_
         acts = sched.ranks[r]
         while pos[r] < len(acts):
             a = acts[pos[r]]
-            s = sched.stage(r, a.chunk)
+            s, times_s = sched.stage(r, a.chunk), st[sched.slot(r, a.chunk)]
             ready = free[r]
             blocked = None
             for d in _deps(sched, s, a):
                 if d not in end:
                     blocked = d
                     break
-                same_rank = sched.owner(d[1])[0] == r
+                same_rank = sched.owner(d[1], d[2])[0] == r
                 ready = max(ready, end[d] if same_rank else arrive[d])
             if blocked is not None:
                 waiting.setdefault(blocked, []).append(r)
                 break
-            secs = st[s].duration_s(a.kind)
+            secs = times_s.duration_s(a.kind)
             t_end = ready + secs
             runs[r].append(ActionRun(r, s, a.chunk, a.micro_batch, a.kind, ready, t_end))
             busy[r] += secs
@@ -435,11 +479,11 @@ def execute(sched: Schedule, times: StageTimes | Sequence[StageTimes], blocking_
             # what it sends, and to whom
             target, send_s, label = None, 0.0, ""
             if a.kind == "F" and s < S - 1:
-                target, send_s, label = s + 1, st[s].send_forward_s, "send-F"
+                target, send_s, label = s + 1, times_s.send_forward_s, "send-F"
             elif a.kind in ("B", "I") and s > 0:
-                target, send_s, label = s - 1, st[s].send_backward_s, "send-B"
+                target, send_s, label = s - 1, times_s.send_backward_s, "send-B"
             t_arrive = t_end
-            if target is not None and sched.owner(target)[0] != r and send_s > 0:
+            if target is not None and sched.owner(target, a.micro_batch)[0] != r and send_s > 0:
                 t_arrive = t_end + send_s
                 sends.append(ActionRun(r, s, a.chunk, a.micro_batch, label, t_end, t_arrive))
                 if blocking_sends:

@@ -76,6 +76,12 @@ def simulate_plan(cluster, plan, profiles=None, file: str = "<plan>") -> PlanSim
     from planner.cost.sharing import core_shares
 
     ev = evaluate(cluster, plan, profiles=profiles, check=False)
+    if plan.schedule == "bitpipe":
+        # BitPipe has no closed form: the evaluation already priced it with the executor (plus
+        # the exposed pair all-reduce), so both columns come from the same run.
+        result = simulate_bitpipe(ev.stages, plan.num_micro_batches)
+        return PlanSimulation(evaluation=ev, result=result, closed_form_pipeline_s=ev.pipeline_time_s,
+                              closed_form_iteration_s=ev.iteration_time_s)
     if plan.schedule in ACTION_SCHEDULES:
         # ZB-H1, ZB-V and DualPipeV are action-list schedules (F / I / W): planner.simulate.actions'
         # executor runs them on the priced stage times.  It does not model shared CPU cores; where
@@ -143,6 +149,30 @@ def simulate_action_schedule(stages, num_micro_batches: int, schedule: str = "zb
                      max_in_flight=list(run.peak_in_flight))
 
 
+def _as_sim_result(run, schedule: str, p: int, m: int, chunks: int, row) -> SimResult:
+    from planner.simulate.engine import SimEvent
+
+    timeline = sorted((SimEvent(row(a), a.chunk, a.micro_batch, _KIND[a.kind], a.start_s, a.end_s, a.stage)
+                       for a in run.actions), key=lambda e: (e.start_s, e.stage))
+    transfers = sorted((SimEvent(e.rank, e.chunk, e.micro_batch, _KIND[e.kind], e.start_s, e.end_s, e.stage)
+                        for e in run.sends), key=lambda e: (e.start_s, e.stage))
+    return SimResult(makespan_s=run.makespan_s, timeline=timeline, transfers=transfers, schedule=schedule,
+                     num_stages=p, num_micro_batches=m, virtual_stages=chunks, busy_s=list(run.busy_s),
+                     max_in_flight=list(run.peak_in_flight))
+
+
+def simulate_bitpipe(stages, num_micro_batches: int) -> SimResult:
+    """BitPipe (planner.simulate.bitpipe) on per-plan-stage timings, one row per rank (the plan's
+    stage r is rank r); ``max_in_flight`` counts chunk activations (a chunk is half a stage's
+    share).  The makespan includes the exposed pair all-reduce, as the cost model's does."""
+    from planner.cost import bitpipe
+
+    run = bitpipe.run(stages, num_micro_batches)
+    result = _as_sim_result(run, "bitpipe", len(stages), num_micro_batches, 1, lambda a: a.rank)
+    result.makespan_s = max([run.makespan_s, *bitpipe.pair_sync_finish_s(stages, run)])
+    return result
+
+
 def plan_execution(sim: PlanSimulation):
     """The plan's schedule as generated action lists (``planner.simulate.actions``), run on the
     per-stage times ``simulate_plan`` priced (one micro-batch per stage, sends blocking as in the
@@ -151,6 +181,10 @@ def plan_execution(sim: PlanSimulation):
     from planner.simulate.actions import execute, generate, stage_times_from_ranks
 
     r = sim.result
+    if r.schedule == "bitpipe":
+        from planner.cost import bitpipe
+
+        return bitpipe.run(sim.evaluation.stages, r.num_micro_batches)
     sched = generate(r.schedule, r.num_stages, r.num_micro_batches, r.virtual_stages)
     if r.schedule in ACTION_SCHEDULES:  # the cost model's own I / W split
         return execute(sched, action_stage_times(sim.evaluation.stages, r.schedule))
