@@ -77,10 +77,10 @@ def core_shares(cluster, plan) -> list[tuple[str, CoreShare]]:
 def price_core_sharing(ctx, plan, nodes, stage_timings, shares, unshared_optimizer_s: float) -> CoreSharing:
     """Simulate the pipeline alone and shared; the optimizer as a processor-sharing makespan."""
     m, v, schedule = plan.num_micro_batches, plan.virtual_stages, plan.schedule
-    if schedule == "zb-h1":
-        # The shared-core engine runs F / B orders only: ZB-H1 takes 1F1B's stretch (shared
-        # minus alone), the schedule it splits the backward of; an approximation, said in
-        # docs/internals.md.
+    if schedule in ("zb-h1", "latency-aware"):
+        # The shared-core engine runs F / B orders only: ZB-H1 and the latency-aware lists
+        # take 1F1B's stretch (shared minus alone), the schedule they split the backward of;
+        # an approximation, said in docs/internals.md.
         schedule = "1f1b"
     alone = simulate_pipeline(stage_timings, m, schedule, v).makespan_s
     shared = simulate_pipeline(stage_timings, m, schedule, v,

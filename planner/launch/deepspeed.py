@@ -56,6 +56,10 @@ def check(plan: Plan) -> None:
         problems.add("schedule zb-h1: DeepSpeed's pipeline engine runs its 1F1B TrainSchedule, which "
                      "runs each backward whole; it has no zero-bubble schedule: re-plan with schedule "
                      "1f1b, or use --format pipelining (torch's ScheduleInterleavedZeroBubble)")
+    if plan.schedule == "latency-aware":
+        problems.add("schedule latency-aware: DeepSpeed's pipeline engine runs its fixed 1F1B "
+                     "TrainSchedule and cannot follow the plan's per-rank action lists; re-plan with "
+                     "schedule 1f1b")
     if plan.recompute == "selective":
         problems.add("recompute selective: PipelineModule only checkpoints whole layers "
                      "(activation_checkpoint_interval); re-plan with recompute none or full")

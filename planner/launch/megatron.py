@@ -151,6 +151,10 @@ def build_args(plan: Plan) -> tuple[list[str], list[str], object]:
                                "1F1B) run each backward whole and have no zero-bubble schedule; re-plan "
                                "with schedule 1f1b, or use --format pipelining (torch's "
                                "ScheduleInterleavedZeroBubble)")]).raise_if_any()
+    if plan.schedule == "latency-aware":
+        Problems("megatron", [("schedule latency-aware: Megatron-LM's pipeline schedules are fixed "
+                               "(1F1B, interleaved 1F1B) and cannot follow the plan's per-rank action "
+                               "lists; re-plan with schedule 1f1b")]).raise_if_any()
     if interleaved and p == 1:
         Problems("megatron", [("interleaved 1F1B with one stage has nothing to interleave: "
                                "re-plan with schedule 1f1b")]).raise_if_any()

@@ -15,6 +15,7 @@ class PlanSimulation:
     result: SimResult
     closed_form_pipeline_s: float
     closed_form_iteration_s: float
+    execution: object = None      # the action-list run, where the plan carries its own lists
 
     @property
     def simulated_pipeline_s(self) -> float:
@@ -76,6 +77,13 @@ def simulate_plan(cluster, plan, profiles=None, file: str = "<plan>") -> PlanSim
     from planner.cost.sharing import core_shares
 
     ev = evaluate(cluster, plan, profiles=profiles, check=False)
+    if plan.schedule == "latency-aware":
+        # the plan's own action lists under the latency model (planner.simulate.latency): the
+        # same run the cost model prices it with, so closed form and simulation agree
+        run = latency_execution(cluster, plan, ev.stages)
+        return PlanSimulation(evaluation=ev, result=execution_result(run, plan.schedule),
+                              closed_form_pipeline_s=ev.pipeline_time_s,
+                              closed_form_iteration_s=ev.iteration_time_s, execution=run)
     if plan.schedule == "zb-h1":
         # ZB-H1 is an action-list schedule (F / I / W): planner.simulate.actions' executor runs
         # it on the priced stage times.  It does not model shared CPU cores; where a plan's
@@ -115,10 +123,16 @@ def simulate_action_schedule(stages, num_micro_batches: int, schedule: str = "zb
     return it as a ``SimResult``: I is a ``bwd`` event, W a ``wgt`` event; ``max_in_flight`` is
     the peak of micro-batches holding activations until their W (the memory model's count)."""
     from planner.simulate.actions import execute, generate
+
+    run = execute(generate(schedule, len(stages), num_micro_batches), zb_stage_times(stages))
+    return execution_result(run, schedule)
+
+
+def execution_result(run, schedule: str) -> SimResult:
+    """An action-list ``Execution`` (one chunk per rank) as a ``SimResult``."""
     from planner.simulate.engine import SimEvent
 
-    p, m = len(stages), num_micro_batches
-    run = execute(generate(schedule, p, m), zb_stage_times(stages))
+    p, m = run.schedule.num_ranks, run.schedule.num_micro_batches
     timeline = sorted((SimEvent(a.stage, a.chunk, a.micro_batch, _KIND[a.kind], a.start_s, a.end_s, a.stage)
                        for a in run.actions), key=lambda e: (e.start_s, e.stage))
     transfers = sorted((SimEvent(e.rank, e.chunk, e.micro_batch, _KIND[e.kind], e.start_s, e.end_s, e.stage)
@@ -136,10 +150,20 @@ def plan_execution(sim: PlanSimulation):
     from planner.simulate.actions import execute, generate, stage_times_from_ranks
 
     r = sim.result
+    if r.schedule == "latency-aware":
+        return sim.execution
     sched = generate(r.schedule, r.num_stages, r.num_micro_batches, r.virtual_stages)
     if r.schedule == "zb-h1":  # the cost model's own I / W split
         return execute(sched, zb_stage_times(sim.evaluation.stages))
     return execute(sched, stage_times_from_ranks(sim.evaluation.stages, r.virtual_stages))
+
+
+def latency_execution(cluster, plan, stage_timings):
+    """The plan's ``pipeline_actions`` re-timed under the latency model on priced stages."""
+    from planner.cost.evaluate import topology_for
+    from planner.simulate.latency_plan import plan_run
+
+    return plan_run(stage_timings, plan, topology_for(cluster))
 
 
 def timeline_rows(result: SimResult, width: int = 80) -> list[list[tuple[str, str]]]:
