@@ -27,6 +27,7 @@ class Rewrite:
     exact: object | None                 # latency_milp.ExactResult, with --exact
     method: str                          # which schedule the plan got: "greedy" or "exact"
     memory_cap: tuple[int, ...]
+    problem: object                      # the latency.LatencyProblem the schedule was made for
 
     @property
     def gap(self) -> float | None:
@@ -102,5 +103,5 @@ def rewrite(cluster, plan, profiles=None, exact: bool = False, memory_cap: int |
     check_plan(cluster, new, file=file)
     after = evaluate(cluster, new, profiles=profiles, check=False)
     new = new.model_copy(update={"predicted": after.predicted()})
-    return Rewrite(new, before, after, base_s, g.makespan_s, g.rule, ex, method, problem.memory_cap)
+    return Rewrite(new, before, after, base_s, g.makespan_s, g.rule, ex, method, problem.memory_cap, problem)
 
