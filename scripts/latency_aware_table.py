@@ -109,9 +109,10 @@ def gaps(quick: bool) -> dict:
             f = rng.uniform(0.02, 0.08)
             b = 2 * f * rng.uniform(0.9, 1.1)
             w = b * rng.uniform(0.3, 0.5)
-            send = lambda i: lat[i] + rng.uniform(0.001, 0.01)  # noqa: E731 - latency + transfer
-            sts.append(StageTimes(f, b - w, w, send_forward_s=send(s) if s < p - 1 else 0.0,
-                                  send_backward_s=send(s - 1) if s > 0 else 0.0))
+            # a send is its boundary's latency plus a 1-10 ms transfer
+            fwd = lat[s] + rng.uniform(0.001, 0.01) if s < p - 1 else 0.0
+            bwd = lat[s - 1] + rng.uniform(0.001, 0.01) if s > 0 else 0.0
+            sts.append(StageTimes(f, b - w, w, send_forward_s=fwd, send_backward_s=bwd))
         prob = make_problem(sts, m, lat, rng.randint(1, min(m, p)))
         g = greedy_gap(prob, time_limit_s=60)
         out.append({"p": p, "m": m, "cap": prob.memory_cap[0], **g.to_json()})
@@ -128,9 +129,12 @@ def scale() -> dict:
     from planner.simulate.latency import make_problem
     from planner.simulate.latency_greedy import greedy
 
-    st = [StageTimes(0.05, 0.05, 0.05, send_forward_s=0.052, send_backward_s=0.052)] * 64
+    # 64 equal stages (F = I = W = 50 ms), a 50 ms link in the middle, 0.5 ms elsewhere, 1.5 ms
+    # transfers
     lat = [0.0005] * 63
     lat[31] = 0.05
+    st = [StageTimes(0.05, 0.05, 0.05, send_forward_s=lat[i] + 0.0015 if i < 63 else 0.0,
+                     send_backward_s=lat[i - 1] + 0.0015 if i > 0 else 0.0) for i in range(64)]
     prob = make_problem(st, 256, lat)
     t0, c0 = time.monotonic(), time.process_time()
     g = greedy(prob)

@@ -13,6 +13,7 @@ from test_launch_refusals import refusal
 from planner.cli.main import main
 from planner.plan.check import load_plan
 from planner.simulate.latency import peak_in_flight
+from planner.simulate.latency_plan import plan_schedule
 
 TWO_DC = """
 name: two-dc
@@ -182,3 +183,16 @@ def test_simulate_draws_the_plan(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "latency-aware" in text and "+0.00%" in text
     assert png.stat().st_size > 1000
+
+
+def test_memory_cap_bounds_the_written_lists(tmp_path, capsys):
+    _, _, out = _schedule(tmp_path, "--memory-cap", "1")
+    report = json.loads(capsys.readouterr().out)
+    assert report["after"]["memory_cap"] == [1, 1, 1, 1]
+    assert max(peak_in_flight(plan_schedule(load_plan(out)))) == 1
+    # one micro-batch in flight cannot hide the link: slower than with the default cap
+    _schedule(tmp_path)
+    assert json.loads(capsys.readouterr().out)["after"]["pipeline_time_s"] < report["after"]["pipeline_time_s"]
+    cluster, plan = _write(tmp_path)
+    assert main(["schedule", str(cluster), str(plan), "--latency-aware", "--memory-cap", "0"]) == 2
+    assert "--memory-cap must be at least 1" in capsys.readouterr().err

@@ -60,5 +60,10 @@ def schedule(cluster_file, plan_file, latency_aware, exact, memory_cap, time_lim
         exact_s = "none found" if e.makespan_s is None else f"{e.makespan_s:.4f} s"
         out.print(f"greedy ({res.greedy_rule}) {res.greedy_s:.4f} s, exact {exact_s} ({e.status}, bound "
                   f"{e.bound_s:.4f} s, {e.wall_s:.1f} s): gap {100 * res.gap:.2f}%")
+    if not a.fits:
+        out.print("[bold red]the new plan does not fit in memory[/bold red] (its ranks hold up to "
+                  f"{max(res.memory_cap)} micro-batches until W); try a smaller --memory-cap:")
+        for line in a.memory_problems:
+            out.print(f"  {line}")
     if output:
         out.print(f"wrote {output}")

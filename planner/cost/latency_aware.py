@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost.schedule import BREAKDOWN_KEYS, StageTiming, bottleneck_stage
+from planner.errors import InputError
 
 
 @dataclass
@@ -25,6 +26,9 @@ class LatencyAwarePrice:
 def price_actions(stage_timings: list[StageTiming], plan, topo) -> LatencyAwarePrice:
     from planner.simulate.latency_plan import plan_run
 
+    if plan.pipeline_actions is None:   # evaluate(check=False) skips planner.plan.check's word on it
+        raise InputError("schedule latency-aware needs pipeline_actions (per stage, its ordered "
+                         "actions); `planner schedule CLUSTER PLAN --latency-aware` writes them")
     run = plan_run(stage_timings, plan, topo)
     return LatencyAwarePrice(run.makespan_s, list(run.peak_in_flight))
 

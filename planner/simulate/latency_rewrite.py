@@ -54,14 +54,14 @@ class Rewrite:
 def _baseline(plan):
     """The input plan's order as F / I / W lists (B as I then W), one chunk per rank."""
     from planner.simulate.actions import generate
-    from planner.simulate.latency_greedy import _one_f_one_b_split
+    from planner.simulate.latency_greedy import one_f_one_b_split
     from planner.simulate.latency_plan import plan_schedule
 
     p, m = len(plan.stages), plan.num_micro_batches
     if plan.schedule == "latency-aware":
         return plan_schedule(plan)
     if plan.schedule == "1f1b":
-        return _one_f_one_b_split(p, m)
+        return one_f_one_b_split(p, m)
     return generate(plan.schedule, p, m)
 
 
