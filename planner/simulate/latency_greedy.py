@@ -20,8 +20,8 @@ the rules' 29).
 
 F and I run in micro-batch order on every rank (the activations and gradients arrive in that
 order, since each link is first-in first-out and every rank takes the oldest), so one counter
-per kind and rank suffices: O(actions log ranks) per rule, p = 64, m = 256 in well under a
-second here.
+per kind and rank suffices: O(actions log ranks) per rule.  At p = 64, m = 256 one rule takes
+about 0.3 s CPU here, ``greedy`` with both rules and the seeds (built and re-timed) about 2 s.
 """
 
 from __future__ import annotations
