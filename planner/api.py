@@ -160,3 +160,15 @@ def summarize_cluster(cluster: Cluster) -> dict:
         ],
         "sha256": cluster.sha256(),
     }
+
+
+def latency_schedule(cluster: Cluster, plan_: Plan, exact: bool = False, memory_cap: int | None = None,
+                     time_limit_s: float = 30.0, profiles: Any = None, file: str = "<plan>"):
+    """Rewrite a one-stage-per-rank plan's schedule as latency-aware (CrossPipe, issue 17):
+    per-rank F / I / W orders that hide slow-link sends under ``memory_cap`` micro-batches
+    in flight per rank (default min(m, p)); greedy, or the exact MILP with ``exact``.  Returns
+    ``planner.simulate.latency_rewrite.Rewrite`` (``.plan``, before / after, the gap)."""
+    from planner.simulate.latency_rewrite import rewrite
+
+    return rewrite(cluster, plan_, profiles=resolve_profiles(cluster, profiles), exact=exact,
+                   memory_cap=memory_cap, time_limit_s=time_limit_s, file=file)

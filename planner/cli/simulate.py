@@ -103,7 +103,7 @@ def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int, profi
     out.print(stages)
     out.print(f"timeline, 0 .. {r.makespan_s:.3f} s ([cyan]forward[/cyan] / [magenta]backward[/magenta]: "
               "micro-batch digit"
-              + (", [green]weight gradient[/green]" if r.schedule in ("zb-h1", "zb-v", "dualpipev") else "")
+              + (", [green]weight gradient[/green]" if r.schedule in ("zb-h1", "zb-v", "dualpipev", "latency-aware") else "")
               + ", [yellow]>[/yellow] send, . idle)")
     for i, row in enumerate(timeline_rows(r, width)):
         line = Text(f"stage {i:>2} |")

@@ -259,8 +259,13 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
             dp_sync_exposed_s=exposed, optimizer_s=opt, compute_s=rt.forward_s + rt.backward_s,
             recompute_s=rt.recompute_s, tp_comm_s=rt.tp_comm_s, slowest_replica=timings[i]["slowest"],
             backward_weight_s=(_backward_weight_s(ctx, nodes, st, timings[i]["slowest"])
-                               if plan.schedule in SPLIT_BACKWARD_SCHEDULES else 0.0),
+                               if plan.schedule in (*SPLIT_BACKWARD_SCHEDULES, "latency-aware") else 0.0),
             pair_sync_s=pair_sync_s(ctx, paths, plan, i, gpu_of) if bitpipe else 0.0))
+
+    latency_aware = None
+    if plan.schedule == "latency-aware":   # priced from its own action lists (cost/latency_aware.py)
+        from planner.cost.latency_aware import price_actions
+        latency_aware = price_actions(stage_timings, plan, _topo)
 
     # -- memory -----------------------------------------------------------------------------
     peak: dict[str, float] = {}
@@ -270,7 +275,8 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
     bitpipe_inflight = bitpipe_in_flight(p, m) if bitpipe else None
     for i, st in enumerate(stages):
         inflight = (bitpipe_inflight[i] if bitpipe_inflight else
-                    in_flight_micro_batches(plan.schedule, p, i, m, v))
+                    float(latency_aware.peak_in_flight[i]) if latency_aware is not None
+                    else in_flight_micro_batches(plan.schedule, p, i, m, v))
         row = []
         for k, r in enumerate(st.replicas):
             gpu = nodes[r.node].gpu
@@ -294,8 +300,13 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
         by_replica.append(row)
 
     # -- totals -------------------------------------------------------------------------------
-    pipe = pipeline_time_s(stage_timings, m, plan.schedule, v)
-    breakdown = pipeline_breakdown(stage_timings, m, plan.schedule, v)
+    if latency_aware is not None:
+        from planner.cost.latency_aware import breakdown as latency_breakdown
+        pipe = latency_aware.pipeline_time_s
+        breakdown = latency_breakdown(stage_timings, m, pipe)
+    else:
+        pipe = pipeline_time_s(stage_timings, m, plan.schedule, v)
+        breakdown = pipeline_breakdown(stage_timings, m, plan.schedule, v)
     details = _details(ctx, plan, nodes, stage_timings, bottleneck_stage(stage_timings, plan.schedule, v))
     shares = core_shares(cluster, plan)
     if shares:  # only then: plans on nodes without (enough) sharing keep the closed form exactly

@@ -116,7 +116,9 @@ def in_flight_micro_batches(schedule: str, num_stages: int, stage: int, num_micr
     if schedule == "interleaved-1f1b" and v > 1:
         chunks = min(m * v, (p - stage - 1) * 2 + (v - 1) * p + 1)
         return chunks / v
-    if schedule == "zb-h1":
+    if schedule in ("zb-h1", "latency-aware"):
+        # latency-aware: the default cap of its scheduler (planner.simulate.latency); a plan's
+        # own lists give the exact peak (planner.cost.latency_aware), which evaluate uses
         return float(min(p, m))
     if schedule == "zb-v":
         return min(2 * p, m + stage + 1, 2 * m) / 2

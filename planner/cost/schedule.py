@@ -116,6 +116,10 @@ def pipeline_time_s(stages: list[StageTiming], num_micro_batches: int, schedule:
         from planner.cost import bitpipe
 
         return bitpipe.pipeline_time_s(stages, m)
+    if schedule == "latency-aware":
+        # no closed form: the plan's own action lists are the price (planner.cost.latency_aware)
+        raise ValueError("the latency-aware schedule is priced from its action lists "
+                         "(planner.cost.latency_aware.price_actions), not a closed form")
     v = virtual_stages if schedule == "interleaved-1f1b" else 1
     cycles = [s.cycle_s(v) for s in stages]
     worst = max(cycles)

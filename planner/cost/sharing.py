@@ -77,8 +77,8 @@ def core_shares(cluster, plan) -> list[tuple[str, CoreShare]]:
 def price_core_sharing(ctx, plan, nodes, stage_timings, shares, unshared_optimizer_s: float) -> CoreSharing:
     """Simulate the pipeline alone and shared; the optimizer as a processor-sharing makespan."""
     m, v, schedule = plan.num_micro_batches, plan.virtual_stages, plan.schedule
-    if schedule in ("zb-h1", "zb-v", "dualpipev", "bitpipe"):
-        # The shared-core engine runs F / B orders only: the zero-bubble schedules and BitPipe take 1F1B's
+    if schedule in ("zb-h1", "zb-v", "dualpipev", "bitpipe", "latency-aware"):
+        # The shared-core engine runs F / B orders only: the zero-bubble schedules, BitPipe and the latency-aware lists take 1F1B's
         # stretch (shared minus alone), the schedule ZB-H1 splits the backward of (the V ones
         # on one chunk per rank); an approximation, said in docs/internals.md.
         schedule, v = "1f1b", 1

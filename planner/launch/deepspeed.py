@@ -67,6 +67,10 @@ def check(plan: Plan) -> None:
         problems.add(f"schedule {plan.schedule}: DeepSpeed's pipeline engine runs one stage per rank "
                      "with its 1F1B TrainSchedule (no V placement, each backward whole): re-plan with "
                      f"schedule 1f1b, or use --format pipelining (torch's {_V_CLASS[plan.schedule]})")
+    if plan.schedule == "latency-aware":
+        problems.add("schedule latency-aware: DeepSpeed's pipeline engine runs its fixed 1F1B "
+                     "TrainSchedule and cannot follow the plan's per-rank action lists; re-plan with "
+                     "schedule 1f1b")
     if plan.recompute == "selective":
         problems.add("recompute selective: PipelineModule only checkpoints whole layers "
                      "(activation_checkpoint_interval); re-plan with recompute none or full")

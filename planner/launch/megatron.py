@@ -164,6 +164,10 @@ def build_args(plan: Plan) -> tuple[list[str], list[str], object]:
                                "virtual stages round-robin (interleaved 1F1B), not in a V, and run each "
                                "backward whole; re-plan with schedule 1f1b or interleaved-1f1b, or use "
                                f"--format pipelining (torch's {_V_CLASS[plan.schedule]})")]).raise_if_any()
+    if plan.schedule == "latency-aware":
+        Problems("megatron", [("schedule latency-aware: Megatron-LM's pipeline schedules are fixed "
+                               "(1F1B, interleaved 1F1B) and cannot follow the plan's per-rank action "
+                               "lists; re-plan with schedule 1f1b")]).raise_if_any()
     if interleaved and p == 1:
         Problems("megatron", [("interleaved 1F1B with one stage has nothing to interleave: "
                                "re-plan with schedule 1f1b")]).raise_if_any()

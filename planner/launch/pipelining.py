@@ -77,6 +77,10 @@ def check(plan: Plan) -> None:
                          f"ScheduleInterleavedZeroBubble needs num_micro_batches to be a multiple of its "
                          f"rounds, max(1, {m} // {p}) = {rounds}; re-plan num_micro_batches (a multiple "
                          f"of {p}, or at most {p})")
+    if plan.schedule == "latency-aware":
+        problems.add("schedule latency-aware: its per-rank action lists would run through torch's "
+                     "_PipelineScheduleRuntime from an action CSV, which this format does not write "
+                     "yet; use --format torchrun (the rank map carries pipeline_actions)")
     # ScheduleInterleaved1F1B refuses num_micro_batches not a multiple of max(1, n // stages);
     # check_structure's layout rule (a multiple of the stages) is stricter, so it never gets here.
     problems.raise_if_any()

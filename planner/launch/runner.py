@@ -151,6 +151,10 @@ def check_plan(plan: Plan, shape: dict) -> None:
                         "orders (gpipe, 1f1b, interleaved-1f1b) and does not split a backward into its "
                         "input and weight gradients; launch the plan with --format pipelining (torch's "
                         f"{torch_only[plan.schedule]}), or re-plan with schedule 1f1b to run it here")
+    elif plan.schedule == "latency-aware":
+        problems.append("schedule latency-aware: the reference runner follows the generated forward / "
+                        "backward orders of gpipe, 1f1b and interleaved-1f1b, not a plan's per-rank "
+                        "F / I / W action lists; re-plan with schedule 1f1b to run it here")
     elif not problems:
         try:  # the same op orders the worker will follow
             stage_orders(plan.schedule, plan.num_stages, plan.num_micro_batches, plan.virtual_stages)

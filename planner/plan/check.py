@@ -194,9 +194,10 @@ def _check_schedule(plan: Plan, report: _Report) -> None:
         _check_v_schedule(plan, report)
     elif plan.schedule == "bitpipe":
         _check_bitpipe(plan, report)
-    elif v != 1 and plan.schedule == "zb-h1":
-        # ZB-H1 as torch's ScheduleInterleavedZeroBubble runs it here: one stage per rank.
-        report.add(("virtual_stages",), f"zb-h1 runs one stage per rank: virtual_stages must be 1, not {v}")
+    elif v != 1 and plan.schedule in ("zb-h1", "latency-aware"):
+        # ZB-H1 as torch's ScheduleInterleavedZeroBubble runs it here, and the latency-aware
+        # action lists are written for, one stage per rank.
+        report.add(("virtual_stages",), f"{plan.schedule} runs one stage per rank: virtual_stages must be 1, not {v}")
     elif v != 1:
         report.add(("virtual_stages",), f"virtual_stages={v} needs schedule \"interleaved-1f1b\" "
                                         f"(or 2 with \"zb-v\" / \"dualpipev\"; the schedule is "
@@ -247,6 +248,51 @@ def _check_bitpipe(plan: Plan, report: _Report) -> None:
                        f"{len(plan.stages[j].replicas)})")
 
 
+def _check_actions(plan: Plan, report: _Report) -> None:
+    """``pipeline_actions``: present exactly for the latency-aware schedule, one list per stage,
+    each action well formed, and together a complete schedule that runs to the end."""
+    lists = plan.pipeline_actions
+    if plan.schedule != "latency-aware":
+        if lists is not None:
+            report.add(("pipeline_actions",), f"only schedule \"latency-aware\" reads pipeline_actions "
+                                              f"(the schedule is {plan.schedule!r}); remove it")
+        return
+    if lists is None:
+        report.add(("pipeline_actions",), "schedule latency-aware needs pipeline_actions: per stage, its "
+                                          "ordered actions ('F0.3' = forward of micro-batch 3; I, W the "
+                                          "backward's halves); `planner schedule CLUSTER PLAN "
+                                          "--latency-aware` writes them")
+        return
+    from planner.simulate.actions import ScheduleError, validate
+    from planner.simulate.latency_plan import parse_action, plan_schedule
+
+    p, m = len(plan.stages), plan.num_micro_batches
+    if len(lists) != p:
+        report.add(("pipeline_actions",), f"{len(lists)} action lists for {p} stages; one per stage")
+        return
+    bad = False
+    for r, acts in enumerate(lists):
+        for i, text in enumerate(acts):
+            try:
+                a = parse_action(text)
+            except ValueError as exc:
+                report.add(("pipeline_actions", r, i), str(exc))
+                bad = True
+                continue
+            if a.chunk != 0 or a.micro_batch >= m:
+                report.add(("pipeline_actions", r, i),
+                           f"{text!r}: one chunk per stage (chunk 0) and micro-batches 0..{m - 1}")
+                bad = True
+    if bad:
+        return
+    try:
+        validate(plan_schedule(plan))
+    except ScheduleError as exc:
+        report.add(("pipeline_actions",), f"the action lists are not a complete schedule: {exc} "
+                                          "(every stage needs F, I and W of each micro-batch once, "
+                                          "in an order that can run)")
+
+
 def plan_training(plan: Plan, file: str = "<plan>") -> Training:
     """The plan's ``inputs.training`` as a validated ``Training`` (errors name the file)."""
     return validate_model(Training, document_from_data(plan.inputs.training, file), ("inputs", "training"))
@@ -286,6 +332,7 @@ def check_layout(plan: Plan, model=None, file: str = "<plan>") -> None:
     _check_training(plan, report)
     _check_stages(plan, resolved, report)
     _check_schedule(plan, report)
+    _check_actions(plan, report)
     _check_duplicates(plan, report)
     if report.errors:
         raise InputErrors(report.errors)
@@ -301,6 +348,7 @@ def check_plan(cluster: Cluster, plan: Plan, model=None, file: str = "<plan>") -
     _check_training(plan, report)
     _check_stages(plan, resolved, report)
     _check_schedule(plan, report)
+    _check_actions(plan, report)
     _check_devices(cluster, plan, report, plan.inputs.training.get("precision", "bf16"))
     if report.errors:
         raise InputErrors(report.errors)

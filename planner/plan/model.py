@@ -163,8 +163,12 @@ class Plan(BaseModel):
     objective: Objective = Field(default_factory=Objective)
     micro_batch_size: PositiveInt
     num_micro_batches: PositiveInt
-    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipev", "bitpipe"] = "1f1b"
+    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipev", "bitpipe", "latency-aware"] = "1f1b"
     virtual_stages: PositiveInt = 1
+    pipeline_actions: tuple[tuple[str, ...], ...] | None = Field(
+        default=None, description="latency-aware only: per stage (rank), its ordered actions, "
+                                  "'F0.3' = forward of chunk 0 on micro-batch 3 (F, I, W); the "
+                                  "launchers run exactly these")
     recompute: Literal["none", "selective", "full"] = "none"
     zero_stage: Literal[0, 1] = 0
     sequence_parallel: bool = False

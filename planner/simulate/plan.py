@@ -15,6 +15,7 @@ class PlanSimulation:
     result: SimResult
     closed_form_pipeline_s: float
     closed_form_iteration_s: float
+    execution: object = None      # the action-list run, where the plan carries its own lists
 
     @property
     def simulated_pipeline_s(self) -> float:
@@ -76,6 +77,13 @@ def simulate_plan(cluster, plan, profiles=None, file: str = "<plan>") -> PlanSim
     from planner.cost.sharing import core_shares
 
     ev = evaluate(cluster, plan, profiles=profiles, check=False)
+    if plan.schedule == "latency-aware":
+        # the plan's own action lists under the latency model (planner.simulate.latency): the
+        # same run the cost model prices it with, so closed form and simulation agree
+        run = latency_execution(cluster, plan, ev.stages)
+        return PlanSimulation(evaluation=ev, result=execution_result(run, plan.schedule),
+                              closed_form_pipeline_s=ev.pipeline_time_s,
+                              closed_form_iteration_s=ev.iteration_time_s, execution=run)
     if plan.schedule == "bitpipe":
         # BitPipe has no closed form: the evaluation already priced it with the executor (plus
         # the exposed pair all-reduce), so both columns come from the same run.
@@ -135,18 +143,11 @@ def simulate_action_schedule(stages, num_micro_batches: int, schedule: str = "zb
     stage; I is a ``bwd`` event, W a ``wgt`` event; ``max_in_flight`` is the peak of
     micro-batches (chunk micro-batches in a V) holding activations until their W."""
     from planner.simulate.actions import execute, generate
-    from planner.simulate.engine import SimEvent
 
     p, m = len(stages), num_micro_batches
     sched = generate(schedule, p, m)
     run = execute(sched, action_stage_times(stages, schedule))
-    timeline = sorted((SimEvent(a.rank, a.chunk, a.micro_batch, _KIND[a.kind], a.start_s, a.end_s, a.stage)
-                       for a in run.actions), key=lambda e: (e.start_s, e.stage))
-    transfers = sorted((SimEvent(e.rank, e.chunk, e.micro_batch, _KIND[e.kind], e.start_s, e.end_s, e.stage)
-                        for e in run.sends), key=lambda e: (e.start_s, e.stage))
-    return SimResult(makespan_s=run.makespan_s, timeline=timeline, transfers=transfers, schedule=schedule,
-                     num_stages=p, num_micro_batches=m, virtual_stages=sched.chunks, busy_s=list(run.busy_s),
-                     max_in_flight=list(run.peak_in_flight))
+    return _as_sim_result(run, schedule, p, m, sched.chunks, lambda a: a.rank)
 
 
 def _as_sim_result(run, schedule: str, p: int, m: int, chunks: int, row) -> SimResult:
@@ -159,6 +160,20 @@ def _as_sim_result(run, schedule: str, p: int, m: int, chunks: int, row) -> SimR
     return SimResult(makespan_s=run.makespan_s, timeline=timeline, transfers=transfers, schedule=schedule,
                      num_stages=p, num_micro_batches=m, virtual_stages=chunks, busy_s=list(run.busy_s),
                      max_in_flight=list(run.peak_in_flight))
+
+
+def execution_result(run, schedule: str) -> SimResult:
+    """An action-list ``Execution`` (one chunk per rank, one row per stage) as a ``SimResult``."""
+    return _as_sim_result(run, schedule, run.schedule.num_ranks, run.schedule.num_micro_batches, 1,
+                          lambda a: a.stage)
+
+
+def latency_execution(cluster, plan, stage_timings):
+    """The plan's ``pipeline_actions`` re-timed under the latency model on priced stages."""
+    from planner.cost.evaluate import topology_for
+    from planner.simulate.latency_plan import plan_run
+
+    return plan_run(stage_timings, plan, topology_for(cluster))
 
 
 def simulate_bitpipe(stages, num_micro_batches: int) -> SimResult:
@@ -181,6 +196,8 @@ def plan_execution(sim: PlanSimulation):
     from planner.simulate.actions import execute, generate, stage_times_from_ranks
 
     r = sim.result
+    if r.schedule == "latency-aware":
+        return sim.execution
     if r.schedule == "bitpipe":
         from planner.cost import bitpipe
 

@@ -1,0 +1,237 @@
+"""Latency-aware pipeline schedules for stage boundaries over slow links (CrossPipe, issue 17).
+
+CrossPipe (Chen, Kubicek, Huang, Hoefler, USENIX ATC '25, arXiv 2507.00217) orders each rank's
+forward (F), input-gradient (I) and weight-gradient (W) work so that sends over a 30-100 ms
+cross-datacenter link are hidden behind other work, under a memory cap.  This module holds the
+problem, its timing model and the evaluator that re-times any order under it; the solvers are
+``latency_greedy`` (list scheduling, any size) and ``latency_milp`` (exact, small cases), and
+``latency_gap`` sets them side by side.
+
+Timing model (one chunk per rank; rank r runs stage r):
+
+- an action runs when its rank is free and its inputs are there, for its stage's F / I / W
+  (or B = I + W) time, without pre-emption;
+- a send does not block its sender (it is posted and the rank moves on), but the sends on one
+  directed link go one after another: the k-th send starts when its action ends and the link
+  has finished the previous one, occupies the link for ``transfer_s`` (bytes / bandwidth) and
+  arrives ``latency_s`` after it leaves the link.  Each directed link has one sender (stage b
+  sends activations on forward link b, stage b + 1 gradients on backward link b), so the
+  sends go in the sender's list order: first posted, first sent;
+- memory: a micro-batch occupies its rank from its F until its W (or B).  The cap counts
+  these, not just F-until-I, because the W still needs the layer inputs the F stored, and the
+  cost model's activation memory (planner.cost.memory, as for zb-h1) counts until W.
+
+``retime`` applies the model to any ``actions.Schedule`` (F / B / I / W, one chunk): starts as
+early as the order allows (a semi-active schedule), so for a given order its makespan is the
+least any solver could claim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.simulate.actions import (
+    ActionRun,
+    Execution,
+    Schedule,
+    ScheduleError,
+    StageTimes,
+    _keys,
+    validate,
+)
+
+SCHEDULE_NAME = "latency-aware"
+
+
+@dataclass(frozen=True)
+class Link:
+    """One directed link between neighbouring stages, per micro-batch message."""
+
+    latency_s: float = 0.0
+    transfer_s: float = 0.0       # bytes / bandwidth: how long the link is busy with one send
+
+    def __post_init__(self) -> None:
+        if not (self.latency_s >= 0 and self.transfer_s >= 0):
+            raise ValueError(f"link latency and transfer must be >= 0, got {self.latency_s}, {self.transfer_s}")
+
+    @property
+    def total_s(self) -> float:
+        return self.latency_s + self.transfer_s
+
+
+@dataclass(frozen=True)
+class LatencyProblem:
+    """Stage times (F, I, W per stage), links per boundary and a memory cap per rank."""
+
+    stages: tuple[StageTimes, ...]
+    forward: tuple[Link, ...]        # boundary b: stage b -> b + 1 (activations)
+    backward: tuple[Link, ...]       # boundary b: stage b + 1 -> b (gradients)
+    num_micro_batches: int
+    memory_cap: tuple[int, ...]      # per rank: micro-batches held from F until W
+
+    def __post_init__(self) -> None:
+        p = len(self.stages)
+        if p < 1 or self.num_micro_batches < 1:
+            raise ValueError("a latency problem needs at least one stage and one micro-batch")
+        if len(self.forward) != p - 1 or len(self.backward) != p - 1:
+            raise ValueError(f"{p} stages need {p - 1} forward and backward links")
+        if len(self.memory_cap) != p or min(self.memory_cap) < 1:
+            raise ValueError(f"memory_cap needs one value >= 1 per rank ({p}), got {list(self.memory_cap)}")
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.stages)
+
+    def send_link(self, stage: int, kind: str) -> tuple[str, int] | None:
+        """(direction, boundary) of the link the output of ``kind`` on ``stage`` goes over."""
+        if kind == "F" and stage < self.num_ranks - 1:
+            return "fwd", stage
+        if kind in ("B", "I") and stage > 0:
+            return "bwd", stage - 1
+        return None
+
+    def link(self, key: tuple[str, int]) -> Link:
+        return (self.forward if key[0] == "fwd" else self.backward)[key[1]]
+
+
+def make_problem(stage_times: Sequence[StageTimes], num_micro_batches: int,
+                 latencies_s: Sequence[float] | None = None,
+                 memory_cap: int | Sequence[int] | None = None) -> LatencyProblem:
+    """A problem from per-stage ``StageTimes`` whose ``send_*_s`` are whole send times
+    (latency + bytes / bandwidth, as planner.cost prices them) and the latency part of each
+    boundary (``latencies_s[b]``, both directions; default 0).  ``memory_cap``: one for all
+    ranks or one per rank; default min(m, p), 1F1B's peak over ranks."""
+    st = tuple(stage_times)
+    p, m = len(st), num_micro_batches
+    lat = [0.0] * (p - 1) if latencies_s is None else [float(x) for x in latencies_s]
+    if len(lat) != p - 1:
+        raise ValueError(f"{p} stages need {p - 1} boundary latencies, got {len(lat)}")
+    fwd = tuple(Link(min(lat[b], st[b].send_forward_s), max(0.0, st[b].send_forward_s - lat[b]))
+                for b in range(p - 1))
+    bwd = tuple(Link(min(lat[b], st[b + 1].send_backward_s), max(0.0, st[b + 1].send_backward_s - lat[b]))
+                for b in range(p - 1))
+    if memory_cap is None:
+        memory_cap = min(m, p)
+    caps = (int(memory_cap),) * p if isinstance(memory_cap, int) else tuple(int(c) for c in memory_cap)
+    return LatencyProblem(st, fwd, bwd, m, caps)
+
+
+def peak_in_flight(sched: Schedule) -> list[int]:
+    """Per rank, the most micro-batches held at once from F until W (or B), in list order."""
+    out = []
+    for acts in sched.ranks:
+        held = top = 0
+        for a in acts:
+            if a.kind == "F":
+                held += 1
+                top = max(top, held)
+            elif a.kind in ("W", "B"):
+                held -= 1
+        out.append(top)
+    return out
+
+
+def retime(problem: LatencyProblem, sched: Schedule, check: bool = True) -> Execution:
+    """Run ``sched`` (one chunk per rank, loop map) under the latency model: each action as
+    early as its rank's order, its inputs and the links allow.  ``ScheduleError`` if the lists
+    are invalid or do not fit ``problem``."""
+    p = problem.num_ranks
+    if sched.num_ranks != p or sched.chunks != 1 or sched.num_micro_batches != problem.num_micro_batches:
+        raise ScheduleError(f"{sched.name}: {sched.num_ranks} ranks x {sched.chunks} chunks, "
+                            f"{sched.num_micro_batches} micro-batches; the problem has {p} ranks, one "
+                            f"chunk each, {problem.num_micro_batches} micro-batches")
+    if check:
+        validate(sched)
+    dur = [{k: problem.stages[r].duration_s(k) for k in "FBIW"} for r in range(p)]
+    last = p - 1
+    # per rank and kind: the link its output goes over (None: none, or the last stage's F)
+    out_link = [{k: problem.send_link(r, k) for k in "FBIW"} for r in range(p)]
+    links = {key: problem.link(key) for row in out_link for key in row.values() if key is not None}
+    end: dict[tuple[str, int, int], float] = {}
+    arrive: dict[tuple[str, int, int], float] = {}
+    link_free = dict.fromkeys(links, 0.0)
+    pos, free, busy = [0] * p, [0.0] * p, [0.0] * p
+    runs: list[list[ActionRun]] = [[] for _ in range(p)]
+    sends: list[ActionRun] = []
+    waiting: dict[tuple[str, int, int], list[int]] = {}
+    work = list(range(p))
+    while work:
+        r = work.pop()
+        acts = sched.ranks[r]
+        while pos[r] < len(acts):
+            a = acts[pos[r]]
+            kind, mb = a.kind, a.micro_batch
+            ready = free[r]
+            # the inputs (as actions._deps): F after the previous stage's F; B / I after this
+            # stage's F and the next stage's input gradient; W after this stage's I
+            if kind == "F":
+                need = (("F", r - 1, mb),) if r > 0 else ()
+            elif kind == "W":
+                need = (("I", r, mb),)
+            else:
+                need = (("F", r, mb), ("G", r + 1, mb)) if r < last else (("F", r, mb),)
+            blocked = None
+            for d in need:
+                t = (end if d[1] == r else arrive).get(d)
+                if t is None:
+                    blocked = d
+                    break
+                ready = max(ready, t)
+            if blocked is not None:
+                waiting.setdefault(blocked, []).append(r)
+                break
+            secs = dur[r][kind]
+            t_end = ready + secs
+            runs[r].append(ActionRun(r, r, 0, mb, kind, ready, t_end))
+            busy[r] += secs
+            free[r] = t_end
+            t_arrive = t_end
+            key = out_link[r][kind]
+            if key is not None:
+                link = links[key]
+                leave = max(t_end, link_free[key])
+                link_free[key] = leave + link.transfer_s
+                t_arrive = leave + link.transfer_s + link.latency_s
+                if t_arrive > t_end:
+                    sends.append(ActionRun(r, r, 0, mb, "send-F" if kind == "F" else "send-B", t_end, t_arrive))
+            for k in _keys(a, r):
+                end[k] = t_end
+                arrive[k] = t_arrive
+                if k in waiting:
+                    work.extend(waiting.pop(k))
+            pos[r] += 1
+    stuck = [r for r in range(p) if pos[r] < len(sched.ranks[r])]
+    if stuck:
+        r = stuck[0]
+        raise ScheduleError(f"{sched.name}: rank {r} deadlocks at {sched.ranks[r][pos[r]]}")
+    actions = [a for rr in runs for a in rr]
+    sends.sort(key=lambda e: (e.start_s, e.rank))
+    peak = peak_in_flight(sched)
+    peak_g = []
+    for acts in sched.ranks:
+        held = top = 0
+        for a in acts:
+            held += 1 if a.kind == "F" else -1 if a.kind in ("B", "I") else 0
+            top = max(top, held)
+        peak_g.append(top)
+    return Execution(sched, max((a.end_s for a in actions), default=0.0), actions, sends, busy, peak, peak_g)
+
+
+def over_cap(problem: LatencyProblem, sched: Schedule) -> list[tuple[int, int, int]]:
+    """(rank, peak, cap) for every rank whose lists hold more micro-batches than its cap."""
+    return [(r, pk, cap) for r, (pk, cap) in enumerate(zip(peak_in_flight(sched), problem.memory_cap))
+            if pk > cap]
+
+
+def lower_bound_s(problem: LatencyProblem) -> float:
+    """A bound no order beats: the busiest rank's work after its first input can arrive, or one
+    micro-batch's whole path (forwards down, input gradients back, rank 0's W)."""
+    p, m, st = problem.num_ranks, problem.num_micro_batches, problem.stages
+    head, best = 0.0, 0.0
+    for r in range(p):
+        work = m * (st[r].forward_s + st[r].backward_input_s + st[r].backward_weight_s)
+        best = max(best, head + work)
+        head += st[r].forward_s + (problem.forward[r].total_s if r < p - 1 else 0.0)
+    back = sum(s.backward_input_s for s in st) + sum(link.total_s for link in problem.backward)
+    return max(best, head + back + st[0].backward_weight_s)

@@ -1,0 +1,107 @@
+"""Rewrite a plan's schedule as a latency-aware one (``planner schedule --latency-aware``).
+
+The plan's stages and devices stay; its one-stage-per-rank schedule (1F1B, GPipe, ZB-H1, or a
+latency-aware plan to re-schedule) becomes ``latency-aware`` with ``pipeline_actions`` from the
+greedy rule, or the exact MILP where asked and better.  Stage times are the cost model's with
+the backward split into I and W (as for zb-h1); each boundary's send splits into the
+topology's wire latency and the transfer.  "Before" is the input plan as the cost model prices
+it (its closed form, sends blocking) and, like for like, its order under the latency model
+(1F1B's B as I then W); "after" is the new plan's evaluation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import InputError
+
+
+@dataclass
+class Rewrite:
+    plan: object                         # the new Plan
+    before: object                       # Evaluation of the input plan
+    after: object                        # Evaluation of the new plan
+    before_retimed_s: float              # the input order under the latency model
+    greedy_s: float
+    greedy_rule: str
+    exact: object | None                 # latency_milp.ExactResult, with --exact
+    method: str                          # which schedule the plan got: "greedy" or "exact"
+    memory_cap: tuple[int, ...]
+    problem: object                      # the latency.LatencyProblem the schedule was made for
+
+    @property
+    def gap(self) -> float | None:
+        if self.exact is None or self.exact.bound_s <= 0:
+            return None
+        return (self.greedy_s - self.exact.bound_s) / self.exact.bound_s
+
+    def to_json(self) -> dict:
+        e = self.exact
+        return {
+            "before": {"schedule": self.before.schedule, "pipeline_time_s": self.before.pipeline_time_s,
+                       "iteration_time_s": self.before.iteration_time_s,
+                       "pipeline_time_latency_model_s": self.before_retimed_s},
+            "after": {"schedule": "latency-aware", "pipeline_time_s": self.after.pipeline_time_s,
+                      "iteration_time_s": self.after.iteration_time_s, "method": self.method,
+                      "memory_cap": list(self.memory_cap)},
+            "greedy": {"pipeline_time_s": self.greedy_s, "rule": self.greedy_rule},
+            "exact": None if e is None else {"pipeline_time_s": e.makespan_s, "bound_s": e.bound_s,
+                                             "status": e.status, "wall_s": e.wall_s},
+            "gap": self.gap,
+        }
+
+
+def _baseline(plan):
+    """The input plan's order as F / I / W lists (B as I then W), one chunk per rank."""
+    from planner.simulate.actions import generate
+    from planner.simulate.latency_greedy import one_f_one_b_split
+    from planner.simulate.latency_plan import plan_schedule
+
+    p, m = len(plan.stages), plan.num_micro_batches
+    if plan.schedule == "latency-aware":
+        return plan_schedule(plan)
+    if plan.schedule == "1f1b":
+        return one_f_one_b_split(p, m)
+    return generate(plan.schedule, p, m)
+
+
+def rewrite(cluster, plan, profiles=None, exact: bool = False, memory_cap: int | None = None,
+            time_limit_s: float = 30.0, file: str = "<plan>") -> Rewrite:
+    from planner.cost import evaluate
+    from planner.cost.evaluate import topology_for
+    from planner.plan.check import check_plan
+    from planner.simulate.latency import retime
+    from planner.simulate.latency_greedy import greedy
+    from planner.simulate.latency_milp import MAX_ACTIONS
+    from planner.simulate.latency_milp import exact as solve_exact
+    from planner.simulate.latency_plan import actions_to_json, boundary_latencies_s, problem_for_stages
+
+    check_plan(cluster, plan, file=file)
+    if plan.schedule == "interleaved-1f1b":
+        raise InputError(f"{file}: schedule interleaved-1f1b runs {plan.virtual_stages} chunks per rank; the "
+                         "latency-aware scheduler orders one stage per rank (use a 1f1b plan)")
+    p, m = len(plan.stages), plan.num_micro_batches
+    if memory_cap is not None and memory_cap < 1:
+        raise InputError(f"--memory-cap must be at least 1 micro-batch, got {memory_cap}")
+    if exact and 3 * p * m > MAX_ACTIONS:
+        raise InputError(f"--exact solves at most {MAX_ACTIONS} actions (3 x stages x micro-batches); this "
+                         f"plan has {p} stages x {m} micro-batches = {3 * p * m}: drop --exact for the greedy")
+    before = evaluate(cluster, plan, profiles=profiles, check=False)
+    # the same stages priced with the backward split into I and W (the split is zb-h1's)
+    split = evaluate(cluster, plan.model_copy(update={"schedule": "zb-h1", "pipeline_actions": None}),
+                     profiles=profiles, check=False)
+    problem = problem_for_stages(split.stages, m, boundary_latencies_s(topology_for(cluster), plan), memory_cap)
+    base_s = retime(problem, _baseline(plan), check=False).makespan_s   # the evaluator ignores the cap
+    g = greedy(problem)
+    sched, method, ex = g.schedule, "greedy", None
+    if exact:
+        ex = solve_exact(problem, g.makespan_s, time_limit_s)
+        if ex.schedule is not None and ex.makespan_s < g.makespan_s - 1e-12:
+            sched, method = ex.schedule, "exact"
+    new = plan.model_copy(update={"schedule": "latency-aware", "virtual_stages": 1,
+                                  "pipeline_actions": actions_to_json(sched), "predicted": None})
+    check_plan(cluster, new, file=file)
+    after = evaluate(cluster, new, profiles=profiles, check=False)
+    new = new.model_copy(update={"predicted": after.predicted()})
+    return Rewrite(new, before, after, base_s, g.makespan_s, g.rule, ex, method, problem.memory_cap, problem)
+

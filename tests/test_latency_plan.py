@@ -1,0 +1,198 @@
+"""The latency-aware schedule in plans: pipeline_actions checked with field-named errors,
+`planner schedule --latency-aware` rewriting a 1f1b plan across two datacenters, the cost
+model and `planner simulate` pricing the plan's own lists, and launchers refusing it by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_launch_formats import make_plan
+from test_launch_refusals import refusal
+
+from planner.cli.main import main
+from planner.plan.check import load_plan
+from planner.simulate.latency import peak_in_flight
+from planner.simulate.latency_plan import plan_schedule
+
+TWO_DC = """
+name: two-dc
+zones:
+  - {name: dc-a, region: r1}
+  - {name: dc-b, region: r2}
+nodes:
+  - {name: a, count: 2, zone: dc-a, gpu: A100-SXM4-80GB, gpus_per_node: 2, network_bandwidth: 100 Gbit/s}
+  - {name: b, count: 2, zone: dc-b, gpu: A100-SXM4-80GB, gpus_per_node: 2, network_bandwidth: 100 Gbit/s}
+links:
+  - between: [dc-a, dc-b]
+    bandwidth: 25 Gbit/s
+    latency: 50 ms
+"""
+
+
+def _write(tmp_path, **changes):
+    """Four one-GPU stages of opt-350m, two per datacenter: boundary 1 -> 2 crosses the link."""
+    cluster = tmp_path / "two-dc.yaml"
+    cluster.write_text(TWO_DC)
+    devices = ["a-0:0", "a-1:0", "b-0:0", "b-1:0"]
+    m = changes.get("num_micro_batches", 8)
+    data = {
+        "schema": "planner.plan/v1",
+        "inputs": {"cluster": "two-dc", "model": "opt-350m",
+                   "training": {"global_batch_size": 2 * m, "seq_len": 2048, "precision": "bf16"}},
+        "micro_batch_size": 2, "num_micro_batches": m, "schedule": "1f1b",
+        "stages": [{"index": i, "blocks": [6 * i, 6 * i + 6], "embedding": i == 0, "head": i == 3,
+                    "replicas": [{"gpu_type": "A100-SXM4-80GB", "tp": 1, "micro_batch_share": 2,
+                                  "devices": [d]}]} for i, d in enumerate(devices)],
+        **changes}
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(data))
+    return cluster, plan
+
+
+def _schedule(tmp_path, *extra):
+    cluster, plan = _write(tmp_path)
+    out = tmp_path / "la.json"
+    assert main(["schedule", str(cluster), str(plan), "--latency-aware", "-o", str(out), "--json", *extra]) == 0
+    return cluster, plan, out
+
+
+def test_schedule_rewrites_a_1f1b_plan_and_hides_the_slow_link(tmp_path, capsys):
+    _, _, out = _schedule(tmp_path)
+    report = json.loads(capsys.readouterr().out)
+    new = load_plan(out)
+    assert new.schedule == "latency-aware" and len(new.pipeline_actions) == 4
+    # like for like (both with non-blocking sends): the new order is no slower than 1F1B's
+    assert report["after"]["pipeline_time_s"] <= report["before"]["pipeline_time_latency_model_s"] + 1e-12
+    # and the 50 ms link makes 1F1B's blocking-send closed form clearly slower
+    assert report["after"]["pipeline_time_s"] < 0.95 * report["before"]["pipeline_time_s"]
+    assert report["after"]["memory_cap"] == [4, 4, 4, 4]
+    assert new.predicted.iteration_time_s == pytest.approx(report["after"]["iteration_time_s"])
+
+
+def test_cost_model_and_simulator_price_the_plans_own_lists(tmp_path, capsys):
+    from planner.cost import evaluate
+    from planner.simulate import simulate_plan
+    from planner.simulate.plan import plan_execution
+    from planner.spec import load_cluster
+
+    cluster_path, plan_path, out = _schedule(tmp_path)
+    capsys.readouterr()
+    cluster, plan = load_cluster(cluster_path), load_plan(out)
+    ev = evaluate(cluster, plan)
+    sim = simulate_plan(cluster, plan)
+    assert sim.simulated_pipeline_s == pytest.approx(ev.pipeline_time_s, rel=1e-12)
+    run = plan_execution(sim)
+    assert [a.kind for a in run.rank_actions(0)] == [t[0] for t in plan.pipeline_actions[0]]
+    assert sum(ev.breakdown_s.values()) == pytest.approx(ev.iteration_time_s)
+    assert ev.breakdown_s["pp_comm"] == 0.0 and ev.breakdown_s["bubble"] >= 0.0
+    # memory: each stage's activations scale with its lists' peak (1F1B: p - s)
+    base = evaluate(cluster, load_plan(plan_path))
+    peaks = peak_in_flight(sim.execution.schedule)
+    for s in range(4):
+        got = ev.memory_by_replica[s][0].activations_bytes
+        want = base.memory_by_replica[s][0].activations_bytes * peaks[s] / (4 - s)
+        assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_schedule_exact_reports_the_gap(tmp_path, capsys):
+    cluster, plan = _write(tmp_path, num_micro_batches=4)
+    assert main(["schedule", str(cluster), str(plan), "--latency-aware", "--exact", "--time-limit", "20",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    e = report["exact"]
+    assert e["status"] in ("optimal", "feasible")
+    assert report["greedy"]["pipeline_time_s"] >= e["bound_s"] - 1e-9
+    assert report["gap"] == pytest.approx((report["greedy"]["pipeline_time_s"] - e["bound_s"]) / e["bound_s"])
+
+
+def test_schedule_refuses_exact_on_large_plans_and_interleaved(tmp_path, capsys):
+    cluster, plan = _write(tmp_path, num_micro_batches=16)
+    assert main(["schedule", str(cluster), str(plan), "--latency-aware", "--exact"]) == 2
+    assert "drop --exact for the greedy" in capsys.readouterr().err
+    assert main(["schedule", str(cluster), str(plan)]) == 2
+    assert "--latency-aware" in capsys.readouterr().err
+
+
+def _validate(tmp_path, capsys, **changes) -> str:
+    cluster, plan = _write(tmp_path, **changes)
+    assert main(["evaluate", str(cluster), str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_pipeline_actions_are_checked_with_field_names(tmp_path, capsys):
+    ok = [[f"{k}0.{j}" for j in range(2) for k in "FIW"]] * 4
+    err = _validate(tmp_path, capsys, schedule="latency-aware", num_micro_batches=2)
+    assert "pipeline_actions" in err and "planner schedule" in err
+    bad = [list(r) for r in ok]
+    bad[1][2] = "X0.1"
+    err = _validate(tmp_path, capsys, schedule="latency-aware", num_micro_batches=2, pipeline_actions=bad)
+    assert "pipeline_actions[1][2]" in err and "'X0.1' is not an action" in err
+    short = [list(r) for r in ok]
+    short[3] = short[3][:-1]
+    err = _validate(tmp_path, capsys, schedule="latency-aware", num_micro_batches=2, pipeline_actions=short)
+    assert "pipeline_actions" in err and "no W" in err
+    err = _validate(tmp_path, capsys, schedule="latency-aware", num_micro_batches=2, pipeline_actions=ok[:3])
+    assert "3 action lists for 4 stages" in err
+    err = _validate(tmp_path, capsys, num_micro_batches=2, pipeline_actions=ok)
+    assert "only schedule \"latency-aware\" reads pipeline_actions" in err
+    # a deadlock: stage 0 waits on micro-batch 1's gradient before it sends micro-batch 0 onward
+    stuck = [list(r) for r in ok]
+    stuck[0] = ["F0.1", "I0.1", "W0.1", "F0.0", "I0.0", "W0.0"]
+    stuck[1] = ["F0.0", "I0.0", "W0.0", "F0.1", "I0.1", "W0.1"]
+    err = _validate(tmp_path, capsys, schedule="latency-aware", num_micro_batches=2, pipeline_actions=stuck)
+    assert "deadlock" in err
+
+
+def _la_plan():
+    acts = [[f"{k}0.{j}" for j in range(16) for k in "FIW"]] * 2
+    return make_plan(blocks=((0, 4), (4, 8)), schedule="latency-aware", pipeline_actions=acts)
+
+
+@pytest.mark.parametrize("fmt,tool", [("megatron", "Megatron-LM"), ("deepspeed", "DeepSpeed"),
+                                      ("pipelining", "torch's")])
+def test_launchers_refuse_latency_aware_by_name(fmt, tool):
+    msg = refusal(_la_plan(), fmt)
+    assert "schedule latency-aware: " in msg and tool in msg
+
+
+def test_torchrun_rank_map_carries_the_actions():
+    from planner.launch import render
+
+    files = render(_la_plan(), "torchrun", master_addr="h")
+    rank_map = next(json.loads(text) for name, text in files.items() if name.endswith(".json"))
+    assert rank_map["schedule"] == "latency-aware"
+    assert rank_map["pipeline_actions"][1][:3] == ["F0.0", "I0.0", "W0.0"]
+
+
+def test_runner_refuses_latency_aware(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    path.write_text(_la_plan().dumps())
+    assert main(["run", str(path)]) == 2
+    assert "schedule latency-aware: the reference runner" in capsys.readouterr().err
+
+
+def test_simulate_draws_the_plan(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    cluster, _, out = _schedule(tmp_path)
+    capsys.readouterr()
+    png = tmp_path / "t.png"
+    assert main(["simulate", str(cluster), str(out), "--timeline", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "latency-aware" in text and "+0.00%" in text
+    assert png.stat().st_size > 1000
+
+
+def test_memory_cap_bounds_the_written_lists(tmp_path, capsys):
+    _, _, out = _schedule(tmp_path, "--memory-cap", "1")
+    report = json.loads(capsys.readouterr().out)
+    assert report["after"]["memory_cap"] == [1, 1, 1, 1]
+    assert max(peak_in_flight(plan_schedule(load_plan(out)))) == 1
+    # one micro-batch in flight cannot hide the link: slower than with the default cap
+    _schedule(tmp_path)
+    assert json.loads(capsys.readouterr().out)["after"]["pipeline_time_s"] < report["after"]["pipeline_time_s"]
+    cluster, plan = _write(tmp_path)
+    assert main(["schedule", str(cluster), str(plan), "--latency-aware", "--memory-cap", "0"]) == 2
+    assert "--memory-cap must be at least 1" in capsys.readouterr().err
