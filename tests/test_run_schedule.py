@@ -81,3 +81,13 @@ def test_a_deadlocking_schedule_is_refused_before_any_process(no_spawn):
                                             (Action("F", 0, 0), Action("B", 0, 0))))
     with pytest.raises(InputError, match="schedule: bad: the action lists deadlock"):
         runner.run_plan(plan, schedule=bad)
+
+
+def test_peak_in_flight_follows_the_lists():
+    # 1F1B on 4 ranks: rank r holds p - r micro-batches; gpipe all m; zb-h1 holds a
+    # micro-batch until its W, so rank r up to min(m, p) (docs/internals.md).
+    assert run_schedule.peak_in_flight(generate("1f1b", 4, 8)) == [4, 3, 2, 1]
+    assert run_schedule.peak_in_flight(generate("gpipe", 3, 5)) == [5, 5, 5]
+    assert run_schedule.peak_in_flight(generate("zb-h1", 4, 8)) == [4, 4, 4, 4]
+    # Interleaved: chunks count as halves of a stage's activations.
+    assert run_schedule.peak_in_flight(generate("interleaved-1f1b", 2, 4, 2))[1] == 1.5

@@ -76,6 +76,20 @@ def model_chunks(plan: Plan, sched: Schedule) -> list[dict]:
     return out
 
 
+def peak_in_flight(sched: Schedule) -> list[float]:
+    """Per rank, the most micro-batches whose activations it holds at once, in whole-stage
+    units: a (chunk, micro-batch) counts ``1 / chunks`` from its F until its B or W (the runner
+    keeps a micro-batch's graph until its W)."""
+    out = []
+    for acts in sched.ranks:
+        held = top = 0
+        for a in acts:
+            held += 1 if a.kind == "F" else -1 if a.kind in ("B", "W") else 0
+            top = max(top, held)
+        out.append(top / sched.chunks)
+    return out
+
+
 def schedule_to_json(sched: Schedule) -> dict:
     return {"name": sched.name, "num_ranks": sched.num_ranks, "chunks": sched.chunks,
             "num_micro_batches": sched.num_micro_batches, "stage_map": sched.stage_map,

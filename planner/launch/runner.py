@@ -170,15 +170,18 @@ def model_chunks(plan: Plan, schedule=None) -> list[dict]:
     return chunks(plan, schedule if schedule is not None else plan_schedule(plan))
 
 
-def _bytes_per_rank(plan: Plan, shape: dict, dtype_bytes: int) -> int:
+def _bytes_per_rank(plan: Plan, shape: dict, dtype_bytes: int, sched) -> int:
     """Rough peak memory of the largest rank: weights, grads and two Adam moments, plus the
-    activations of the micro-batches in flight. Only to refuse runs that cannot fit."""
+    activations of the micro-batches in flight under the action lists ``sched`` (a micro-batch
+    holds its graph from F until B or W). Only to refuse runs that cannot fit."""
+    from planner.launch.run_schedule import peak_in_flight
+
     h, f, v, seq = shape["hidden_size"], shape["ffn_size"], shape["vocab_size"], shape["seq_len"]
     block = 4 * h * h + 3 * h * f
     worst = 0
+    held = peak_in_flight(sched)
     for s in plan.stages:
-        in_flight = plan.num_micro_batches if plan.schedule == "gpipe" else len(plan.stages) - s.index
-        in_flight = min(in_flight, plan.num_micro_batches)
+        in_flight = held[s.index]
         for r in s.replicas:
             n = s.num_blocks * block // r.tp + (2 * v * h if s.embedding or s.head else 0)
             act = s.num_blocks * r.micro_batch_share * seq * (12 * h + 3 * f // r.tp
@@ -188,7 +191,7 @@ def _bytes_per_rank(plan: Plan, shape: dict, dtype_bytes: int) -> int:
     return worst
 
 
-def check_machine(plan: Plan, shape: dict, backend: str, dtype: str) -> None:
+def check_machine(plan: Plan, shape: dict, backend: str, dtype: str, sched) -> None:
     n = len(plan.devices())
     if backend == "gloo":
         cores = os.cpu_count() or 1
@@ -209,7 +212,7 @@ def check_machine(plan: Plan, shape: dict, backend: str, dtype: str) -> None:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return
-    need = n * _bytes_per_rank(plan, shape, 8 if dtype == "float64" else 4)
+    need = n * _bytes_per_rank(plan, shape, 8 if dtype == "float64" else 4, sched)
     if need > 0.8 * total:
         raise InputError(f"training this model shape in {n} processes needs about "
                          f"{need / 2**30:.1f} GiB, more than this machine's {total / 2**30:.1f} GiB "
@@ -393,7 +396,7 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
         raise InputError(f"optimizer must be adam or sgd, got {optimizer!r}")
     shape = model_shape(plan, model_override, seq_len)
     sched = check_plan(plan, shape, schedule)
-    check_machine(plan, shape, backend, dtype)
+    check_machine(plan, shape, backend, dtype, sched)
     ranks = rank_map(plan)
     from planner.launch.run_schedule import schedule_to_json
 
