@@ -167,22 +167,6 @@ def test_tiny_override_keeps_blocks_and_tp_validity():
         runner.model_shape(plan, {"num_layers": 2})
 
 
-def test_schedules_run_each_pass_once_forward_before_backward():
-    worker = pytest.importorskip("planner.launch.worker")
-    cases = [(sched, p, m, 1) for sched in ("gpipe", "1f1b") for p in (1, 2, 4) for m in (1, 3, 8)]
-    cases += [("interleaved-1f1b", p, m, v) for p in (1, 2) for m in (2, 4) for v in (2, 3)]
-    for sched, p, m, v in cases:
-        for s in range(p):
-            acts = worker.schedule_actions(sched, p, s, m, v)
-            want = [(k, c, i) for k in ("fwd", "bwd") for c in range(v) for i in range(m)]
-            assert sorted(acts) == sorted(want)
-            assert all(acts.index(("fwd", c, i)) < acts.index(("bwd", c, i))
-                       for c in range(v) for i in range(m))
-    # 1F1B: stage 0 of 4 keeps 3 forwards in flight before its first backward; the last stage 0.
-    assert worker.schedule_actions("1f1b", 4, 0, 8)[:4] == [("fwd", 0, i) for i in range(4)]
-    assert worker.schedule_actions("1f1b", 4, 3, 8)[:3] == [("fwd", 0, 0), ("bwd", 0, 0), ("fwd", 0, 1)]
-
-
 def test_overlaps_cut_a_micro_batch_between_replicas():
     worker = pytest.importorskip("planner.launch.worker")
     nxt = [{"offset": 0, "share": 3}, {"offset": 3, "share": 1}]
@@ -218,14 +202,3 @@ def test_importing_the_runner_and_cli_does_not_import_torch():
                          check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
-
-
-@pytest.mark.parametrize("schedule,v,cls", [("zb-h1", 1, "ScheduleInterleavedZeroBubble"),
-                                            ("zb-v", 2, "ScheduleZBVZeroBubble"),
-                                            ("dualpipev", 2, "ScheduleDualPipeV")])
-def test_zero_bubble_schedules_are_refused_by_the_runner(tmp_path, capsys, no_spawn, schedule, v, cls):
-    path = tmp_path / "plan.json"
-    path.write_text(two_stage(schedule=schedule, virtual_stages=v).dumps())
-    assert main(["run", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert f"schedule {schedule}: the reference runner" in err and f"--format pipelining (torch's {cls})" in err

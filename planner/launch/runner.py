@@ -130,35 +130,28 @@ def rank_map(plan: Plan) -> list[RankInfo]:
     return [RankInfo(r.rank, r.device, r.stage, r.replica, r.tp_rank) for r in plan_rank_map(plan).ranks]
 
 
-def check_plan(plan: Plan, shape: dict) -> None:
-    """Everything the runner cannot run, as one InputError, before anything starts."""
-    from planner.simulate.schedules import stage_orders
+def check_plan(plan: Plan, shape: dict, schedule=None):
+    """Everything the runner cannot run, as one InputError, before anything starts. Returns the
+    action lists the workers will follow (``run_schedule.plan_schedule``; ``schedule``, an
+    ``actions.Schedule``, overrides the plan's)."""
+    from planner.launch.run_schedule import chunk_problems, plan_schedule
+    from planner.simulate.actions import ScheduleError
 
-    problems = []
+    problems, sched = [], None
     try:  # the layout rules every consumer of a plan shares
         check_layout(plan)
     except InputErrors as exc:
         problems.extend(f"{e.location.field + ': ' if e.location and e.location.field else ''}{e.message}"
                         for e in exc.errors)
-    torch_only = {"zb-h1": "ScheduleInterleavedZeroBubble", "zb-v": "ScheduleZBVZeroBubble",
-                  "dualpipev": "ScheduleDualPipeV"}
     if plan.schedule == "bitpipe":
         problems.append("schedule bitpipe: the reference runner does not run it yet (two pipelines over the "
                         "same ranks, a second weight copy per rank and the pair all-reduce); re-plan with "
                         "schedule interleaved-1f1b or 1f1b to run it here")
-    elif plan.schedule in torch_only:
-        problems.append(f"schedule {plan.schedule}: the reference runner follows forward / backward op "
-                        "orders (gpipe, 1f1b, interleaved-1f1b) and does not split a backward into its "
-                        "input and weight gradients; launch the plan with --format pipelining (torch's "
-                        f"{torch_only[plan.schedule]}), or re-plan with schedule 1f1b to run it here")
-    elif plan.schedule == "latency-aware":
-        problems.append("schedule latency-aware: the reference runner follows the generated forward / "
-                        "backward orders of gpipe, 1f1b and interleaved-1f1b, not a plan's per-rank "
-                        "F / I / W action lists; re-plan with schedule 1f1b to run it here")
     elif not problems:
-        try:  # the same op orders the worker will follow
-            stage_orders(plan.schedule, plan.num_stages, plan.num_micro_batches, plan.virtual_stages)
-        except ValueError as exc:
+        try:  # the same action lists the workers will follow
+            sched = plan_schedule(plan, schedule)
+            problems.extend(chunk_problems(plan, sched))
+        except ScheduleError as exc:
             problems.append(f"schedule: {exc}")
     for s in plan.stages:  # the (possibly shrunk) shape this run builds
         for j, r in enumerate(s.replicas):
@@ -169,38 +162,30 @@ def check_plan(plan: Plan, shape: dict) -> None:
                                     f"model's {n} {what} (after any --tiny/model override)")
     if problems:
         raise InputError("cannot run this plan:\n  " + "\n  ".join(problems))
+    return sched
 
 
-def model_chunks(plan: Plan) -> list[dict]:
-    """The pipeline's pieces in order, virtual stage ``k = chunk * num_stages + stage``.
-    Without interleaving a stage is one chunk with its blocks. With ``v`` virtual stages each
-    stage keeps its block count, cut into ``v`` equal chunks dealt round-robin (Megatron-LM's
-    interleaved layout, as ``planner.launch.common.chunks`` writes it for the launchers): chunk
-    ``c`` of stage ``s`` follows chunk ``c`` of stage ``s - 1`` (or chunk ``c - 1`` of the last
-    stage) in the model."""
-    v = plan.virtual_stages
-    if v == 1:
-        return [{"stage": s.index, "chunk": 0, "blocks": list(s.blocks), "embedding": s.embedding,
-                 "head": s.head} for s in plan.stages]
-    out, first = [], 0
-    for c in range(v):
-        for s in plan.stages:
-            size = s.num_blocks // v
-            out.append({"stage": s.index, "chunk": c, "blocks": [first, first + size],
-                        "embedding": s.embedding and c == 0, "head": s.head and c == v - 1})
-            first += size
-    return out
+def model_chunks(plan: Plan, schedule=None) -> list[dict]:
+    """The pipeline's pieces in order, entry ``k`` global stage ``k`` of the plan's action lists
+    (or of ``schedule``): see ``planner.launch.run_schedule.model_chunks``."""
+    from planner.launch.run_schedule import model_chunks as chunks
+    from planner.launch.run_schedule import plan_schedule
+
+    return chunks(plan, schedule if schedule is not None else plan_schedule(plan))
 
 
-def _bytes_per_rank(plan: Plan, shape: dict, dtype_bytes: int) -> int:
+def _bytes_per_rank(plan: Plan, shape: dict, dtype_bytes: int, sched) -> int:
     """Rough peak memory of the largest rank: weights, grads and two Adam moments, plus the
-    activations of the micro-batches in flight. Only to refuse runs that cannot fit."""
+    activations of the micro-batches in flight under the action lists ``sched`` (a micro-batch
+    holds its graph from F until B or W). Only to refuse runs that cannot fit."""
+    from planner.launch.run_schedule import peak_in_flight
+
     h, f, v, seq = shape["hidden_size"], shape["ffn_size"], shape["vocab_size"], shape["seq_len"]
     block = 4 * h * h + 3 * h * f
     worst = 0
+    held = peak_in_flight(sched)
     for s in plan.stages:
-        in_flight = plan.num_micro_batches if plan.schedule == "gpipe" else len(plan.stages) - s.index
-        in_flight = min(in_flight, plan.num_micro_batches)
+        in_flight = held[s.index]
         for r in s.replicas:
             n = s.num_blocks * block // r.tp + (2 * v * h if s.embedding or s.head else 0)
             act = s.num_blocks * r.micro_batch_share * seq * (12 * h + 3 * f // r.tp
@@ -210,7 +195,7 @@ def _bytes_per_rank(plan: Plan, shape: dict, dtype_bytes: int) -> int:
     return worst
 
 
-def check_machine(plan: Plan, shape: dict, backend: str, dtype: str) -> None:
+def check_machine(plan: Plan, shape: dict, backend: str, dtype: str, sched) -> None:
     n = len(plan.devices())
     if backend == "gloo":
         cores = os.cpu_count() or 1
@@ -231,7 +216,7 @@ def check_machine(plan: Plan, shape: dict, backend: str, dtype: str) -> None:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return
-    need = n * _bytes_per_rank(plan, shape, 8 if dtype == "float64" else 4)
+    need = n * _bytes_per_rank(plan, shape, 8 if dtype == "float64" else 4, sched)
     if need > 0.8 * total:
         raise InputError(f"training this model shape in {n} processes needs about "
                          f"{need / 2**30:.1f} GiB, more than this machine's {total / 2**30:.1f} GiB "
@@ -299,11 +284,11 @@ def _failure(out: Path, ranks: list[RankInfo], failed: list[int], procs) -> Work
 
 class _Progress:
     """Turns the workers' per-step lines into ``on_step(step, loss, step_time_s)`` calls, once
-    every rank has finished the step (loss summed over the last stage's tp-rank-0 processes,
-    time the slowest rank's)."""
+    every rank has finished the step (loss summed over the tp-rank-0 processes of the stage
+    holding the head, time the slowest rank's)."""
 
-    def __init__(self, out: Path, ranks: list[RankInfo], last_stage: int, on_step):
-        self.out, self.ranks, self.last, self.on_step = out, ranks, last_stage, on_step
+    def __init__(self, out: Path, ranks: list[RankInfo], head_stage: int, on_step):
+        self.out, self.ranks, self.last, self.on_step = out, ranks, head_stage, on_step
         self.offsets = {r.rank: 0 for r in ranks}
         self.lines: dict[int, dict[int, dict]] = {}  # step -> rank -> line
         self.next_step = 0
@@ -366,12 +351,12 @@ def _launch(cfg: dict, ranks: list[RankInfo], out: Path, timeout_s: float,
         _stop(procs)  # also on KeyboardInterrupt: never leave ranks behind
 
 
-def _collect(out: Path, ranks: list[RankInfo], plan: Plan, steps: int):
+def _collect(out: Path, ranks: list[RankInfo], plan: Plan, steps: int, head_stage: int):
     import numpy as np
 
     res = {r.rank: json.loads((out / f"rank{r.rank}.json").read_text()) for r in ranks}
     shards = {r.rank: dict(np.load(out / f"rank{r.rank}.npz")) for r in ranks}
-    last = len(plan.stages) - 1
+    last = head_stage
     losses = [sum(res[r.rank]["losses"][i] for r in ranks if r.stage == last and r.tp_rank == 0)
               for i in range(steps)]
     times = [max(res[r.rank]["step_time_s"][i] for r in ranks) for i in range(steps)]
@@ -399,8 +384,11 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
              model_override: dict | None = None, *, seq_len: int | None = None,
              dtype: str = "float32", optimizer: str = "adam", lr: float = 1e-3,
              timeout_s: float = 600.0, collective_timeout_s: float = 120.0,
-             return_params: bool = False, on_step=None) -> RunResult:
+             return_params: bool = False, on_step=None, schedule=None) -> RunResult:
     """Train ``plan`` for ``steps`` steps on this machine; see the module docstring.
+
+    ``schedule`` (a ``planner.simulate.actions.Schedule``) replaces the plan's own action lists:
+    the same stages and micro-batches, any order, chunk count or stage map.
 
     ``on_step(step, loss, step_time_s)`` is called from this process as each step completes on
     every rank (for live progress); the returned ``RunResult`` carries the same numbers."""
@@ -411,9 +399,12 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
     if optimizer not in ("adam", "sgd"):
         raise InputError(f"optimizer must be adam or sgd, got {optimizer!r}")
     shape = model_shape(plan, model_override, seq_len)
-    check_plan(plan, shape)
-    check_machine(plan, shape, backend, dtype)
+    sched = check_plan(plan, shape, schedule)
+    check_machine(plan, shape, backend, dtype, sched)
     ranks = rank_map(plan)
+    from planner.launch.run_schedule import schedule_to_json
+
+    head_stage = sched.owner(sched.num_stages - 1)[0]  # the plan stage computing the loss
     stages = []
     slot_rank = {(r.stage, r.replica, r.tp_rank): r.rank for r in ranks}
     for s in plan.stages:
@@ -421,8 +412,8 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
                        "replicas": [{"share": rep.micro_batch_share,
                                      "ranks": [slot_rank[(s.index, j, t)] for t in range(rep.tp)]}
                                     for j, rep in enumerate(s.replicas)]})
-    cfg = {"shape": shape, "stages": stages, "chunks": model_chunks(plan),
-           "schedule": plan.schedule, "virtual_stages": plan.virtual_stages, "steps": steps,
+    cfg = {"shape": shape, "stages": stages, "chunks": model_chunks(plan, sched),
+           "schedule": schedule_to_json(sched), "steps": steps,
            "seed": seed, "dtype": dtype, "optimizer": optimizer, "lr": lr, "backend": backend,
            "micro_batch_size": plan.micro_batch_size, "num_micro_batches": plan.num_micro_batches,
            "global_batch": plan.micro_batch_size * plan.num_micro_batches,
@@ -436,14 +427,14 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
         with tempfile.TemporaryDirectory(prefix="planner-run-") as tmp:
             out = Path(tmp)
             try:
-                _launch(cfg, ranks, out, timeout_s, _Progress(out, ranks, len(plan.stages) - 1, on_step))
+                _launch(cfg, ranks, out, timeout_s, _Progress(out, ranks, head_stage, on_step))
             except WorkerError as exc:
                 # The free port can be taken between our probe and rank 0's bind: try another once.
                 if attempt == 0 and getattr(exc, "rank", None) == 0 and "in use" in str(exc).lower():
                     cfg["port"] = _free_port()
                     continue
                 raise
-            losses, times, params, diff, digest = _collect(out, ranks, plan, steps)
+            losses, times, params, diff, digest = _collect(out, ranks, plan, steps, head_stage)
             break
     return RunResult(losses=losses, step_time_s=times, param_digest=digest,
                      replica_max_abs_diff=diff, world_size=len(ranks), ranks=ranks,

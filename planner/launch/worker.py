@@ -11,9 +11,13 @@ Communication, all on torch.distributed (point-to-point always over gloo, see ``
   between the tp-rank-0 processes ("leaders"); a leader broadcasts what it received to the
   rest of its tp group (a tp group's output is whole on every tp rank after the row-parallel
   all-reduce, so the leader's copy is the full activation).
-- sends are asynchronous and receives block, so no schedule's order can deadlock;
-- with interleaving a stage holds several chunks; virtual stage ``k = chunk * p + stage``
-  receives from virtual stage ``k - 1`` (on stage ``(k - 1) % p``) and sends to ``k + 1``;
+- each stage runs its action list of the plan's ``actions.Schedule`` (F, B, I, W on its chunks;
+  ``planner.launch.run_schedule``): global stage ``k`` receives from ``k - 1`` and sends to
+  ``k + 1``, on whichever stages the schedule's stage map puts them (the same stage: handed
+  over in memory); I and W are the two halves of B (``planner.launch.backward_split``);
+- sends are asynchronous and receives block, and a receive waits only on an action the
+  validated lists run without waiting on the receiver, so no valid schedule can deadlock
+  (docs/runner.md, "Schedules");
 - gradients of a stage are summed over its replicas once per step. When its replicas share
   one tp degree, the ranks holding the same shard all-reduce it (one flat buffer). When they
   do not, each replica assembles the full gradient on its leader (all-gather of the shards),
@@ -36,19 +40,11 @@ import torch
 import torch.distributed as dist
 
 from planner.launch import tiny_model as tm
+from planner.launch.backward_split import SplitBackward
+from planner.launch.run_schedule import schedule_from_json
 
 FAIL_ENV = "PLANNER_RUNNER_FAIL_RANK"  # fault injection for tests: this rank raises at step 0
 PARENT_ENV = "PLANNER_RUNNER_PARENT_PID"
-
-
-def schedule_actions(schedule: str, num_stages: int, stage: int, num_micro: int,
-                     virtual_stages: int = 1) -> list[tuple[str, int, int]]:
-    """The order of ("fwd" | "bwd", chunk, micro-batch) passes on one stage: exactly the orders
-    ``planner simulate`` times (``planner.simulate.schedules``), so the runner executes the
-    schedule the cost model and simulator assume."""
-    from planner.simulate.schedules import stage_orders
-
-    return stage_orders(schedule, num_stages, num_micro, virtual_stages)[stage]
 
 
 def overlaps(lo: int, hi: int, other: list[dict]):
@@ -82,9 +78,10 @@ class Worker:
         self.dtype = tm.torch_dtype(cfg["dtype"])
         self.device = torch.device("cpu")
         self.pending: list = []  # (work, tensor) of async sends, kept alive until waited on
-        # Virtual stage k = chunk * num_stages + stage (Megatron's interleaved numbering).
+        # Global stage k of the schedule is self.chunks[k], held by plan stage chunks[k]["stage"].
         self.chunks = cfg["chunks"]
-        self.mailbox: dict[int, torch.Tensor] = {}  # sends to this very rank (one-stage interleaving)
+        self.sched = schedule_from_json(cfg["schedule"])
+        self.mailbox: dict[int, torch.Tensor] = {}  # sends to this very rank (neighbour chunks here)
 
     # -- set-up ------------------------------------------------------------------------------
     def init(self):
@@ -123,20 +120,26 @@ class Worker:
                         self.dp_group = g
         # Tied embeddings over more than one stage: stage 0's embedding and the last stage's
         # copy are summed by the tp-rank-0 processes of all replicas of both stages.
-        self.tied = self.shape.tied_embeddings and len(self.stages) > 1
+        # (On the v map both ends are on stage 0: one tensor, nothing to sum.)
+        ends = (self.chunks[0]["stage"], self.chunks[-1]["stage"])
+        self.tied = self.shape.tied_embeddings and ends[0] != ends[1]
         self.tie_group = None
         if self.tied:
-            ends = (0, len(self.stages) - 1)
             g = dist.new_group([rep["ranks"][0] for si in ends for rep in self.stages[si]["replicas"]])
             if self.si in ends and self.tp_rank == 0:
                 self.tie_group = g
-        # This stage's model chunks (one unless interleaved), by chunk index.
-        self.my_chunks = [c for c in self.chunks if c["stage"] == self.si]
-        self.layout, params = {}, {}
-        for c in self.my_chunks:
+        # This stage's model chunks, and the parameter names each global stage uses (a tied
+        # embedding with both ends here is one tensor, named by both chunks).
+        self.layout, params, self.chunk_params = {}, {}, {}
+        for k, c in enumerate(self.chunks):
+            if c["stage"] != self.si:
+                continue
             args = (self.shape, tuple(c["blocks"]), c["embedding"], c["head"])
-            self.layout.update(tm.param_layout(*args))
-            params.update(tm.build_params(*args, cfg["seed"], self.dtype, self.tp, self.tp_rank))
+            layout = tm.param_layout(*args)
+            self.chunk_params[k] = list(layout)
+            self.layout.update(layout)
+            for name, t in tm.build_params(*args, cfg["seed"], self.dtype, self.tp, self.tp_rank).items():
+                params.setdefault(name, t)
         self.params = {k: v.detach().to(self.device).requires_grad_(True) for k, v in params.items()}
         plist = list(self.params.values())
         # A stage may hold nothing but a pass-through (no blocks, no embedding, no head).
@@ -188,9 +191,9 @@ class Worker:
         same pair of ranks can be confused, whatever the schedule's order."""
         return (m * len(self.chunks) + k) * 2 + int(backward)
 
-    def _forward(self, c: int, m: int, tokens: torch.Tensor, saved: dict) -> float:
-        shape, p = self.shape, len(self.stages)
-        k = c * p + self.si
+    def _forward(self, k: int, m: int, tokens: torch.Tensor, saved: dict) -> float:
+        """F of global stage ``k`` on micro-batch ``m``; the loss piece when ``k`` has the head."""
+        shape = self.shape
         chunk = self.chunks[k]
         mbs = self.cfg["micro_batch_size"]
         lo = m * mbs + self.rep["offset"]
@@ -199,30 +202,56 @@ class Worker:
         if chunk["embedding"]:
             x = tm.embed(self.params, rows[:, :-1])
         else:
-            x_in = self._recv_pieces((k - 1) % p, m, self._tag(k, m, False)).requires_grad_(True)
+            x_in = self._recv_pieces(self.chunks[k - 1]["stage"], m,
+                                     self._tag(k, m, False)).requires_grad_(True)
             x = x_in
         for i in range(*chunk["blocks"]):
             x = tm.block(self.params, i, x, shape, self.tpc)
         if chunk["head"]:
             tokens_total = self.cfg["global_batch"] * shape.seq_len
             x = tm.head_loss_sum(self.params, x, rows[:, 1:], shape) / tokens_total
-            saved[(c, m)] = (x_in, x)
+            saved[(k, m)] = (x_in, x)
             return float(x.detach())
-        self._send_pieces(x, (k + 1) % p, self._tag(k + 1, m, False))
-        saved[(c, m)] = (x_in, x)
+        self._send_pieces(x, self.chunks[k + 1]["stage"], self._tag(k + 1, m, False))
+        saved[(k, m)] = (x_in, x)
         return 0.0
 
-    def _backward(self, c: int, m: int, saved: dict):
-        p = len(self.stages)
-        k = c * p + self.si
-        x_in, out = saved.pop((c, m))
-        grad = None if self.chunks[k]["head"] else self._recv_pieces(
-            (k + 1) % p, m, self._tag(k, m, True))
+    def _grad_in(self, k: int, m: int) -> torch.Tensor | None:
+        """The gradient of stage ``k``'s output for micro-batch ``m`` (None at the loss)."""
+        if self.chunks[k]["head"]:
+            return None
+        return self._recv_pieces(self.chunks[k + 1]["stage"], m, self._tag(k, m, True))
+
+    def _send_grad(self, k: int, m: int, g: torch.Tensor) -> None:
+        self._send_pieces(g, self.chunks[k - 1]["stage"], self._tag(k - 1, m, True))
+
+    def _backward(self, k: int, m: int, saved: dict):
+        """B: input and weight gradients together (weights accumulate into ``.grad``)."""
+        x_in, out = saved.pop((k, m))
+        grad = self._grad_in(k, m)
         if out.requires_grad:
             torch.autograd.backward(out, grad)
         if x_in is not None:
             g = x_in.grad if x_in.grad is not None else torch.zeros_like(x_in)
-            self._send_pieces(g, (k - 1) % p, self._tag(k - 1, m, True))
+            self._send_grad(k, m, g)
+
+    def _backward_input(self, k: int, m: int, saved: dict):
+        """I: the input gradient only, sent at once; what W needs stays in ``saved``."""
+        x_in, out = saved.pop((k, m))
+        split = SplitBackward(out, x_in, self._grad_in(k, m))
+        g = split.input_grad()
+        if x_in is not None:
+            self._send_grad(k, m, g if g is not None else torch.zeros_like(x_in))
+        saved[("W", k, m)] = split
+
+    def _backward_weight(self, k: int, m: int, saved: dict):
+        """W: the weight gradients of the micro-batch whose I ran earlier, into ``.grad``."""
+        split = saved.pop(("W", k, m))
+        names = self.chunk_params[k]
+        for name, g in zip(names, split.weight_grads([self.params[n] for n in names])):
+            if g is not None:
+                p = self.params[name]
+                p.grad = g if p.grad is None else p.grad + g
 
     def _sync_tied(self):
         """Tied embeddings: one all-reduce over every replica of the first and last stage gives
@@ -283,12 +312,13 @@ class Worker:
         tokens = tm.batch_tokens(cfg["seed"], step, cfg["global_batch"], self.shape)
         saved: dict = {}
         loss = 0.0
-        for kind, c, m in schedule_actions(cfg["schedule"], len(self.stages), self.si,
-                                           cfg["num_micro_batches"], cfg["virtual_stages"]):
-            if kind == "fwd":
-                loss += self._forward(c, m, tokens, saved)
+        backward = {"B": self._backward, "I": self._backward_input, "W": self._backward_weight}
+        for a in self.sched.ranks[self.si]:
+            k = self.sched.stage(self.si, a.chunk)
+            if a.kind == "F":
+                loss += self._forward(k, a.micro_batch, tokens, saved)
             else:
-                self._backward(c, m, saved)
+                backward[a.kind](k, a.micro_batch, saved)
         for work, _ in self.pending:
             work.wait()
         self.pending.clear()
