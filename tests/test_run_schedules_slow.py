@@ -1,7 +1,8 @@
 """The reference runner on action-list schedules against the single-process run: zb-h1 (I and W
 apart) on 2 and 3 stages, and a V-map schedule with 2 chunks per rank written here as
 ``actions.Action`` lists (the head and the embedding on rank 0, the middle stages handed over
-in memory on rank 1, B on some micro-batches and I / W on others).  After 3 steps in float64
+in memory on rank 1, B on some micro-batches and I / W on others); the generated zb-v and
+dualpipev lists, and a latency-aware plan's stored lists.  After 3 steps in float64
 the loss and every parameter agree to 1e-5, as in tests/test_run_slow.py."""
 
 from __future__ import annotations
@@ -34,6 +35,24 @@ PLAN_V = make_plan(GELU, [
     ((0, 2), [rep(1, 2, ["v:0"])]),
     ((2, 4), [rep(1, 1, ["v:1"]), rep(1, 1, ["v:2"])]),
 ], mbs=2, nmb=4, schedule="1f1b")
+
+
+# The generated V schedules and a plan's stored lists, 2 processes each: zb-v and dualpipev
+# (m >= 2p) from their generators, and a latency-aware plan whose pipeline_actions are ZB-H1's
+# lists written into the plan (the runner reads the plan's lists, not a generator).
+PLAN_ZBV = make_plan(GELU, [((0, 2), [rep(1, 2, ["zv:0"])]), ((2, 4), [rep(1, 2, ["zv:1"])])],
+                     mbs=2, nmb=4, schedule="zb-v", virtual_stages=2)
+PLAN_DPV = make_plan(SWIGLU_GQA, [((0, 2), [rep(1, 2, ["dv:0"])]), ((2, 4), [rep(1, 2, ["dv:1"])])],
+                     mbs=2, nmb=4, schedule="dualpipev", virtual_stages=2)
+
+
+def latency_plan():
+    from planner.simulate.actions import generate
+    from planner.simulate.latency_plan import actions_to_json
+
+    plan = make_plan(GELU, [((0, 1), [rep(1, 2, ["la:0"])]), ((1, 4), [rep(1, 2, ["la:1"])])],
+                     mbs=2, nmb=3, schedule="latency-aware")
+    return plan.model_copy(update={"pipeline_actions": actions_to_json(generate("zb-h1", 2, 3))})
 
 
 def v_schedule(p: int, m: int) -> Schedule:
@@ -78,6 +97,21 @@ def vmap():
     return _run(PLAN_V, v_schedule(2, 4))
 
 
-@pytest.mark.parametrize("name", ["zb2", "zb3", "vmap"])
+@pytest.fixture(scope="module")
+def zbv():
+    return _run(PLAN_ZBV)
+
+
+@pytest.fixture(scope="module")
+def dualpipev():
+    return _run(PLAN_DPV)
+
+
+@pytest.fixture(scope="module")
+def stored():
+    return _run(latency_plan())
+
+
+@pytest.mark.parametrize("name", ["zb2", "zb3", "vmap", "zbv", "dualpipev", "stored"])
 def test_action_list_schedules_match_single_process_reference(name, request):
     assert_matches_reference(*request.getfixturevalue(name))
