@@ -151,11 +151,20 @@ def _la_plan():
     return make_plan(blocks=((0, 4), (4, 8)), schedule="latency-aware", pipeline_actions=acts)
 
 
-@pytest.mark.parametrize("fmt,tool", [("megatron", "Megatron-LM"), ("deepspeed", "DeepSpeed"),
-                                      ("pipelining", "torch's")])
+@pytest.mark.parametrize("fmt,tool", [("megatron", "Megatron-LM"), ("deepspeed", "DeepSpeed")])
 def test_launchers_refuse_latency_aware_by_name(fmt, tool):
     msg = refusal(_la_plan(), fmt)
     assert "schedule latency-aware: " in msg and tool in msg
+
+
+def test_pipelining_runs_the_plans_own_lists_from_a_csv():
+    from planner.launch import render
+
+    files = render(_la_plan(), "pipelining", master_addr="h")
+    rows = files["pipeline_schedule.csv"].splitlines()
+    # one row per rank, global stage = rank on the loop map with one chunk: "<stage><kind><mb>"
+    assert rows[0].split(",")[:3] == ["0F0", "0I0", "0W0"] and rows[1].split(",")[:3] == ["1F0", "1I0", "1W0"]
+    assert json.loads(files["pipelining.json"])["schedule_csv"] == "pipeline_schedule.csv"
 
 
 def test_torchrun_rank_map_carries_the_actions():
@@ -167,11 +176,11 @@ def test_torchrun_rank_map_carries_the_actions():
     assert rank_map["pipeline_actions"][1][:3] == ["F0.0", "I0.0", "W0.0"]
 
 
-def test_runner_refuses_latency_aware(tmp_path, capsys):
-    path = tmp_path / "plan.json"
-    path.write_text(_la_plan().dumps())
-    assert main(["run", str(path)]) == 2
-    assert "schedule latency-aware: the reference runner" in capsys.readouterr().err
+def test_runner_follows_the_plans_own_lists():
+    from planner.launch.run_schedule import plan_schedule
+
+    sched = plan_schedule(_la_plan())   # the runner's source registry reads pipeline_actions first
+    assert sched.table()[1][:3] == ["1F0", "1I0", "1W0"] and len(sched.ranks[0]) == 48
 
 
 def test_simulate_draws_the_plan(tmp_path, capsys):

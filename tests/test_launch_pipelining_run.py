@@ -46,6 +46,11 @@ def _one_step(rank, world, folder):
     spec_file.loader.exec_module(setup)
     spec = setup.load_spec()
     schedule, groups, me = setup.build(_piece, torch.device("cpu"), _loss)
+    if spec.get("schedule_csv"):  # the runtime runs exactly the written lists, in order
+        assert type(schedule).__name__ == "_PipelineScheduleRuntime"
+        with open(f"{folder}/{spec['schedule_csv']}") as fh:
+            rows = [line.strip().split(",") for line in fh]
+        assert [[str(a) for a in schedule.pipeline_order[r]] for r in range(len(rows))] == rows
     n = spec["n_microbatches"]
     torch.manual_seed(7)
     total = sum(spec["ranks"][str(r)]["micro_batch_share"] for r in range(world)
@@ -110,6 +115,21 @@ def test_generated_setup_trains_v_schedules(tmp_path):
         spec = __import__("json").loads(files["pipelining.json"])
         assert {r["stage"]: r["pipeline_stages"] for r in spec["ranks"].values()} == {0: [0, 3], 1: [1, 2]}
         folder = tmp_path / schedule
+        write(files, folder)
+        folders.append(str(folder))
+    torch.multiprocessing.spawn(_worker, args=(4, folders, str(tmp_path / "init")), nprocs=4)
+
+
+@pytest.mark.slow
+def test_action_csv_trains_one_step(tmp_path):
+    """--schedule-csv: the same plans run from their per-rank action lists through torch's
+    _PipelineScheduleRuntime._load_csv (zb-h1's generated I / W lists, 1f1b's F / B) and match
+    the single-process gradients."""
+    folders = []
+    for schedule in ("zb-h1", "1f1b"):
+        folder = tmp_path / f"csv-{schedule}"
+        files = render(_plan(schedule, 1), "pipelining", master_addr="127.0.0.1", schedule_csv=True)
+        assert "pipeline_schedule.csv" in files
         write(files, folder)
         folders.append(str(folder))
     torch.multiprocessing.spawn(_worker, args=(4, folders, str(tmp_path / "init")), nprocs=4)

@@ -41,7 +41,7 @@ def _load_plan(path: str) -> Plan:
 @click.command()
 @click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", required=True,
-              type=click.Choice(["torchrun", "megatron", "deepspeed", "pipelining"]),
+              type=click.Choice(["torchrun", "megatron", "deepspeed", "pipelining", "torchtitan"]),
               help="Which launcher's inputs to write.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False),
               help="Folder to write the files to (all or none); without it they are printed.")
@@ -52,10 +52,15 @@ def _load_plan(path: str) -> Plan:
 @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False),
               help="Cluster spec: GPUs per node, so CUDA_VISIBLE_DEVICES is set exactly when a "
                    "node is used in part.")
+@click.option("--schedule-csv", is_flag=True,
+              help="pipelining / torchtitan: run the schedule from its per-rank action CSV "
+                   "(torch's _PipelineScheduleRuntime) even where torch has a schedule class.")
 @click.option("--json", "as_json", is_flag=True, help="Print {file name: content} as JSON.")
 def launch(plan_file: str, fmt: str, out_dir: str | None, master_addr: str | None,
-           master_port: int, script: str | None, cluster_file: str | None, as_json: bool) -> None:
-    """Write torchrun / Megatron-LM / DeepSpeed / torch.distributed.pipelining inputs for PLAN."""
+           master_port: int, script: str | None, cluster_file: str | None, schedule_csv: bool,
+           as_json: bool) -> None:
+    """Write torchrun / Megatron-LM / DeepSpeed / torch.distributed.pipelining / torchtitan
+    inputs for PLAN."""
     from planner import launch as launch_api
 
     plan = _load_plan(plan_file)
@@ -65,7 +70,7 @@ def launch(plan_file: str, fmt: str, out_dir: str | None, master_addr: str | Non
 
         cluster = load_cluster(cluster_file)
     files = launch_api.render(plan, fmt, master_addr=master_addr, master_port=master_port,
-                              script=script, cluster=cluster)
+                              script=script, cluster=cluster, schedule_csv=schedule_csv)
     if out_dir:
         written = launch_api.write(files, out_dir)
         if as_json:

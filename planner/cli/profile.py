@@ -110,7 +110,9 @@ def profile(model_name, device, micro_batch, tp, seq_len, dtype, repeats, warmup
         if entry.fits:
             out.print(f"  {entry.layer:9} tp={entry.tp} mb={entry.micro_batch:<3} "
                       f"fwd {entry.forward_s * 1e3:9.3f} ms  bwd {entry.backward_s * 1e3:9.3f} ms  "
-                      f"peak {entry.peak_memory_bytes / 2**20:9.1f} MiB")
+                      f"peak {entry.peak_memory_bytes / 2**20:9.1f} MiB"
+                      + (f"  I {entry.backward_input_s * 1e3:.3f} / W {entry.backward_weight_s * 1e3:.3f} ms"
+                         if entry.weight_fraction is not None else ""))
         else:
             out.print(f"  {entry.layer:9} tp={entry.tp} mb={entry.micro_batch:<3} out of memory")
 

@@ -212,13 +212,29 @@ def replica_compute(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, s
     return out
 
 
-def backward_weight_fraction(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> float:
-    """The share of one block's backward compute that is weight gradients (the W of zero-bubble
-    schedules; the rest is I, the input gradients).  From the per-GEMM roofline (roofline.py):
-    each weight GEMM's wgrad over the whole backward's GPU work; a measured profile gives the
-    backward's total only, so its split is this same fraction."""
+def backward_weight_fraction(ctx: CostContext, gpu: GpuType, tp: int, share: int,
+                             kind: str = "block") -> float:
+    """The share of one layer's backward compute that is weight gradients (the W of zero-bubble
+    schedules; the rest is I, the input gradients).  Measured where the profile that prices the
+    layer timed the backward split (``planner profile``: W / (I + W)); else from the per-GEMM
+    roofline (roofline.py): each weight GEMM's wgrad over the block backward's GPU work, which
+    stands in for the head too (its dgrad and wgrad are one GEMM each of the same size)."""
+    measured = _measured_weight_fraction(ctx, gpu, kind, share, tp)
+    if measured is not None:
+        return measured
     work = block_work(ctx, gemm_curve_for(ctx, gpu), tp, share)
     return work.backward_weight_s / work.backward_s if work.backward_s > 0 else 0.0
+
+
+def _measured_weight_fraction(ctx: CostContext, gpu: GpuType, kind: str, share: int, tp: int):
+    fraction_of = getattr(ctx.profiles, "weight_fraction", None)  # older profile sets have none
+    if fraction_of is None:
+        return None
+    extra = {"precision": ctx.precision} if getattr(ctx.profiles, "matches_precision", False) else {}
+    try:
+        return fraction_of(gpu.name, kind, share, tp, ctx.seq_len, ctx.model, **extra)
+    except (KeyError, LookupError):
+        return None
 
 
 # Bytes touched per local parameter by the optimizer-side passes of one iteration, from the

@@ -135,10 +135,11 @@ def _boundary(ctx, paths, sa, sb, crossings, m_sends, ctx_gpu):
 
 def _backward_weight_s(ctx: CostContext, nodes, stage, slowest: int) -> float:
     """The W part of the slowest replica's backward compute (zero-bubble schedules): each
-    block's backward times ``backward_weight_fraction`` (the weight GEMMs' wgrad share); the
-    embedding's backward is all weight gradient (the token ids need none); the head's backward
-    is split by the blocks' fraction too (its dgrad and wgrad are one GEMM each of the same
-    size, so about half; the block fraction is a stand-in, said so in docs/internals.md).
+    block's backward times ``backward_weight_fraction`` (measured W / (I + W) where the profile
+    has the split, else the weight GEMMs' wgrad share); the embedding's backward is all weight
+    gradient (the token ids need none); the head's backward by the head's measured fraction, or
+    else the blocks' FLOPs fraction (its dgrad and wgrad are one GEMM each of the same size, so
+    about half; the block fraction is a stand-in, said so in docs/internals.md).
     Recompute and TP collectives stay with I (the recompute runs before the input gradient;
     the backward all-reduces are the dgrad's)."""
     r = stage.replicas[slowest]
@@ -153,7 +154,7 @@ def _backward_weight_s(ctx: CostContext, nodes, stage, slowest: int) -> float:
     if stage.embedding:
         w += embedding_timing(ctx, gpu, intra, tp, share).backward_s
     if stage.head:
-        w += frac * head_timing(ctx, gpu, intra, tp, share).backward_s
+        w += backward_weight_fraction(ctx, gpu, tp, share, "head") * head_timing(ctx, gpu, intra, tp, share).backward_s
     ctx.cache[key] = w
     return w
 

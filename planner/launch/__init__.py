@@ -1,5 +1,6 @@
 """Turning a plan into launcher inputs (DESIGN §1: launch): torchrun commands, Megatron-LM
-arguments, a DeepSpeed config with stage boundaries, or a torch.distributed.pipelining layout.
+arguments, a DeepSpeed config with stage boundaries, a torch.distributed.pipelining layout, or a
+torchtitan job-config fragment.
 
     from planner.launch import render, write
     files = render(plan, "megatron", master_addr="10.0.0.1")   # {file name: text}
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from planner.errors import InputError
-from planner.launch import deepspeed, megatron, pipelining, torchrun
+from planner.launch import deepspeed, megatron, pipelining, torchrun, torchtitan
 from planner.launch.common import DEFAULT_MASTER_PORT, LaunchOptions
 from planner.launch.output import write
 from planner.plan import Plan
@@ -25,27 +26,35 @@ FORMATS: dict[str, Callable[..., dict[str, str]]] = {
     "megatron": megatron.render,
     "deepspeed": deepspeed.render,
     "pipelining": pipelining.render,
+    "torchtitan": torchtitan.render,
 }
+
+CSV_FORMATS = ("pipelining", "torchtitan")  # formats that can run a schedule from its action CSV
 
 __all__ = ["DEFAULT_MASTER_PORT", "FORMATS", "LaunchOptions", "render", "write"]
 
 
 def render(plan: Plan, fmt: str, master_addr: str | None = None,
            master_port: int = DEFAULT_MASTER_PORT, script: str | None = None,
-           cluster=None) -> dict[str, str]:
+           cluster=None, schedule_csv: bool = False) -> dict[str, str]:
     """The files that launch ``plan`` with ``fmt``, by name; nothing is written.
 
     ``cluster`` (optional) tells how many GPUs each node has, so CUDA_VISIBLE_DEVICES is set
-    exactly when a node's GPUs are used only in part, and lets the shared rank map be used."""
+    exactly when a node's GPUs are used only in part, and lets the shared rank map be used.
+    ``schedule_csv`` runs the schedule from its per-rank action CSV even where torch has a class
+    (formats that run torch's pipelining: pipelining, torchtitan)."""
     writer = FORMATS.get(fmt)
     if writer is None:
         raise InputError(f"launch: unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if schedule_csv and fmt not in CSV_FORMATS:
+        raise InputError(f"launch: --schedule-csv applies to {' and '.join(CSV_FORMATS)}, not {fmt} "
+                         "(which does not run torch's pipeline schedules)")
     gpus = None
     if cluster is not None:
         gpus = {n.name: n.gpus_per_node for n in cluster.node_list}
         _check_devices_exist(plan, gpus)
     opts = LaunchOptions(master_addr=master_addr, master_port=master_port, script=script,
-                         gpus_per_node=gpus)
+                         gpus_per_node=gpus, schedule_csv=schedule_csv)
     return writer(plan, opts, cluster=cluster)
 
 

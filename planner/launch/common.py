@@ -31,6 +31,7 @@ class LaunchOptions:
     master_port: int = DEFAULT_MASTER_PORT
     script: str | None = None
     gpus_per_node: dict[str, int] | None = None  # from a cluster spec, when one is given
+    schedule_csv: bool = False  # run the schedule from its action lists even where torch has a class
 
     def checked_master(self, first_node: str) -> tuple[str, int]:
         if not self.master_addr:

@@ -29,8 +29,8 @@ from planner.launch.common import (
     seq_len,
     shell_join,
 )
-from planner.launch.pipelining import SCHEDULE_CLASS as _V_CLASS
 from planner.launch.ranks import AXES_DP_PP_TP, AXES_PP_DP_TP, describe_nodes, framework_layout
+from planner.launch.schedule_csv import ROUTES as _V_CLASS
 from planner.launch.torchrun import RANK_MAP, node_scripts, rank_map
 from planner.plan import Plan
 from planner.plan.model import V_SCHEDULES

@@ -24,30 +24,30 @@ from planner.launch.common import (
     precision_env,
 )
 from planner.launch.ranks import plan_layout
+from planner.launch.schedule_csv import CSV_FILE, ROUTES, Route, actions_csv, class_problems, route
 from planner.launch.torchrun import RANK_MAP, node_scripts, rank_map
 from planner.plan import Plan
 from planner.plan.model import V_SCHEDULES
 
 SPEC = "pipelining.json"
 SNIPPET = "pipelining_setup.py"
-SCHEDULE_CLASS = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
-                  "interleaved-1f1b": "ScheduleInterleaved1F1B",
-                  # ZB-H1 (Qi et al. 2024) is torch's interleaved zero bubble with one stage per
-                  # rank (planner.simulate.actions.zb_h1 checks the orders are the same)
-                  "zb-h1": "ScheduleInterleavedZeroBubble",
-                  # two stages per rank in a V (planner.simulate.zero_bubble checks the orders)
-                  "zb-v": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+RUNTIME_CLASS = "_PipelineScheduleRuntime"  # what runs a CSV schedule
 
 
-def check(plan: Plan) -> None:
+def _refuse_bitpipe(plan: Plan) -> None:
+    # before the route: BitPipe has lists (actions.generate) but no runtime that holds a stage
+    # on two ranks, and the message should say why rather than "no class, no CSV"
+    if plan.schedule == "bitpipe":
+        Problems("pipelining", [("schedule bitpipe: torch.distributed.pipelining has no schedule class "
+                                 "for it (a stage there belongs to one pipeline, while BitPipe runs two "
+                                 "in opposite directions over the same ranks with a second weight copy "
+                                 "per rank, all-reduced over rank pairs); re-plan with schedule "
+                                 "interleaved-1f1b or zb-h1")]).raise_if_any()
+
+
+def check(plan: Plan, how: Route) -> None:
     check_structure(plan, "pipelining")
     problems = Problems("pipelining")
-    if plan.schedule == "bitpipe":
-        problems.add("schedule bitpipe: torch.distributed.pipelining has no schedule class for it (a "
-                     "stage there belongs to one pipeline, while BitPipe runs two in opposite "
-                     "directions over the same ranks with a second weight copy per rank, all-reduced "
-                     "over rank pairs); re-plan with schedule interleaved-1f1b or zb-h1")
-        problems.raise_if_any()
     ref = plan.stages[0]
     tp = ref.replicas[0].tp
     for stage in plan.stages[1:]:
@@ -67,32 +67,14 @@ def check(plan: Plan) -> None:
                 problems.add(f"stage {stage.index} replica {j} has tp {r.tp}, stage 0 replica 0 has tp "
                              f"{tp}: stages exchange activations one rank per tp position, so every "
                              "replica needs the same tensor-parallel size")
-    if plan.schedule == "zb-h1":
-        # ScheduleInterleavedZeroBubble.__init__: rounds = max(1, n_microbatches // pp size) and
-        # n_microbatches must be a multiple of the rounds.
-        m, p = plan.num_micro_batches, plan.num_stages
-        rounds = max(1, m // p)
-        if m % rounds:
-            problems.add(f"schedule zb-h1 with {m} micro-batches over {p} stages: torch's "
-                         f"ScheduleInterleavedZeroBubble needs num_micro_batches to be a multiple of its "
-                         f"rounds, max(1, {m} // {p}) = {rounds}; re-plan num_micro_batches (a multiple "
-                         f"of {p}, or at most {p})")
-    if plan.schedule == "latency-aware":
-        problems.add("schedule latency-aware: its per-rank action lists would run through torch's "
-                     "_PipelineScheduleRuntime from an action CSV, which this format does not write "
-                     "yet; use --format torchrun (the rank map carries pipeline_actions)")
+    for problem in class_problems(plan, how):
+        problems.add(problem)
     # ScheduleInterleaved1F1B refuses num_micro_batches not a multiple of max(1, n // stages);
     # check_structure's layout rule (a multiple of the stages) is stricter, so it never gets here.
     problems.raise_if_any()
 
 
-def schedule_class(plan: Plan) -> str:
-    if plan.schedule == "interleaved-1f1b" and plan.virtual_stages == 1:
-        return "Schedule1F1B"  # one chunk per rank: interleaving degenerates to plain 1F1B
-    return SCHEDULE_CLASS[plan.schedule]
-
-
-def spec(plan: Plan, layout) -> dict:
+def spec(plan: Plan, layout, how: Route) -> dict:
     rank_at = layout.rank_of()
     d, tp = len(plan.stages[0].replicas), plan.stages[0].replicas[0].tp
     p = plan.num_stages
@@ -113,22 +95,23 @@ def spec(plan: Plan, layout) -> dict:
         }
     return {
         "torch_version": "2.13.0",
-        "schedule_class": schedule_class(plan),
+        "schedule_class": how.class_name or RUNTIME_CLASS,
         "n_microbatches": plan.num_micro_batches,
         "num_pipeline_stages": len(pieces),
         "stages": [c.to_json() for c in pieces],
         "groups": {"pp": pp_groups, "dp": dp_groups, "tp": tp_groups},
         "ranks": ranks,
-        "notes": _notes(plan, d),
+        "notes": _notes(plan, d, how),
+        **({"schedule_csv": CSV_FILE} if how.uses_csv else {}),
     }
 
 
-def _notes(plan: Plan, d: int) -> list[str]:
+def _notes(plan: Plan, d: int, how: Route) -> list[str]:
     notes = [("each replica chain is its own pipeline: feed chain r share_r * n_microbatches "
               "sequences per step; after backward, all-reduce (SUM) every parameter's gradient "
               "times dp_grad_weight over the rank's dp group")]
     if plan.schedule in V_SCHEDULES:
-        notes.append(f"{plan.schedule}: {SCHEDULE_CLASS[plan.schedule]} with two stages per rank in a V: "
+        notes.append(f"{plan.schedule}: {ROUTES[plan.schedule]} with two stages per rank in a V: "
                      "each stage's blocks are cut into two equal pieces dealt down the ranks and back "
                      "(rank r builds pipeline stages r and 2p-1-r; rank 0 holds the embedding and the "
                      "head); each backward runs as input- and weight-gradient steps; torch does not "
@@ -136,7 +119,11 @@ def _notes(plan: Plan, d: int) -> list[str]:
     elif plan.virtual_stages > 1:
         notes.append("interleaved: each stage's blocks are cut into virtual_stages equal pieces "
                      "dealt round-robin; 'stages' lists each piece's blocks")
-    if plan.schedule == "zb-h1":
+    if how.uses_csv:
+        notes.append(f"schedule {plan.schedule} runs from its per-rank action lists: "
+                     f"_PipelineScheduleRuntime loads {CSV_FILE} (one row per pipeline rank, cells "
+                     "<stage><F|B|I|W><micro-batch>) and adds the sends and receives itself")
+    elif plan.schedule == "zb-h1":
         notes.append("zb-h1: ScheduleInterleavedZeroBubble with one stage per rank (ZB-H1) runs each "
                      "backward as an input-gradient and a deferred weight-gradient step; torch does "
                      "not support it under torch.compile")
@@ -173,14 +160,17 @@ from torch.distributed.pipelining import (
     PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe, ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble,
 )
+from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
 SCHEDULES = {"Schedule1F1B": Schedule1F1B, "ScheduleGPipe": ScheduleGPipe,
              "ScheduleInterleaved1F1B": ScheduleInterleaved1F1B,
              "ScheduleInterleavedZeroBubble": ScheduleInterleavedZeroBubble,
-             "ScheduleZBVZeroBubble": ScheduleZBVZeroBubble, "ScheduleDualPipeV": ScheduleDualPipeV}
+             "ScheduleZBVZeroBubble": ScheduleZBVZeroBubble, "ScheduleDualPipeV": ScheduleDualPipeV,
+             "_PipelineScheduleRuntime": _PipelineScheduleRuntime}
 LIST_TAKING = (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble,
-               ScheduleDualPipeV)
-SPEC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipelining.json")
+               ScheduleDualPipeV, _PipelineScheduleRuntime)
+HERE = os.path.dirname(os.path.abspath(__file__))
+SPEC_PATH = os.path.join(HERE, "pipelining.json")
 
 
 def load_spec(path=SPEC_PATH):
@@ -211,18 +201,25 @@ def build(make_stage_module, device, loss_fn, spec=None):
         schedule = cls(stages, n_microbatches=spec["n_microbatches"], loss_fn=loss_fn)
     else:
         schedule = cls(stages[0], n_microbatches=spec["n_microbatches"], loss_fn=loss_fn)
+    if spec.get("schedule_csv"):
+        # per pipeline rank, its ordered actions; torch adds the sends, receives and reductions
+        schedule._load_csv(os.path.join(HERE, spec["schedule_csv"]), format="compute_only")
     return schedule, groups, me
 '''
 
 
 def render(plan: Plan, opts: LaunchOptions, cluster=None) -> dict[str, str]:
-    check(plan)
+    _refuse_bitpipe(plan)
+    how = route(plan, force_csv=opts.schedule_csv)
+    check(plan, how)
     layout = plan_layout(plan, cluster)
-    data = spec(plan, layout)
+    data = spec(plan, layout, how)
     files = node_scripts(layout, opts, opts.script or "train.py", extra_env=precision_env(plan), comment=[
         (f"torch.distributed.pipelining ({data['schedule_class']}); the script builds its groups "
          f"with {SNIPPET}."), *precision_comment(plan)])
     files[SPEC] = dump_json(data)
     files[SNIPPET] = SNIPPET_TEXT
+    if how.uses_csv:
+        files[CSV_FILE] = actions_csv(how.actions)
     files[RANK_MAP] = dump_json(rank_map(plan, layout, opts))
     return files

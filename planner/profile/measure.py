@@ -3,7 +3,9 @@
 For each tensor-parallel degree, layer kind and micro-batch size we build the layer as one TP
 rank holds it (heads/tp, kv_heads/tp, ffn/tp, vocab/tp; no communication: the cost model adds
 TP collectives itself), run ``warmup`` untimed forward+backward passes, then ``repeats`` timed
-ones, and keep the median of each direction.
+ones, and keep the median of each direction.  Block and head backwards are also timed as their
+two zero-bubble parts, input gradient (I) and weight gradient (W), the way torch's pipeline
+runtime splits them (split.py).
 
 Timing: CUDA events around forward and backward on GPU.  On CPU ops are synchronous; with one
 torch thread (the default, as the reference runner uses) we read the measuring thread's CPU
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.errors import InputError
+from planner.profile import split
 from planner.profile.schema import LAYER_KINDS, SCHEMA_ID, ProfileEntry, ProfileFile
 from planner.spec.model import ModelSpec
 
@@ -135,6 +138,7 @@ class _Case:
     backward: Callable[[torch.Tensor], None]
     live: Callable[[], list[torch.Tensor]]  # tensors alive around a step (for the CPU estimate)
     leaf: torch.Tensor | None = None  # the input whose gradient the backward computes
+    output_grad: torch.Tensor | None = None  # the gradient fed to the output (None: a loss)
 
 
 def _make_case(kind: str, s: RankShape, mb: int, seq_len: int, dtype, device) -> _Case:
@@ -153,7 +157,7 @@ def _make_case(kind: str, s: RankShape, mb: int, seq_len: int, dtype, device) ->
     if kind == "block":
         grad = torch.randn(mb, seq_len, s.hidden, generator=g, device=device, dtype=dtype)
         return _Case(module, lambda: module(x), lambda out: out.backward(grad),
-                     lambda: [x, grad] + ([x.grad] if x.grad is not None else []), x)
+                     lambda: [x, grad] + ([x.grad] if x.grad is not None else []), x, grad)
     targets = torch.randint(0, s.vocab, (mb, seq_len), generator=g, device=device)
     return _Case(module, lambda: module(x, targets), lambda out: out.backward(),
                  lambda: [x, targets] + ([x.grad] if x.grad is not None else []), x)
@@ -264,6 +268,10 @@ def measure_entry(model: ModelSpec, kind: str, mb: int, tp: int, seq_len: int, d
         else:
             peak, activation = _cpu_memory(case)
         f_s, b_s = _time(case, device, warmup, repeats, clock, statistic)
+        i_s = w_s = None
+        if split.can_split(case):
+            i_s, w_s = split.time_split(case, device, warmup, repeats, clock or _cpu_clock(), _zero,
+                                        statistic)
     except Exception as exc:
         if not _is_oom(exc):
             raise
@@ -279,7 +287,8 @@ def measure_entry(model: ModelSpec, kind: str, mb: int, tp: int, seq_len: int, d
     if oom:
         return ProfileEntry(layer=kind, micro_batch=mb, tp=tp, fits=False)
     return ProfileEntry(layer=kind, micro_batch=mb, tp=tp, forward_s=f_s, backward_s=b_s,
-                        peak_memory_bytes=peak, activation_bytes=activation)
+                        peak_memory_bytes=peak, activation_bytes=activation,
+                        backward_input_s=i_s, backward_weight_s=w_s)
 
 
 # ---------------------------------------------------------------------------- a whole profile

@@ -1,7 +1,7 @@
 """The profile file (``planner.profile/v1``): measured per-layer times of one device.
 
-A profile records, for one device and one model shape, the forward and backward time and the
-peak memory of the three layer kinds of DESIGN §2 (``embedding``, ``block``, ``head``) at
+A profile records, for one device and one model shape, the forward and backward time (and,
+where measured, the backward's input- and weight-gradient parts apart) and the peak memory of the three layer kinds of DESIGN §2 (``embedding``, ``block``, ``head``) at
 several micro-batch sizes and tensor-parallel degrees.  An entry that did not fit in memory is
 kept as ``fits: false`` so that readers know it was tried.
 
@@ -64,8 +64,14 @@ class ProfileEntry(BaseModel):
     peak_memory_bytes: int | None = Field(default=None, ge=0)
     activation_bytes: int | None = Field(
         default=None, ge=0, description="tensors autograd saved for backward")
+    # The backward split as zero-bubble schedules run it (torch.distributed.pipelining's
+    # stage_backward_input, then stage_backward_weight); optional: older profiles have neither.
+    backward_input_s: float | None = Field(
+        default=None, allow_inf_nan=False, description="gradient w.r.t. the layer input (I)")
+    backward_weight_s: float | None = Field(
+        default=None, allow_inf_nan=False, description="gradient w.r.t. the weights (W)")
 
-    @field_validator("forward_s", "backward_s")
+    @field_validator("forward_s", "backward_s", "backward_input_s", "backward_weight_s")
     @classmethod
     def _positive(cls, value, info):
         # A zero or negative time is a broken measurement, never a fast layer.
@@ -81,7 +87,17 @@ class ProfileEntry(BaseModel):
             if getattr(self, name) is None:
                 raise ValueError(f"missing required field {name!r} (or write 'fits: false' for "
                                  "an entry that ran out of memory)")
+        if (self.backward_input_s is None) != (self.backward_weight_s is None):
+            raise ValueError("backward_input_s and backward_weight_s come together (the two parts "
+                             "of one split backward); give both or neither")
         return self
+
+    @property
+    def weight_fraction(self) -> float | None:
+        """W's share of the split backward, W / (I + W); None when the split was not measured."""
+        if self.backward_input_s is None or self.backward_weight_s is None:
+            return None
+        return self.backward_weight_s / (self.backward_input_s + self.backward_weight_s)
 
 
 class ModelShape(BaseModel):
@@ -161,6 +177,9 @@ def _entry_data(entry: ProfileEntry) -> dict:
                peak_memory_bytes=entry.peak_memory_bytes)
     if entry.activation_bytes is not None:
         out["activation_bytes"] = entry.activation_bytes
+    if entry.weight_fraction is not None:
+        out.update(backward_input_s=float(f"{entry.backward_input_s:.6g}"),
+                   backward_weight_s=float(f"{entry.backward_weight_s:.6g}"))
     return out
 
 

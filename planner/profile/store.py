@@ -77,6 +77,7 @@ class _Point:
     forward_s: float
     backward_s: float
     stands_in_for: tuple[str, ...] = ()  # the file's: other precisions it may price
+    weight_fraction: float | None = None  # W / (I + W) where the split backward was measured
 
 
 @dataclass
@@ -120,7 +121,8 @@ class ProfileSet:
                    layer_shape(model, e.layer), prof.dtype)
             where = doc.locate(("entries", i)) if doc else Location(loaded.path, field=f"entries[{i}]")
             self._series.setdefault(key, _Series()).add(
-                _Point(e.micro_batch, e.forward_s, e.backward_s, prof.stands_in_for), loaded.path, where)
+                _Point(e.micro_batch, e.forward_s, e.backward_s, prof.stands_in_for, e.weight_fraction),
+                loaded.path, where)
         self.profiles.append(loaded)
 
     @classmethod
@@ -213,6 +215,27 @@ class ProfileSet:
             self._notes.pop(record, None)
         return result
 
+    def weight_fraction(self, gpu_name: str, layer_kind: str, micro_batch: int, tp: int, seq_len: int,
+                        model: Any, precision: str | None = None) -> float | None:
+        """W's measured share of the backward, W / (I + W), from the points ``lookup`` would use
+        (interpolated between measured micro-batches as ``lookup`` does); None when those points
+        were not measured split (older profiles), so the cost model uses the FLOPs split.  Records
+        no usage: the ``lookup`` of the same layer does."""
+        base = (gpu_key(gpu_name), layer_kind, tp, seq_len, layer_shape(_model_mapping(model), layer_kind))
+        dtypes = [d for d in DTYPES if (*base, d) in self._series]
+        candidates = []  # in lookup's order: the plan's dtype, then files standing in for it
+        if precision is None or precision in dtypes:
+            own = precision if precision is not None else (dtypes[0] if dtypes else None)
+            if own is not None:
+                candidates.append(self._series[(*base, own)].points)
+        if precision is not None:
+            candidates += [[p for p in self._series[(*base, d)].points if precision in p.stands_in_for]
+                           for d in dtypes if d != precision]
+        for points in candidates:
+            if _interpolate(points, micro_batch)[0] is not None:   # the series lookup answers from
+                return _interpolate_fraction(points, micro_batch)
+        return None
+
     def source_of(self, gpu_name: str, layer_kind: str, micro_batch: int, tp: int, seq_len: int) -> str:
         """How the last lookup of this entry was answered: measured, interpolated or estimated."""
         return self._usage.get((gpu_name, layer_kind, micro_batch, tp, seq_len), "estimated")
@@ -268,6 +291,18 @@ def _interpolate(points: list[_Point], micro_batch: int) -> tuple[tuple[float, f
         return ((lo.forward_s + w * (hi.forward_s - lo.forward_s),
                  lo.backward_s + w * (hi.backward_s - lo.backward_s)), "interpolated")
     return None, "estimated"
+
+
+def _interpolate_fraction(points: list[_Point], micro_batch: int) -> float | None:
+    keys = [p.micro_batch for p in points]
+    i = bisect.bisect_left(keys, micro_batch)
+    if i < len(points) and keys[i] == micro_batch:
+        return points[i].weight_fraction
+    lo, hi = points[i - 1], points[i]  # the caller checked micro_batch lies between two points
+    if lo.weight_fraction is None or hi.weight_fraction is None:
+        return None
+    w = (micro_batch - lo.micro_batch) / (hi.micro_batch - lo.micro_batch)
+    return lo.weight_fraction + w * (hi.weight_fraction - lo.weight_fraction)
 
 
 def _expand(paths: str | Path | Iterable[str | Path]) -> list[Path]:
