@@ -47,7 +47,8 @@ from planner.search.space import Pricer, enumerate_knobs, make_context
 SPACE = ("stages 1..L; contiguous uneven block ranges; per stage one node class, a TP degree "
          "(power of two within a node, dividing the heads), n replicas (the fewest giving their "
          "largest share), shares differing by at most one; micro-batch size x count = global "
-         "batch; gpipe/1f1b/interleaved-1f1b(v=2); recompute none/selective/full; ZeRO 0/1; "
+         "batch; training.schedules of gpipe/1f1b/interleaved-1f1b(v=2)/zb-h1 "
+         "(zb-h1 priced by a lower bound, its plans exactly; not with a launcher); recompute none/selective/full; ZeRO 0/1; "
          "idle GPUs allowed (docs/search-space.md)")
 MEGATRON_LAUNCHERS = ("megatron", "deepspeed")
 
@@ -114,7 +115,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     pricer = Pricer(model, training, classes, topo, profiles)
     knob_bound = KnobBound(pricer)
     knob_bound.set_deadline(deadline)
-    knobs_list = enumerate_knobs(model, training, classes)
+    knobs_list = enumerate_knobs(model, training, classes, launcher)
     settings = MilpSettings(time_limit_s=time_limit_s, gap_rel=gap_rel)
     best = Best(top_k)
     bounds: list[float] = []
