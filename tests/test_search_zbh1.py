@@ -1,0 +1,175 @@
+"""ZB-H1 in the search (planner/search/schedules.py): its rows are a lower bound on the cost
+model's closed form, every incumbent is priced by the closed form, and the reported gap holds
+against the brute-force oracle; the search picks it where it is faster, and not where memory
+or the launcher rules it out."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from test_oracle import case_pricer, make_case
+
+from planner.cost.schedule import StageTiming, pipeline_time_s
+from planner.cost.schedule import iteration_time_s as closed_form_iteration_s
+from planner.errors import InfeasibleError
+from planner.search.oracle import oracle
+from planner.search.schedules import SCHEDULES, zb_h1_weight
+from planner.search.solve import solve
+from planner.search.space import Knobs, enumerate_knobs
+from planner.spec import Training, cluster_from_dict, load_model
+
+
+def _bound_s(stages: list[StageTiming], m: int, weight: float | None = None) -> float:
+    """The rows' value: (m - a) max_s c_s + a sum_s (c_s - w_s)."""
+    a = zb_h1_weight(len(stages), m) if weight is None else weight
+    cycles = [s.cycle_s() for s in stages]
+    return (m - a) * max(cycles) + a * sum(c - s.backward_weight_s for c, s in zip(cycles, stages))
+
+
+def _random_stages(rng: random.Random, p: int) -> list[StageTiming]:
+    out = []
+    for _ in range(p):
+        f, b = rng.uniform(0.05, 2.0), rng.uniform(0.05, 4.0)
+        w = rng.choice([0.0, b, rng.uniform(0.0, b)])           # the extremes included
+        sends = [rng.choice([0.0, rng.uniform(0.0, 1.0)]) for _ in range(2)]
+        out.append(StageTiming(forward_s=f, backward_s=b, backward_weight_s=w,
+                               send_forward_s=sends[0], send_backward_s=sends[1]))
+    return out
+
+
+def test_bound_is_below_the_closed_form_and_tight_on_equal_stages():
+    """docs/search-space.md's proof, checked: on 20,000 random pipelines (unequal stages,
+    sends, W from 0 to the whole backward, m below and above p) the rows never exceed the
+    closed form and come within 1% of it on some.  Not vacuous: a = 1 (dropping the q mu
+    term; a larger weight than the proof allows) exceeds it on some, and on equal stages
+    without sends the rows are half a forward below it (F = I = W)."""
+    rng = random.Random(0)
+    worst, over_with_half = 0.0, 0
+    for _ in range(20_000):
+        p, m = rng.randint(2, 8), rng.randint(1, 12)
+        stages = _random_stages(rng, p)
+        exact = pipeline_time_s(stages, m, "zb-h1")
+        bound = _bound_s(stages, m)
+        assert bound <= exact * (1 + 1e-12), (p, m, stages)
+        worst = max(worst, bound / exact)
+        over_with_half += _bound_s(stages, m, 1.0) > exact * (1 + 1e-9)
+    assert worst > 0.99
+    assert over_with_half > 0
+    # equal stages, F = I = W = 1, m >= p: exact 3m + p - 1, bound 3m + p - 1.5
+    for p, m in ((4, 8), (8, 64), (16, 64)):
+        stages = [StageTiming(forward_s=1.0, backward_s=2.0, backward_weight_s=1.0)] * p
+        assert pipeline_time_s(stages, m, "zb-h1") == pytest.approx(3 * m + p - 1)
+        assert _bound_s(stages, m) == pytest.approx(3 * m + p - 1.5)
+
+
+def test_registry_rows_are_the_bound_and_one_stage_is_exact():
+    rows, terms = SCHEDULES["zb-h1"].rows(4, 8, 1)
+    assert [(t.kind, t.weight) for t in terms[:2]] == [("max", 7.5), ("sum", 0.5)]
+    assert rows[1].stage == (1, 0, 0, 0, 0, 1)          # f + i: the cycle less W
+    one, _ = SCHEDULES["zb-h1"].rows(1, 8, 1)
+    assert one == SCHEDULES["1f1b"].rows(1, 8, 1)[0]    # p = 1: ZB-H1 is 1F1B (exact)
+    assert not SCHEDULES["zb-h1"].exact and SCHEDULES["1f1b"].exact
+
+
+def test_priced_input_part_is_the_cost_models():
+    """The search's sixth quantity (I = backward - W) at every position matches evaluate's
+    W (cost.compute.backward_weight_s) on a real option, and W is a part of it, neither 0 nor all."""
+    from planner.cost.compute import backward_weight_s
+    from planner.search.space import POSITIONS, make_context
+    cluster, model, training = make_case(28)
+    training = training.model_copy(update={"schedules": ("zb-h1",)})
+    classes, pricer = case_pricer(cluster, model, training)
+    knobs = Knobs(2, 2, "zb-h1", 1, "none", 0, 2)
+    ctx = make_context(model, training, knobs)
+    key = pricer.option_keys(knobs)[0]
+    info = classes[key.cls]
+    for emb, head in POSITIONS:
+        sl, fx, *_ = pricer._base(ctx, knobs, key, 1, emb, head)
+        for nb in (1, 3):
+            w = backward_weight_s(ctx, info.gpu, info.node_class.intra_Bps, key.tp, 2 // key.replicas, nb, emb, head)
+            backward, inp = sl[1] * nb + fx[1], sl[5] * nb + fx[5]
+            assert backward - inp == pytest.approx(w, rel=1e-9)
+            assert 0 < w < backward
+
+
+@pytest.mark.parametrize("seed", [1, 6, 24, 28, 0, 3])
+def test_oracle_agrees_within_the_reported_gap(seed):
+    """With zb-h1 in the space: the search's bound is at most the oracle's optimum, its
+    plan at least it, the plan's time is evaluate's (the closed form, not the rows), so the
+    oracle's optimum lies within the reported gap.  Seeds 1, 6, 24, 28: zb-h1 is the
+    oracle's best; 0, 3: it is not."""
+    cluster, model, training = make_case(seed)
+    training = training.model_copy(update={"schedules": (*training.schedules, "zb-h1")})
+    ref = oracle(cluster, model, training)
+    res = solve(cluster, model, training, time_limit_s=60.0)
+    rep = res.report
+    assert rep.bound <= ref.value * (1 + 1e-9)
+    assert rep.objective >= ref.value * (1 - 1e-9)
+    assert (rep.objective - ref.value) <= rep.gap * rep.objective * (1 + 1e-9)
+    assert rep.priced_vs_evaluated_rel < 1e-9
+    assert (ref.plan.schedule == "zb-h1") == (seed in (1, 6, 24, 28))
+
+
+def _two_gpus(memory_gib: float):
+    """Case 28 of tests/test_oracle.py, written out, with the GPU memory as given."""
+    gpu = {"name": "g0", "memory": f"{memory_gib} GiB", "peak_tflops": 30, "memory_bandwidth": "300 GB/s",
+           "intra_node_bandwidth": "16 GB/s", "price_per_hour": 4.0}
+    cluster = cluster_from_dict({"name": "two", "zones": [{"name": "z0"}], "nodes": [
+        {"name": "n0", "gpu": gpu, "gpus_per_node": 1, "zone": "z0", "network_bandwidth": "100 Gbit/s"},
+        {"name": "n1", "gpu": gpu, "gpus_per_node": 1, "zone": "z0", "network_bandwidth": "10 Gbit/s"}]})
+    model = load_model({"name": "tiny", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
+                        "vocab_size": 4096, "mlp": "gelu"})
+    training = Training(global_batch_size=4, seq_len=1024, schedules=("1f1b", "zb-h1"),
+                        recompute_modes=("none", "full"), zero_stages=(0, 1), max_tp=1, max_stages=3)
+    return cluster, model, training
+
+
+def test_search_picks_zb_h1_where_faster_and_not_where_memory_forbids_it():
+    """8 GiB: two stages of ZB-H1 are 3.2% faster than the best 1F1B plan under the model,
+    and the search picks them.  1.95 GiB: ZB-H1's first stage holds min(p, m) = 2
+    micro-batches where 1F1B's holds 1, the same layout no longer fits, and the search
+    (agreeing with the oracle) picks 1F1B."""
+    cluster, model, training = _two_gpus(8.0)
+    fast = solve(cluster, model, training, time_limit_s=60.0)
+    only_1f1b = oracle(cluster, model, training.model_copy(update={"schedules": ("1f1b",)}))
+    assert fast.plan.schedule == "zb-h1" and fast.plan.num_stages == 2
+    assert fast.report.objective < only_1f1b.value * 0.98
+    cluster, model, training = _two_gpus(1.95)
+    tight = solve(cluster, model, training, time_limit_s=60.0)
+    ref = oracle(cluster, model, training)
+    assert tight.plan.schedule == "1f1b" and ref.plan.schedule == "1f1b"
+    assert math.isclose(tight.report.objective, ref.value, rel_tol=1e-9)
+    from planner.cost import evaluate
+    as_zb = tight.plan.model_copy(update={"schedule": "zb-h1"})
+    assert not evaluate(cluster, as_zb, model=model, check=False).fits
+
+
+@pytest.mark.parametrize("launcher", ["megatron", "deepspeed"])
+def test_launchers_that_cannot_run_zb_h1_exclude_it(launcher):
+    from planner.cost import topology_for
+    from planner.search.classes import class_infos
+    cluster, model, training = _two_gpus(8.0)
+    classes = class_infos(topology_for(cluster), training.precision)
+    assert any(k.schedule == "zb-h1" for k in enumerate_knobs(model, training, classes))
+    assert not any(k.schedule == "zb-h1" for k in enumerate_knobs(model, training, classes, launcher))
+    res = solve(cluster, model, training, time_limit_s=60.0, launcher=launcher)
+    assert res.plan.schedule == "1f1b"
+    only_zb = training.model_copy(update={"schedules": ("zb-h1",)})
+    with pytest.raises(InfeasibleError):
+        solve(cluster, model, only_zb, time_limit_s=10.0, launcher=launcher)
+
+
+def test_closed_form_pricing_matches_evaluate_on_the_search_plan():
+    """The incumbent's time comes from schedules._closed_form_time_s over the core
+    quantities; evaluate of the named plan gives the same (1e-9), and the rows give less."""
+    cluster, model, training = _two_gpus(8.0)
+    res = solve(cluster, model, training, time_limit_s=60.0)
+    ev = res.evaluation
+    assert res.plan.schedule == "zb-h1"
+    assert res.report.priced_vs_evaluated_rel < 1e-9
+    m = res.plan.num_micro_batches
+    assert closed_form_iteration_s(ev.stages, m, "zb-h1") == pytest.approx(ev.iteration_time_s, rel=1e-9)
+    extra = max(s.dp_sync_exposed_s for s in ev.stages) + max(s.optimizer_s for s in ev.stages)
+    assert _bound_s(ev.stages, m) + extra < ev.iteration_time_s
