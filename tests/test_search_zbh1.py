@@ -173,3 +173,68 @@ def test_closed_form_pricing_matches_evaluate_on_the_search_plan():
     assert closed_form_iteration_s(ev.stages, m, "zb-h1") == pytest.approx(ev.iteration_time_s, rel=1e-9)
     extra = max(s.dp_sync_exposed_s for s in ev.stages) + max(s.optimizer_s for s in ev.stages)
     assert _bound_s(ev.stages, m) + extra < ev.iteration_time_s
+
+
+def _zb_tuples(seeds, mixed: bool, per_case: int = 8):
+    """(pricer, knobs, ctx, keys, cluster, model, training, classes) for zb-h1 tuples of two
+    or more stages of the oracle cases (with mixed stages and their stand-ins: ``mixed``)."""
+    from planner.search.space import make_context
+    for seed in seeds:
+        cluster, model, training = make_case(seed)
+        training = training.model_copy(update={"schedules": ("zb-h1",), "mixed_stages": mixed})
+        classes, pricer = case_pricer(cluster, model, training)
+        tuples = [k for k in enumerate_knobs(model, training, classes) if k.num_stages >= 2]
+        for knobs in random.Random(seed).sample(tuples, min(per_case, len(tuples))):
+            ctx = make_context(model, training, knobs)
+            keys = [*pricer.option_keys(knobs), *pricer.stand_ins(knobs)]
+            yield pricer, knobs, ctx, keys, cluster, model, training, classes
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_knob_bounds_hold_under_the_closed_form(mixed):
+    """Every level of the knob bound on a zb-h1 tuple is at most the rows' optimum (brute
+    force over the priced problem), which is at most the least closed-form time of any of its
+    assignments (the tuple's true optimum); with mixed stages, the stand-ins' least lines
+    (``reads_apart``) keep it so.  Each assignment's closed-form time is evaluate's."""
+    from planner.cost import evaluate
+    from planner.plan.model import Objective
+    from planner.search.bound import KnobBound
+    from planner.search.core.brute import assignments, solve_brute
+    from planner.search.incumbent import layout
+    from planner.search.mixed import MixedPiece
+    from planner.search.naming import build_plan
+    checked = evaluated = mixed_evaluated = 0
+    gaps = []
+    seeds = range(40) if mixed else range(24)
+    bounds_of: dict = {}
+    for pricer, knobs, ctx, keys, cluster, model, training, classes in _zb_tuples(seeds, mixed):
+        kb = bounds_of.setdefault(id(pricer), KnobBound(pricer))
+        prob = pricer.price(knobs, ctx, keys)
+        if mixed and not any(isinstance(o.label, MixedPiece) for o in prob.options):
+            continue                    # no mixed stage in this case
+        rows_best = solve_brute(prob)[0]
+        if not rows_best.ok:
+            continue
+        feasible = [a for a in assignments(prob) if prob.feasible(a)]
+        exact = []
+        for a in feasible:
+            exact.append(SCHEDULES["zb-h1"].exact_time_s(prob, a, knobs.num_micro_batches, prob.objective(a)))
+            assert prob.objective(a) <= exact[-1] * (1 + 1e-12)
+        with_mixed = [a for a in feasible if any(isinstance(prob.options[o].label, MixedPiece) for o, _ in a)]
+        pool = with_mixed or feasible          # with mixed stages: plans holding one, where any fits
+        mixed_evaluated += bool(with_mixed)
+        for a in random.Random(checked).sample(pool, min(2, len(pool))):
+            plan = build_plan(cluster, model, training, classes, knobs, layout(prob, a, knobs),
+                              Objective(kind="throughput"))
+            ev = evaluate(cluster, plan, model=model)
+            t = SCHEDULES["zb-h1"].exact_time_s(prob, a, knobs.num_micro_batches, 0.0)
+            assert math.isclose(t, ev.iteration_time_s, rel_tol=1e-9), (knobs.label(), a)
+            evaluated += 1
+        levels = [kb(knobs, ctx, keys, memory=False), *(kb(knobs, ctx, keys, packed=level) for level in range(3))]
+        assert max(levels) <= rows_best.objective * (1 + 1e-9), (knobs.label(), levels, rows_best.objective)
+        assert rows_best.objective <= min(exact) * (1 + 1e-12)
+        gaps.append(1 - rows_best.objective / min(exact))
+        checked += 1
+    print(f"{checked} tuples, {evaluated} plans evaluated, rows below the optimum by at most {max(gaps):.3f}")
+    assert checked >= (15 if mixed else 60) and evaluated >= checked and (mixed_evaluated >= 10) == mixed
+    assert max(gaps) < 0.5 and min(gaps) < 0.05       # the rows track the optimum, not only bound it
