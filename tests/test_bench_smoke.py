@@ -50,7 +50,7 @@ def test_bench_schedules_smoke_simulates_each_schedule_and_compares_the_choice(c
     assert all(r["gpus"] == 1024 and r["micro_batches"] == 64 for r in sim.values())
     assert sim["1f1b"]["actions"] == 2 * 16 * 64 and sim["zb-h1"]["actions"] == 3 * 16 * 64
     assert abs(sim["1f1b"]["simulated_s"] - sim["1f1b"]["closed_form_s"]) <= 1e-9 * sim["1f1b"]["closed_form_s"]
-    base, with_zb = out["choice"]
+    (base, with_zb), = out["choice"]
     assert "error" not in base and "error" not in with_zb
     assert int(with_zb["tuples"].split("/")[1]) > int(base["tuples"].split("/")[1])
     assert with_zb["tokens_per_s"] >= base["tokens_per_s"] * (1 - 1e-9)   # a larger space, no worse
