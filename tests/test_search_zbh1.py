@@ -13,7 +13,7 @@ from test_oracle import case_pricer, make_case
 
 from planner.cost.schedule import StageTiming, pipeline_time_s
 from planner.cost.schedule import iteration_time_s as closed_form_iteration_s
-from planner.errors import InfeasibleError
+from planner.errors import InputError
 from planner.search.oracle import oracle
 from planner.search.schedules import SCHEDULES, zb_h1_weight
 from planner.search.solve import solve
@@ -157,7 +157,7 @@ def test_launchers_that_cannot_run_zb_h1_exclude_it(launcher):
     res = solve(cluster, model, training, time_limit_s=60.0, launcher=launcher)
     assert res.plan.schedule == "1f1b"
     only_zb = training.model_copy(update={"schedules": ("zb-h1",)})
-    with pytest.raises(InfeasibleError):
+    with pytest.raises(InputError, match=f"no schedule --launcher {launcher} can run"):
         solve(cluster, model, only_zb, time_limit_s=10.0, launcher=launcher)
 
 

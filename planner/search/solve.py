@@ -42,6 +42,7 @@ from planner.search.incumbent import (
 from planner.search.naming import build_plan
 from planner.search.objectives import ObjectiveSpec, parse_objective
 from planner.search.per_tuple import loses_tie, prunes, solve_tuple
+from planner.search.schedules import schedules_for
 from planner.search.space import Pricer, enumerate_knobs, make_context
 
 SPACE = ("stages 1..L; contiguous uneven block ranges; per stage one node class, a TP degree "
@@ -95,6 +96,9 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     if launcher is not None and training.mixed_stages:
         raise InputError(f"mixed stages (--mixed-stages, training.mixed_stages) contradict --launcher {launcher}: "
                          "its layouts have the same GPUs, TP and share in every replica of a stage; drop one of the two")
+    if launcher is not None and not schedules_for(training, launcher):
+        raise InputError(f"training.schedules ({', '.join(training.schedules)}) holds no schedule --launcher "
+                         f"{launcher} can run (it has no zero-bubble schedule); add 1f1b, gpipe or interleaved-1f1b")
     spec = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
     # The limit covers the whole answer: after the search come naming devices, evaluating the
     # plan and its rank map (0.2-0.3 s for 16,384 GPUs here), and HiGHS stops up to ~0.4 s past
