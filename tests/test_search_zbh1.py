@@ -238,3 +238,27 @@ def test_knob_bounds_hold_under_the_closed_form(mixed):
     print(f"{checked} tuples, {evaluated} plans evaluated, rows below the optimum by at most {max(gaps):.3f}")
     assert checked >= (15 if mixed else 60) and evaluated >= checked and (mixed_evaluated >= 10) == mixed
     assert max(gaps) < 0.5 and min(gaps) < 0.05       # the rows track the optimum, not only bound it
+
+
+def test_one_stage_zb_h1_is_its_1f1b_twin():
+    """One stage: the same rows, the same in-flight micro-batches (hence memory limits), so
+    the same optimum; the search leaves the zb-h1 tuple out for its twin
+    (solve.one_stage_zb_h1_twins)."""
+    from planner.cost import in_flight_micro_batches
+    from planner.search.core.brute import solve_brute
+    from planner.search.solve import one_stage_zb_h1_twins
+    from planner.search.space import make_context
+    cluster, model, training = _two_gpus(8.0)
+    classes, pricer = case_pricer(cluster, model, training)
+    knobs_list = enumerate_knobs(model, training, classes)
+    twins = one_stage_zb_h1_twins(knobs_list)
+    assert twins and all(k.num_stages == 1 and k.schedule == "zb-h1" for k in twins)
+    for zb in twins:
+        one = Knobs(zb.micro_batch_size, zb.num_micro_batches, "1f1b", 1, zb.recompute, zb.zero_stage, 1)
+        assert in_flight_micro_batches("zb-h1", 1, 0, zb.num_micro_batches) == in_flight_micro_batches(
+            "1f1b", 1, 0, zb.num_micro_batches)
+        ctx = make_context(model, training, zb)
+        a, b = (solve_brute(pricer.price(k, ctx, pricer.option_keys(k)))[0] for k in (zb, one))
+        assert a.ok == b.ok and (not a.ok or math.isclose(a.objective, b.objective, rel_tol=1e-12))
+    res = solve(cluster, model, training, time_limit_s=60.0)
+    assert res.report.knob_tuples_gpipe_twins >= len(twins)     # counted with the twins left out

@@ -130,7 +130,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     # Rank every knob tuple by a bound that needs no per-stage pricing, then price and solve
     # them in that order: good incumbents come early and prune the rest (branch and bound).
     ranked = []
-    dominated = gpipe_dominated(knobs_list, same_only=top_k > 1)
+    dominated = gpipe_dominated(knobs_list, same_only=top_k > 1) | one_stage_zb_h1_twins(knobs_list)
     usable: dict[int, list] = {}
     for i, knobs in enumerate(knobs_list):
         if time.monotonic() > deadline:
@@ -393,6 +393,17 @@ def gpipe_dominated(knobs_list: list, same_only: bool = False) -> set:
     return {k for k in knobs_list if k.schedule == "gpipe"
             and (k.micro_batch_size, k.recompute, k.zero_stage, k.num_stages) in ones
             and (not same_only or k.num_stages == 1 or k.num_micro_batches == 1)}
+
+
+def one_stage_zb_h1_twins(knobs_list: list) -> set:
+    """The one-stage zb-h1 tuples whose 1F1B twin (same micro-batches, recompute, ZeRO) is in
+    the space: with one stage ZB-H1 is 1F1B (the same rows, schedules.py, and one micro-batch
+    in flight under both, planner.cost.in_flight_micro_batches), so each of its plans is the
+    twin's at the same time and memory; kept, it would list the same layout twice."""
+    ones = {(k.micro_batch_size, k.recompute, k.zero_stage) for k in knobs_list
+            if k.schedule == "1f1b" and k.num_stages == 1}
+    return {k for k in knobs_list if k.schedule == "zb-h1" and k.num_stages == 1
+            and (k.micro_batch_size, k.recompute, k.zero_stage) in ones}
 
 
 def aggregate_compute_bound_s(model, training, classes) -> float:
