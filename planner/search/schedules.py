@@ -115,6 +115,11 @@ def schedule_of(name: str) -> SearchSchedule:
 
 def schedules_for(training, launcher: str | None = None) -> list[SearchSchedule]:
     """``training.schedules`` as registry entries, less those ``launcher`` cannot run."""
+    missing = [s for s in training.schedules if s not in SCHEDULES]
+    if missing:
+        from planner.errors import InputError
+        raise InputError(f"training.schedules: the search cannot price {', '.join(missing)} yet; "
+                         f"searchable: {', '.join(SCHEDULES)}")
     out = [SCHEDULES[s] for s in training.schedules]
     return [s for s in out if launcher is None or launcher in s.launchers]
 
