@@ -17,6 +17,7 @@ test-fast:
 
 bench:
 	$(PY) -m planner.bench
+	$(PY) -m planner.bench --schedules
 
 bench-smoke:
 	$(PY) -m planner.bench --smoke

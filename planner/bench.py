@@ -35,6 +35,7 @@ class Scenario:
     # fp16 where V100s take part: they have no bf16, and in bf16 the search would leave them
     # idle (a two-type problem, not the three-type one the target is for)
     precision: str = "bf16"
+    schedules: tuple[str, ...] | None = None     # training.schedules; None: the default space
 
 
 def _zones(*names):
@@ -85,7 +86,8 @@ def _solve(sc: Scenario, limit_factor: float = 1.0, profiler=None):
     from planner.spec import Training, cluster_from_dict, load_model
     cluster = cluster_from_dict(sc.cluster)
     model = load_model(sc.model)
-    training = Training(global_batch_size=sc.global_batch_size, seq_len=sc.seq_len, precision=sc.precision)
+    extra = {"schedules": sc.schedules} if sc.schedules else {}
+    training = Training(global_batch_size=sc.global_batch_size, seq_len=sc.seq_len, precision=sc.precision, **extra)
     if profiler:
         profiler.enable()
     t0 = time.perf_counter()
@@ -104,7 +106,7 @@ def _run(sc: Scenario, queue, limit_factor: float = 1.0) -> None:
         queue.put({"wall_s": wall, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                    "tokens_per_s": res.evaluation.tokens_per_s, "gap": rep.gap, "status": rep.status,
                    "gpus": cluster.num_gpus, "classes": rep.node_classes,
-                   "tuples": f"{rep.knob_tuples_solved}/{rep.knob_tuples}"})
+                   "tuples": f"{rep.knob_tuples_solved}/{rep.knob_tuples}", "schedule": res.plan.schedule})
     except Exception as exc:  # noqa: BLE001 - a bench row reports its failure instead of dying
         queue.put({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"})
 
@@ -178,10 +180,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     ap.add_argument("--limit-factor", type=float, default=1.0,
                     help="time limit = target x this (default 1: a run stops at its target)")
+    ap.add_argument("--schedules", action="store_true",
+                    help="the schedule benchmarks instead (bench_schedules.py): simulating a 1,024-GPU plan's "
+                         "iteration per schedule, and the largest scenario with and without zb-h1")
     ap.add_argument("--profile", action="store_true",
                     help="then profile one more run of the slowest scenario (a missed target first)")
     args = ap.parse_args(argv)
     runs = args.runs or (1 if args.smoke else 3)
+    if args.schedules:
+        return _schedules_main(args, runs)
     rows = []
     scs = scenarios(args.smoke)
     for sc in scs:
@@ -195,6 +202,33 @@ def main(argv: list[str] | None = None) -> int:
         sc = _slowest(scs, rows)
         print(f"\nprofile of {sc.name} (one run in this process, planner functions by cumulative time):")
         print(profile_scenario(sc, args.limit_factor))
+    return 0
+
+
+def _schedules_main(args, runs: int) -> int:
+    """The schedule tables: the simulation rows, then each of the first and the last scenario
+    with and without zb-h1 (the first proves its optimum within its limit, so its ratio is the
+    cost of the larger space; the last runs to its limit either way, so its ratio is ~1 and
+    the cost shows in its gap)."""
+    from planner import bench_schedules as bs
+    sim = bs.simulate_rows(runs)
+    scs = scenarios(args.smoke)
+    pairs = []
+    for sc in ([scs[0]] if args.smoke else [scs[0], scs[-1]]):
+        pair = []
+        for s in (sc, bs.with_zb_h1(sc)):
+            print(f"running {s.name} ({runs} run(s)) ...", file=sys.stderr, flush=True)
+            pair.append(run_scenario(s, runs, args.limit_factor))
+        pairs.append(pair)
+    if args.json:
+        print(json.dumps({"simulate": sim, "choice": pairs}, indent=2, sort_keys=True, default=str))
+    else:
+        print(bs.format_simulate(sim))
+        print()
+        print(format_table([r for pair in pairs for r in pair]))
+        for pair in pairs:
+            print()
+            print(bs.choice_summary(*pair))
     return 0
 
 

@@ -36,3 +36,21 @@ def test_slowest_prefers_a_missed_target():
     assert bench._slowest(scs, rows) is scs[1]
     rows = [{"met": True, "wall_median_s": 3.0}, {"met": True, "wall_median_s": 1.0}]
     assert bench._slowest(scs, rows) is scs[0]
+
+
+def test_bench_schedules_smoke_simulates_each_schedule_and_compares_the_choice(capsys):
+    """``--schedules``: one row per schedule for the 1,024-GPU plan (every generated action
+    run: the executor's pipeline time equals the closed form where it is exact, 1F1B on equal
+    stages), and the scenario with and without zb-h1 (the space grows by its tuples)."""
+    import json
+    assert bench.main(["--smoke", "--schedules", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    sim = {r["schedule"]: r for r in out["simulate"]}
+    assert set(sim) == {"1f1b", "interleaved-1f1b", "zb-h1"}
+    assert all(r["gpus"] == 1024 and r["micro_batches"] == 64 for r in sim.values())
+    assert sim["1f1b"]["actions"] == 2 * 16 * 64 and sim["zb-h1"]["actions"] == 3 * 16 * 64
+    assert abs(sim["1f1b"]["simulated_s"] - sim["1f1b"]["closed_form_s"]) <= 1e-9 * sim["1f1b"]["closed_form_s"]
+    (base, with_zb), = out["choice"]
+    assert "error" not in base and "error" not in with_zb
+    assert int(with_zb["tuples"].split("/")[1]) > int(base["tuples"].split("/")[1])
+    assert with_zb["tokens_per_s"] >= base["tokens_per_s"] * (1 - 1e-9)   # a larger space, no worse

@@ -237,6 +237,24 @@ def _measured_weight_fraction(ctx: CostContext, gpu: GpuType, kind: str, share: 
         return None
 
 
+def backward_weight_s(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, share: int,
+                      blocks: int, embedding: bool = False, head: bool = False) -> float:
+    """The W part (weight gradients) of one replica's backward on ``blocks`` blocks: each
+    block's backward compute times ``backward_weight_fraction``; the embedding's backward is
+    all weight gradient (the token ids need none); the head's by the head's measured fraction where the profile
+    has one, else the blocks' (its dgrad and wgrad are one GEMM each of the same size; a
+    stand-in, docs/internals.md).
+    Recompute and TP collectives stay with I (the recompute runs before the input gradient;
+    the backward all-reduces are the dgrad's).  Affine in ``blocks`` (the search's lines)."""
+    frac = backward_weight_fraction(ctx, gpu, tp, share)
+    w = frac * blocks * block_timing(ctx, gpu, intra_Bps, tp, share).backward_s if blocks else 0.0
+    if embedding:
+        w += embedding_timing(ctx, gpu, intra_Bps, tp, share).backward_s
+    if head:
+        w += backward_weight_fraction(ctx, gpu, tp, share, "head") * head_timing(ctx, gpu, intra_Bps, tp, share).backward_s
+    return w
+
+
 # Bytes touched per local parameter by the optimizer-side passes of one iteration, from the
 # state layout of Megatron's distributed-optimizer docs (fp32 main grads and params, Adam m, v):
 #   Adam step: read grad 4, read+write main param, m, v 3 x 8                        = 28

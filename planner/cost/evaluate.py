@@ -25,10 +25,7 @@ from planner.cost.comm import (
     shared_link_time_s,
 )
 from planner.cost.compute import (
-    backward_weight_fraction,
-    block_timing,
-    embedding_timing,
-    head_timing,
+    backward_weight_s,
     optimizer_time_s,
     replica_compute,
 )
@@ -134,29 +131,17 @@ def _boundary(ctx, paths, sa, sb, crossings, m_sends, ctx_gpu):
 
 
 def _backward_weight_s(ctx: CostContext, nodes, stage, slowest: int) -> float:
-    """The W part of the slowest replica's backward compute (zero-bubble schedules): each
-    block's backward times ``backward_weight_fraction`` (measured W / (I + W) where the profile
-    has the split, else the weight GEMMs' wgrad share); the embedding's backward is all weight
-    gradient (the token ids need none); the head's backward by the head's measured fraction, or
-    else the blocks' FLOPs fraction (its dgrad and wgrad are one GEMM each of the same size, so
-    about half; the block fraction is a stand-in, said so in docs/internals.md).
-    Recompute and TP collectives stay with I (the recompute runs before the input gradient;
-    the backward all-reduces are the dgrad's)."""
+    """The W part of the slowest replica's backward compute (zero-bubble schedules;
+    ``compute.backward_weight_s``, which the search prices too)."""
     r = stage.replicas[slowest]
     node = nodes[r.node]
     gpu, intra, tp, share = node.gpu, node.group.intra_Bps, r.tp, r.micro_batch_share
     key = ("backward_weight", gpu.name, tp, share, stage.num_blocks, stage.embedding, stage.head)
     hit = ctx.cache.get(key)
-    if hit is not None:
-        return hit
-    frac = backward_weight_fraction(ctx, gpu, tp, share)
-    w = frac * stage.num_blocks * block_timing(ctx, gpu, intra, tp, share).backward_s if stage.num_blocks else 0.0
-    if stage.embedding:
-        w += embedding_timing(ctx, gpu, intra, tp, share).backward_s
-    if stage.head:
-        w += backward_weight_fraction(ctx, gpu, tp, share, "head") * head_timing(ctx, gpu, intra, tp, share).backward_s
-    ctx.cache[key] = w
-    return w
+    if hit is None:
+        hit = ctx.cache[key] = backward_weight_s(ctx, gpu, intra, tp, share, stage.num_blocks,
+                                                 stage.embedding, stage.head)
+    return hit
 
 
 def _priced_stages(plan) -> list:

@@ -24,6 +24,7 @@ from planner.search.core.problem import max_row_bound
 from planner.search.fill import class_slots, joint_row_bound, slot_blocks, sum_bound
 from planner.search.packed import KNAPSACK_STAGES, PackedBound, partner_sends
 from planner.search.pieces import block_limits, most_speed
+from planner.search.schedules import SCHEDULES
 from planner.search.space import (
     POSITIONS,
     QUANTITIES,
@@ -216,7 +217,7 @@ class KnobBound:
         L = self.model.num_layers // unit
         # a stand-in's lines depend on whether the schedule reads forward and backward apart
         # (GPipe: Pricer._stand_in_lines); an option's do not, but the key stays one form
-        sk = (self.pricer.cache_id(ctx), knobs.micro_batch_size, (unit, knobs.schedule == "gpipe"), id(keys),
+        sk = (self.pricer.cache_id(ctx), knobs.micro_batch_size, (unit, SCHEDULES[knobs.schedule].reads_apart), id(keys),
               len(keys), memory)
         hit = self._slopes.get(sk) or self._slope_arrays(sk, knobs, ctx, keys, memory)
         if not len(hit.slopes):
@@ -366,7 +367,7 @@ class KnobBound:
         c_sum = float(c_min[1] + c_min[2] + (p - 2) * c_min[0])
         c_stage = float(min(c_min[1], c_min[2], c_min[0] if p > 2 else math.inf))
         if c_out or c_in:
-            wraps = knobs.schedule == "interleaved-1f1b"
+            wraps = SCHEDULES[knobs.schedule].wraps
             e = self._least_send(ctx, knobs, keys)
             boundaries = p if wraps else p - 1
             cross = 0 if num_classes < 2 else min(boundaries, num_classes if wraps else num_classes - 1)
@@ -380,7 +381,7 @@ class KnobBound:
         """Middle-stage slopes of the quantities a knob bound reads (forward, backward,
         optimizer; the sync columns only feed hinge rows, which it skips: 0 here)."""
         (sf, sb, _), (so, _) = self.pricer.lines(ctx, knobs, key, unit)
-        return (sf, sb, 0.0, so, 0.0)
+        return (sf, sb, 0.0, so, 0.0, self.pricer.input_line(ctx, knobs, key, unit)[0])
 
     def _intercepts(self, ctx, knobs, key: OptionKey, unit: int) -> np.ndarray:
         """Per stage position (middle, first, last, only) the intercepts of the same
@@ -390,6 +391,7 @@ class KnobBound:
         (_, _, fb), (_, opt) = self.pricer.lines(ctx, knobs, key, unit)
         out = np.zeros((len(POSITIONS), len(QUANTITIES)))
         out[:, 0], out[:, 1], out[:, 3] = fb[:, 0], fb[:, 1], opt
+        out[:, 5] = self.pricer.input_line(ctx, knobs, key, unit)[1]
         return out
 
 

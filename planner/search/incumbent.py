@@ -20,6 +20,7 @@ from planner.search.core import enum
 from planner.search.core.milp import CoreMilp
 from planner.search.core.problem import quick_bound
 from planner.search.polish import polish
+from planner.search.schedules import SCHEDULES
 from planner.search.space import Knobs
 
 WARM_KEYS_ABOVE = 48        # options per stage above which a warm start pays for itself
@@ -49,6 +50,8 @@ class Candidate:
         """``assign`` on ``prob`` taking ``time_s`` per iteration: its price, its ranking key
         under the objective ``spec`` and its layout."""
         price = prob.price(assign)
+        # the rows of a schedule may only bound its time (schedules.py): price it exactly
+        time_s = SCHEDULES[knobs.schedule].exact_time_s(prob, assign, knobs.num_micro_batches, time_s)
         return cls(spec.key(price, time_s), time_s, price, knobs, layout(prob, assign, knobs))
 
 

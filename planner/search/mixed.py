@@ -30,6 +30,7 @@ from planner.cost import (
     replica_memory_bytes,
     stage_params,
 )
+from planner.cost.compute import backward_weight_s
 from planner.search.core import CoreOption
 from planner.search.pieces import _max_units
 
@@ -187,6 +188,7 @@ class _Curves:
     opt_slow: np.ndarray
     optimizer: np.ndarray
     sync: np.ndarray
+    backward_input: np.ndarray     # each kind's backward less its W ([kinds, L]; zero-bubble schedules)
 
 
 def _position_curves(ctx, key, infos, unit, L_units, emb, head, shard, ring) -> _Curves:
@@ -199,8 +201,11 @@ def _position_curves(ctx, key, infos, unit, L_units, emb, head, shard, ring) -> 
                      for k, info in zip(key.kinds, infos)])
     dp = np.array([dp_sync_time_s(ctx, q, key.replicas, key.min_tp, ring.bandwidth_Bps, ring.latency_s, ring.kind,
                                   infos[0].gpu) if ring else 0.0 for q in params])
+    weights = np.array([[backward_weight_s(ctx, info.gpu, info.node_class.intra_Bps, k.tp, k.share, u * unit, emb, head)
+                         for u in nbs] for k, info in zip(key.kinds, infos)])
+    backward = np.array([[r.total_backward_s for r in row] for row in rts])
     return _Curves(forward=np.array([[r.total_forward_s for r in row] for row in rts]),
-                   backward=np.array([[r.total_backward_s for r in row] for row in rts]),
+                   backward=backward, backward_input=backward - weights,
                    slow=np.where(totals[1] > totals[0], 1, 0),      # evaluate: ties to the replica listed first
                    opt_slow=np.where(opts[1] > opts[0], 1, 0), optimizer=opts, sync=dp)
 
@@ -219,10 +224,10 @@ def _piece(ctx, key, classes, curves: list[_Curves], caps: list[int], ranges: li
             continue
         fwd, bwd = c.forward[slow_kind], c.backward[slow_kind]
         rsync, ag = exposed_sync_parts(ctx, c.sync, fwd, bwd)
-        q = np.stack([fwd, bwd, rsync, c.optimizer[opt_kind], ag], axis=1)        # [L_units, 5]
+        q = np.stack([fwd, bwd, rsync, c.optimizer[opt_kind], ag, c.backward_input[slow_kind]], axis=1)   # [L_units, 6]
         # every per-stage quantity is affine in the block count: take the line from the
         # whole curve (two points), the range only selects where it applies
-        sl = q[1] - q[0] if len(q) >= 2 else np.zeros(5)
+        sl = q[1] - q[0] if len(q) >= 2 else np.zeros(q.shape[1])
         if slope is None:
             slope = tuple(float(x) for x in sl)
         fixed.append(tuple(float(x) for x in q[0] - sl))

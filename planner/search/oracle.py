@@ -55,7 +55,7 @@ def oracle(cluster, model, training, objective: str | ObjectiveSpec = "throughpu
     best_key, best = None, (None, None)
     count = unfit = 0
     training.global_batch_size * training.seq_len
-    for knobs in enumerate_knobs(model, training, classes):
+    for knobs in enumerate_knobs(model, training, classes, launcher):
         keys = _stage_keys(model, training, classes, knobs.micro_batch_size)
         if launcher:
             keys = [k for k in keys if knobs.micro_batch_size % k.replicas == 0]

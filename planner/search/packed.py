@@ -31,6 +31,7 @@ import numpy as np
 from planner.cost import CostContext, in_flight_micro_batches
 from planner.search.pieces import block_limits, most_speed
 from planner.search.position_lp import VARIANTS, Cross, PositionLP, PositionModel
+from planner.search.schedules import SCHEDULES
 from planner.search.space import POSITIONS, Knobs, OptionKey, exposed_sync_parts, pipeline_rows
 
 KNAPSACK_STAGES = 128       # stage counts up to which the knob bound packs whole options (all, for the models we know)
@@ -131,7 +132,7 @@ class PackedBound:
         over = np.arange(1, L + 1)[None, :] > U[:, None]
         tables = [None if x is None else np.where(over, math.inf, x) for x in (t.g, t.first, t.mid, t.last)]
         U_pos = self._position_limits(knobs, pieces[1], L) if p > 1 and lp else None
-        cross = (Cross(num_classes, knobs.schedule == "interleaved-1f1b")
+        cross = (Cross(num_classes, SCHEDULES[knobs.schedule].wraps)
                   if num_classes >= 2 and p > 1 and lp and t.sends is not None else None)
         packing = _Packing(self._lp, knobs, pieces[1], [c.capacity_units for c in self.classes], L,
                            tables, U_pos, t, cross, over, self.deadline)
@@ -171,7 +172,7 @@ class PackedBound:
         slope[:, 2], slope[:, 4] = exposed_sync_parts(ctx, d_slope, slope[:, 0], slope[:, 1])
         at[:, :, 2], at[:, :, 4] = exposed_sync_parts(ctx, d_icpt, at[:, :, 0], at[:, :, 1])
         nbs = np.arange(1, L + 1, dtype=float)
-        Q = slope[:, None, None, :] * nbs[None, None, :, None] + at[:, :, None, :]    # [K, positions, L, 5]
+        Q = slope[:, None, None, :] * nbs[None, None, :, None] + at[:, :, None, :]    # [K, positions, L, quantities]
         rows, terms = pipeline_rows(knobs)
         g = np.zeros(Q.shape[:3])
         r_slope, r_at = np.zeros(len(keys)), np.zeros((len(keys), len(POSITIONS)))
@@ -193,7 +194,7 @@ class PackedBound:
             return _Tables(g[:, 3], None, None, None, r_slope, r_at[:, [3, 3, 3]])
         out2, in2 = self._option_sends(ctx, knobs, keys)
         bare = _Sends(np.stack([g[:, 1], g[:, 0], g[:, 2]]), r_at[:, [1, 0, 2]], tuple(sends["max"]),
-                      tuple(sends["sum"]), out2, in2, knobs.schedule == "interleaved-1f1b")
+                      tuple(sends["sum"]), out2, in2, SCHEDULES[knobs.schedule].wraps)
         # without crossings each side pays its least send, to any partner
         (first, r_first), (mid, r_mid), (last, r_last) = (bare.priced(k, out2.min(axis=0), in2.min(axis=0))
                                                            for k in range(3))

@@ -20,6 +20,7 @@ import time
 
 from planner.search.incumbent import Candidate, exact_solver
 from planner.search.objectives import ObjectiveSpec
+from planner.search.schedules import SCHEDULES
 
 # The cost walk's next level asks for plans this much faster than the last: well above the
 # solvers' tolerance on the time cap (~1e-9), or a level would return its own plan again.  A
@@ -51,6 +52,12 @@ def solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings
                 time_lb: float = 0.0):
     stats["solved"] += 1
     tokens = training.global_batch_size * training.seq_len
+    if not SCHEDULES[knobs.schedule].exact and spec.kind not in ("throughput", "throughput-under-budget"):
+        # the rows only bound this schedule's time (schedules.py): the price MILPs' time caps
+        # and the cost walk's steps read the bound, so what they find is not proved best
+        # among the tuple's plans; its floor stays in the bounds
+        stats["milp_optimal"] = False
+        bounds.append(lb)
     if spec.kind in ("throughput", "throughput-under-budget"):
         for j in range(top_k):
             cut = best.threshold()
@@ -81,7 +88,9 @@ def solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings
         pick = fast if fast.ok else sol
         if pick.status != "optimal" or sol.status != "optimal":
             stats["milp_optimal"] = False
-        best.add(Candidate.of(prob, pick.assign, prob.objective(pick.assign), knobs, spec))
+        cand = Candidate.of(prob, pick.assign, prob.objective(pick.assign), knobs, spec)
+        if cand.time_s <= cap * (1 + 1e-12):     # the exact time (a bound's plan may be slower)
+            best.add(cand)
         return
     # cost: walk the tuple's price/time Pareto front up from its cheapest plan.  Each level:
     # the least price p among the plans faster than the last level (a price MILP: fast, few

@@ -42,12 +42,14 @@ from planner.search.incumbent import (
 from planner.search.naming import build_plan
 from planner.search.objectives import ObjectiveSpec, parse_objective
 from planner.search.per_tuple import loses_tie, prunes, solve_tuple
+from planner.search.schedules import schedules_for
 from planner.search.space import Pricer, enumerate_knobs, make_context
 
 SPACE = ("stages 1..L; contiguous uneven block ranges; per stage one node class, a TP degree "
          "(power of two within a node, dividing the heads), n replicas (the fewest giving their "
          "largest share), shares differing by at most one; micro-batch size x count = global "
-         "batch; gpipe/1f1b/interleaved-1f1b(v=2); recompute none/selective/full; ZeRO 0/1; "
+         "batch; training.schedules of gpipe/1f1b/interleaved-1f1b(v=2)/zb-h1 "
+         "(zb-h1 priced by a lower bound, its plans exactly; not with a launcher); recompute none/selective/full; ZeRO 0/1; "
          "idle GPUs allowed (docs/search-space.md)")
 MEGATRON_LAUNCHERS = ("megatron", "deepspeed")
 
@@ -94,6 +96,9 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     if launcher is not None and training.mixed_stages:
         raise InputError(f"mixed stages (--mixed-stages, training.mixed_stages) contradict --launcher {launcher}: "
                          "its layouts have the same GPUs, TP and share in every replica of a stage; drop one of the two")
+    if launcher is not None and not schedules_for(training, launcher):
+        raise InputError(f"training.schedules ({', '.join(training.schedules)}) holds no schedule --launcher "
+                         f"{launcher} can run (it has no zero-bubble schedule); add 1f1b, gpipe or interleaved-1f1b")
     spec = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
     # The limit covers the whole answer: after the search come naming devices, evaluating the
     # plan and its rank map (0.2-0.3 s for 16,384 GPUs here), and HiGHS stops up to ~0.4 s past
@@ -114,7 +119,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     pricer = Pricer(model, training, classes, topo, profiles)
     knob_bound = KnobBound(pricer)
     knob_bound.set_deadline(deadline)
-    knobs_list = enumerate_knobs(model, training, classes)
+    knobs_list = enumerate_knobs(model, training, classes, launcher)
     settings = MilpSettings(time_limit_s=time_limit_s, gap_rel=gap_rel)
     best = Best(top_k)
     bounds: list[float] = []
@@ -125,7 +130,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     # Rank every knob tuple by a bound that needs no per-stage pricing, then price and solve
     # them in that order: good incumbents come early and prune the rest (branch and bound).
     ranked = []
-    dominated = gpipe_dominated(knobs_list, same_only=top_k > 1)
+    dominated = gpipe_dominated(knobs_list, same_only=top_k > 1) | one_stage_zb_h1_twins(knobs_list)
     usable: dict[int, list] = {}
     for i, knobs in enumerate(knobs_list):
         if time.monotonic() > deadline:
@@ -388,6 +393,17 @@ def gpipe_dominated(knobs_list: list, same_only: bool = False) -> set:
     return {k for k in knobs_list if k.schedule == "gpipe"
             and (k.micro_batch_size, k.recompute, k.zero_stage, k.num_stages) in ones
             and (not same_only or k.num_stages == 1 or k.num_micro_batches == 1)}
+
+
+def one_stage_zb_h1_twins(knobs_list: list) -> set:
+    """The one-stage zb-h1 tuples whose 1F1B twin (same micro-batches, recompute, ZeRO) is in
+    the space: with one stage ZB-H1 is 1F1B (the same rows, schedules.py, and one micro-batch
+    in flight under both, planner.cost.in_flight_micro_batches), so each of its plans is the
+    twin's at the same time and memory; kept, it would list the same layout twice."""
+    ones = {(k.micro_batch_size, k.recompute, k.zero_stage) for k in knobs_list
+            if k.schedule == "1f1b" and k.num_stages == 1}
+    return {k for k in knobs_list if k.schedule == "zb-h1" and k.num_stages == 1
+            and (k.micro_batch_size, k.recompute, k.zero_stage) in ones}
 
 
 def aggregate_compute_bound_s(model, training, classes) -> float:

@@ -26,14 +26,16 @@ from planner.cost import (
     replica_memory_bytes,
     stage_params,
 )
+from planner.cost.compute import backward_weight_s
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row, Term
 from planner.search.mixed import StandIn, key_of, mixed_keys, mixed_options
 from planner.search.pieces import _busiest_points, _max_units, replica_counts, shares  # noqa: F401
+from planner.search.schedules import SCHEDULES, schedules_for
 from planner.search.sends import SendPricing
 
 INTERLEAVE_V = 2            # virtual stages tried for interleaved-1f1b
-QUANTITIES = ("forward", "backward", "sync_less_backward", "optimizer", "gather_less_forward")
+QUANTITIES = ("forward", "backward", "sync_less_backward", "optimizer", "gather_less_forward", "backward_input")
 POSITIONS = ((False, False), (True, False), (False, True), (True, True))   # middle, first, last, only
 
 
@@ -50,7 +52,7 @@ class Knobs:
     @property
     def block_unit(self) -> int:
         """Blocks per core unit: interleaving needs each stage's blocks to split into v chunks."""
-        return self.virtual_stages if self.schedule == "interleaved-1f1b" else 1
+        return SCHEDULES[self.schedule].block_unit()
 
     def label(self) -> str:
         v = f"x{self.virtual_stages}" if self.schedule == "interleaved-1f1b" else ""
@@ -112,7 +114,9 @@ def divisors(n: int) -> list[int]:
     return small + large[::-1]
 
 
-def enumerate_knobs(model, training, classes: list[ClassInfo]) -> list[Knobs]:
+def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | None = None) -> list[Knobs]:
+    """Every knob tuple of the space; with ``launcher``, only the schedules it can run
+    (schedules.py: Megatron-LM and DeepSpeed cannot run zb-h1)."""
     gbs, L = training.global_batch_size, model.num_layers
     total_units = sum(c.capacity_units for c in classes)
     max_p = min(L, training.max_stages or L, total_units if all(c.shared_node for c in classes) else 10**9)
@@ -120,14 +124,14 @@ def enumerate_knobs(model, training, classes: list[ClassInfo]) -> list[Knobs]:
     out = []
     for B in divisors(gbs):
         m = gbs // B
-        for sched in training.schedules:
-            v = INTERLEAVE_V if sched == "interleaved-1f1b" else 1
+        for entry in schedules_for(training, launcher):
+            v = entry.virtual_stages
             for rc in training.recompute_modes:
                 for z in training.zero_stages:
                     for p in range(1, max_p + 1):
-                        if v > 1 and (p < 2 or m % p or L % v or L // v < p):
+                        if not entry.admits(p, m, L):
                             continue
-                        out.append(Knobs(B, m, sched, v, rc, int(z), p))
+                        out.append(Knobs(B, m, entry.name, v, rc, int(z), p))
     return out
 
 
@@ -271,7 +275,7 @@ class Pricer(SendPricing):
             res_price.append((price or 0.0) if info.shared_node else 0.0)
         return CoreProblem(num_blocks=L_units, num_stages=p, capacity=[c.capacity_units for c in self.classes],
                            options=options, rows=rows, terms=terms, boundary=boundary,
-                           wrap=knobs.schedule == "interleaved-1f1b" and p > 1, resource_price=res_price)
+                           wrap=SCHEDULES[knobs.schedule].wraps and p > 1, resource_price=res_price)
 
     def lines(self, ctx, knobs, key: OptionKey, unit: int):
         """Forward/backward and optimizer time as lines in the block count: the middle-stage
@@ -297,7 +301,7 @@ class Pricer(SendPricing):
         fb = [self.kind_lines(ctx, k.cls, k.tp, k.share, unit) for k in kinds]
         opt = [self.optimizer_lines(ctx, k.cls, k.tp, shard, unit) for k in kinds]
         least_opt = (min(opt[0][0], opt[1][0]), np.minimum(opt[0][1], opt[1][1]))
-        if knobs.schedule == "gpipe":
+        if SCHEDULES[knobs.schedule].reads_apart:
             return (min(fb[0][0], fb[1][0]), min(fb[0][1], fb[1][1]), np.minimum(fb[0][2], fb[1][2])), least_opt
         mid = max(1, self.model.num_layers // unit // max(1, knobs.num_stages) // 2)
         total = [(f[0] + f[1]) * mid + f[2][0].sum() for f in fb]
@@ -316,6 +320,34 @@ class Pricer(SendPricing):
             sf, sb = r2.total_forward_s - at[0].total_forward_s, r2.total_backward_s - at[0].total_backward_s
             fb = self._fb[fk] = (sf, sb, np.array([(r.total_forward_s - sf, r.total_backward_s - sb) for r in at]))
         return fb
+
+    def weight_lines(self, ctx, cls: int, tp: int, share: int, unit: int):
+        """(slope, [positions] intercepts) of the W part of the backward
+        (``compute.backward_weight_s``) of a replica of ``tp`` GPUs of class ``cls`` on
+        ``share`` sequences, per unit of blocks."""
+        wk = ("w", ctx.recompute, cls, tp, share, unit)
+        hit = self._fb.get(wk)
+        if hit is None:
+            info = self.classes[cls]
+            gpu, intra = info.gpu, info.node_class.intra_Bps
+            at = np.array([backward_weight_s(ctx, gpu, intra, tp, share, unit, emb, head) for emb, head in POSITIONS])
+            slope = backward_weight_s(ctx, gpu, intra, tp, share, 2 * unit) - at[0]
+            hit = self._fb[wk] = (slope, at - slope)
+        return hit
+
+    def input_line(self, ctx, knobs, key, unit: int) -> tuple[float, np.ndarray]:
+        """(slope, [positions] intercepts) of the backward's input part I = backward - W, as
+        ``lines`` gives forward and backward; a mixed stage's stand-in: the least of its two
+        kinds' (at most the stage's, whichever kind is slowest)."""
+        if isinstance(key, StandIn):
+            lines = [self._input_of(ctx, k.cls, k.tp, k.share, unit) for k in key.key.kinds]
+            return min(lines[0][0], lines[1][0]), np.minimum(lines[0][1], lines[1][1])
+        return self._input_of(ctx, key.cls, key.tp, -(-knobs.micro_batch_size // key.replicas), unit)
+
+    def _input_of(self, ctx, cls: int, tp: int, share: int, unit: int):
+        _, sb, fb = self.kind_lines(ctx, cls, tp, share, unit)
+        sw, iw = self.weight_lines(ctx, cls, tp, share, unit)
+        return sb - sw, fb[:, 1] - iw
 
     def optimizer_lines(self, ctx, cls: int, tp: int, shard: int, unit: int):
         """(slope, [positions] intercepts) of the optimizer step over a stage's parameters
@@ -372,12 +404,16 @@ class Pricer(SendPricing):
                   if ring else 0.0)
             rs, ag = exposed_sync_parts(ctx, dp, rt.total_forward_s, rt.total_backward_s)
             return (rt.total_forward_s, rt.total_backward_s, rs,
-                    optimizer_time_s(ctx, gpu, params / t / shard), ag)
+                    optimizer_time_s(ctx, gpu, params / t / shard), ag, 0.0)
 
         if hit is None:
             q1, q2 = quantities(unit), quantities(2 * unit)
             sl = tuple(b - a for a, b in zip(q1, q2))
             fx = tuple(a - d for a, d in zip(q1, sl))
+            # the input part of the backward, I = backward - W (zero-bubble schedules)
+            w_slope, w_icpt = self.weight_lines(ctx, key.cls, t, share, unit)
+            sl = sl[:5] + (sl[1] - w_slope,)
+            fx = fx[:5] + (fx[1] - float(w_icpt[POSITIONS.index((emb, head))]),)
         else:
             sl, fx = hit[0], hit[1]
         if timing_only:
@@ -452,17 +488,6 @@ class Pricer(SendPricing):
                           label=key)
 
 def pipeline_rows(knobs: Knobs) -> tuple[list[Row], list[Term]]:
-    """planner.cost.schedule's closed forms as core rows and terms (F, B, DPX, OPT; one send)."""
-    m, v = knobs.num_micro_batches, knobs.virtual_stages
-    dpx = Row(stage=(0, 0, 0, 0, 0), hinges=((0, 0, 1, 0, 0), (0, 0, 0, 0, 1)))
-    opt = Row(stage=(0, 0, 0, 1, 0))
-    if knobs.schedule == "gpipe":
-        rows = [Row(stage=(1, 0, 0, 0, 0), out=(1,)), Row(stage=(0, 1, 0, 0, 0), inn=(1,)), dpx, opt]
-        terms = [Term("max", 0, m - 1), Term("sum", 0), Term("max", 1, m - 1), Term("sum", 1),
-                 Term("max", 2), Term("max", 3)]
-        return rows, terms
-    if knobs.schedule == "interleaved-1f1b":
-        rows = [Row(stage=(1, 1, 0, 0, 0), out=(v,), inn=(v,)), dpx, opt]
-        return rows, [Term("max", 0, m - 1.0 / v), Term("sum", 0, 1.0 / v), Term("max", 1), Term("max", 2)]
-    rows = [Row(stage=(1, 1, 0, 0, 0), out=(1,), inn=(1,)), dpx, opt]
-    return rows, [Term("max", 0, m - 1), Term("sum", 0), Term("max", 1), Term("max", 2)]
+    """The schedule's core rows and terms (schedules.py: planner.cost.schedule's closed forms,
+    or a lower bound on one)."""
+    return SCHEDULES[knobs.schedule].rows(knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages)

@@ -1,0 +1,109 @@
+"""Schedule benchmarks (issue 17), the second table of ``python -m planner.bench``.
+
+- **Simulate**: one iteration of a 1,024-GPU plan (128 nodes of 8 A100, GPT-Neo-2.7B, 16
+  stages x 16 replicas x TP 4 (its 20 heads rule out TP 8), 64 micro-batches) priced by ``planner.cost.evaluate`` and run as
+  generated action lists (``planner.simulate.actions.generate``) through the executor
+  (``execute``), per schedule; target under 1 s.
+- **Schedule choice**: the 16,384-GPU search scenario (bench.py's c) with and without zb-h1 in
+  ``training.schedules``; target: with it at most 20% slower (wall median), beside the knob
+  tuples, the objective and the proved gap of each.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from planner.bench import Scenario
+
+SIM_TARGET_S = 1.0
+CHOICE_RATIO_TARGET = 1.2
+SIM_SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1")
+
+
+def _plan_1024(schedule: str, num_stages: int = 16):
+    """(cluster, model, plan): 128 x 8 A100, GPT-Neo-2.7B; ``num_stages`` stages of 16
+    replicas at TP 4 (1,024 GPUs for 16 stages), 32 blocks split evenly, 64 micro-batches of 16."""
+    from planner.cost import topology_for
+    from planner.plan.model import Objective
+    from planner.search.classes import class_infos
+    from planner.search.naming import build_plan
+    from planner.search.schedules import SCHEDULES
+    from planner.search.space import Knobs, OptionKey
+    from planner.spec import Training, cluster_from_dict, load_model
+    cluster = cluster_from_dict({"name": "a100-1024", "nodes": [
+        {"name": "a100", "count": 128, "gpu": "A100-SXM4-80GB", "gpus_per_node": 8}]})
+    model = load_model("gpt-neo-2.7b")
+    training = Training(global_batch_size=1024, seq_len=2048, schedules=(schedule,))
+    classes = class_infos(topology_for(cluster), training.precision)
+    v = SCHEDULES[schedule].virtual_stages
+    knobs = Knobs(16, 64, schedule, v, "selective", 1, num_stages)
+    per = model.num_layers // num_stages
+    layout = [(OptionKey(0, 4, 16), per)] * num_stages
+    return cluster, model, build_plan(cluster, model, training, classes, knobs, layout, Objective(kind="throughput"))
+
+
+def simulate_once(cluster, model, plan) -> tuple[float, float, float, int]:
+    """(wall s, simulated pipeline s, closed-form pipeline s, actions) of one iteration: evaluate, then
+    the schedule's generated action lists through the executor (as ``planner simulate`` does)."""
+    from planner.cost import evaluate
+    from planner.simulate.actions import execute, generate, stage_times_from_ranks
+    from planner.simulate.plan import zb_stage_times
+    t0 = time.perf_counter()
+    ev = evaluate(cluster, plan, model=model)
+    sched = generate(plan.schedule, plan.num_stages, plan.num_micro_batches, plan.virtual_stages)
+    times = (zb_stage_times(ev.stages) if plan.schedule == "zb-h1"
+             else stage_times_from_ranks(ev.stages, plan.virtual_stages))
+    run = execute(sched, times)
+    return time.perf_counter() - t0, run.makespan_s, ev.pipeline_time_s, sum(len(r) for r in sched.ranks)
+
+
+def simulate_rows(runs: int = 3) -> list[dict]:
+    rows = []
+    for schedule in SIM_SCHEDULES:
+        cluster, model, plan = _plan_1024(schedule)
+        simulate_once(cluster, model, plan)         # warm the imports, not the caches (fresh evaluate)
+        results = [simulate_once(cluster, model, plan) for _ in range(runs)]
+        wall = statistics.median(r[0] for r in results)
+        rows.append({"schedule": schedule, "gpus": len(plan.devices()),
+                     "stages": plan.num_stages, "micro_batches": plan.num_micro_batches, "actions": results[0][3],
+                     "wall_median_s": wall, "simulated_s": results[0][1], "closed_form_s": results[0][2],
+                     "met": wall < SIM_TARGET_S})
+    return rows
+
+
+def format_simulate(rows: list[dict]) -> str:
+    head = ("schedule", "GPUs", "stages", "micro-batches", "actions", "wall median s", "simulated pipeline s",
+            "closed form s", "target s", "met?")
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for r in rows:
+        lines.append(" | ".join([r["schedule"], f"{r['gpus']:,}", str(r["stages"]), str(r["micro_batches"]),
+                                 f"{r['actions']:,.0f}", f"{r['wall_median_s']:.3f}", f"{r['simulated_s']:.3f}",
+                                 f"{r['closed_form_s']:.3f}", f"{SIM_TARGET_S:g}", "yes" if r["met"] else "no"]))
+    return "\n".join(lines)
+
+
+def with_zb_h1(sc: Scenario) -> Scenario:
+    """``sc`` with zb-h1 added to the schedules the search may choose."""
+    from dataclasses import replace
+
+    from planner.spec import Training
+    base = sc.schedules or Training.model_fields["schedules"].default
+    return replace(sc, name=sc.name + " + zb-h1", schedules=(*base, "zb-h1"))
+
+
+def choice_summary(base: dict, with_zb: dict) -> str:
+    """The two rows of the schedule-choice comparison and their ratio of wall medians."""
+    if "error" in base or "error" in with_zb:
+        return f"schedule choice: error ({base.get('error') or with_zb.get('error')})"
+    ratio = with_zb["wall_median_s"] / base["wall_median_s"]
+    return (f"schedule choice on {base['scenario']}: wall median {base['wall_median_s']:.2f} s without zb-h1, "
+            f"{with_zb['wall_median_s']:.2f} s with it (ratio {ratio:.2f}, target <= {CHOICE_RATIO_TARGET:g}: "
+            f"{'met' if ratio <= CHOICE_RATIO_TARGET else 'missed'}); knob tuples {base['tuples']} -> "
+            f"{with_zb['tuples']}; tokens/s {base['tokens_per_s']:,.0f} -> {with_zb['tokens_per_s']:,.0f}; "
+            f"gap {_pct(base['gap'])} -> {_pct(with_zb['gap'])}; schedule {base.get('schedule')} -> "
+            f"{with_zb.get('schedule')}")
+
+
+def _pct(gap) -> str:
+    return "n/a" if gap is None else f"{100 * gap:.2f}%"

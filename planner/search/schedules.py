@@ -1,0 +1,145 @@
+"""The schedules the search can price: one registry entry each (docs/search-space.md, "Schedules").
+
+An entry says how a knob tuple of its schedule becomes core rows and terms
+(``planner.search.core``), and whether those rows *are* the cost model's closed form
+(``exact``) or only a lower bound on it.  For a bound, ``exact_time_s`` prices a core
+assignment with the cost model's own formula (``planner.cost.schedule``), so every incumbent
+the search keeps carries its true time and the reported gap (true value against the least
+bound) stays honest; the rows only rank and prune.  The rest of an entry: its virtual stages
+(interleaving: the block unit, each stage's blocks split into v chunks), whether its sends
+wrap from the last stage to the first, whether its rows read forward and backward apart
+(mixed stages' stand-ins then take the least line quantity by quantity, mixed.py), the
+launchers that can run it, and which (p, m, L) it admits.  Its in-flight micro-batches (the
+memory rule) are ``planner.cost.in_flight_micro_batches`` under its name.
+
+Quantities per stage (space.QUANTITIES): forward, backward, sync less backward, optimizer,
+gather less forward, backward input (the I of zero-bubble schedules, backward less W).
+
+A schedule priced by the action-list executor (zb-v, dualpipev, bitpipe) joins with one
+entry: rows that are a valid floor of the executor's makespan (for example the work floor,
+every rank busy for m cycles: ``Term("max", row c, m)``), ``exact=False`` and an
+``exact_time_s`` that builds the StageTimings and runs the executor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from planner.cost.schedule import StageTiming, pipeline_time_s
+from planner.search.core import Row, Term
+
+# Row coefficient vectors over the six quantities (space.QUANTITIES)
+F, B = (1, 0, 0, 0, 0, 0), (0, 1, 0, 0, 0, 0)
+CYCLE = (1, 1, 0, 0, 0, 0)             # f + b
+CYCLE_LESS_W = (1, 0, 0, 0, 0, 1)      # f + i = f + b - w
+DPX = Row(stage=(0, 0, 0, 0, 0, 0), hinges=((0, 0, 1, 0, 0, 0), (0, 0, 0, 0, 1, 0)))
+OPT = Row(stage=(0, 0, 0, 1, 0, 0))
+LAUNCHERS = ("megatron", "deepspeed")
+
+
+@dataclass(frozen=True)
+class SearchSchedule:
+    name: str
+    rows: Callable[[int, int, int], tuple[list[Row], list[Term]]]   # (p, m, v) -> rows, terms
+    exact: bool                  # rows == the cost model's closed form (else a lower bound)
+    virtual_stages: int = 1
+    wraps: bool = False          # a send from the last stage back to the first (p > 1)
+    reads_apart: bool = False    # rows read forward / backward / input apart, not only f + b
+    launchers: tuple[str, ...] = LAUNCHERS
+    min_stages: int = 1
+    divides_m: bool = False      # p must divide m (Megatron's interleaving assert)
+
+    def block_unit(self) -> int:
+        return self.virtual_stages
+
+    def admits(self, p: int, m: int, num_layers: int) -> bool:
+        v = self.virtual_stages
+        if p < self.min_stages or (self.divides_m and m % p):
+            return False
+        return v == 1 or (num_layers % v == 0 and num_layers // v >= p)
+
+    def exact_time_s(self, prob, assign, m: int, rows_value: float) -> float:
+        """The cost model's iteration time of ``assign`` on the CoreProblem ``prob``
+        (``rows_value``, the rows' objective, when they are exact)."""
+        if self.exact:
+            return rows_value
+        return _closed_form_time_s(self.name, prob, assign, m)
+
+
+def _gpipe(p: int, m: int, v: int):
+    rows = [Row(stage=F, out=(1,)), Row(stage=B, inn=(1,)), DPX, OPT]
+    return rows, [Term("max", 0, m - 1), Term("sum", 0), Term("max", 1, m - 1), Term("sum", 1),
+                  Term("max", 2), Term("max", 3)]
+
+
+def _one_f_one_b(p: int, m: int, v: int):
+    rows = [Row(stage=CYCLE, out=(1,), inn=(1,)), DPX, OPT]
+    return rows, [Term("max", 0, m - 1), Term("sum", 0), Term("max", 1), Term("max", 2)]
+
+
+def _interleaved(p: int, m: int, v: int):
+    rows = [Row(stage=CYCLE, out=(v,), inn=(v,)), DPX, OPT]
+    return rows, [Term("max", 0, m - 1.0 / v), Term("sum", 0, 1.0 / v), Term("max", 1), Term("max", 2)]
+
+
+def zb_h1_weight(p: int, m: int) -> float:
+    """alpha of ZB-H1's bound (docs/search-space.md, "ZB-H1's bound"):
+    T >= (m - alpha) max_s c_s + alpha sum_s (c_s - w_s), alpha = 1 - q / (2 (p - 1)),
+    q = min(m, p) - 1 (1/2 once m >= p)."""
+    q = min(m, p) - 1
+    return 1.0 - q / (2.0 * (p - 1))
+
+
+def _zb_h1(p: int, m: int, v: int):
+    if p == 1:      # one stage: ZB-H1 is 1F1B, m c (planner.cost.schedule), exactly these rows
+        return _one_f_one_b(p, m, v)
+    a = zb_h1_weight(p, m)
+    rows = [Row(stage=CYCLE, out=(1,), inn=(1,)), Row(stage=CYCLE_LESS_W, out=(1,), inn=(1,)), DPX, OPT]
+    return rows, [Term("max", 0, m - a), Term("sum", 1, a), Term("max", 2), Term("max", 3)]
+
+
+SCHEDULES: dict[str, SearchSchedule] = {
+    "gpipe": SearchSchedule("gpipe", _gpipe, exact=True, reads_apart=True),
+    "1f1b": SearchSchedule("1f1b", _one_f_one_b, exact=True),
+    "interleaved-1f1b": SearchSchedule("interleaved-1f1b", _interleaved, exact=True, virtual_stages=2,
+                                       wraps=True, min_stages=2, divides_m=True),
+    # Megatron-LM and DeepSpeed have no zero-bubble schedule (planner launch refuses it)
+    "zb-h1": SearchSchedule("zb-h1", _zb_h1, exact=False, reads_apart=True, launchers=()),
+}
+
+
+def schedule_of(name: str) -> SearchSchedule:
+    return SCHEDULES[name]
+
+
+def schedules_for(training, launcher: str | None = None) -> list[SearchSchedule]:
+    """``training.schedules`` as registry entries, less those ``launcher`` cannot run."""
+    missing = [s for s in training.schedules if s not in SCHEDULES]
+    if missing:
+        from planner.errors import InputError
+        raise InputError(f"training.schedules: the search cannot price {', '.join(missing)} yet; "
+                         f"searchable: {', '.join(SCHEDULES)}")
+    out = [SCHEDULES[s] for s in training.schedules]
+    return [s for s in out if launcher is None or launcher in s.launchers]
+
+
+def _closed_form_time_s(name: str, prob, assign, m: int) -> float:
+    """planner.cost.schedule's iteration time for ``assign``: StageTimings from the core
+    quantities (forward, backward, W = backward - input) and the boundary sends (stage s sends
+    forward on boundary s and backward on boundary s - 1, as evaluate sets them), plus the
+    largest exposed DP sync and optimizer step (the rows DPX and OPT)."""
+    p = prob.num_stages
+    quantities = [[o.slope[k] * nb + o.fixed[s][k] for k in range(len(o.slope))]
+                  for s, (o, nb) in enumerate((prob.options[i], nb) for i, nb in assign)]
+    sends = [0.0] * max(0, p - 1)
+    if prob.boundary is not None:
+        sends = [float(prob.boundary[0, assign[b][0], assign[b + 1][0]]) for b in range(p - 1)]
+    stages = [StageTiming(forward_s=q[0], backward_s=q[1], backward_weight_s=q[1] - q[5],
+                          send_forward_s=sends[s] if s < p - 1 else 0.0,
+                          send_backward_s=sends[s - 1] if s > 0 else 0.0)
+              for s, q in enumerate(quantities)]
+    vals = prob.stage_values(assign)
+    rows = [r for r in prob.rows]
+    extra = sum(max(0.0, float(vals[j].max())) for j, r in enumerate(rows) if r in (DPX, OPT))
+    return pipeline_time_s(stages, m, name) + extra
