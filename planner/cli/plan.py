@@ -4,6 +4,7 @@ stdout machine-readable."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from planner.cli.common import (
     write_atomic,
 )
 from planner.cost.trust import trust_line
-from planner.errors import InputError
+from planner.errors import INTERRUPTED_EXIT, InputError
 from planner.spec.training import PRECISIONS
 
 
@@ -93,6 +94,12 @@ def _pruned_text(rep) -> str:
     return text + (f", {twins} GPipe tuples left out for their 1F1B twins" if twins else "")
 
 
+def _run_line(rep) -> str:
+    """How long the search ran and how far it got: stderr only, never the plan file."""
+    return (f"search: {rep.wall_s:.2f} s, {rep.candidates} knob tuples examined of {rep.knob_tuples} "
+            f"({rep.knob_tuples_solved} solved exactly, {_pruned_text(rep)})")
+
+
 def _summary(out, result) -> None:
     plan, ev, rep = result.plan, result.evaluation, result.report
     out.print(f"[bold]{plan.num_stages} stage(s)[/bold], micro-batch {plan.micro_batch_size} x "
@@ -115,9 +122,8 @@ def _summary(out, result) -> None:
         out.print(trust_line(ev.trust))
     # below the solvers' tolerance a gap is rounding noise (3.58e-14% was printed)
     gap = "n/a" if rep.gap is None else "0%" if rep.gap <= 1e-9 else f"{100 * rep.gap:.3g}%"
-    out.print(f"solver: {rep.status} (gap {gap}, bound {_bound_text(plan, rep.bound)}), "
-              f"{rep.wall_s:.2f} s, {rep.candidates} knob tuples examined of {rep.knob_tuples} "
-              f"({rep.knob_tuples_solved} solved exactly, {_pruned_text(rep)})")
+    out.print(f"solver: {rep.status} (gap {gap}, bound {_bound_text(plan, rep.bound)})"
+              + (", interrupted (Ctrl-C)" if getattr(rep, "interrupted", False) else ""))
     if len(result.plans) > 1:
         t = Table(title=f"Top {len(result.plans)} plans", title_justify="left")
         for col in ("#", "tokens/s", "USD/h", "p", "schedule", "B x m", "recomp.", "ZeRO",
@@ -160,6 +166,9 @@ def _summary(out, result) -> None:
               help="also search stages that mix two node classes of one zone (GPU type, TP, uneven shares)")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="write the plan JSON here (with --top K, plans 2..K beside it as NAME-2.json ...)")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+              help="write how the search ran (seconds, knob tuples solved, pruned, unexplored) as JSON "
+                   "here; the plan file holds none of it, so the same inputs give the same plan bytes")
 @click.option("--json", "as_json", is_flag=True, help="print the plan JSON on stdout")
 @click.option("--quiet", is_flag=True, help="no summary; only errors")
 @click.option("--profiles", "profiles_path", type=click.Path(), default=None,
@@ -167,9 +176,12 @@ def _summary(out, result) -> None:
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False), default=None,
               help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
 def plan(cluster, model_name, training_path, global_batch_size, seq_len, precision, objective,
-         budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, launcher, mixed_stages, output, as_json,
-         quiet, profiles_path, calibration_path):
-    """Find the fastest (or cheapest) layout of MODEL on CLUSTER, with a proof of how close it is."""
+         budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, launcher, mixed_stages, output, report_path,
+         as_json, quiet, profiles_path, calibration_path):
+    """Find the fastest (or cheapest) layout of MODEL on CLUSTER, with a proof of how close it is.
+
+    Ctrl-C stops the search and keeps the best plan found so far: it is written (-o) with
+    status feasible and its gap, and the exit code is 130."""
     from planner import api
     from planner.search import check_time_limit, parse_objective
     from planner.spec import load_cluster, load_model
@@ -178,8 +190,9 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     if top_k < 1:
         raise InputError(f"--top must be at least 1, got {top_k}")
     spec_obj = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
-    if output:
-        check_writable(output)
+    for path in (output, report_path):
+        if path:
+            check_writable(path)
     if calibration_path is not None:
         from planner.cost.calibration import use_calibration
         use_calibration(calibration_path)
@@ -213,6 +226,11 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
         stem, suffix = Path(output).stem, Path(output).suffix or ".json"
         others = {f"{stem}-{i}{suffix}": p.dumps() for i, p in enumerate(result.plans[1:], start=2)}
         write_atomic(output, text, others)
+    rep = result.report              # the run's timing and counters too (the plans' solver has none)
+    if report_path:
+        write_atomic(report_path, json.dumps(_report_json(rep), indent=2, sort_keys=True) + "\n")
+    if not quiet:
+        click.echo(_run_line(rep), err=True)
     if as_json:
         echo_json(best.to_json())
     elif not quiet:
@@ -220,3 +238,14 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
         _summary(out, result)
         if output:
             out.print(f"wrote {output}" + (f" and {', '.join(sorted(others))} beside it" if others else ""))
+    if getattr(rep, "interrupted", False):
+        gap = "unknown" if rep.gap is None else f"{100 * rep.gap:.3g}%"
+        click.echo(f"interrupted: the best plan found so far ({rep.status}, gap {gap})"
+                   + (f" is in {output}" if output else " is above; give -o to keep it"), err=True)
+        click.get_current_context().exit(INTERRUPTED_EXIT)
+
+
+def _report_json(rep) -> dict:
+    """The search report for ``--report``: status, objective, bound and gap with the run's
+    timing and counters (``SolverReport.run_stats``)."""
+    return {**rep.for_plan().model_dump(exclude_none=True), **rep.run_stats()}
