@@ -9,7 +9,6 @@ from collections import Counter
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from planner.cli.common import (
     check_writable,
@@ -20,6 +19,7 @@ from planner.cli.common import (
     warn_skipped_profiles,
     write_atomic,
 )
+from planner.cli.tables import Table
 from planner.cost.trust import trust_line
 from planner.errors import INTERRUPTED_EXIT, InputError
 from planner.spec.training import PRECISIONS
@@ -94,6 +94,35 @@ def _pruned_text(rep) -> str:
     return text + (f", {twins} GPipe tuples left out for their 1F1B twins" if twins else "")
 
 
+# Egress above this share of the plan's USD/hour gets a warning: the plan is then paying the
+# cloud mostly for moving activations and gradients between zones, not for GPUs.
+EGRESS_WARN_SHARE = 0.2
+
+
+def cost_text(ev) -> str:
+    """``, X USD/hour (E of it egress, S%), Y USD per million tokens`` for the summary line."""
+    if ev.usd_per_hour is None:
+        return ", cost unknown (a used node has no price)"
+    text = f", {ev.usd_per_hour:,.2f} USD/hour"
+    if ev.egress_usd_per_hour > 0:
+        text += f" ({ev.egress_usd_per_hour:,.2f} of it egress, {100 * _egress_share(ev):.0f}%)"
+    return text + f", {ev.usd_per_million_tokens:,.4f} USD per million tokens"
+
+
+def _egress_share(ev) -> float:
+    return ev.egress_usd_per_hour / ev.usd_per_hour if ev.usd_per_hour else 0.0
+
+
+def egress_warning(ev) -> str | None:
+    """A warning when egress is over ``EGRESS_WARN_SHARE`` of the plan's USD/hour."""
+    if ev.usd_per_hour is None or _egress_share(ev) <= EGRESS_WARN_SHARE:
+        return None
+    return (f"warning: egress is {100 * _egress_share(ev):.0f}% of this plan's cost "
+            f"({ev.egress_usd_per_hour:,.2f} of {ev.usd_per_hour:,.2f} USD/hour), over "
+            f"{EGRESS_WARN_SHARE:.0%}: its stages talk across priced zone links, and the search "
+            "does not optimise egress (docs/search-space.md); a plan within one zone has none")
+
+
 def _run_line(rep) -> str:
     """How long the search ran and how far it got: stderr only, never the plan file."""
     return (f"search: {rep.wall_s:.2f} s, {rep.candidates} knob tuples examined of {rep.knob_tuples} "
@@ -113,11 +142,7 @@ def _summary(out, result) -> None:
         out.print(f"idle: {line}")
     line = (f"predicted: {ev.tokens_per_s:,.0f} tokens/s, iteration {format_seconds(ev.iteration_time_s)}, "
             f"MFU {100 * ev.mfu:.1f}%")
-    if ev.usd_per_hour is not None:
-        line += f", {ev.usd_per_hour:,.2f} USD/hour, {ev.usd_per_million_tokens:,.4f} USD per million tokens"
-    else:
-        line += ", cost unknown (a used node has no price)"
-    out.print(line)
+    out.print(line + cost_text(ev))
     if ev.trust:
         out.print(trust_line(ev.trust))
     # below the solvers' tolerance a gap is rounding noise (3.58e-14% was printed)
@@ -154,8 +179,10 @@ def _summary(out, result) -> None:
               help="training precision: bf16 | fp16 (mixed), fp32 (matmuls at the FP32 CUDA-core "
                    "peak), tf32 (fp32 storage, TF32 tensor-core matmuls)  [default: bf16; with "
                    "--training, the file's]")
-@click.option("--objective", default="throughput", show_default=True,
-              help="throughput | cost | throughput-under-budget | cost-above-floor")
+@click.option("--objective", default=None,
+              help="throughput | cost | throughput-under-budget | cost-above-floor  [default: throughput; "
+                   "with --min-tokens-per-s alone cost-above-floor, as --budget-usd-per-hour alone is "
+                   "throughput-under-budget]")
 @click.option("--budget-usd-per-hour", type=float, default=None, help="maximise throughput within this USD/hour")
 @click.option("--min-tokens-per-s", type=float, default=None, help="minimise USD/hour above this throughput")
 @click.option("--time-limit", "time_limit_s", type=float, default=60.0, show_default=True, help="seconds")
@@ -189,6 +216,8 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     check_time_limit(time_limit_s)
     if top_k < 1:
         raise InputError(f"--top must be at least 1, got {top_k}")
+    if objective is None:       # a floor alone says what to optimise, as a budget alone does
+        objective = "cost-above-floor" if min_tokens_per_s is not None else "throughput"
     spec_obj = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
     for path in (output, report_path):
         if path:
@@ -228,6 +257,8 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
         write_atomic(report_path, json.dumps(_report_json(rep), indent=2, sort_keys=True) + "\n")
     if not quiet:
         click.echo(_run_line(rep), err=True)
+    if egress_warning(result.evaluation):
+        click.echo(egress_warning(result.evaluation), err=True)
     if as_json:
         echo_json(best.to_json())
     elif not quiet:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import click
-from rich.table import Table
 
 from planner import api
 from planner.cli.common import console, echo_json
+from planner.cli.tables import Table
 from planner.spec.units import format_bandwidth, format_bytes
 
 

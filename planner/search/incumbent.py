@@ -166,7 +166,7 @@ def _horizon(settings) -> float:
 def polish_into(pricer, knobs, ctx, keys, prob, assign, spec, launcher, best, deadline) -> None:
     """A plan found on a subset of the tuple's options (a warm start, a relaxation): local
     search (polish.py) on all of them, for a better incumbent; proves nothing."""
-    if time.monotonic() >= deadline:
+    if deadline is not None and time.monotonic() >= deadline:
         # pricing all the options cannot be interrupted (1.5 s on bench scenario c, under
         # load): past the deadline it only made --time-limit late (issue 19)
         return
