@@ -19,6 +19,7 @@ from planner.cli.common import (
     warn_skipped_profiles,
     write_atomic,
 )
+from planner.cli.freedoms import with_freedoms
 from planner.cli.tables import Table
 from planner.cost.trust import trust_line
 from planner.errors import INTERRUPTED_EXIT, InputError
@@ -187,6 +188,12 @@ def _summary(out, result) -> None:
 @click.option("--min-tokens-per-s", type=float, default=None, help="minimise USD/hour above this throughput")
 @click.option("--time-limit", "time_limit_s", type=float, default=60.0, show_default=True, help="seconds")
 @click.option("--top", "top_k", type=int, default=1, show_default=True, help="the K best distinct plans")
+@click.option("--schedule", "schedules", default=None, metavar="S[,S...]",
+              help="pipeline schedules to search: gpipe, 1f1b, interleaved-1f1b (training: schedules)")
+@click.option("--recompute", "recompute_modes", default=None, metavar="M[,M...]",
+              help="activation recompute modes to search: none, selective, full (training: recompute_modes)")
+@click.option("--zero-stage", "zero_stages", default=None, metavar="Z[,Z...]",
+              help="ZeRO stages to search: 0, 1 (training: zero_stages)")
 @click.option("--launcher", type=click.Choice(["megatron", "deepspeed"]), default=None,
               help="restrict the search to layouts that launcher runs")
 @click.option("--mixed-stages", is_flag=True,
@@ -203,8 +210,8 @@ def _summary(out, result) -> None:
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False), default=None,
               help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
 def plan(cluster, model_name, training_path, global_batch_size, seq_len, precision, objective,
-         budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, launcher, mixed_stages, output, report_path,
-         as_json, quiet, profiles_path, calibration_path):
+         budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, schedules, recompute_modes, zero_stages,
+         launcher, mixed_stages, output, report_path, as_json, quiet, profiles_path, calibration_path):
     """Find the fastest (or cheapest) layout of MODEL on CLUSTER, with a proof of how close it is.
 
     Ctrl-C stops the search and keeps the best plan found so far: it is written (-o) with
@@ -228,6 +235,8 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     spec = load_cluster(cluster)
     model = load_model(model_name)
     training = _training(training_path, global_batch_size, seq_len, precision)
+    training = with_freedoms(training, {"--schedule": schedules, "--recompute": recompute_modes,
+                                        "--zero-stage": zero_stages}, training_path)
     if mixed_stages:
         training = training.model_copy(update={"mixed_stages": True})
     if model.max_seq_len and training.seq_len > model.max_seq_len:
