@@ -76,3 +76,24 @@ def test_tables_at_80_columns_cut_nothing(capsys, monkeypatch, spec):
     names = {g.gpu.name for g in cluster.nodes} | set(cluster.zone_names)
     for name in names:
         assert any(name in line for line in lines), name
+
+
+def test_a_terminal_gets_a_live_line_with_the_time_left():
+    """No silent stretch: on a terminal the line below the messages is redrawn four times a
+    second with the time spent and left and the last message; piped, the messages alone."""
+    import io
+    import time
+
+    from rich.console import Console
+
+    from planner.cli.progress import SearchStatus
+
+    for terminal in (True, False):
+        buf = io.StringIO()
+        with SearchStatus(Console(file=buf, force_terminal=terminal, width=120), 10) as status:
+            status.message("warm start p=1: 5.1 s")
+            time.sleep(0.8)
+        out = buf.getvalue()
+        assert "warm start p=1: 5.1 s" in out
+        redraws = out.count("s of 10 s left; warm start p=1: 5.1 s")
+        assert (redraws >= 2) if terminal else (redraws == 0), out

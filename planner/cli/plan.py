@@ -20,6 +20,7 @@ from planner.cli.common import (
     write_atomic,
 )
 from planner.cli.freedoms import with_freedoms
+from planner.cli.progress import SearchStatus
 from planner.cli.tables import Table
 from planner.cost.trust import trust_line
 from planner.errors import INTERRUPTED_EXIT, InputError
@@ -244,13 +245,9 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
                    f"planning for {training.seq_len} (a longer context than it was trained with)", err=True)
     warn_precision(spec, training.precision)
     err = console(quiet=True)       # progress always on stderr
-
-    def progress(msg: str) -> None:
-        if not quiet:
-            err.print(f"[dim]{msg}[/dim]", highlight=False)
-
-    result = api.plan(spec, model, training, objective=spec_obj, time_limit_s=time_limit_s, top_k=top_k,
-                      launcher=launcher, profiles=profiles_path, progress=progress)
+    with SearchStatus(err, time_limit_s, quiet) as status:
+        result = api.plan(spec, model, training, objective=spec_obj, time_limit_s=time_limit_s, top_k=top_k,
+                          launcher=launcher, profiles=profiles_path, progress=status.message)
     best = result.plan               # predicted, solver and launch filled by the search
     warn_skipped_profiles((best.inputs.profiles or {}).get("files"))
     # The plan is not checked against planner/plan/schema.json here: the tests hold the plans
