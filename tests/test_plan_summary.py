@@ -5,6 +5,7 @@ the cost, a tokens/s floor alone selecting its objective, tables whole at 80 col
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -97,3 +98,15 @@ def test_a_terminal_gets_a_live_line_with_the_time_left():
         assert "warm start p=1: 5.1 s" in out
         redraws = out.count("s of 10 s left; warm start p=1: 5.1 s")
         assert (redraws >= 2) if terminal else (redraws == 0), out
+
+
+def test_catalog_default_prices_are_marked_with_their_source(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(BASE) == 0
+    out = capsys.readouterr().out
+    assert "price: A100-SXM4-80GB at the catalog default 5.12 USD per GPU-hour (AWS p4de.24xlarge" in out
+    own = tmp_path / "c.yaml"
+    own.write_text(Path(CLUSTER).read_text().replace("gpus_per_node: 2", "gpus_per_node: 2\n    price_per_hour: 7.5"))
+    assert main(["plan", str(own), *BASE[2:]]) == 0
+    out = capsys.readouterr().out
+    assert "catalog default" not in out and "7.50 USD/hour" in out

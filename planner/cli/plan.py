@@ -20,6 +20,7 @@ from planner.cli.common import (
     write_atomic,
 )
 from planner.cli.freedoms import with_freedoms
+from planner.cli.prices import default_price_notes
 from planner.cli.progress import SearchStatus
 from planner.cli.tables import Table
 from planner.cost.trust import trust_line
@@ -131,7 +132,7 @@ def _run_line(rep) -> str:
             f"({rep.knob_tuples_solved} solved exactly, {_pruned_text(rep)})")
 
 
-def _summary(out, result) -> None:
+def _summary(out, result, cluster) -> None:
     plan, ev, rep = result.plan, result.evaluation, result.report
     out.print(f"[bold]{plan.num_stages} stage(s)[/bold], micro-batch {plan.micro_batch_size} x "
               f"{plan.num_micro_batches}, {plan.schedule}"
@@ -145,6 +146,8 @@ def _summary(out, result) -> None:
     line = (f"predicted: {ev.tokens_per_s:,.0f} tokens/s, iteration {format_seconds(ev.iteration_time_s)}, "
             f"MFU {100 * ev.mfu:.1f}%")
     out.print(line + cost_text(ev))
+    for note in default_price_notes(cluster, plan):
+        out.print(note)
     if ev.trust:
         out.print(trust_line(ev.trust))
     # below the solvers' tolerance a gap is rounding noise (3.58e-14% was printed)
@@ -269,7 +272,7 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
         echo_json(best.to_json())
     elif not quiet:
         out = console()
-        _summary(out, result)
+        _summary(out, result, spec)
         if output:
             out.print(f"wrote {output}" + (f" and {', '.join(sorted(others))} beside it" if others else ""))
     if getattr(rep, "interrupted", False):
