@@ -130,3 +130,23 @@ def test_an_oversized_file_is_refused_before_it_is_read(tmp_path, capsys, monkey
     path.write_text(CLUSTER)
     err = _refused_quickly(path, capsys)
     assert f"error: {path}:1: " in err and f"{len(CLUSTER):,} bytes" in err and "MAX_FILE_BYTES" in err
+
+
+def test_a_plan_nested_thousands_deep_is_a_bad_file(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    path.write_text("[" * 5000 + "]" * 5000)
+    assert main(["evaluate", "cluster_specs/tiny-2gpu.yaml", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {path}:1: nested too deeply" in err and "internal error" not in err
+
+
+@pytest.mark.parametrize("text, needle", [("", "the file is empty"), ("[1, 2]\n", "a calibration file is a mapping")])
+def test_an_empty_or_foreign_calibration_file_is_refused(tmp_path, capsys, text, needle):
+    """An empty calibration file was taken as a calibration of all defaults, silently."""
+    path = tmp_path / "cal.yaml"
+    path.write_text(text)
+    code = main(["plan", "cluster_specs/tiny-2gpu.yaml", "--model", "opt-350m", "--global-batch-size", "4",
+                 "--seq-len", "256", "--calibration", str(path)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"{path}:1" in err and needle in err
