@@ -86,7 +86,8 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     """The best plan(s) of the space (keyword options: budget_usd_per_hour, min_tokens_per_s,
     profiles, gap_rel, progress).  Ctrl-C (KeyboardInterrupt) keeps the best plan found so
     far: it comes back with status feasible, ``solver.interrupted`` and the bound proved up to
-    then (none before every tuple was ranked); with no plan found yet the interrupt goes on."""
+    then (none while the cost objectives' warm start ran: only the heap bounds them); with no
+    plan found yet the interrupt goes on."""
     state: dict = {}
     try:
         return _search(cluster, model, training, objective, time_limit_s, top_k, launcher, state=state, **options)
