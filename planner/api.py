@@ -94,14 +94,19 @@ def plan(cluster: Cluster, model: ModelSpec | str, training: Training, objective
     ``result.plan``, ``result.evaluation`` and ``result.solver`` are the best plan, its
     prediction and how it was proved; ``result.plans`` holds the ``top_k`` best.
     """
+    from planner.launcher_space import narrow
     from planner.search import solve
 
     if isinstance(model, str):
         model = load_model(model)
+    training = narrow(training, options.get("launcher"))     # only what the launcher can run
     profiles = options["profiles"] = resolve_profiles(cluster, options.get("profiles"))
     result = solve(cluster, model, training, objective=objective, time_limit_s=time_limit_s,
                    top_k=top_k, **options)
-    result.plans = [_record_cost_sources(p, e, profiles) for p, e in zip(result.plans, result.evaluations)]
+    # The plan file keeps what was proved, not how long it took (PLAN_SOLVER_FIELDS): the
+    # same inputs give the same bytes.  ``result.report`` keeps the run's timing and counters.
+    result.plans = [_record_cost_sources(p, e, profiles).model_copy(update={"solver": p.solver.for_plan()})
+                    for p, e in zip(result.plans, result.evaluations)]
     return result
 
 

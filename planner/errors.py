@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Ctrl-C: 128 + SIGINT, as shells report it.  `plan` exits so after writing the best plan
+# found before the interrupt (status feasible); every command exits so when interrupted.
+INTERRUPTED_EXIT = 130
+
 
 @dataclass(frozen=True)
 class Location:

@@ -45,7 +45,7 @@ def test_json_output_is_clean(capfd):
 
 @pytest.mark.parametrize("extra", [
     ["--time-limit", "0"], ["--objective", "fastest"], ["--objective", "cost", "--budget-usd-per-hour", "5"],
-    ["--min-tokens-per-s", "10"], ["--top", "0"], ["--training", "cluster_specs/tiny-2gpu.yaml"],
+    ["--objective", "throughput", "--min-tokens-per-s", "10"], ["--top", "0"], ["--training", "cluster_specs/tiny-2gpu.yaml"],
     ["--time-limit", "nan"], ["--time-limit", "inf"], ["--budget-usd-per-hour", "nan"],
     ["--global-batch-size", "0"], ["--global-batch-size", "99999999999999999999"],
 ])

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import click
-from rich.table import Table
 
 from planner import catalog as data
 from planner.cli.common import console, echo_json
+from planner.cli.tables import Table
 
 
 @click.group()

@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import click
 from rich.console import Console
 
+# Output that goes to a pipe or a file (CI logs, `| less`) has no terminal width: rich took 80
+# columns and cut GPU and zone names short to fit its tables ("A100-S…", "us-ce…").  Piped,
+# a table gets this many columns, enough for every table here at its natural width; a terminal
+# keeps its own width, and COLUMNS, when set, is obeyed.
+PIPED_WIDTH = 200
+
 
 def console(quiet: bool = False) -> Console:
     """Human output goes to stderr when stdout must stay machine-readable."""
-    return Console(stderr=quiet, highlight=False, soft_wrap=False)
+    stream = sys.stderr if quiet else sys.stdout
+    piped = not (hasattr(stream, "isatty") and stream.isatty()) and not os.environ.get("COLUMNS")
+    return Console(stderr=quiet, highlight=False, soft_wrap=False, width=PIPED_WIDTH if piped else None)
 
 
 def warn_skipped_profiles(files: list[dict] | None) -> None:

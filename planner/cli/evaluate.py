@@ -4,9 +4,9 @@ term by term.  Exit 0 when it fits, 1 (with the memory problems) when it does no
 from __future__ import annotations
 
 import click
-from rich.table import Table
 
 from planner.cli.common import console, echo_json, format_seconds, warn_precision, warn_skipped_profiles
+from planner.cli.tables import Table
 from planner.cost.trust import trust_line
 from planner.errors import InfeasibleError, InputError
 

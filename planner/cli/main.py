@@ -10,13 +10,13 @@ import traceback
 
 import click
 
-from planner.errors import PlannerError, debug_enabled
+from planner.errors import INTERRUPTED_EXIT, PlannerError, debug_enabled
 
 # command name -> module under planner.cli holding a click command of the same name
 COMMANDS = {
     "validate": "validate", "catalog": "catalog", "evaluate": "evaluate", "plan": "plan",
     "simulate": "simulate", "launch": "launch", "run": "run", "profile": "profile",
-    "replan": "replan", "schedule": "schedule",
+    "replan": "replan", "schedule": "schedule", "pareto": "pareto",
 }
 
 
@@ -70,14 +70,15 @@ def _main(argv: list[str] | None) -> int:
         return exc.exit_code
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
-        return 130
+        return INTERRUPTED_EXIT
     except click.ClickException as exc:
         exc.show()
         return 2
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except KeyboardInterrupt:
-        return 130
+        click.echo("interrupted", err=True)
+        return INTERRUPTED_EXIT
     except Exception as exc:  # noqa: BLE001 - a bug: say so in one line; the traceback on request
         if debug_enabled():
             traceback.print_exc()

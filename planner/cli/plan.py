@@ -4,11 +4,11 @@ stdout machine-readable."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from planner.cli.common import (
     check_writable,
@@ -19,8 +19,12 @@ from planner.cli.common import (
     warn_skipped_profiles,
     write_atomic,
 )
+from planner.cli.freedoms import with_freedoms
+from planner.cli.prices import default_price_notes
+from planner.cli.progress import SearchStatus
+from planner.cli.tables import Table
 from planner.cost.trust import trust_line
-from planner.errors import InputError
+from planner.errors import INTERRUPTED_EXIT, InputError
 from planner.spec.training import PRECISIONS
 
 
@@ -93,7 +97,42 @@ def _pruned_text(rep) -> str:
     return text + (f", {twins} GPipe tuples left out for their 1F1B twins" if twins else "")
 
 
-def _summary(out, result) -> None:
+# Egress above this share of the plan's USD/hour gets a warning: the plan is then paying the
+# cloud mostly for moving activations and gradients between zones, not for GPUs.
+EGRESS_WARN_SHARE = 0.2
+
+
+def cost_text(ev) -> str:
+    """``, X USD/hour (E of it egress, S%), Y USD per million tokens`` for the summary line."""
+    if ev.usd_per_hour is None:
+        return ", cost unknown (a used node has no price)"
+    text = f", {ev.usd_per_hour:,.2f} USD/hour"
+    if ev.egress_usd_per_hour > 0:
+        text += f" ({ev.egress_usd_per_hour:,.2f} of it egress, {100 * _egress_share(ev):.0f}%)"
+    return text + f", {ev.usd_per_million_tokens:,.4f} USD per million tokens"
+
+
+def _egress_share(ev) -> float:
+    return ev.egress_usd_per_hour / ev.usd_per_hour if ev.usd_per_hour else 0.0
+
+
+def egress_warning(ev) -> str | None:
+    """A warning when egress is over ``EGRESS_WARN_SHARE`` of the plan's USD/hour."""
+    if ev.usd_per_hour is None or _egress_share(ev) <= EGRESS_WARN_SHARE:
+        return None
+    return (f"warning: egress is {100 * _egress_share(ev):.0f}% of this plan's cost "
+            f"({ev.egress_usd_per_hour:,.2f} of {ev.usd_per_hour:,.2f} USD/hour), over "
+            f"{EGRESS_WARN_SHARE:.0%}: its stages talk across priced zone links, and the search "
+            "does not optimise egress (docs/search-space.md); a plan within one zone has none")
+
+
+def _run_line(rep) -> str:
+    """How long the search ran and how far it got: stderr only, never the plan file."""
+    return (f"search: {rep.wall_s:.2f} s, {rep.candidates} knob tuples examined of {rep.knob_tuples} "
+            f"({rep.knob_tuples_solved} solved exactly, {_pruned_text(rep)})")
+
+
+def _summary(out, result, cluster) -> None:
     plan, ev, rep = result.plan, result.evaluation, result.report
     out.print(f"[bold]{plan.num_stages} stage(s)[/bold], micro-batch {plan.micro_batch_size} x "
               f"{plan.num_micro_batches}, {plan.schedule}"
@@ -106,18 +145,15 @@ def _summary(out, result) -> None:
         out.print(f"idle: {line}")
     line = (f"predicted: {ev.tokens_per_s:,.0f} tokens/s, iteration {format_seconds(ev.iteration_time_s)}, "
             f"MFU {100 * ev.mfu:.1f}%")
-    if ev.usd_per_hour is not None:
-        line += f", {ev.usd_per_hour:,.2f} USD/hour, {ev.usd_per_million_tokens:,.4f} USD per million tokens"
-    else:
-        line += ", cost unknown (a used node has no price)"
-    out.print(line)
+    out.print(line + cost_text(ev))
+    for note in default_price_notes(cluster, plan):
+        out.print(note)
     if ev.trust:
         out.print(trust_line(ev.trust))
     # below the solvers' tolerance a gap is rounding noise (3.58e-14% was printed)
     gap = "n/a" if rep.gap is None else "0%" if rep.gap <= 1e-9 else f"{100 * rep.gap:.3g}%"
-    out.print(f"solver: {rep.status} (gap {gap}, bound {_bound_text(plan, rep.bound)}), "
-              f"{rep.wall_s:.2f} s, {rep.candidates} knob tuples examined of {rep.knob_tuples} "
-              f"({rep.knob_tuples_solved} solved exactly, {_pruned_text(rep)})")
+    out.print(f"solver: {rep.status} (gap {gap}, bound {_bound_text(plan, rep.bound)})"
+              + (", interrupted (Ctrl-C)" if getattr(rep, "interrupted", False) else ""))
     if len(result.plans) > 1:
         t = Table(title=f"Top {len(result.plans)} plans", title_justify="left")
         for col in ("#", "tokens/s", "USD/h", "p", "schedule", "B x m", "recomp.", "ZeRO",
@@ -148,18 +184,29 @@ def _summary(out, result) -> None:
               help="training precision: bf16 | fp16 (mixed), fp32 (matmuls at the FP32 CUDA-core "
                    "peak), tf32 (fp32 storage, TF32 tensor-core matmuls)  [default: bf16; with "
                    "--training, the file's]")
-@click.option("--objective", default="throughput", show_default=True,
-              help="throughput | cost | throughput-under-budget | cost-above-floor")
+@click.option("--objective", default=None,
+              help="throughput | cost | throughput-under-budget | cost-above-floor  [default: throughput; "
+                   "with --min-tokens-per-s alone cost-above-floor, as --budget-usd-per-hour alone is "
+                   "throughput-under-budget]")
 @click.option("--budget-usd-per-hour", type=float, default=None, help="maximise throughput within this USD/hour")
 @click.option("--min-tokens-per-s", type=float, default=None, help="minimise USD/hour above this throughput")
 @click.option("--time-limit", "time_limit_s", type=float, default=60.0, show_default=True, help="seconds")
 @click.option("--top", "top_k", type=int, default=1, show_default=True, help="the K best distinct plans")
+@click.option("--schedule", "schedules", default=None, metavar="S[,S...]",
+              help="pipeline schedules to search: gpipe, 1f1b, interleaved-1f1b (training: schedules)")
+@click.option("--recompute", "recompute_modes", default=None, metavar="M[,M...]",
+              help="activation recompute modes to search: none, selective, full (training: recompute_modes)")
+@click.option("--zero-stage", "zero_stages", default=None, metavar="Z[,Z...]",
+              help="ZeRO stages to search: 0, 1 (training: zero_stages)")
 @click.option("--launcher", type=click.Choice(["megatron", "deepspeed"]), default=None,
               help="restrict the search to layouts that launcher runs")
 @click.option("--mixed-stages", is_flag=True,
               help="also search stages that mix two node classes of one zone (GPU type, TP, uneven shares)")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="write the plan JSON here (with --top K, plans 2..K beside it as NAME-2.json ...)")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+              help="write how the search ran (seconds, knob tuples solved, pruned, unexplored) as JSON "
+                   "here; the plan file holds none of it, so the same inputs give the same plan bytes")
 @click.option("--json", "as_json", is_flag=True, help="print the plan JSON on stdout")
 @click.option("--quiet", is_flag=True, help="no summary; only errors")
 @click.option("--profiles", "profiles_path", type=click.Path(), default=None,
@@ -167,9 +214,12 @@ def _summary(out, result) -> None:
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False), default=None,
               help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
 def plan(cluster, model_name, training_path, global_batch_size, seq_len, precision, objective,
-         budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, launcher, mixed_stages, output, as_json,
-         quiet, profiles_path, calibration_path):
-    """Find the fastest (or cheapest) layout of MODEL on CLUSTER, with a proof of how close it is."""
+         budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, schedules, recompute_modes, zero_stages,
+         launcher, mixed_stages, output, report_path, as_json, quiet, profiles_path, calibration_path):
+    """Find the fastest (or cheapest) layout of MODEL on CLUSTER, with a proof of how close it is.
+
+    Ctrl-C stops the search and keeps the best plan found so far: it is written (-o) with
+    status feasible and its gap, and the exit code is 130."""
     from planner import api
     from planner.search import check_time_limit, parse_objective
     from planner.spec import load_cluster, load_model
@@ -177,15 +227,20 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     check_time_limit(time_limit_s)
     if top_k < 1:
         raise InputError(f"--top must be at least 1, got {top_k}")
+    if objective is None:       # a floor alone says what to optimise, as a budget alone does
+        objective = "cost-above-floor" if min_tokens_per_s is not None else "throughput"
     spec_obj = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
-    if output:
-        check_writable(output)
+    for path in (output, report_path):
+        if path:
+            check_writable(path)
     if calibration_path is not None:
         from planner.cost.calibration import use_calibration
         use_calibration(calibration_path)
     spec = load_cluster(cluster)
     model = load_model(model_name)
     training = _training(training_path, global_batch_size, seq_len, precision)
+    training = with_freedoms(training, {"--schedule": schedules, "--recompute": recompute_modes,
+                                        "--zero-stage": zero_stages}, training_path)
     if mixed_stages:
         training = training.model_copy(update={"mixed_stages": True})
     if model.max_seq_len and training.seq_len > model.max_seq_len:
@@ -193,30 +248,41 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
                    f"planning for {training.seq_len} (a longer context than it was trained with)", err=True)
     warn_precision(spec, training.precision)
     err = console(quiet=True)       # progress always on stderr
-
-    def progress(msg: str) -> None:
-        if not quiet:
-            err.print(f"[dim]{msg}[/dim]", highlight=False)
-
-    result = api.plan(spec, model, training, objective=spec_obj, time_limit_s=time_limit_s, top_k=top_k,
-                      launcher=launcher, profiles=profiles_path, progress=progress)
+    with SearchStatus(err, time_limit_s, quiet) as status:
+        result = api.plan(spec, model, training, objective=spec_obj, time_limit_s=time_limit_s, top_k=top_k,
+                          launcher=launcher, profiles=profiles_path, progress=status.message)
     best = result.plan               # predicted, solver and launch filled by the search
     warn_skipped_profiles((best.inputs.profiles or {}).get("files"))
+    # The plan is not checked against planner/plan/schema.json here: the tests hold the plans
+    # the search writes to it (test_search_cli, test_precision, test_time_limit), and on the
+    # largest bench scenario (16,384 GPUs) the check took 3-6 s, past --time-limit.
     text = best.dumps()
-    try:
-        from planner.plan.schema import validate_plan_json
-        for p in result.plans:
-            validate_plan_json(p.to_json(), file=output or "<plan>")
-    except ImportError:  # pragma: no cover
-        pass
     if output:
         stem, suffix = Path(output).stem, Path(output).suffix or ".json"
         others = {f"{stem}-{i}{suffix}": p.dumps() for i, p in enumerate(result.plans[1:], start=2)}
         write_atomic(output, text, others)
+    rep = result.report              # the run's timing and counters too (the plans' solver has none)
+    if report_path:
+        write_atomic(report_path, json.dumps(_report_json(rep), indent=2, sort_keys=True) + "\n")
+    if not quiet:
+        click.echo(_run_line(rep), err=True)
+    if egress_warning(result.evaluation):
+        click.echo(egress_warning(result.evaluation), err=True)
     if as_json:
         echo_json(best.to_json())
     elif not quiet:
         out = console()
-        _summary(out, result)
+        _summary(out, result, spec)
         if output:
             out.print(f"wrote {output}" + (f" and {', '.join(sorted(others))} beside it" if others else ""))
+    if getattr(rep, "interrupted", False):
+        gap = "unknown" if rep.gap is None else f"{100 * rep.gap:.3g}%"
+        click.echo(f"interrupted: the best plan found so far ({rep.status}, gap {gap})"
+                   + (f" is in {output}" if output else " is above; give -o to keep it"), err=True)
+        click.get_current_context().exit(INTERRUPTED_EXIT)
+
+
+def _report_json(rep) -> dict:
+    """The search report for ``--report``: status, objective, bound and gap with the run's
+    timing and counters (``SolverReport.run_stats``)."""
+    return {**rep.for_plan().model_dump(exclude_none=True), **rep.run_stats()}

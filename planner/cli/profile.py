@@ -12,7 +12,7 @@ import sys
 import click
 import yaml
 
-from planner.cli.common import console, echo_json, write_atomic
+from planner.cli.common import check_writable, console, echo_json, write_atomic
 from planner.errors import InputError
 
 
@@ -66,6 +66,8 @@ def profile(model_name, device, micro_batch, tp, seq_len, dtype, repeats, warmup
             gpu_type, calibrate_path, cluster_path, output, note, as_json, quiet):
     """Measure forward/backward time and memory of the embedding, one block and the head."""
     out = console(quiet=as_json)
+    if output:      # before minutes of measuring, not after
+        check_writable(output)
     if calibrate_path:
         from planner.profile.calibrate import calibrate_file
         cluster = None

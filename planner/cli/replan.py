@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from planner.cli.common import console, echo_json, warn_precision, write_atomic
+from planner.cli.common import check_writable, console, echo_json, warn_precision, write_atomic
 
 # Not 1 (no feasible plan) nor 2 (bad input): CI can tell "re-deploy" from "broken".
 OLD_PLAN_INVALID_EXIT = 4
@@ -29,6 +29,8 @@ def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json,
     1: no plan fits the new cluster; 2: bad input."""
     from planner import api
 
+    if output:      # before the search, not after it
+        check_writable(output)
     if calibration_path is not None:
         from planner.cost.calibration import use_calibration
         use_calibration(calibration_path)

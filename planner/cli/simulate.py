@@ -4,10 +4,10 @@ the simulated iteration time beside the cost model's closed form."""
 from __future__ import annotations
 
 import click
-from rich.table import Table
 from rich.text import Text
 
 from planner.cli.common import console, echo_json, warn_precision
+from planner.cli.tables import Table
 
 _STYLE = {"fwd": "cyan", "bwd": "magenta", "wgt": "green", "send": "yellow", "idle": "dim"}
 

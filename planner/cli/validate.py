@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import click
-from rich.table import Table
 
 from planner import api
 from planner.cli.common import console, echo_json
+from planner.cli.tables import Table
 from planner.spec.units import format_bandwidth, format_bytes
 
 
@@ -14,9 +14,14 @@ from planner.spec.units import format_bandwidth, format_bytes
 @click.argument("cluster_file", metavar="CLUSTER", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def validate(cluster_file: str, as_json: bool) -> None:
-    """Check a cluster spec; print GPUs per type and zone, peak PFLOP/s, memory and links."""
+    """Check a cluster spec and the profile files its ``profiles:`` names; print GPUs per type
+    and zone, peak PFLOP/s, memory, links and profiles."""
     cluster = api.load_cluster(cluster_file)
     summary = api.summarize_cluster(cluster)
+    # a bad profile file fails here, not at the first `plan` that reads it
+    loaded = api.resolve_profiles(cluster, None)
+    summary["profiles"] = [{"gpu_type": p.gpu_type, "path": p.path, "dtype": p.profile.dtype,
+                            "entries": len(p.profile.entries)} for p in (loaded.profiles if loaded else [])]
     if as_json:
         echo_json(summary)
         return
@@ -45,3 +50,5 @@ def validate(cluster_file: str, as_json: bool) -> None:
                           else format_bandwidth(link["aggregate_bandwidth_Bps"]),
                           f"{link['latency_s'] * 1e3:.3g} ms", f"{link['egress_price_per_gb_usd']:.3g}")
         out.print(links)
+    for row in summary["profiles"]:
+        out.print(f"profile for {row['gpu_type']}: {row['path']} ({row['dtype']}, {row['entries']} entries)")

@@ -121,11 +121,17 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
     if path is None:
         return default_calibration()
     from planner.errors import InputError
-    from planner.spec.source import read_text
+    from planner.spec.source import load_yaml, read_text
 
+    # load_yaml: bounded (planner.spec.limits) and located errors; an empty file is an error,
+    # not the shipped fit's defaults under another name
+    doc = load_yaml(path, read_text(path, "calibration file"))
+    if not isinstance(doc.data, dict):
+        raise doc.error((), "a calibration file is a mapping (compute, comm, provenance); write one with "
+                        "`planner profile --calibrate PROFILE -o FILE`")
     try:
-        return Calibration.from_mapping(yaml.safe_load(read_text(path, "calibration file")) or {})
-    except (yaml.YAMLError, TypeError, AttributeError) as exc:
+        return Calibration.from_mapping(doc.data)
+    except (TypeError, AttributeError) as exc:
         raise InputError(f"{path}: not a calibration file ({exc}); write one with "
                          "`planner profile --calibrate PROFILE -o FILE`") from None
 

@@ -39,9 +39,13 @@ def load_plan(path: str | Path) -> Plan:
         data = json.loads(text, object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as exc:
         raise InputError(f"not valid JSON: {exc.msg}", Location(file, exc.lineno, exc.colno)) from None
+    except RecursionError:
+        # arrays or objects nested thousands deep overflow the decoder: a bad file, not a bug
+        raise InputError("nested too deeply to be a plan (arrays and objects inside each other "
+                         "thousands of times)", Location(file, 1)) from None
     if duplicates:
         raise InputError(f"duplicate key(s) in a JSON object: {', '.join(sorted(set(duplicates)))}; "
-                         "each key may appear once per object", Location(file))
+                         "each key may appear once per object", Location(file, 1))
     return plan_from_data(data, file)
 
 
@@ -49,7 +53,7 @@ def plan_from_data(data, file: str = "<plan>") -> Plan:
     """A ``Plan`` from already-parsed JSON, with the same errors as ``load_plan``."""
     if not isinstance(data, dict):
         raise InputError(f"a plan is a JSON object with \"schema\": \"{SCHEMA_ID}\", inputs, "
-                         "micro_batch_size, num_micro_batches and stages", Location(file))
+                         "micro_batch_size, num_micro_batches and stages", Location(file, 1))
     schema = data.get("schema")
     if schema != SCHEMA_ID:
         what = "has no \"schema\" field" if schema is None else f"has schema {schema!r}"

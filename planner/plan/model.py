@@ -117,7 +117,19 @@ class Predicted(BaseModel):
         default=None, description="per GPU type: validated on measured runs (and the error) or datasheet-only")
 
 
+# The solver fields a plan file keeps: what was proved about the plan and in what space.
+# How long the search ran and how many knob tuples it reached (wall_s, candidates,
+# knob_tuples_*) differ from run to run; they go to stderr and `plan --report FILE`, so that
+# the same inputs give the same plan bytes.  A field not listed here stays out of the plan.
+PLAN_SOLVER_FIELDS = ("method", "status", "objective", "bound", "gap", "space", "objective_kind",
+                      "objective_unit", "node_classes", "aggregate_compute_bound_s",
+                      "priced_vs_evaluated_rel", "interrupted")
+
+
 class SolverReport(BaseModel):
+    """How a plan was found.  The search's own report also carries the run's timing and
+    counters as extra fields; ``for_plan`` keeps what belongs in the plan file."""
+
     model_config = ConfigDict(frozen=True, extra="allow")
 
     method: str
@@ -125,9 +137,18 @@ class SolverReport(BaseModel):
     objective: float | None = None
     bound: float | None = None
     gap: float | None = None
-    wall_s: float | None = None
     space: str | None = None
-    candidates: int | None = None
+
+    def _fields(self) -> dict[str, Any]:
+        return {**{k: getattr(self, k) for k in type(self).model_fields}, **(self.model_extra or {})}
+
+    def for_plan(self) -> SolverReport:
+        """This report less the run's timing and counters (``PLAN_SOLVER_FIELDS``)."""
+        return SolverReport(**{k: v for k, v in self._fields().items() if k in PLAN_SOLVER_FIELDS})
+
+    def run_stats(self) -> dict[str, Any]:
+        """The run's timing and counters: what ``for_plan`` leaves out."""
+        return {k: v for k, v in self._fields().items() if k not in PLAN_SOLVER_FIELDS and v is not None}
 
 
 class LaunchNode(BaseModel):

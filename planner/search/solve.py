@@ -84,9 +84,34 @@ def check_time_limit(time_limit_s) -> None:
 
 
 def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput", time_limit_s: float = 60.0,
-          top_k: int = 1, launcher: str | None = None, *, budget_usd_per_hour: float | None = None,
-          min_tokens_per_s: float | None = None, profiles=None, gap_rel: float = 0.0,
-          progress: Callable[[str], None] | None = None) -> SearchResult:
+          top_k: int = 1, launcher: str | None = None, **options) -> SearchResult:
+    """The best plan(s) of the space (keyword options: budget_usd_per_hour, min_tokens_per_s,
+    profiles, gap_rel, progress).  Ctrl-C (KeyboardInterrupt) keeps the best plan found so
+    far: it comes back with status feasible, ``solver.interrupted`` and the bound proved up to
+    then (none while the cost objectives' warm start ran: only the heap bounds them); with no
+    plan found yet the interrupt goes on."""
+    state: dict = {}
+    try:
+        return _search(cluster, model, training, objective, time_limit_s, top_k, launcher, state=state, **options)
+    except KeyboardInterrupt:
+        if "best" not in state or not state["best"].items:
+            raise
+        stats, bounds = state["stats"], state["bounds"]
+        stats["interrupted"] = True
+        stats["unexplored"] = max(1, stats["unexplored"])
+        # Every tuple not yet done is bounded by the heap's least bound when it was last read
+        # (the heap's least only grows); before the heap there is no bound on the unranked.
+        if "frontier" in stats:
+            bounds.append(stats["frontier"])
+        else:
+            bounds.clear()
+        return _finish(*(state[k] for k in ("cluster", "model", "training", "spec", "classes")), state["best"],
+                       bounds, stats, *(state[k] for k in ("t0", "profiles", "launcher")))
+
+
+def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, *, state: dict,
+            budget_usd_per_hour: float | None = None, min_tokens_per_s: float | None = None, profiles=None,
+            gap_rel: float = 0.0, progress: Callable[[str], None] | None = None) -> SearchResult:
     t0 = time.monotonic()
     check_time_limit(time_limit_s)
     if top_k < 1:
@@ -125,6 +150,8 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     bounds: list[float] = []
     stats = {"knobs": len(knobs_list), "solved": 0, "pruned": 0, "empty": 0, "unexplored": 0,
              "milp_optimal": True}
+    state.update(cluster=cluster, model=model, training=training, spec=spec, classes=classes, best=best,
+                 bounds=bounds, stats=stats, t0=t0, profiles=profiles, launcher=launcher)
     contexts: dict = {}
     say = progress or (lambda msg: None)
     # Rank every knob tuple by a bound that needs no per-stage pricing, then price and solve
@@ -172,6 +199,8 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
             stats["least_price_usd_per_hour"] = min(
                 pricer.classes[k.cls].least_rent(k.tp, k.replicas) for kn in one_per_b for k in pricer.option_keys(kn))
         stats["least_time_s"] = ranked[0][0]
+        if time_like:       # the least time bound bounds every plan, for a Ctrl-C before the heap
+            stats["frontier"] = ranked[0][0]
         stats["tokens_per_iteration"] = tokens
     warm = time_like and ranked and max(len(t[4]) for t in ranked) > WARM_KEYS_ABOVE
     warm_done: set = set()
@@ -196,6 +225,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     j = 0
     while heap:
         kb, i, level, knobs, ctx, keys, tb = heap[0]
+        stats["frontier"] = kb          # for a Ctrl-C: no tuple left is below it (solve)
         if time.monotonic() > deadline:
             stats["unexplored"] += len(heap)
             bounds.append(kb)
@@ -313,6 +343,8 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
         "knob_tuples_gpipe_twins": stats.get("twins", 0),
         "aggregate_compute_bound_s": agg, "objective_kind": spec.kind, "node_classes": len(classes),
         "objective_unit": OBJECTIVE_UNITS[spec.kind]}
+    if stats.get("interrupted"):
+        report_fields["interrupted"] = True
     # The search priced each plan with the cost model's pieces; evaluate prices the whole plan.
     # They must agree (tests hold them to 1e-9); report the worst disagreement, not hide it.
     if time_like:

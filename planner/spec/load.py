@@ -8,6 +8,7 @@ from pathlib import Path
 
 from planner import catalog
 from planner.errors import InputError, InputErrors
+from planner.spec import limits
 from planner.spec.cluster import DEFAULT_ZONE, Cluster
 from planner.spec.gpu import GpuType
 from planner.spec.model import ModelSpec
@@ -106,8 +107,44 @@ def _check_gpu_names(cluster: Cluster, doc: Document, errors: list[InputError]) 
         seen.setdefault(key, (gpu, i))
 
 
+def _check_size(cluster: Cluster, doc: Document, errors: list[InputError]) -> None:
+    """Refuse a cluster too large to expand (``count: 1000000000000`` hung validate) before
+    anything lists its nodes; each bound is named (planner.spec.limits)."""
+    before = len(errors)
+    for i, group in enumerate(cluster.nodes):
+        if group.gpus_per_node > limits.MAX_GPUS_PER_NODE:
+            errors.append(doc.error(("nodes", i, "gpus_per_node"), f"gpus_per_node {group.gpus_per_node:,} is "
+                                    f"over the limit of {limits.named('MAX_GPUS_PER_NODE')}"))
+    counts = [group.count or 1 for group in cluster.nodes]
+    if sum(counts) > limits.MAX_NODES:
+        i = max(range(len(counts)), key=counts.__getitem__)       # the group that tips it: the largest
+        errors.append(doc.error(("nodes", i, "count"), f"the cluster has {sum(counts):,} nodes, over the "
+                                f"limit of {limits.named('MAX_NODES')}"))
+    gpus = [c * g.gpus_per_node for c, g in zip(counts, cluster.nodes)]
+    if len(errors) == before and sum(gpus) > limits.MAX_GPUS:
+        i = max(range(len(gpus)), key=gpus.__getitem__)
+        errors.append(doc.error(("nodes", i), f"the cluster has {sum(gpus):,} GPUs, over the limit of "
+                                f"{limits.named('MAX_GPUS')}"))
+    if len(errors) > before:
+        raise InputErrors(errors)
+
+
+def _check_links(cluster: Cluster, doc: Document, errors: list[InputError]) -> None:
+    """A link joins two different zones; between one region and itself it joins that region's
+    zones with each other (DESIGN §2), so only a zone repeated is refused."""
+    zone_names = {z.name for z in cluster.zones}
+    regions = {z.region for z in cluster.zones if z.region}
+    for i, link in enumerate(cluster.links):
+        a, b = link.between
+        if a == b and a in zone_names and a not in regions:
+            errors.append(doc.error(("links", i, "between"), f"a link joins two different zones, got "
+                                    f"[{a}, {b}]; inside a zone the nodes' own network_bandwidth "
+                                    "applies (a region may be linked to itself: its zones with each other)"))
+
+
 def _cross_check(cluster: Cluster, doc: Document, errors: list[InputError]) -> None:
     _check_gpu_names(cluster, doc, errors)
+    _check_links(cluster, doc, errors)
     zone_names = [z.name for z in cluster.zones]
     seen: dict[str, int] = {}
     for i, zone in enumerate(cluster.zones):
@@ -168,6 +205,7 @@ def cluster_from_document(doc: Document) -> Cluster:
         fresh = [e for e in exc.errors
                  if not (e.location and any((e.location.field or "").startswith(f) for f in failed))]
         raise InputErrors(errors + fresh) from None
+    _check_size(cluster, doc, errors)
     _cross_check(cluster, doc, errors)
     cluster = _fill_defaults(cluster, doc, errors)
     if errors:

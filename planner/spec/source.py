@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from planner.errors import InputError, InputErrors, Location
+from planner.spec import limits
 
 PathKey = tuple[str | int, ...]
 
@@ -52,14 +53,56 @@ class Document:
         return InputError(message, self.locate(path))
 
 
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's composer recurses once per level of nesting: 5,000 nested lists took over a
+    second to overflow Python's stack.  Refuse at ``MAX_NESTING_DEPTH`` instead, at the line
+    where the file crosses it."""
+
+    def __init__(self, stream, file: str):
+        super().__init__(stream)
+        self.file = file
+        self.depth = 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        try:
+            if self.depth > limits.MAX_NESTING_DEPTH:
+                mark = self.peek_event().start_mark
+                raise InputError("lists and mappings nested too deeply: beyond the limit of "
+                                 f"{limits.named('MAX_NESTING_DEPTH')}; no spec is shaped so",
+                                 Location(self.file, mark.line + 1, mark.column + 1))
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
 class _Builder:
     def __init__(self, file: str, loader: yaml.SafeLoader):
         self.file = file
         self.loader = loader
         self.marks: dict[PathKey, tuple[int, int]] = {}
         self.errors: list[InputError] = []
+        # PyYAML's composer shares an anchored node between its aliases; building plain data
+        # copies it once per alias, which is where an alias bomb explodes.  Count those copies.
+        self.built: set[int] = set()
+        self.alias_values = 0
 
-    def build(self, node: yaml.Node, path: PathKey) -> Any:
+    def _check_bounds(self, node: yaml.Node, path: PathKey, repeated: bool) -> None:
+        if repeated:
+            self.alias_values += 1
+            if self.alias_values > limits.MAX_ALIAS_VALUES:
+                raise InputError("YAML aliases (*name) expand to more values than the limit of "
+                                 f"{limits.named('MAX_ALIAS_VALUES')}; write the values out or "
+                                 "nest fewer aliases", self._where(node, path))
+
+    def _where(self, node: yaml.Node, path: PathKey) -> Location:
+        return Location(self.file, node.start_mark.line + 1, node.start_mark.column + 1,
+                        format_field_path(path) or None)
+
+    def build(self, node: yaml.Node, path: PathKey, repeated: bool = False) -> Any:
+        repeated = repeated or id(node) in self.built
+        self.built.add(id(node))
+        self._check_bounds(node, path, repeated)
         self.marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
         if isinstance(node, yaml.MappingNode):
             out: dict[str, Any] = {}
@@ -80,10 +123,10 @@ class _Builder:
                         Location(self.file, *where, format_field_path(path + (key,)))))
                     continue
                 key_marks[key] = where
-                out[key] = self.build(value_node, path + (key,))
+                out[key] = self.build(value_node, path + (key,), repeated)
             return out
         if isinstance(node, yaml.SequenceNode):
-            return [self.build(item, path + (i,)) for i, item in enumerate(node.value)]
+            return [self.build(item, path + (i,), repeated) for i, item in enumerate(node.value)]
         value = self.loader.construct_object(node, deep=True)
         if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
             self.errors.append(InputError(
@@ -93,8 +136,12 @@ class _Builder:
 
 
 def read_text(path: str | Path, what: str = "file") -> str:
-    """A file's text; a missing or unreadable file is an ``InputError`` naming it."""
+    """A file's text; a missing, unreadable or oversized file is an ``InputError`` naming it."""
     try:
+        size_bytes = Path(path).stat().st_size
+        if size_bytes > limits.MAX_FILE_BYTES:
+            raise InputError(f"{what} is {size_bytes:,} bytes, over the limit of "
+                             f"{limits.named('MAX_FILE_BYTES')}", Location(str(path), 1))
         return Path(path).read_text()
     except FileNotFoundError:
         raise InputError(f"{what} not found: {path}") from None
@@ -107,23 +154,25 @@ def load_yaml(path: str | Path, text: str | None = None) -> Document:
     file = str(path)
     if text is None:
         text = read_text(path)
-    loader = yaml.SafeLoader(text)
+    loader = _BoundedLoader(text, file)
     try:
         node = loader.get_single_node()
         if node is None:
-            raise InputError("the file is empty", Location(file))
+            raise InputError("the file is empty", Location(file, 1))
         builder = _Builder(file, loader)
         data = builder.build(node, ())
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        loc = Location(file, mark.line + 1, mark.column + 1) if mark else Location(file)
+        loc = Location(file, mark.line + 1, mark.column + 1) if mark else Location(file, 1)
         raise InputError(f"YAML syntax: {exc.problem or exc.context}", loc) from None
     except yaml.YAMLError as exc:
-        raise InputError(f"YAML syntax: {exc}", Location(file)) from None
+        raise InputError(f"YAML syntax: {exc}", Location(file, 1)) from None
     except RecursionError:
-        # thousands of nested lists or mappings: no spec is shaped so; a bad file, not a bug
-        raise InputError("nested too deeply to be a spec (lists or mappings inside each other "
-                         "hundreds of times)", Location(file)) from None
+        # _BoundedLoader stops nesting well before Python's stack does; should a future PyYAML
+        # recurse elsewhere, a file nested thousands deep is still a bad file, not a bug
+        raise InputError("nested too deeply to be a spec (lists and mappings inside each other "
+                         f"beyond the limit of {limits.named('MAX_NESTING_DEPTH')})",
+                         Location(file, 1)) from None
     finally:
         loader.dispose()
     if builder.errors:

@@ -1,0 +1,44 @@
+"""``plan --schedule / --recompute / --zero-stage``: the training file's freedoms as flags.
+
+Each flag takes one choice or several separated by commas and narrows the search to them, as
+``schedules:``, ``recompute_modes:`` and ``zero_stages:`` do in a training file.  A flag that
+contradicts what the file itself sets is an input error, as ``--precision`` is."""
+
+from __future__ import annotations
+
+from planner.errors import InputError
+from planner.spec.source import document_from_data, validate_model
+from planner.spec.training import Training
+
+# flag -> the training field it sets
+FLAGS = {"--schedule": "schedules", "--recompute": "recompute_modes", "--zero-stage": "zero_stages"}
+
+
+def _choices(flag: str, text: str) -> tuple:
+    values = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if not values:
+        raise InputError(f"{flag} {text!r}: give one or more choices separated by commas")
+    if flag == "--zero-stage":
+        if not all(v.isdigit() for v in values):
+            raise InputError(f"{flag} {text!r}: give 0, 1 or 0,1")
+        return tuple(int(v) for v in values)
+    return values
+
+
+def with_freedoms(training: Training, flags: dict[str, str | None], training_path: str | None) -> Training:
+    """``training`` narrowed by the flags given (flag -> its text, None when absent)."""
+    update = {}
+    for flag, text in flags.items():
+        if text is None:
+            continue
+        field = FLAGS[flag]
+        values = _choices(flag, text)
+        if training_path and field in training.model_fields_set and set(values) != set(getattr(training, field)):
+            raise InputError(f"{flag} {text} contradicts {field}: {list(getattr(training, field))} in "
+                             f"{training_path}; set it in the file (or drop {flag})")
+        update[field] = values
+    if not update:
+        return training
+    data = {**training.model_dump(exclude_unset=True), **update}
+    # the field's own check names what is valid (e.g. schedules: 'gpipe', '1f1b', ...)
+    return validate_model(Training, document_from_data(data, file=" / ".join(f for f in flags if flags[f])))

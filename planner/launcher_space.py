@@ -1,0 +1,31 @@
+"""The search space a launcher can run, where it is narrower than the training's freedoms.
+
+``plan --launcher deepspeed`` planned selective recompute and interleaved schedules, and
+``launch --format deepspeed`` then refused the plan (planner/launch/deepspeed.py ``check``:
+PipelineModule checkpoints whole layers only, its engine runs one stage per rank).  The search
+is narrowed to what the launcher runs instead; a test holds this table to ``check``'s
+refusals.  Megatron-LM runs every schedule and recompute mode the search plans."""
+
+from __future__ import annotations
+
+from planner.errors import InputError
+from planner.spec.training import Training
+
+# launcher -> training field -> the choices it runs
+LAUNCHER_CHOICES: dict[str, dict[str, tuple]] = {
+    "deepspeed": {"recompute_modes": ("none", "full"), "schedules": ("1f1b", "gpipe")},
+}
+
+
+def narrow(training: Training, launcher: str | None) -> Training:
+    """``training`` with each freedom cut to what ``launcher`` runs; none left is an input error."""
+    update = {}
+    for field, runs in LAUNCHER_CHOICES.get(launcher or "", {}).items():
+        allowed = getattr(training, field)
+        kept = tuple(c for c in allowed if c in runs)
+        if not kept:
+            raise InputError(f"--launcher {launcher} runs {field} {', '.join(map(str, runs))}; the training "
+                             f"allows only {', '.join(map(str, allowed))}")
+        if kept != allowed:
+            update[field] = kept
+    return training.model_copy(update=update) if update else training

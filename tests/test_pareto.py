@@ -1,0 +1,54 @@
+"""``planner pareto``: the plans on the front of USD/hour against tokens/s (issue 19)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from planner.cli.main import main
+from planner.pareto import FrontPoint, non_dominated
+
+JOB = ["pareto", "cluster_specs/tiny-2zone.yaml", "--model", "opt-350m", "--global-batch-size", "8",
+       "--seq-len", "256", "--time-limit", "60"]
+
+
+def _p(tps: float, usd: float) -> FrontPoint:
+    return FrontPoint(tps, usd, "x", "optimal", 0.0, SimpleNamespace())
+
+
+def test_non_dominated_keeps_the_front_once_sorted_by_speed():
+    pts = [_p(10, 5), _p(20, 9), _p(15, 9), _p(20, 9), _p(5, 6), _p(30, 20), _p(25, 25)]
+    front = non_dominated(pts)
+    assert [(p.tokens_per_s, p.usd_per_hour) for p in front] == [(10, 5), (20, 9), (30, 20)]
+
+
+def test_the_front_is_a_table_json_and_a_picture(tmp_path, capsys):
+    picture = tmp_path / "front.png"
+    assert main([*JOB, "--json", "--plot", str(picture)]) == 0
+    points = json.loads(capsys.readouterr().out)
+    assert len(points) >= 2
+    speeds = [p["tokens_per_s"] for p in points]
+    prices = [p["usd_per_hour"] for p in points]
+    assert speeds == sorted(speeds) and prices == sorted(prices)     # faster costs more on a front
+    assert points[0]["objective"] == "cost" and points[-1]["objective"] == "throughput"
+    for p in points:    # each point is its plan's own prediction
+        assert p["plan"]["predicted"]["tokens_per_s"] == p["tokens_per_s"]
+        assert p["plan"]["predicted"]["usd_per_hour"] == p["usd_per_hour"]
+    import matplotlib.image
+
+    image = matplotlib.image.imread(picture)
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.shape[0] > 100 and image.shape[1] > 100
+    assert main(JOB) == 0
+    out = capsys.readouterr().out
+    assert "Plans on the front" in out and "throughput" in out and "cost" in out
+
+
+@pytest.mark.parametrize("extra, needle", [(["--floors", "-1"], "--floors must be between"),
+                                           (["--plot", "front.jpg"], "must end in .png or .svg"),
+                                           (["--time-limit", "0"], "time limit")])
+def test_bad_flags_exit_2(extra, needle, capsys, tmp_path):
+    extra = [str(tmp_path / e) if e.endswith(".jpg") else e for e in extra]
+    assert main([*JOB, *extra]) == 2
+    assert needle in capsys.readouterr().err

@@ -1,0 +1,112 @@
+"""What `planner plan` shows a user: egress beside the total with a warning above a fifth of
+the cost, a tokens/s floor alone selecting its objective, tables whole at 80 columns piped
+(issue 19, "What a user sees")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from planner.cli.main import main
+from planner.cli.plan import EGRESS_WARN_SHARE, cost_text, egress_warning
+
+CLUSTER = "cluster_specs/tiny-2gpu.yaml"
+BASE = ["plan", CLUSTER, "--model", "opt-350m", "--global-batch-size", "4", "--seq-len", "256",
+        "--time-limit", "60"]
+
+
+def _ev(total: float | None, egress: float) -> SimpleNamespace:
+    return SimpleNamespace(usd_per_hour=total, egress_usd_per_hour=egress, usd_per_million_tokens=0.5)
+
+
+def test_egress_is_shown_beside_the_total_with_its_share():
+    assert cost_text(_ev(10.0, 0.0)) == ", 10.00 USD/hour, 0.5000 USD per million tokens"
+    assert cost_text(_ev(10.0, 1.5)) == ", 10.00 USD/hour (1.50 of it egress, 15%), 0.5000 USD per million tokens"
+    assert "cost unknown" in cost_text(_ev(None, 0.0))
+
+
+@pytest.mark.parametrize("egress, warned", [(1.5, False), (2.0, False), (2.01, True), (6.0, True)])
+def test_egress_over_a_fifth_of_the_cost_is_a_warning(egress, warned):
+    assert EGRESS_WARN_SHARE == 0.2
+    text = egress_warning(_ev(10.0, egress))
+    assert (text is not None) == warned
+    if warned:
+        assert text.startswith("warning: egress is") and f"{egress:,.2f} of 10.00 USD/hour" in text
+    assert egress_warning(_ev(None, egress)) is None
+
+
+def test_a_tokens_per_s_floor_alone_selects_cost_above_floor(capsys):
+    assert main([*BASE, "--min-tokens-per-s", "1000", "--json", "--quiet"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["objective"] == {"kind": "cost-above-floor", "min_tokens_per_s": 1000.0}
+    assert plan["predicted"]["tokens_per_s"] >= 1000.0
+    # a contradiction is still refused, as a budget with --objective cost is
+    assert main([*BASE, "--objective", "throughput", "--min-tokens-per-s", "1000"]) == 2
+    assert "tokens/s floor goes with the cost objective" in capsys.readouterr().err
+
+
+NAMES = ["us-central1-a", "us-west1-b", "us-east4-c", "H100-SXM5-80GB", "A100-SXM4-40GB", "L40S-48GB"]
+
+
+def test_tables_piped_keep_every_name_whole(capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(["validate", "cluster_specs/three-zone.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    for name in NAMES:
+        assert name in out, name
+
+
+@pytest.mark.parametrize("spec", ["three-zone.yaml", "tiny-2zone.yaml", "lab-mixed.yaml"])
+def test_tables_at_80_columns_cut_nothing(capsys, monkeypatch, spec):
+    """An 80-column terminal: every line fits, no cell ends in "…", no column is dropped,
+    and each GPU type and zone name is whole on one line (three-zone's are too long to fit
+    beside the numbers: they fold, and still nothing is cut)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["validate", f"cluster_specs/{spec}"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80 and "…" not in out
+    for header in ("zone", "GPU type", "USD/h"):
+        assert header in out
+    from planner.spec import load_cluster
+    cluster = load_cluster(f"cluster_specs/{spec}")
+    names = {g.gpu.name for g in cluster.nodes} | set(cluster.zone_names)
+    for name in names:
+        assert any(name in line for line in lines), name
+
+
+def test_a_terminal_gets_a_live_line_with_the_time_left():
+    """No silent stretch: on a terminal the line below the messages is redrawn four times a
+    second with the time spent and left and the last message; piped, the messages alone."""
+    import io
+    import time
+
+    from rich.console import Console
+
+    from planner.cli.progress import SearchStatus
+
+    for terminal in (True, False):
+        buf = io.StringIO()
+        with SearchStatus(Console(file=buf, force_terminal=terminal, width=120), 10) as status:
+            status.message("warm start p=1: 5.1 s")
+            time.sleep(0.8)
+        out = buf.getvalue()
+        assert "warm start p=1: 5.1 s" in out
+        redraws = out.count("s of 10 s left; warm start p=1: 5.1 s")
+        assert (redraws >= 2) if terminal else (redraws == 0), out
+
+
+def test_catalog_default_prices_are_marked_with_their_source(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(BASE) == 0
+    out = capsys.readouterr().out
+    assert "price: A100-SXM4-80GB at the catalog default 5.12 USD per GPU-hour (AWS p4de.24xlarge" in out
+    own = tmp_path / "c.yaml"
+    own.write_text(Path(CLUSTER).read_text().replace("gpus_per_node: 2", "gpus_per_node: 2\n    price_per_hour: 7.5"))
+    assert main(["plan", str(own), *BASE[2:]]) == 0
+    out = capsys.readouterr().out
+    assert "catalog default" not in out and "7.50 USD/hour" in out
