@@ -4,17 +4,22 @@
 ``launch --format deepspeed`` then refused the plan (planner/launch/deepspeed.py ``check``:
 PipelineModule checkpoints whole layers only, its engine runs one stage per rank).  The search
 is narrowed to what the launcher runs instead; a test holds this table to ``check``'s
-refusals.  Megatron-LM runs every schedule and recompute mode the search plans."""
+refusals.  The schedules come from the search's own registry (``planner.search.schedules``,
+each entry names the launchers that run it), so there is one list of them: Megatron-LM runs
+every searched schedule but zb-h1, DeepSpeed 1F1B and GPipe; recompute is narrowed here."""
 
 from __future__ import annotations
 
 from planner.errors import InputError
+from planner.search.schedules import LAUNCHERS, SCHEDULES
 from planner.spec.training import Training
 
 # launcher -> training field -> the choices it runs
 LAUNCHER_CHOICES: dict[str, dict[str, tuple]] = {
-    "deepspeed": {"recompute_modes": ("none", "full"), "schedules": ("1f1b", "gpipe")},
-}
+    name: {"schedules": tuple(s.name for s in SCHEDULES.values() if name in s.launchers)}
+    for name in LAUNCHERS}
+# PipelineModule checkpoints whole layers only (activation_checkpoint_interval)
+LAUNCHER_CHOICES["deepspeed"]["recompute_modes"] = ("none", "full")
 
 
 def narrow(training: Training, launcher: str | None) -> Training:

@@ -102,8 +102,9 @@ def _zb_h1(p: int, m: int, v: int):
 SCHEDULES: dict[str, SearchSchedule] = {
     "gpipe": SearchSchedule("gpipe", _gpipe, exact=True, reads_apart=True),
     "1f1b": SearchSchedule("1f1b", _one_f_one_b, exact=True),
+    # DeepSpeed's engine runs one stage per rank (planner launch --format deepspeed refuses it)
     "interleaved-1f1b": SearchSchedule("interleaved-1f1b", _interleaved, exact=True, virtual_stages=2,
-                                       wraps=True, min_stages=2, divides_m=True),
+                                       wraps=True, min_stages=2, divides_m=True, launchers=("megatron",)),
     # Megatron-LM and DeepSpeed have no zero-bubble schedule (planner launch refuses it)
     "zb-h1": SearchSchedule("zb-h1", _zb_h1, exact=False, reads_apart=True, launchers=()),
 }
