@@ -143,11 +143,7 @@ def check_plan(plan: Plan, shape: dict, schedule=None):
     except InputErrors as exc:
         problems.extend(f"{e.location.field + ': ' if e.location and e.location.field else ''}{e.message}"
                         for e in exc.errors)
-    if plan.schedule == "bitpipe":
-        problems.append("schedule bitpipe: the reference runner does not run it yet (two pipelines over the "
-                        "same ranks, a second weight copy per rank and the pair all-reduce); re-plan with "
-                        "schedule interleaved-1f1b or 1f1b to run it here")
-    elif not problems:
+    if not problems:
         try:  # the same action lists the workers will follow
             sched = plan_schedule(plan, schedule)
             problems.extend(chunk_problems(plan, sched))
@@ -178,21 +174,32 @@ def _bytes_per_rank(plan: Plan, shape: dict, dtype_bytes: int, sched) -> int:
     """Rough peak memory of the largest rank: weights, grads and two Adam moments, plus the
     activations of the micro-batches in flight under the action lists ``sched`` (a micro-batch
     holds its graph from F until B or W). Only to refuse runs that cannot fit."""
-    from planner.launch.run_schedule import peak_in_flight
+    from planner.launch.run_schedule import peak_in_flight, weight_stages
 
     h, f, v, seq = shape["hidden_size"], shape["ffn_size"], shape["vocab_size"], shape["seq_len"]
     block = 4 * h * h + 3 * h * f
     worst = 0
     held = peak_in_flight(sched)
+    heads = head_stages(sched)
     for s in plan.stages:
         in_flight = held[s.index]
+        # bitpipe: the rank also holds its mirror's blocks (a second copy) and runs them.
+        copies = [plan.stages[i] for i in weight_stages(sched, s.index)]
+        blocks = sum(c.num_blocks for c in copies)
+        ends = any(c.embedding or c.head for c in copies)
         for r in s.replicas:
-            n = s.num_blocks * block // r.tp + (2 * v * h if s.embedding or s.head else 0)
-            act = s.num_blocks * r.micro_batch_share * seq * (12 * h + 3 * f // r.tp
-                                                              + 3 * shape["num_heads"] * seq)
-            act += 3 * r.micro_batch_share * seq * v if s.head else 0
+            n = blocks * block // r.tp + (2 * v * h if ends else 0)
+            act = max(c.num_blocks for c in copies) * r.micro_batch_share * seq * (
+                12 * h + 3 * f // r.tp + 3 * shape["num_heads"] * seq)
+            act += 3 * r.micro_batch_share * seq * v if s.index in heads else 0
             worst = max(worst, (4 * n + in_flight * act) * dtype_bytes)
     return worst
+
+
+def head_stages(sched) -> set[int]:
+    """The plan stages computing a loss: the owner of each pipeline's last stage (bitpipe: two)."""
+    return {sched.owner(sched.num_stages - 1, pipe[0])[0] for pipe in sched.pipelines} or \
+        {sched.owner(sched.num_stages - 1)[0]}
 
 
 def check_machine(plan: Plan, shape: dict, backend: str, dtype: str, sched) -> None:
@@ -285,10 +292,10 @@ def _failure(out: Path, ranks: list[RankInfo], failed: list[int], procs) -> Work
 class _Progress:
     """Turns the workers' per-step lines into ``on_step(step, loss, step_time_s)`` calls, once
     every rank has finished the step (loss summed over the tp-rank-0 processes of the stage
-    holding the head, time the slowest rank's)."""
+    holding the head (both heads' under bitpipe), time the slowest rank's)."""
 
-    def __init__(self, out: Path, ranks: list[RankInfo], head_stage: int, on_step):
-        self.out, self.ranks, self.last, self.on_step = out, ranks, head_stage, on_step
+    def __init__(self, out: Path, ranks: list[RankInfo], head_stages: set[int], on_step):
+        self.out, self.ranks, self.heads, self.on_step = out, ranks, head_stages, on_step
         self.offsets = {r.rank: 0 for r in ranks}
         self.lines: dict[int, dict[int, dict]] = {}  # step -> rank -> line
         self.next_step = 0
@@ -311,7 +318,7 @@ class _Progress:
         while len(self.lines.get(self.next_step, {})) == len(self.ranks):
             recs = self.lines.pop(self.next_step)
             loss = sum(recs[r.rank]["loss"] for r in self.ranks
-                       if r.stage == self.last and r.tp_rank == 0)
+                       if r.stage in self.heads and r.tp_rank == 0)
             self.on_step(self.next_step, loss, max(x["time_s"] for x in recs.values()))
             self.next_step += 1
 
@@ -351,13 +358,12 @@ def _launch(cfg: dict, ranks: list[RankInfo], out: Path, timeout_s: float,
         _stop(procs)  # also on KeyboardInterrupt: never leave ranks behind
 
 
-def _collect(out: Path, ranks: list[RankInfo], plan: Plan, steps: int, head_stage: int):
+def _collect(out: Path, ranks: list[RankInfo], plan: Plan, steps: int, heads: set[int]):
     import numpy as np
 
     res = {r.rank: json.loads((out / f"rank{r.rank}.json").read_text()) for r in ranks}
     shards = {r.rank: dict(np.load(out / f"rank{r.rank}.npz")) for r in ranks}
-    last = head_stage
-    losses = [sum(res[r.rank]["losses"][i] for r in ranks if r.stage == last and r.tp_rank == 0)
+    losses = [sum(res[r.rank]["losses"][i] for r in ranks if r.stage in heads and r.tp_rank == 0)
               for i in range(steps)]
     times = [max(res[r.rank]["step_time_s"][i] for r in ranks) for i in range(steps)]
     by_slot = {(r.stage, r.replica, r.tp_rank): r.rank for r in ranks}
@@ -371,7 +377,7 @@ def _collect(out: Path, ranks: list[RankInfo], plan: Plan, steps: int, head_stag
                 full = parts[0] if dim is None or rep.tp == 1 else np.concatenate(parts, axis=dim)
                 if name not in params:
                     params[name] = full
-                else:  # another replica, or the last stage's copy of a tied embedding
+                else:  # another replica, the last stage's copy of a tied embedding, bitpipe's copy
                     diff = max(diff, float(np.max(np.abs(full - params[name]), initial=0.0)))
     h = hashlib.sha256()
     for name in sorted(params):
@@ -404,7 +410,7 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
     ranks = rank_map(plan)
     from planner.launch.run_schedule import schedule_to_json
 
-    head_stage = sched.owner(sched.num_stages - 1)[0]  # the plan stage computing the loss
+    heads = head_stages(sched)  # the plan stages computing the loss
     stages = []
     slot_rank = {(r.stage, r.replica, r.tp_rank): r.rank for r in ranks}
     for s in plan.stages:
@@ -427,14 +433,14 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
         with tempfile.TemporaryDirectory(prefix="planner-run-") as tmp:
             out = Path(tmp)
             try:
-                _launch(cfg, ranks, out, timeout_s, _Progress(out, ranks, head_stage, on_step))
+                _launch(cfg, ranks, out, timeout_s, _Progress(out, ranks, heads, on_step))
             except WorkerError as exc:
                 # The free port can be taken between our probe and rank 0's bind: try another once.
                 if attempt == 0 and getattr(exc, "rank", None) == 0 and "in use" in str(exc).lower():
                     cfg["port"] = _free_port()
                     continue
                 raise
-            losses, times, params, diff, digest = _collect(out, ranks, plan, steps, head_stage)
+            losses, times, params, diff, digest = _collect(out, ranks, plan, steps, heads)
             break
     return RunResult(losses=losses, step_time_s=times, param_digest=digest,
                      replica_max_abs_diff=diff, world_size=len(ranks), ranks=ranks,

@@ -314,7 +314,7 @@ class Worker:
         loss = 0.0
         backward = {"B": self._backward, "I": self._backward_input, "W": self._backward_weight}
         for a in self.sched.ranks[self.si]:
-            k = self.sched.stage(self.si, a.chunk)
+            k = self.sched.slot(self.si, a.chunk)  # index into self.chunks (one pipeline: the stage)
             if a.kind == "F":
                 loss += self._forward(k, a.micro_batch, tokens, saved)
             else:
@@ -368,13 +368,22 @@ def _die_with_parent() -> None:
         os._exit(1)  # the parent died before the request took effect
 
 
+def worker_class(cfg: dict) -> type[Worker]:
+    """BitPipe's two weight copies need their own gradient sync (planner.launch.bitpipe_worker)."""
+    if cfg["schedule"]["stage_map"] == "bitpipe":
+        from planner.launch.bitpipe_worker import BitpipeWorker
+
+        return BitpipeWorker
+    return Worker
+
+
 def main(argv: list[str]) -> int:
     cfg_path, rank, out_dir = argv[0], int(argv[1]), Path(argv[2])
     _die_with_parent()
     torch.set_num_threads(1)  # several ranks share few cores: one thread each avoids thrashing
     try:
         cfg = json.loads(Path(cfg_path).read_text())
-        worker = Worker(cfg, rank, out_dir / f"rank{rank}.steps")
+        worker = worker_class(cfg)(cfg, rank, out_dir / f"rank{rank}.steps")
         worker.init()
         result = worker.train()
         shards = {k: v.detach().cpu().numpy() for k, v in worker.params.items()}
