@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
 import pytest
 
-from planner.launch.dynamic import (ControllerSettings, ShareController, largest_remainder,
-                                    proportional_shares)
+from planner.launch.dynamic import ControllerSettings, ShareController, largest_remainder, proportional_shares
 
 MAX_STEPS = 15  # the bound the controller must converge within on these cases
 
@@ -29,7 +29,7 @@ def simulate(speeds, shares, steps=MAX_STEPS, overhead_s=0.0, noise=0.0, seed=0,
 def test_converges_within_one_sequence_of_speed_ratio(speeds, mbs):
     n = len(speeds)
     equal = largest_remainder([mbs / n] * n, mbs, 1)
-    ctl, history = simulate(speeds, equal)
+    _ctl, history = simulate(speeds, equal)
     ideal = [mbs * v / sum(speeds) for v in speeds]
     assert all(abs(s - t) <= 1.0 for s, t in zip(history[-1], ideal)), (history, ideal)
     # and it stays there: the last five steps are all within one sequence
@@ -48,7 +48,7 @@ def test_noisy_times_still_converge_and_settle():
 def test_bounds_respected_every_step():
     st = ControllerSettings(kp=1.0, ki=0.5, max_step_fraction=0.25, min_share=2)
     _, history = simulate((1.0, 50.0, 1.0), (6, 6, 6), steps=30, settings=st)
-    for prev, cur in zip(history, history[1:]):
+    for prev, cur in itertools.pairwise(history):
         assert sum(cur) == 18
         assert min(cur) >= 2
         for p, c in zip(prev, cur):
@@ -67,7 +67,7 @@ def test_dead_band_holds_shares_and_equal_speeds_do_not_move():
 def test_fixed_overhead_still_equalises_times():
     # time = 0.5 s + share / speed: the proportional target is biased, the loop corrects it
     speeds, mbs = (1.0, 3.0), 16
-    ctl, history = simulate(speeds, [8, 8], steps=25, overhead_s=0.5)
+    _ctl, history = simulate(speeds, [8, 8], steps=25, overhead_s=0.5)
     times = [0.5 + s / v for s, v in zip(history[-1], speeds)]
     best = min(max(0.5 + a / speeds[0], 0.5 + (mbs - a) / speeds[1]) for a in range(1, mbs))
     assert max(times) <= best + 1 / min(speeds) + 1e-9
