@@ -88,6 +88,9 @@ def load(path: str, plan) -> tuple[dict, dict[tuple[int, int], ReplicaTimes]]:
         rows = step.get("replicas") if isinstance(step, dict) else None
         if not isinstance(rows, list):
             raise bad(f"steps[{i}].replicas", "must be a list")
+        t = step.get("step_time_s")
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+            raise bad(f"steps[{i}].step_time_s", f"must be a positive number of seconds, got {t!r}")
         seen = set()
         for k, row in enumerate(rows):
             where = f"steps[{i}].replicas[{k}]"
