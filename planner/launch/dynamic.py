@@ -11,7 +11,9 @@ Here:
 
 - target share ``T_j = B * v_j / sum(v)``, ``v_j = share_j / time_j`` (sequences per second);
 - error ``e_j = T_j - x_j`` on a continuous share ``x_j`` the controller keeps between steps
-  (the integer share is ``x_j`` rounded, largest remainder, so the shares always sum to B);
+  (the integer share is ``x_j`` rounded, largest remainder, so the shares always sum to B;
+  the shares in use stay while each is still within one sequence of ``x_j``, so noise does not
+  flip sequences back and forth);
 - move ``u_j = kp * e_j + ki * I_j`` with ``I_j`` the sum of past errors (the integral term
   removes a steady offset when time is not proportional to share, e.g. a fixed per-step cost);
 - dead band: when the replicas' compute times differ by less than ``dead_band`` of the slowest,
@@ -118,7 +120,11 @@ class ShareController:
         if alpha >= 1.0:
             self.integral = integral
         self.x = [x + alpha * m for x, m in zip(self.x, move)]
-        self.shares = largest_remainder(self.x, self.total, self.settings.min_share)
+        # Sticky rounding: while the shares in use are still a rounding of x (each within one
+        # sequence), keep them; re-rounding on every small move of x flips sequences back and
+        # forth on measurement noise.
+        if any(abs(x - s) >= 1.0 for x, s in zip(self.x, self.shares)):
+            self.shares = largest_remainder(self.x, self.total, self.settings.min_share)
         return list(self.shares)
 
     def _alpha(self, move: list[float]) -> float:
