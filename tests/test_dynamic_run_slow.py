@@ -79,18 +79,24 @@ def test_cli_measurements_feed_rebalance(tmp_path, capsys):
     (tmp_path / "cluster.yaml").write_text(
         "name: local\nnodes:\n  - {name: a, gpu: A100-SXM4-80GB, gpus_per_node: 4, network_bandwidth: 100 Gbit/s}\n")
     m = tmp_path / "m.json"
-    rc = main(["run", str(tmp_path / "plan.json"), "--steps", "3", "--measurements", str(m),
+    rc = main(["run", str(tmp_path / "plan.json"), "--steps", "4", "--measurements", str(m),
                "--slow-rank", "2:4", "--json"])
     assert rc == 0, capsys.readouterr().err
     capsys.readouterr()
     doc = json.loads(m.read_text())
-    assert doc["schema"] == "planner.measurements/v1" and len(doc["steps"]) == 3
-    rows = doc["steps"][-1]["replicas"]
-    assert [r["share"] for r in rows] == [4, 4, 4]
-    assert all(r["forward_s"] > 0 and r["backward_s"] > 0 and r["sync_wait_s"] >= 0 for r in rows)
-    # the slow replica computes longest and waits least at the gradient all-reduce
-    assert rows[2]["compute_s"] == max(r["compute_s"] for r in rows)
-    assert rows[2]["sync_wait_s"] == min(r["sync_wait_s"] for r in rows)
+    assert doc["schema"] == "planner.measurements/v1" and len(doc["steps"]) == 4
+    for step in doc["steps"]:
+        rows = step["replicas"]
+        assert [r["share"] for r in rows] == [4, 4, 4]
+        assert all(r["forward_s"] > 0 and r["backward_s"] > 0 and r["sync_wait_s"] >= 0 for r in rows)
+
+    def median(field, j):
+        return float(np.median([st["replicas"][j][field] for st in doc["steps"][1:]]))
+
+    # the 4x slower replica computes longest and waits least at the gradient all-reduce
+    # (medians over the steps after the first: the machine may be shared)
+    assert median("compute_s", 2) == max(median("compute_s", j) for j in range(3))
+    assert median("sync_wait_s", 2) == min(median("sync_wait_s", j) for j in range(3))
     rc = main(["rebalance", str(tmp_path / "cluster.yaml"), str(tmp_path / "plan.json"),
                "--measurements", str(m), "-o", str(tmp_path / "new.json"), "--json"])
     assert rc == 0
