@@ -102,3 +102,14 @@ def test_cli_measurements_feed_rebalance(tmp_path, capsys):
     assert rc == 0
     shares = json.loads(capsys.readouterr().out)["shares"]
     assert shares["0/2"] < 4 and sum(shares.values()) == 12
+
+
+def test_bench_dynamic_runs(capsys):
+    """The benchmark's short form runs (so it cannot rot); its timings are not asserted."""
+    from planner import bench_dynamic
+
+    assert bench_dynamic.main(["--steps", "3", "--replicas", "2", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["replicas"] == 2 and len(row["dynamic_shares"]) == 3
+    assert sum(row["rebalance_shares"]) == bench_dynamic.MICRO_BATCH
+    assert row["static_median_s"] > 0 and row["rebalance_predicted_s"] > 0
