@@ -67,6 +67,7 @@ class RunResult:
     ranks: list[RankInfo]
     wall_s: float
     params: dict | None = field(default=None, repr=False)  # name -> numpy array, full shape
+    measurements: dict | None = field(default=None, repr=False)  # planner.launch.measurements
 
     def to_json(self) -> dict:
         return {"losses": self.losses, "step_time_s": self.step_time_s,
@@ -294,8 +295,9 @@ class _Progress:
     every rank has finished the step (loss summed over the tp-rank-0 processes of the stage
     holding the head (both heads' under bitpipe), time the slowest rank's)."""
 
-    def __init__(self, out: Path, ranks: list[RankInfo], head_stages: set[int], on_step):
+    def __init__(self, out: Path, ranks: list[RankInfo], head_stages: set[int], on_step, on_shares=None):
         self.out, self.ranks, self.heads, self.on_step = out, ranks, head_stages, on_step
+        self.on_shares = on_shares  # (step, {(stage, replica): share}) when the workers report shares
         self.offsets = {r.rank: 0 for r in ranks}
         self.lines: dict[int, dict[int, dict]] = {}  # step -> rank -> line
         self.next_step = 0
@@ -320,6 +322,9 @@ class _Progress:
             loss = sum(recs[r.rank]["loss"] for r in self.ranks
                        if r.stage in self.heads and r.tp_rank == 0)
             self.on_step(self.next_step, loss, max(x["time_s"] for x in recs.values()))
+            if self.on_shares is not None and all("share" in x for x in recs.values()):
+                self.on_shares(self.next_step, {(r.stage, r.replica): recs[r.rank]["share"]
+                                                for r in self.ranks if r.tp_rank == 0})
             self.next_step += 1
 
 
@@ -383,18 +388,27 @@ def _collect(out: Path, ranks: list[RankInfo], plan: Plan, steps: int, heads: se
     for name in sorted(params):
         h.update(name.encode())
         h.update(np.ascontiguousarray(params[name], dtype=np.float64).tobytes())
-    return losses, times, params, diff, h.hexdigest()
+    measured = {r.rank: res[r.rank]["measurements"] for r in ranks if "measurements" in res[r.rank]}
+    return losses, times, params, diff, h.hexdigest(), measured
 
 
 def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
              model_override: dict | None = None, *, seq_len: int | None = None,
              dtype: str = "float32", optimizer: str = "adam", lr: float = 1e-3,
              timeout_s: float = 600.0, collective_timeout_s: float = 120.0,
-             return_params: bool = False, on_step=None, schedule=None) -> RunResult:
+             return_params: bool = False, on_step=None, schedule=None,
+             measure: bool = False, dynamic=None, slowdown: dict[int, float] | None = None,
+             on_shares=None) -> RunResult:
     """Train ``plan`` for ``steps`` steps on this machine; see the module docstring.
 
     ``schedule`` (a ``planner.simulate.actions.Schedule``) replaces the plan's own action lists:
     the same stages and micro-batches, any order, chunk count or stage map.
+
+    ``measure`` keeps per-step, per-replica times (``RunResult.measurements``, the document of
+    ``planner.launch.measurements``); ``dynamic`` (a ``planner.launch.dynamic.ControllerSettings``)
+    re-sets the shares between steps (docs/runner.md, "Dynamic batching") and implies
+    ``measure``; ``slowdown`` ({rank: factor}) makes ranks that much slower, for benchmarks;
+    ``on_shares(step, {(stage, replica): share})`` reports the shares each step ran with.
 
     ``on_step(step, loss, step_time_s)`` is called from this process as each step completes on
     every rank (for live progress); the returned ``RunResult`` carries the same numbers."""
@@ -408,7 +422,10 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
     sched = check_plan(plan, shape, schedule)
     check_machine(plan, shape, backend, dtype, sched)
     ranks = rank_map(plan)
+    from planner.launch.dynamic_run import check_dynamic, dynamic_config
     from planner.launch.run_schedule import schedule_to_json
+
+    check_dynamic(plan, dynamic, slowdown, len(ranks))
 
     heads = head_stages(sched)  # the plan stages computing the loss
     stages = []
@@ -427,21 +444,28 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
            "collective_timeout_s": collective_timeout_s,
            # The runner computes in ``dtype`` (float32 by default) whatever the plan's precision
            # (bf16/fp16 plans too); a tf32 plan also gets TF32 matmuls on a GPU.
-           "allow_tf32": dtype == "float32" and plan.inputs.training.get("precision") == "tf32"}
+           "allow_tf32": dtype == "float32" and plan.inputs.training.get("precision") == "tf32",
+           **dynamic_config(measure, dynamic, slowdown)}
     t0 = time.perf_counter()
     for attempt in range(2):
         with tempfile.TemporaryDirectory(prefix="planner-run-") as tmp:
             out = Path(tmp)
             try:
-                _launch(cfg, ranks, out, timeout_s, _Progress(out, ranks, heads, on_step))
+                _launch(cfg, ranks, out, timeout_s, _Progress(out, ranks, heads, on_step, on_shares))
             except WorkerError as exc:
                 # The free port can be taken between our probe and rank 0's bind: try another once.
                 if attempt == 0 and getattr(exc, "rank", None) == 0 and "in use" in str(exc).lower():
                     cfg["port"] = _free_port()
                     continue
                 raise
-            losses, times, params, diff, digest = _collect(out, ranks, plan, steps, heads)
+            losses, times, params, diff, digest, measured = _collect(out, ranks, plan, steps, heads)
             break
+    doc = None
+    if measured:
+        from planner.launch.measurements import build
+
+        doc = build(plan, ranks, measured, times, cfg.get("dynamic"))
     return RunResult(losses=losses, step_time_s=times, param_digest=digest,
                      replica_max_abs_diff=diff, world_size=len(ranks), ranks=ranks,
-                     wall_s=time.perf_counter() - t0, params=params if return_params else None)
+                     wall_s=time.perf_counter() - t0, params=params if return_params else None,
+                     measurements=doc)

@@ -328,6 +328,10 @@ class Worker:
             self.opt.zero_grad()
         return loss
 
+    def _after_step(self, rec: dict) -> None:
+        """Between steps, outside the step's time: a hook for measuring and dynamic batching
+        (``planner.launch.measure_worker``), which add to ``rec`` and may re-set shares."""
+
     def train(self) -> dict:
         losses, times = [], []
         fail = os.environ.get(FAIL_ENV)
@@ -341,9 +345,11 @@ class Worker:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             losses.append(loss)
+            rec = {"step": step, "loss": loss, "time_s": times[-1]}
+            self._after_step(rec)
             # One line per step for the parent's live progress (it sums the last stage's losses).
             with open(self.progress_path, "a") as fh:
-                fh.write(json.dumps({"step": step, "loss": loss, "time_s": times[-1]}) + "\n")
+                fh.write(json.dumps(rec) + "\n")
         dist.barrier()
         return {"rank": self.rank, "stage": self.si, "replica": self.qi, "tp_rank": self.tp_rank,
                 "losses": losses, "step_time_s": times,
@@ -383,7 +389,9 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(1)  # several ranks share few cores: one thread each avoids thrashing
     try:
         cfg = json.loads(Path(cfg_path).read_text())
-        worker = worker_class(cfg)(cfg, rank, out_dir / f"rank{rank}.steps")
+        from planner.launch.measure_worker import with_measuring
+
+        worker = with_measuring(worker_class(cfg), cfg)(cfg, rank, out_dir / f"rank{rank}.steps")
         worker.init()
         result = worker.train()
         shards = {k: v.detach().cpu().numpy() for k, v in worker.params.items()}

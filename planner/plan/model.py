@@ -91,6 +91,18 @@ class Objective(BaseModel):
     min_tokens_per_s: float | None = None
 
 
+class DynamicShares(BaseModel):
+    """The shares may change at run time (``planner run --dynamic-batching``, issue 21): whole
+    sequences move between the replicas of a stage between steps, the micro-batch size stays.
+    The stages' ``micro_batch_share`` are the starting point; these are the bounds."""
+
+    model_config = _FROZEN
+
+    min_share: PositiveInt = 1
+    max_step_fraction: float = Field(default=0.5, gt=0, le=1)
+    dead_band: float = Field(default=0.05, ge=0, lt=1)
+
+
 class PlanInputs(BaseModel):
     model_config = _FROZEN
 
@@ -193,6 +205,7 @@ class Plan(BaseModel):
     recompute: Literal["none", "selective", "full"] = "none"
     zero_stage: Literal[0, 1] = 0
     sequence_parallel: bool = False
+    dynamic_shares: DynamicShares | None = None
     stages: tuple[Stage, ...] = Field(min_length=1)
     predicted: Predicted | None = None
     solver: SolverReport | None = None

@@ -1,0 +1,64 @@
+"""``planner rebalance CLUSTER PLAN --measurements FILE -o NEW.json``: new micro-batch shares
+on the same devices from a run's measured times (``planner.rebalance``)."""
+
+from __future__ import annotations
+
+import click
+
+from planner.cli.common import check_writable, console, echo_json, write_atomic
+
+
+@click.command()
+@click.argument("cluster_file", metavar="CLUSTER", type=click.Path(dir_okay=False))
+@click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("--measurements", "measurements_file", required=True, type=click.Path(dir_okay=False),
+              help="The file `planner run PLAN --measurements FILE` wrote.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the rebalanced plan here.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+def rebalance(cluster_file, plan_file, measurements_file, output, as_json):
+    """Re-solve PLAN's micro-batch shares from measured per-replica speeds, same devices and
+    stages, and report the predicted step time. Exit 2 for bad input (measurements of another
+    plan, a replica missing, a time that is not positive)."""
+    from planner import api
+    from planner.launch.measurements import load
+    from planner.plan.check import check_plan
+    from planner.rebalance import rebalance as solve
+    from planner.rebalance import rebalanced_plan
+
+    if output:
+        check_writable(output)
+    cluster = api.load_cluster(cluster_file)
+    plan = api.load_plan(plan_file)
+    check_plan(cluster, plan, file=plan_file)  # the same devices must still be there
+    doc, times = load(measurements_file, plan)
+    min_share = plan.dynamic_shares.min_share if plan.dynamic_shares is not None else 1
+    result = solve(plan, times, [s["step_time_s"] for s in doc["steps"]], min_share)
+    new = rebalanced_plan(plan, result)
+    if output:
+        write_atomic(output, new.dumps())
+    summary = {
+        "shares": {f"{s}/{r}": v for (s, r), v in sorted(result.shares.items())},
+        "old_shares": {f"{s}/{r}": v for (s, r), v in sorted(result.old_shares.items())},
+        "sequences_per_s": {f"{s}/{r}": sp.sequences_per_s for (s, r), sp in sorted(result.speeds.items())},
+        "fixed_s": {f"{s}/{r}": sp.fixed_s for (s, r), sp in sorted(result.speeds.items())},
+        "measured_step_s": result.measured_step_s,
+        "predicted_step_s": result.predicted_step_s,
+        "predicted_old_step_s": result.predicted_old_step_s,
+        "predicted_gain": result.predicted_gain,
+    }
+    if as_json:
+        echo_json(summary)
+        return
+    out = console()
+    for s in plan.stages:
+        if len(s.replicas) < 2:
+            continue
+        keys = [(s.index, j) for j in range(len(s.replicas))]
+        speeds = ", ".join(f"{result.speeds[k].sequences_per_s:.1f}" for k in keys)
+        out.print(f"stage {s.index}: shares {'/'.join(str(result.old_shares[k]) for k in keys)} -> "
+                  f"{'/'.join(str(result.shares[k]) for k in keys)}  (measured sequences/s: {speeds})")
+    out.print(f"step time: measured median {result.measured_step_s * 1e3:.1f} ms, predicted "
+              f"{result.predicted_step_s * 1e3:.1f} ms with the new shares "
+              f"({result.predicted_gain:.2f}x)")
+    if output:
+        out.print(f"wrote {output}")

@@ -1,0 +1,149 @@
+"""planner rebalance and the measurements file, on synthetic measurements (no processes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.cli.main import main
+from planner.launch.measurements import SCHEMA_ID, build, load, plan_sha256
+from planner.launch.runner import RankInfo
+from planner.plan import Plan
+from planner.rebalance import ReplicaSpeed, rebalance, solve_shares
+
+CLUSTER = """\
+name: local
+nodes:
+  - {name: a, gpu: A100-SXM4-80GB, gpus_per_node: 4, network_bandwidth: 100 Gbit/s}
+"""
+GPU = "A100-SXM4-80GB"
+
+
+def make_plan(shares, mbs=None) -> Plan:
+    mbs = mbs or sum(shares)
+    reps = [{"gpu_type": GPU, "tp": 1, "micro_batch_share": s, "devices": [f"a:{j}"]} for j, s in enumerate(shares)]
+    return Plan.from_json({
+        "schema": "planner.plan/v1",
+        "inputs": {"cluster": "local", "training": {"global_batch_size": 2 * mbs, "seq_len": 8},
+                   "model": {"name": "t", "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+                             "vocab_size": 64}},
+        "micro_batch_size": mbs, "num_micro_batches": 2, "schedule": "1f1b",
+        "stages": [{"index": 0, "blocks": [0, 2], "embedding": True, "head": True, "replicas": reps}]})
+
+
+def synthetic(plan: Plan, per_seq_s, fixed_s=0.0, allreduce_s=0.002, steps=5, share_seq=None) -> dict:
+    """Measurements of replicas whose compute takes fixed + share * per_seq seconds."""
+    ranks = [RankInfo(j, f"a:{j}", 0, j, 0) for j in range(len(per_seq_s))]
+    per_rank, step_time = {r.rank: [] for r in ranks}, []
+    for i in range(steps):
+        shares = share_seq[i] if share_seq else [r.micro_batch_share for r in plan.stages[0].replicas]
+        fixed = fixed_s if isinstance(fixed_s, list) else [fixed_s] * len(shares)
+        compute = [f + s * b for f, s, b in zip(fixed, shares, per_seq_s)]
+        for j, c in enumerate(compute):
+            per_rank[j].append({"share": shares[j], "forward_s": c / 3, "backward_s": 2 * c / 3,
+                                "recv_wait_s": 0.0, "sync_wait_s": max(compute) - c + allreduce_s})
+        step_time.append(max(compute) + allreduce_s)
+    return build(plan, ranks, per_rank, step_time, None)
+
+
+def test_solve_shares_is_min_max_exact():
+    speeds = [ReplicaSpeed(0, 0, 0.0, 0.01), ReplicaSpeed(0, 1, 0.0, 0.03)]
+    assert solve_shares(speeds, 12) == [9, 3]
+    speeds = [ReplicaSpeed(0, 0, 0.0, 0.01), ReplicaSpeed(0, 1, 0.0, 0.01), ReplicaSpeed(0, 2, 0.0, 0.02)]
+    assert solve_shares(speeds, 10) == [4, 4, 2]
+    assert solve_shares([ReplicaSpeed(0, 0, 0, 1.0), ReplicaSpeed(0, 1, 0, 100.0)], 6, min_share=2) == [4, 2]
+
+
+def test_rebalance_static_run_predicts_proportional_shares():
+    plan = make_plan([6, 6])
+    doc = synthetic(plan, [0.001, 0.003])
+    _, times = load_doc(doc, plan)
+    res = rebalance(plan, times, [s["step_time_s"] for s in doc["steps"]])
+    assert res.shares == {(0, 0): 9, (0, 1): 3}
+    assert res.measured_step_s == pytest.approx(6 * 0.003 + 0.002)
+    assert res.predicted_step_s == pytest.approx(9 * 0.001 + 0.002)
+    assert res.predicted_old_step_s == pytest.approx(res.measured_step_s)
+
+
+def test_rebalance_fits_fixed_cost_when_shares_varied():
+    plan = make_plan([4, 4])
+    seq = [[4, 4], [5, 3], [6, 2], [5, 3], [6, 2]]
+    # replica 0 is twice as fast per sequence but pays 10 ms a step whatever its share
+    doc = synthetic(plan, [0.001, 0.002], fixed_s=[0.010, 0.0], share_seq=seq)
+    _, times = load_doc(doc, plan)
+    res = rebalance(plan, times, [s["step_time_s"] for s in doc["steps"]])
+    assert res.speeds[(0, 0)].fixed_s == pytest.approx(0.010)
+    assert res.speeds[(0, 1)].fixed_s == pytest.approx(0.0, abs=1e-12)
+    assert res.speeds[(0, 1)].per_sequence_s == pytest.approx(0.002)
+    # 2/6 finishes both at 12 ms; proportional-to-throughput (about 5/3) would take 15 ms
+    assert res.shares == {(0, 0): 2, (0, 1): 6}
+    assert res.predicted_step_s == pytest.approx(0.012 + 0.002)
+
+
+def load_doc(doc, plan, tmp=None):
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(doc, fh)
+    return load(fh.name, plan)
+
+
+@pytest.fixture
+def files(tmp_path):
+    plan = make_plan([4, 4])
+    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+    (tmp_path / "plan.json").write_text(plan.dumps())
+    doc = synthetic(plan, [0.001, 0.003])
+    (tmp_path / "m.json").write_text(json.dumps(doc))
+    return tmp_path, plan, doc
+
+
+def test_cli_writes_plan_with_new_shares(files, capsys):
+    tmp, plan, _ = files
+    rc = main(["rebalance", str(tmp / "cluster.yaml"), str(tmp / "plan.json"), "--measurements",
+               str(tmp / "m.json"), "-o", str(tmp / "new.json"), "--json"])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["shares"] == {"0/0": 6, "0/1": 2}
+    assert summary["predicted_gain"] == pytest.approx((4 * 0.003 + 0.002) / (6 * 0.001 + 0.002))
+    new = Plan.from_json(json.loads((tmp / "new.json").read_text()))
+    assert [r.micro_batch_share for r in new.stages[0].replicas] == [6, 2]
+    assert new.devices() == plan.devices() and new.predicted is None
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d.update(plan_sha256="0" * 64), "plan_sha256"),
+    (lambda d: d.update(schema="other/v9"), "schema"),
+    (lambda d: d["steps"][1]["replicas"].pop(1), "steps[1].replicas: no measurement of stage/replica 0/1"),
+    (lambda d: d["steps"][2]["replicas"][0].update(compute_s=0.0), "steps[2].replicas[0].compute_s"),
+    (lambda d: d["steps"][0]["replicas"][1].update(compute_s=-1.0), "steps[0].replicas[1].compute_s"),
+    (lambda d: d["steps"][0]["replicas"][1].update(sync_wait_s=-1.0), "steps[0].replicas[1].sync_wait_s"),
+    (lambda d: d["steps"][3].update(step_time_s=0), "steps[3].step_time_s"),
+    (lambda d: d["steps"][0]["replicas"][0].update(share=0), "steps[0].replicas[0].share"),
+    (lambda d: d["steps"][0]["replicas"][0].update(replica=5), "steps[0].replicas[0]: stage/replica (0, 5)"),
+])
+def test_cli_bad_measurements_exit_2_naming_the_field(files, capsys, mutate, field):
+    tmp, _, doc = files
+    mutate(doc)
+    (tmp / "m.json").write_text(json.dumps(doc))
+    rc = main(["rebalance", str(tmp / "cluster.yaml"), str(tmp / "plan.json"), "--measurements", str(tmp / "m.json")])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert field in err and "Traceback" not in err
+
+
+def test_measurements_of_another_plan_are_refused(files, capsys):
+    tmp, _, _ = files
+    (tmp / "other.json").write_text(make_plan([5, 3]).dumps())
+    rc = main(["rebalance", str(tmp / "cluster.yaml"), str(tmp / "other.json"), "--measurements", str(tmp / "m.json")])
+    assert rc == 2 and "another plan" in capsys.readouterr().err
+
+
+def test_document_shape(files):
+    _, plan, doc = files
+    assert doc["schema"] == SCHEMA_ID and doc["plan_sha256"] == plan_sha256(plan)
+    row = doc["steps"][0]["replicas"][1]
+    assert set(row) == {"stage", "replica", "share", "forward_s", "backward_s", "recv_wait_s",
+                        "sync_wait_s", "compute_s"}
+    assert row["compute_s"] == pytest.approx(4 * 0.003)
