@@ -215,22 +215,24 @@ def _schedules_main(args, runs: int) -> int:
     sim = bs.simulate_rows(runs)
     scs = scenarios(args.smoke)
     pairs = []
+
+    def run(s):
+        print(f"running {s.name} ({runs} run(s)) ...", file=sys.stderr, flush=True)
+        return run_scenario(s, runs, args.limit_factor)
+
     for sc in ([scs[0]] if args.smoke else [scs[0], scs[-1]]):
-        pair = []
-        extra = [bs.with_schedule(sc, v) for v in bs.V_CHOICE] if sc is scs[0] else []
-        for s in (sc, bs.with_zb_h1(sc), *extra):
-            print(f"running {s.name} ({runs} run(s)) ...", file=sys.stderr, flush=True)
-            pair.append(run_scenario(s, runs, args.limit_factor))
-        pairs.append(pair)
+        pairs.append([run(s) for s in (sc, bs.with_zb_h1(sc))])
+    v_rows = [run(bs.with_schedule(scs[0], v)) for v in bs.V_CHOICE]
     if args.json:
-        print(json.dumps({"simulate": sim, "choice": pairs}, indent=2, sort_keys=True, default=str))
+        print(json.dumps({"simulate": sim, "choice": pairs, "v_choice": v_rows}, indent=2, sort_keys=True,
+                         default=str))
     else:
         print(bs.format_simulate(sim))
         print()
-        print(format_table([r for pair in pairs for r in pair]))
+        print(format_table([r for pair in pairs for r in pair] + v_rows))
         for pair in pairs:
             print()
-            print(bs.choice_summary(*pair[:2]))
+            print(bs.choice_summary(*pair))
     return 0
 
 
