@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="time limit = target x this (default 1: a run stops at its target)")
     ap.add_argument("--schedules", action="store_true",
                     help="the schedule benchmarks instead (bench_schedules.py): simulating a 1,024-GPU plan's "
-                         "iteration per schedule, and the largest scenario with and without zb-h1")
+                         "iteration per schedule, and the first and largest scenarios with and without "
+                         "zb-h1 (the first also with zb-v, dualpipev)")
     ap.add_argument("--profile", action="store_true",
                     help="then profile one more run of the slowest scenario (a missed target first)")
     args = ap.parse_args(argv)
@@ -209,23 +210,26 @@ def _schedules_main(args, runs: int) -> int:
     """The schedule tables: the simulation rows, then each of the first and the last scenario
     with and without zb-h1 (the first proves its optimum within its limit, so its ratio is the
     cost of the larger space; the last runs to its limit either way, so its ratio is ~1 and
-    the cost shows in its gap)."""
+    the cost shows in its gap); the first also with zb-v and with dualpipev."""
     from planner import bench_schedules as bs
     sim = bs.simulate_rows(runs)
     scs = scenarios(args.smoke)
     pairs = []
+
+    def run(s):
+        print(f"running {s.name} ({runs} run(s)) ...", file=sys.stderr, flush=True)
+        return run_scenario(s, runs, args.limit_factor)
+
     for sc in ([scs[0]] if args.smoke else [scs[0], scs[-1]]):
-        pair = []
-        for s in (sc, bs.with_zb_h1(sc)):
-            print(f"running {s.name} ({runs} run(s)) ...", file=sys.stderr, flush=True)
-            pair.append(run_scenario(s, runs, args.limit_factor))
-        pairs.append(pair)
+        pairs.append([run(s) for s in (sc, bs.with_zb_h1(sc))])
+    v_rows = [run(bs.with_schedule(scs[0], v)) for v in bs.V_CHOICE]
     if args.json:
-        print(json.dumps({"simulate": sim, "choice": pairs}, indent=2, sort_keys=True, default=str))
+        print(json.dumps({"simulate": sim, "choice": pairs, "v_choice": v_rows}, indent=2, sort_keys=True,
+                         default=str))
     else:
         print(bs.format_simulate(sim))
         print()
-        print(format_table([r for pair in pairs for r in pair]))
+        print(format_table([r for pair in pairs for r in pair] + v_rows))
         for pair in pairs:
             print()
             print(bs.choice_summary(*pair))

@@ -6,7 +6,8 @@
   (``execute``), per schedule; target under 1 s.
 - **Schedule choice**: the 16,384-GPU search scenario (bench.py's c) with and without zb-h1 in
   ``training.schedules``; target: with it at most 20% slower (wall median), beside the knob
-  tuples, the objective and the proved gap of each.
+  tuples, the objective and the proved gap of each.  The 1,024-GPU scenario (a) also with
+  zb-v and with dualpipev (``V_CHOICE``; their incumbents are priced by the executor).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from planner.bench import Scenario
 SIM_TARGET_S = 1.0
 CHOICE_RATIO_TARGET = 1.2
 SIM_SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1")
+V_CHOICE = ("zb-v", "dualpipev")     # searched on the first scenario only (each adds its own row)
 
 
 def _plan_1024(schedule: str, num_stages: int = 16):
@@ -83,13 +85,17 @@ def format_simulate(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def with_zb_h1(sc: Scenario) -> Scenario:
-    """``sc`` with zb-h1 added to the schedules the search may choose."""
+def with_schedule(sc: Scenario, schedule: str = "zb-h1") -> Scenario:
+    """``sc`` with ``schedule`` added to the schedules the search may choose."""
     from dataclasses import replace
 
     from planner.spec import Training
     base = sc.schedules or Training.model_fields["schedules"].default
-    return replace(sc, name=sc.name + " + zb-h1", schedules=(*base, "zb-h1"))
+    return replace(sc, name=f"{sc.name} + {schedule}", schedules=(*base, schedule))
+
+
+def with_zb_h1(sc: Scenario) -> Scenario:
+    return with_schedule(sc, "zb-h1")
 
 
 def choice_summary(base: dict, with_zb: dict) -> str:

@@ -54,3 +54,8 @@ def test_bench_schedules_smoke_simulates_each_schedule_and_compares_the_choice(c
     assert "error" not in base and "error" not in with_zb
     assert int(with_zb["tuples"].split("/")[1]) > int(base["tuples"].split("/")[1])
     assert with_zb["tokens_per_s"] >= base["tokens_per_s"] * (1 - 1e-9)   # a larger space, no worse
+    # the first scenario also with each V schedule: its own rows, a larger space, no worse
+    assert [r["scenario"] for r in out["v_choice"]] == [base["scenario"] + " + zb-v", base["scenario"] + " + dualpipev"]
+    for r in out["v_choice"]:
+        assert "error" not in r and int(r["tuples"].split("/")[1]) > int(base["tuples"].split("/")[1])
+        assert r["tokens_per_s"] >= base["tokens_per_s"] * (1 - 1e-9)

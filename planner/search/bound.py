@@ -217,8 +217,9 @@ class KnobBound:
         L = self.model.num_layers // unit
         # a stand-in's lines depend on whether the schedule reads forward and backward apart
         # (GPipe: Pricer._stand_in_lines); an option's do not, but the key stays one form
-        sk = (self.pricer.cache_id(ctx), knobs.micro_batch_size, (unit, SCHEDULES[knobs.schedule].reads_apart), id(keys),
-              len(keys), memory)
+        entry = SCHEDULES[knobs.schedule]
+        sk = (self.pricer.cache_id(ctx), knobs.micro_batch_size, (unit, entry.reads_apart, entry.head_on_first),
+              id(keys), len(keys), memory)
         hit = self._slopes.get(sk) or self._slope_arrays(sk, knobs, ctx, keys, memory)
         if not len(hit.slopes):
             return math.inf
@@ -392,7 +393,8 @@ class KnobBound:
         out = np.zeros((len(POSITIONS), len(QUANTITIES)))
         out[:, 0], out[:, 1], out[:, 3] = fb[:, 0], fb[:, 1], opt
         out[:, 5] = self.pricer.input_line(ctx, knobs, key, unit)[1]
-        return out
+        # a V (zb-v, dualpipev): the first stage carries the embedding and the head, the last neither
+        return out[list(SCHEDULES[knobs.schedule].role_positions())]
 
 
     def _least_send(self, ctx, knobs, keys: list[OptionKey], between_classes: bool = False) -> float:

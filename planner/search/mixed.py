@@ -33,6 +33,7 @@ from planner.cost import (
 from planner.cost.compute import backward_weight_s
 from planner.search.core import CoreOption
 from planner.search.pieces import _max_units
+from planner.search.schedules import SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def mixed_options(pricer, ctx, knobs, key: MixedKey, unit: int, L_units: int) ->
     shard = n if knobs.zero_stage >= 1 else 1
     curves, caps = [], []          # per stage position: its curves (shared by the ends' kinds), its memory limit
     for s in range(p):
-        emb, head = s == 0, s == p - 1
+        emb, head = SCHEDULES[knobs.schedule].stage_ends(p, s)   # a V: the head on rank 0
         ck = (pricer.cache_id(ctx), key, unit, L_units, emb, head)
         hit = pricer._mixed_positions.get(ck)
         if hit is None:

@@ -169,6 +169,7 @@ class PackedBound:
         slope, at = arrays.slopes.copy(), arrays.icpt.copy()           # at: per position
         d_slope = np.array([s[0] for s in sync])
         d_icpt = np.array([s[1] for s in sync]).reshape(len(keys), len(POSITIONS))
+        d_icpt = d_icpt[:, list(SCHEDULES[knobs.schedule].role_positions())]   # as arrays.icpt (bound.py)
         slope[:, 2], slope[:, 4] = exposed_sync_parts(ctx, d_slope, slope[:, 0], slope[:, 1])
         at[:, :, 2], at[:, :, 4] = exposed_sync_parts(ctx, d_icpt, at[:, :, 0], at[:, :, 1])
         nbs = np.arange(1, L + 1, dtype=float)

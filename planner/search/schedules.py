@@ -15,10 +15,11 @@ memory rule) are ``planner.cost.in_flight_micro_batches`` under its name.
 Quantities per stage (space.QUANTITIES): forward, backward, sync less backward, optimizer,
 gather less forward, backward input (the I of zero-bubble schedules, backward less W).
 
-A schedule priced by the action-list executor (zb-v, dualpipev, bitpipe) joins with one
-entry: rows that are a valid floor of the executor's makespan (for example the work floor,
-every rank busy for m cycles: ``Term("max", row c, m)``), ``exact=False`` and an
-``exact_time_s`` that builds the StageTimings and runs the executor.
+The V schedules (zb-v, dualpipev; v_rows.py) are priced by the action-list executor: rows
+that bound its makespan, ``exact=False``, ``exact_time_s`` runs the executor.  Their head
+sits on rank 0 (``head_on_first``, as ``planner.cost.evaluate`` prices a V): ``stage_ends``
+says which stage carries the embedding and the head, ``role_positions`` what the knob
+bounds' per-position intercepts (middle, first, last, only) then are.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 from planner.cost.schedule import StageTiming, pipeline_time_s
 from planner.search.core import Row, Term
+from planner.search.v_rows import v_iteration_s, v_rows
 
 # Row coefficient vectors over the six quantities (space.QUANTITIES)
 F, B = (1, 0, 0, 0, 0, 0), (0, 1, 0, 0, 0, 0)
@@ -49,21 +51,38 @@ class SearchSchedule:
     launchers: tuple[str, ...] = LAUNCHERS
     min_stages: int = 1
     divides_m: bool = False      # p must divide m (Megatron's interleaving assert)
+    min_m_per_stage: int = 0     # m >= this x p (torch's ScheduleDualPipeV: m >= 2p)
+    head_on_first: bool = False  # a V: rank 0 holds the embedding and the head, the last rank neither
 
     def block_unit(self) -> int:
         return self.virtual_stages
 
     def admits(self, p: int, m: int, num_layers: int) -> bool:
         v = self.virtual_stages
-        if p < self.min_stages or (self.divides_m and m % p):
+        if p < self.min_stages or (self.divides_m and m % p) or m < self.min_m_per_stage * p:
             return False
         return v == 1 or (num_layers % v == 0 and num_layers // v >= p)
+
+    def stage_ends(self, p: int, s: int) -> tuple[bool, bool]:
+        """(embedding, head) of stage ``s`` of ``p`` as the cost model prices it."""
+        if p == 1:
+            return True, True
+        if self.head_on_first:
+            return s == 0, s == 0
+        return s == 0, s == p - 1
+
+    def role_positions(self) -> tuple[int, int, int, int]:
+        """Per stage role (middle, first, last, only): the index into space.POSITIONS
+        ((False, False), (True, False), (False, True), (True, True)) of its (embedding, head)."""
+        return (0, 3, 0, 3) if self.head_on_first else (0, 1, 2, 3)
 
     def exact_time_s(self, prob, assign, m: int, rows_value: float) -> float:
         """The cost model's iteration time of ``assign`` on the CoreProblem ``prob``
         (``rows_value``, the rows' objective, when they are exact)."""
         if self.exact:
             return rows_value
+        if self.head_on_first:
+            return v_iteration_s(self.name, stage_timings(prob, assign), m)
         return _closed_form_time_s(self.name, prob, assign, m)
 
 
@@ -107,6 +126,12 @@ SCHEDULES: dict[str, SearchSchedule] = {
                                        wraps=True, min_stages=2, divides_m=True, launchers=("megatron",)),
     # Megatron-LM and DeepSpeed have no zero-bubble schedule (planner launch refuses it)
     "zb-h1": SearchSchedule("zb-h1", _zb_h1, exact=False, reads_apart=True, launchers=()),
+    # two chunks per rank in a V (even blocks per stage), the head on rank 0; torch's
+    # ScheduleZBVZeroBubble / ScheduleDualPipeV, neither in Megatron-LM nor DeepSpeed
+    "zb-v": SearchSchedule("zb-v", v_rows, exact=False, virtual_stages=2, reads_apart=True, launchers=(),
+                           min_stages=2, head_on_first=True),
+    "dualpipev": SearchSchedule("dualpipev", v_rows, exact=False, virtual_stages=2, reads_apart=True,
+                                launchers=(), min_stages=2, min_m_per_stage=2, head_on_first=True),
 }
 
 
@@ -130,17 +155,28 @@ def _closed_form_time_s(name: str, prob, assign, m: int) -> float:
     quantities (forward, backward, W = backward - input) and the boundary sends (stage s sends
     forward on boundary s and backward on boundary s - 1, as evaluate sets them), plus the
     largest exposed DP sync and optimizer step (the rows DPX and OPT)."""
+    stages = stage_timings(prob, assign)
+    return (pipeline_time_s(stages, m, name) + max(st.dp_sync_exposed_s for st in stages)
+            + max(st.optimizer_s for st in stages))
+
+
+def stage_timings(prob, assign) -> list[StageTiming]:
+    """Per stage of ``assign`` on ``prob``, the cost model's StageTiming from the core
+    quantities: forward, backward, W = backward - input, the boundary sends (stage s sends
+    forward on boundary s and backward on boundary s - 1, as evaluate sets them), the exposed
+    DP sync (row DPX, floored at 0 as the max term is) and the optimizer step (row OPT)."""
     p = prob.num_stages
     quantities = [[o.slope[k] * nb + o.fixed[s][k] for k in range(len(o.slope))]
                   for s, (o, nb) in enumerate((prob.options[i], nb) for i, nb in assign)]
     sends = [0.0] * max(0, p - 1)
     if prob.boundary is not None:
         sends = [float(prob.boundary[0, assign[b][0], assign[b + 1][0]]) for b in range(p - 1)]
-    stages = [StageTiming(forward_s=q[0], backward_s=q[1], backward_weight_s=q[1] - q[5],
-                          send_forward_s=sends[s] if s < p - 1 else 0.0,
-                          send_backward_s=sends[s - 1] if s > 0 else 0.0)
-              for s, q in enumerate(quantities)]
     vals = prob.stage_values(assign)
-    rows = [r for r in prob.rows]
-    extra = sum(max(0.0, float(vals[j].max())) for j, r in enumerate(rows) if r in (DPX, OPT))
-    return pipeline_time_s(stages, m, name) + extra
+    dpx = next((vals[j] for j, r in enumerate(prob.rows) if r == DPX), [0.0] * p)
+    opt = next((vals[j] for j, r in enumerate(prob.rows) if r == OPT), [0.0] * p)
+    return [StageTiming(forward_s=q[0], backward_s=q[1], backward_weight_s=q[1] - q[5],
+                        send_forward_s=sends[s] if s < p - 1 else 0.0,
+                        send_backward_s=sends[s - 1] if s > 0 else 0.0,
+                        dp_sync_exposed_s=max(0.0, float(dpx[s])), optimizer_s=max(0.0, float(opt[s])),
+                        compute_s=q[0] + q[1])
+            for s, q in enumerate(quantities)]

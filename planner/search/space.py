@@ -474,8 +474,9 @@ class Pricer(SendPricing):
         slope = None
         fixed: list[tuple[float, ...] | None] = []
         max_blocks: list[int] = []
+        entry = SCHEDULES[knobs.schedule]
         for s in range(p):
-            sl, fx, (c0, c1, c2, c3), exact, mem = self._base(ctx, knobs, key, unit, s == 0, s == p - 1)
+            sl, fx, (c0, c1, c2, c3), exact, mem = self._base(ctx, knobs, key, unit, *entry.stage_ends(p, s))
             slope = slope or sl
             f = in_flight_micro_batches(knobs.schedule, p, s, m, v)
             hi = _max_units(cap, c0 + c2 * f, c1 + c3 * f, exact, lambda u, f=f, mem=mem: mem(u, f), L_units)

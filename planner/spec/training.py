@@ -8,8 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.spec.quantities import PositiveInt
 
-# zb-h1 is searched only when listed: its rows bound its time (docs/search-space.md, "Schedules")
-Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
+# zb-h1, zb-v and dualpipev are searched only when listed: their rows bound their time (docs/search-space.md, "Schedules")
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipev"]
 Recompute = Literal["none", "selective", "full"]
 # bf16 / fp16: mixed precision (16-bit weights and activations, fp32 master weights and Adam
 # state).  fp32: everything in fp32, matmuls on CUDA cores at the FP32 (SIMT) peak, PyTorch's
