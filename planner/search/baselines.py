@@ -27,7 +27,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from planner.cost import in_flight_micro_batches
 from planner.search.incumbent import Candidate, prepare
+from planner.search.pieces import _max_units
 from planner.search.space import OptionKey
 
 # Of the time limit, at most, for pricing the baselines (they took 0.1-0.5 s on the bench
@@ -62,6 +64,10 @@ class _Tuple:
         self.unit = knobs.block_unit
         self.L_units = pricer.model.num_layers // self.unit
         self._options: dict = {}
+        self._fit: dict = {}
+        B = knobs.micro_batch_size
+        self.replicas = sorted({k.replicas for k in self.keys if B % k.replicas == 0}, reverse=True)
+        self.tps = sorted({k.tp for k in self.keys})
 
     def option(self, key: OptionKey):
         if key not in self.keys:
@@ -71,9 +77,24 @@ class _Tuple:
         return self._options[key]
 
     def fits(self, key: OptionKey, stages: list[int], units: int) -> bool:
-        opt = self.option(key)
-        return opt is not None and all(opt.allowed(s) and opt.least_blocks(s) <= units <= opt.max_blocks[s]
-                                       for s in stages)
+        """Whether ``units`` core units of blocks fit the memory of ``key`` at each of ``stages``
+        (the ends first: where a rule's try fails, it mostly fails there).  Per position, as
+        Pricer._option prices it, without pricing the option's other positions."""
+        if key not in self.keys:
+            return False
+        order = sorted(stages, key=lambda s: (s not in (0, self.knobs.num_stages - 1), s))
+        return all(1 <= units <= self._max_units(key, s) for s in order)
+
+    def _max_units(self, key: OptionKey, s: int) -> int:
+        hit = self._fit.get((key, s))
+        if hit is None:
+            knobs, p = self.knobs, self.knobs.num_stages
+            _, _, (c0, c1, c2, c3), exact, mem = self.pricer._base(self.ctx, knobs, key, self.unit, s == 0, s == p - 1)
+            f = in_flight_micro_batches(knobs.schedule, p, s, knobs.num_micro_batches, knobs.virtual_stages)
+            cap = self.pricer.classes[key.cls].gpu.memory_bytes
+            hit = self._fit[(key, s)] = _max_units(cap, c0 + c2 * f, c1 + c3 * f, exact,
+                                                   lambda u: mem(u, f), self.L_units)
+        return hit
 
 
 def _spread(slots: list[int], p: int) -> list[int] | None:
@@ -98,8 +119,7 @@ def _stage_classes(counts: list[int], classes: list[int]) -> list[int]:
 
 def _equal_replicas(tup: _Tuple) -> list[int]:
     """Data-parallel degrees with equal shares, largest first."""
-    B = tup.knobs.micro_batch_size
-    return sorted({k.replicas for k in tup.keys if B % k.replicas == 0}, reverse=True)
+    return tup.replicas
 
 
 def megatron(tup: _Tuple) -> list[Layout]:
@@ -108,7 +128,7 @@ def megatron(tup: _Tuple) -> list[Layout]:
     n_cls = len(pricer.classes)
     sets = [[c] for c in range(n_cls)] + ([list(range(n_cls))] if n_cls > 1 else [])
     out = []
-    for t in sorted({k.tp for k in tup.keys}):
+    for t in tup.tps:
         for cs in sets:
             for d in _equal_replicas(tup):
                 ks = [OptionKey(c, t, d) for c in cs]
@@ -130,7 +150,7 @@ def sailor(tup: _Tuple) -> list[Layout]:
     pricer, p = tup.pricer, tup.knobs.num_stages
     even = tup.L_units // p
     n_cls = len(pricer.classes)
-    tps = sorted({k.tp for k in tup.keys})
+    tps = tup.tps
     cs = list(range(n_cls))
     for d in _equal_replicas(tup):
         # the classes' shares of the stages, at their least TP degree (the most stages fit);
@@ -166,8 +186,9 @@ def metis(tup: _Tuple, layouts: list[Layout]) -> list[Layout]:
     for lay in layouts:
         if len({k.cls for k in lay.keys}) < 2:
             continue
-        opts = [tup.option(k) for k in lay.keys]
-        speed = [1.0 / max(1e-30, o.slope[0] + o.slope[1]) for o in opts]
+        B = tup.knobs.micro_batch_size
+        lines = [tup.pricer.kind_lines(tup.ctx, k.cls, k.tp, -(-B // k.replicas), tup.unit) for k in lay.keys]
+        speed = [1.0 / max(1e-30, f[0] + f[1]) for f in lines]
         units = _proportional(speed, tup.L_units)
         if units is not None and all(tup.fits(k, [s], u) for s, (k, u) in enumerate(zip(lay.keys, units))):
             out.append(Layout("metis", lay.where, lay.keys, units))
