@@ -359,6 +359,8 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
         "objective_unit": OBJECTIVE_UNITS[spec.kind]}
     if stats.get("interrupted"):
         report_fields["interrupted"] = True
+    if "shared_warm_start" in stats:     # the throughput warm start's plans, under a cost objective
+        report_fields["shared_warm_start_plans"] = stats["shared_warm_start"]
     report_fields.update(_baseline_fields(stats.get("baseline"), value, top, time_like))
     # The search priced each plan with the cost model's pieces; evaluate prices the whole plan.
     # They must agree (tests hold them to 1e-9); report the worst disagreement, not hide it.
