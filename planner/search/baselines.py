@@ -53,6 +53,7 @@ class BaselineResult:
     priced: int
     wall_s: float
     complete: bool              # every ranked tuple's layouts priced (not stopped by the time share)
+    by_rule: dict               # rule -> its best candidate
 
 
 class _Tuple:
@@ -260,18 +261,19 @@ def admits(spec, cand: Candidate, training) -> bool:
 
 def seed(pricer, ranked, spec, launcher, best, stop_at: float) -> BaselineResult:
     """Price every baseline layout of the ranked knob tuples (until ``stop_at``) and add each
-    to ``best``; the best of them under ``spec``.  Under the time objectives the tuples come in
-    the order of their lower bound on time, so the ones from the best baseline's time on are
-    skipped: none of their layouts can beat it."""
+    to ``best``; the best of them under ``spec``, and each rule's best.  Under the time
+    objectives the tuples come in the order of their lower bound on time, so the ones from the
+    slowest of the rules' bests on are skipped: none of their layouts beats any rule's best
+    (a rule with no layout by then has none faster than that bound, and is left out)."""
     started = time.monotonic()
-    top: Candidate | None = None
-    name = None
+    by_rule: dict[str, Candidate] = {}
+    names: dict[str, str] = {}
     priced = 0
     complete = True
     time_like = spec.kind in ("throughput", "throughput-under-budget")
     for bound_s, _, knobs, ctx, keys in ranked:
-        if time_like and top is not None and bound_s >= top.time_s:
-            break       # ranked by a lower bound on their time: no later layout beats the best
+        if time_like and "megatron" in by_rule and bound_s >= max(c.time_s for c in by_rule.values()):
+            break       # ranked by a lower bound on their time: no later layout beats a rule's best
         if time.monotonic() > stop_at:
             complete = False
             break
@@ -282,9 +284,11 @@ def seed(pricer, ranked, spec, launcher, best, stop_at: float) -> BaselineResult
             if cand is None:
                 continue
             best.add(cand)
-            if top is None or cand.key < top.key:
-                top, name = cand, describe(lay, cand)
-    return BaselineResult(top, name, priced, time.monotonic() - started, complete)
+            if lay.rule not in by_rule or cand.key < by_rule[lay.rule].key:
+                by_rule[lay.rule], names[lay.rule] = cand, describe(lay, cand)
+    top = min(by_rule, key=lambda r: by_rule[r].key, default=None)
+    return BaselineResult(by_rule.get(top), names.get(top), priced, time.monotonic() - started, complete,
+                          by_rule)
 
 
 def describe(lay: Layout, cand: Candidate) -> str:

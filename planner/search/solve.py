@@ -392,10 +392,13 @@ def _baseline_fields(base, value: float, top, time_like: bool) -> dict:
     answer is at least as good (the baselines seeded the incumbents)."""
     if base is None or base.best is None:
         return {"baselines_priced": base.priced if base else 0}
-    theirs = base.best.time_s if time_like else base.best.key[0]
+    def value_of(c):
+        return c.time_s if time_like else c.key[0]
     ours = value if time_like else top.key[0]
+    theirs = value_of(base.best)
     return {"baseline": base.name, "baseline_objective": theirs,
             "baseline_ratio": theirs / ours if ours > 0 else None,
+            "baseline_ratio_by_rule": {r: value_of(c) / ours for r, c in sorted(base.by_rule.items())} if ours > 0 else None,
             "baselines_priced": base.priced, "baselines_wall_s": base.wall_s, "baselines_complete": base.complete}
 
 
