@@ -124,6 +124,7 @@ def baseline_columns(rep) -> dict:
     extra = rep.model_extra or {}
     by_rule = extra.get("baseline_ratio_by_rule") or {}
     return {"baseline": extra.get("baseline"), "vs_best_baseline": extra.get("baseline_ratio"),
+            "baselines_wall_s": extra.get("baselines_wall_s"), "baselines_priced": extra.get("baselines_priced"),
             **{f"vs_{r}": by_rule.get(r) for r in RULES}}
 
 
