@@ -398,7 +398,10 @@ def _baseline_fields(base, value: float, top, time_like: bool) -> dict:
     theirs = value_of(base.best)
     return {"baseline": base.name, "baseline_objective": theirs,
             "baseline_ratio": theirs / ours if ours > 0 else None,
-            "baseline_ratio_by_rule": {r: value_of(c) / ours for r, c in sorted(base.by_rule.items())} if ours > 0 else None,
+            # each rule's best over the answer; under the time objectives a lower bound on it
+            # where the baselines' pricing skipped tuples (baselines.seed)
+            "baseline_ratio_by_rule": ({r: (base.rule_floor_s(r) if time_like else value_of(c)) / ours
+                                        for r, c in sorted(base.by_rule.items())} if ours > 0 else None),
             "baselines_priced": base.priced, "baselines_wall_s": base.wall_s, "baselines_complete": base.complete}
 
 
