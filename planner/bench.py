@@ -6,7 +6,9 @@ homogeneous A100 < 1 s; 2,048 mixed GPUs in three zones < 5 s; 16,384 GPUs of th
 three zones with GPT-3 175B < 30 s; each with a proved gap < 1% and peak memory < 2 GB.
 The ``x`` columns (issue 18) are the answer's speed over the best baseline layout's and over
 each rule's best (planner/search/baselines.py: uniform Megatron, Sailor-like, Metis-like),
-medians of the runs; ``-`` where a rule had no layout faster than the slowest rule's best.
+medians of the runs; ``-`` where a rule had no layout priced, ``*`` where the baselines' time
+share (baselines.BASELINE_SHARE) ran out before all were priced: then a ratio is over the
+layouts priced only and may overstate the answer's lead.
 Anchors: Sailor's planner 0.6 s for 1,024 A100s and 101 s for 1,200 A100+V100 in three zones;
 Metis 26-265 s at 64 GPUs.  The time limit of each run is its target, so a missed target shows
 as a run stopped at its limit with the gap it had proved by then.
@@ -125,6 +127,7 @@ def baseline_columns(rep) -> dict:
     by_rule = extra.get("baseline_ratio_by_rule") or {}
     return {"baseline": extra.get("baseline"), "vs_best_baseline": extra.get("baseline_ratio"),
             "baselines_wall_s": extra.get("baselines_wall_s"), "baselines_priced": extra.get("baselines_priced"),
+            "baselines_complete": extra.get("baselines_complete"),
             **{f"vs_{r}": by_rule.get(r) for r in RULES}}
 
 
@@ -151,6 +154,7 @@ def run_scenario(sc: Scenario, runs: int, limit_factor: float = 1.0) -> dict:
     row.update(scenario=sc.name, runs=len(ok), target_s=sc.target_s,
                wall_median_s=statistics.median(r["wall_s"] for r in ok),
                peak_mb=max(r["peak_mb"] for r in ok),
+               baselines_complete=all(r.get("baselines_complete") for r in ok),
                **{k: _median_of(ok, k) for k in ("vs_best_baseline", *(f"vs_{r}" for r in RULES))})
     gap = row["gap"]
     row["met"] = (row["wall_median_s"] < sc.target_s and gap is not None and gap < GAP_TARGET
@@ -171,13 +175,15 @@ def format_table(rows: list[dict]) -> str:
         lines.append(" | ".join([r["scenario"], str(r["gpus"]), str(r["classes"]), f"{r['wall_median_s']:.2f}",
                                  f"{r['peak_mb']:.0f}", f"{r['tokens_per_s']:,.0f}", gap, r["status"],
                                  f"{r['target_s']:g}", "yes" if r["met"] else "no",
-                                 *(_ratio(r.get(k)) for k in ("vs_best_baseline", *(f"vs_{x}" for x in RULES)))]))
+                                 *(_ratio(r.get(k), r.get("baselines_complete", True))
+                                   for k in ("vs_best_baseline", *(f"vs_{x}" for x in RULES)))]))
     return "\n".join(lines)
 
 
-def _ratio(value) -> str:
-    """planner / baseline: how many times faster the answer is (``-``: no such baseline)."""
-    return "-" if value is None else f"{value:.3f}"
+def _ratio(value, complete: bool) -> str:
+    """planner / baseline: how many times faster the answer is (``-``: no such baseline; ``*``:
+    the baselines' time share ran out, the ratio is over the layouts priced, not all)."""
+    return "-" if value is None else f"{value:.3f}" + ("" if complete else "*")
 
 
 def profile_scenario(sc: Scenario, limit_factor: float = 1.0, top: int = 25) -> str:
