@@ -4,6 +4,11 @@ Each scenario is solved in a fresh process (so its peak memory is its own: ``ru_
 three times; the table shows the median wall time.  Targets (DESIGN / brief): 1,024
 homogeneous A100 < 1 s; 2,048 mixed GPUs in three zones < 5 s; 16,384 GPUs of three types in
 three zones with GPT-3 175B < 30 s; each with a proved gap < 1% and peak memory < 2 GB.
+The ``x`` columns (issue 18) are the answer's speed over the best baseline layout's and over
+each rule's best (planner/search/baselines.py: uniform Megatron, Sailor-like, Metis-like),
+medians of the runs; ``-`` where a rule had no layout priced, ``*`` where the baselines' time
+share (baselines.BASELINE_SHARE) ran out before all were priced: then a ratio is over the
+layouts priced only and may overstate the answer's lead.
 Anchors: Sailor's planner 0.6 s for 1,024 A100s and 101 s for 1,200 A100+V100 in three zones;
 Metis 26-265 s at 64 GPUs.  The time limit of each run is its target, so a missed target shows
 as a run stopped at its limit with the gap it had proved by then.
@@ -106,9 +111,29 @@ def _run(sc: Scenario, queue, limit_factor: float = 1.0) -> None:
         queue.put({"wall_s": wall, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                    "tokens_per_s": res.evaluation.tokens_per_s, "gap": rep.gap, "status": rep.status,
                    "gpus": cluster.num_gpus, "classes": rep.node_classes,
-                   "tuples": f"{rep.knob_tuples_solved}/{rep.knob_tuples}", "schedule": res.plan.schedule})
+                   "tuples": f"{rep.knob_tuples_solved}/{rep.knob_tuples}", "schedule": res.plan.schedule,
+                   **baseline_columns(rep)})
     except Exception as exc:  # noqa: BLE001 - a bench row reports its failure instead of dying
         queue.put({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"})
+
+
+RULES = ("megatron", "sailor", "metis")     # planner.search.baselines.RULES and its Metis re-split
+
+
+def baseline_columns(rep) -> dict:
+    """The answer's ratio to the best baseline (solver report ``baseline_ratio``: the
+    baseline's iteration time over the answer's, >= 1) and to each rule's best."""
+    extra = rep.model_extra or {}
+    by_rule = extra.get("baseline_ratio_by_rule") or {}
+    return {"baseline": extra.get("baseline"), "vs_best_baseline": extra.get("baseline_ratio"),
+            "baselines_wall_s": extra.get("baselines_wall_s"), "baselines_priced": extra.get("baselines_priced"),
+            "baselines_complete": extra.get("baselines_complete"),
+            **{f"vs_{r}": by_rule.get(r) for r in RULES}}
+
+
+def _median_of(rows: list[dict], key: str):
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
 
 
 def run_scenario(sc: Scenario, runs: int, limit_factor: float = 1.0) -> dict:
@@ -128,7 +153,9 @@ def run_scenario(sc: Scenario, runs: int, limit_factor: float = 1.0) -> dict:
     row = dict(med)
     row.update(scenario=sc.name, runs=len(ok), target_s=sc.target_s,
                wall_median_s=statistics.median(r["wall_s"] for r in ok),
-               peak_mb=max(r["peak_mb"] for r in ok))
+               peak_mb=max(r["peak_mb"] for r in ok),
+               baselines_complete=all(r.get("baselines_complete") for r in ok),
+               **{k: _median_of(ok, k) for k in ("vs_best_baseline", *(f"vs_{r}" for r in RULES))})
     gap = row["gap"]
     row["met"] = (row["wall_median_s"] < sc.target_s and gap is not None and gap < GAP_TARGET
                   and row["peak_mb"] < PEAK_TARGET_MB)
@@ -137,18 +164,26 @@ def run_scenario(sc: Scenario, runs: int, limit_factor: float = 1.0) -> dict:
 
 def format_table(rows: list[dict]) -> str:
     head = ("scenario", "GPUs", "classes", "wall median s", "peak MB", "tokens/s", "gap", "status",
-            "target s", "met?")
+            "target s", "met?", "x best baseline", *(f"x {r}" for r in RULES))
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         if "error" in r:
             lines.append(" | ".join([r["scenario"], "-", "-", "-", "-", "-", "-", f"error: {r['error']}",
-                                     f"{r['target_s']:g}", "no"]))
+                                     f"{r['target_s']:g}", "no", *("-" for _ in range(1 + len(RULES)))]))
             continue
         gap = "n/a" if r["gap"] is None else f"{100 * r['gap']:.3f}%"
         lines.append(" | ".join([r["scenario"], str(r["gpus"]), str(r["classes"]), f"{r['wall_median_s']:.2f}",
                                  f"{r['peak_mb']:.0f}", f"{r['tokens_per_s']:,.0f}", gap, r["status"],
-                                 f"{r['target_s']:g}", "yes" if r["met"] else "no"]))
+                                 f"{r['target_s']:g}", "yes" if r["met"] else "no",
+                                 *(_ratio(r.get(k), r.get("baselines_complete", True))
+                                   for k in ("vs_best_baseline", *(f"vs_{x}" for x in RULES)))]))
     return "\n".join(lines)
+
+
+def _ratio(value, complete: bool) -> str:
+    """planner / baseline: how many times faster the answer is (``-``: no such baseline; ``*``:
+    the baselines' time share ran out, the ratio is over the layouts priced, not all)."""
+    return "-" if value is None else f"{value:.3f}" + ("" if complete else "*")
 
 
 def profile_scenario(sc: Scenario, limit_factor: float = 1.0, top: int = 25) -> str:

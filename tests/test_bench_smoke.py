@@ -15,6 +15,8 @@ def test_bench_smoke_prints_rows_with_numeric_gaps(capsys):
         assert isinstance(row["gap"], float) and 0 <= row["gap"] < 1
         assert row["tokens_per_s"] > 0 and row["peak_mb"] > 0
         assert row["status"] in ("optimal", "feasible")
+        # the answer is never slower than a baseline layout (issue 18)
+        assert row["vs_best_baseline"] >= 1 - 1e-9 and row["vs_megatron"] >= row["vs_best_baseline"] - 1e-12
     table = bench.format_table(rows)
     assert table.count("\n") == len(rows) + 1 and "smoke-2zone" in table
 

@@ -135,7 +135,8 @@ class Predicted(BaseModel):
 # the same inputs give the same plan bytes.  A field not listed here stays out of the plan.
 PLAN_SOLVER_FIELDS = ("method", "status", "objective", "bound", "gap", "space", "objective_kind",
                       "objective_unit", "node_classes", "aggregate_compute_bound_s",
-                      "priced_vs_evaluated_rel", "interrupted")
+                      "priced_vs_evaluated_rel", "interrupted", "baseline", "baseline_objective",
+                      "baseline_ratio")
 
 
 class SolverReport(BaseModel):

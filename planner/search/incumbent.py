@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.search.core import enum
 from planner.search.core.milp import CoreMilp
@@ -72,6 +72,23 @@ class Best:
     def threshold(self) -> float:
         """Value a new candidate must beat to enter (inf while fewer than K)."""
         return self.items[-1].key[0] if len(self.items) >= self.k else float("inf")
+
+
+class Shared(Best):
+    """The incumbents of another objective's search run inside this one (the throughput warm
+    start, under the cost objectives): every candidate it is offered also goes, re-keyed under
+    ``spec``, to ``target`` when it meets ``spec`` 's budget or floor (``admits``), so that every
+    plan priced during the search, of any objective, is a candidate for every objective."""
+
+    def __init__(self, k: int, target: Best, spec, admits):
+        super().__init__(k)
+        self.target, self.spec, self.admits = target, spec, admits
+
+    def add(self, cand: Candidate) -> None:
+        super().add(cand)
+        mine = replace(cand, key=self.spec.key(cand.price_usd_per_hour, cand.time_s))
+        if self.admits(mine):
+            self.target.add(mine)
 
 
 def layout(prob, assign, knobs: Knobs) -> list:

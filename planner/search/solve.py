@@ -24,6 +24,7 @@ from planner.cost.flops import model_flops_per_iteration
 from planner.errors import InfeasibleError, InputError
 from planner.plan import Plan
 from planner.plan.model import SolverReport
+from planner.search.baselines import BASELINE_SHARE, admits, seed
 from planner.search.bound import KnobBound
 from planner.search.classes import class_infos, classes_without_bf16
 from planner.search.core import enum
@@ -34,6 +35,7 @@ from planner.search.floors import TupleFloors, tuple_floors
 from planner.search.incumbent import (
     WARM_KEYS_ABOVE,
     Best,
+    Shared,
     exact_solver,
     priced,
     relaxed,
@@ -202,11 +204,23 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         if time_like:       # the least time bound bounds every plan, for a Ctrl-C before the heap
             stats["frontier"] = ranked[0][0]
         stats["tokens_per_iteration"] = tokens
-    warm = time_like and ranked and max(len(t[4]) for t in ranked) > WARM_KEYS_ABOVE
+    # the layouts a person would write, first: every answer is at least as good (baselines.py)
+    stats["baseline"] = seed(pricer, ranked, spec, launcher, best,
+                             stop_at=min(deadline, time.monotonic() + BASELINE_SHARE * time_limit_s))
+    big = bool(ranked) and max(len(t[4]) for t in ranked) > WARM_KEYS_ABOVE
+    warm = time_like and big
     warm_done: set = set()
     if warm:
         warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
                    done=warm_done)
+    elif big:
+        # the cost objectives: the throughput path's warm start, its plans re-keyed into
+        # ``best`` (incumbent.Shared); without it the cost search began from nothing and at the
+        # default limit returned plans dearer per token than the throughput answer (issue 18)
+        shared = Shared(top_k, best, spec, lambda c: admits(spec, c, training))
+        warm_start(pricer, knob_bound, ranked, ObjectiveSpec(), training, shared, settings, deadline, launcher,
+                   say, done=set())
+        stats["shared_warm_start"] = len(shared.items)
     # A heap on the bounds: a tuple first comes up with its memory-free bound, is then given
     # its memory-aware bound and goes back in, then the same with the packed bottleneck's
     # knapsacks and with its LPs (each level dearer than the last); it is priced and solved
@@ -345,6 +359,9 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
         "objective_unit": OBJECTIVE_UNITS[spec.kind]}
     if stats.get("interrupted"):
         report_fields["interrupted"] = True
+    if "shared_warm_start" in stats:     # the throughput warm start's plans, under a cost objective
+        report_fields["shared_warm_start_plans"] = stats["shared_warm_start"]
+    report_fields.update(_baseline_fields(stats.get("baseline"), value, top, time_like))
     # The search priced each plan with the cost model's pieces; evaluate prices the whole plan.
     # They must agree (tests hold them to 1e-9); report the worst disagreement, not hide it.
     if time_like:
@@ -368,6 +385,24 @@ def _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pr
                     "--precision fp16 (or fp32 / tf32) to use them")
     return SearchResult(plans=final, evaluations=evals, report=report, idle=idle,
                         warnings=cluster.precision_notes(training.precision))
+
+
+def _baseline_fields(base, value: float, top, time_like: bool) -> dict:
+    """The best baseline (baselines.py) and its objective value over the answer's: >= 1, the
+    answer is at least as good (the baselines seeded the incumbents)."""
+    if base is None or base.best is None:
+        return {"baselines_priced": base.priced if base else 0}
+    def value_of(c):
+        return c.time_s if time_like else c.key[0]
+    ours = value if time_like else top.key[0]
+    theirs = value_of(base.best)
+    return {"baseline": base.name, "baseline_objective": theirs,
+            "baseline_ratio": theirs / ours if ours > 0 else None,
+            # each rule's best over the answer; under the time objectives a lower bound on it
+            # where the baselines' pricing skipped tuples (baselines.seed)
+            "baseline_ratio_by_rule": ({r: (base.rule_floor_s(r) if time_like else value_of(c)) / ours
+                                        for r, c in sorted(base.by_rule.items())} if ours > 0 else None),
+            "baselines_priced": base.priced, "baselines_wall_s": base.wall_s, "baselines_complete": base.complete}
 
 
 def _space(training, launcher: str | None) -> str:
