@@ -124,12 +124,14 @@ def _record_cost_sources(plan_: Plan, evaluation: Evaluation, profiles: Any) -> 
 
 
 def replan(cluster: Cluster, old_plan: Plan, time_limit_s: float = 60.0, profiles: Any = None,
-           file: str = "<plan>"):
-    """Check ``old_plan`` against a changed cluster and search again (see ``planner.replan``)."""
+           file: str = "<plan>", **options: Any):
+    """Check ``old_plan`` against a changed cluster and search again, keeping the old plan
+    (repaired after lost nodes) unless the fresh one wins; ``options``: migration_steps,
+    max_moved_fraction and the search's options (see ``planner.replan``)."""
     from planner.replan import replan as _replan
 
     return _replan(cluster, old_plan, time_limit_s=time_limit_s,
-                   profiles=resolve_profiles(cluster, profiles), file=file)
+                   profiles=resolve_profiles(cluster, profiles), file=file, **options)
 
 
 def summarize_cluster(cluster: Cluster) -> dict:
