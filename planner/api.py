@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "Cluster", "InfeasibleError", "InputError", "ModelSpec", "Plan", "PlannerError", "Training",
-    "evaluate", "launch", "load_cluster", "load_model", "load_plan", "load_training", "plan", "replan", "run", "simulate",
+    "diff", "evaluate", "launch", "load_cluster", "load_model", "load_plan", "load_training", "plan", "replan", "run", "simulate",
     "summarize_cluster", "use_calibration",
 ]
 
@@ -132,6 +132,13 @@ def replan(cluster: Cluster, old_plan: Plan, time_limit_s: float = 60.0, profile
 
     return _replan(cluster, old_plan, time_limit_s=time_limit_s,
                    profiles=resolve_profiles(cluster, profiles), file=file, **options)
+
+
+def diff(a: Plan, b: Plan):
+    """What changed from plan ``a`` to plan ``b`` (``planner.diff.PlanDiff``)."""
+    from planner.diff import diff_plans
+
+    return diff_plans(a, b)
 
 
 def summarize_cluster(cluster: Cluster) -> dict:

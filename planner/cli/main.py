@@ -16,7 +16,7 @@ from planner.errors import INTERRUPTED_EXIT, PlannerError, debug_enabled
 COMMANDS = {
     "validate": "validate", "catalog": "catalog", "evaluate": "evaluate", "plan": "plan",
     "simulate": "simulate", "launch": "launch", "run": "run", "profile": "profile",
-    "replan": "replan", "schedule": "schedule", "pareto": "pareto",
+    "replan": "replan", "schedule": "schedule", "pareto": "pareto", "diff": "diff",
 }
 
 
