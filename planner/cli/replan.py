@@ -1,5 +1,6 @@
 """``planner replan CLUSTER PLAN``: check an existing plan against a changed cluster and search
-again.  A CI gate: exit 0 when the old plan still runs, 4 when it no longer does (a new plan was
+again; the old plan (repaired after lost nodes) stays the answer unless the fresh one wins
+with its migration counted (docs/replan.md).  A CI gate: exit 0 when the old plan still runs, 4 when it no longer does (a new plan was
 found), 1 when no plan fits the new cluster, 2 for bad input."""
 
 from __future__ import annotations
@@ -27,8 +28,12 @@ OLD_PLAN_INVALID_EXIT = 4
 @click.option("--max-moved-fraction", type=float, default=None,
               help="Accept no plan that moves more than this share (0-1) of weights + optimizer state; "
                    "the old plan repaired is the fallback.")
+@click.option("--deterministic", is_flag=True,
+              help="stop the search on a work budget, not the clock (as planner plan --deterministic)")
+@click.option("--work-budget", type=int, default=None, metavar="UNITS",
+              help="the deterministic search's work budget (implies --deterministic)")
 def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json, calibration_path,
-           migration_steps, max_moved_fraction):
+           migration_steps, max_moved_fraction, deterministic, work_budget):
     """Re-plan for a changed cluster and compare with the old plan.
 
     Exit 0: the old plan still runs; 4: it no longer does (the new plan is written with -o);
@@ -44,7 +49,8 @@ def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json,
     old = api.load_plan(plan_file)
     warn_precision(cluster, str(old.inputs.training.get("precision", "bf16")))
     result = api.replan(cluster, old, time_limit_s=time_limit_s, profiles=profiles_dir, file=plan_file,
-                        migration_steps=migration_steps, max_moved_fraction=max_moved_fraction)
+                        migration_steps=migration_steps, max_moved_fraction=max_moved_fraction,
+                        deterministic=deterministic, work_budget=work_budget)
     new_ev = result.evaluation
     if output:
         write_atomic(output, result.plan.dumps())
