@@ -175,3 +175,36 @@ def test_max_moved_fraction_is_honoured(four_node_plan, tmp_path, capsys):
     assert code == 4 and summary["migration"]["moved_fraction"] == pytest.approx(0.25, rel=1e-6)
     assert main(["replan", str(tmp_path / "spare.yaml"), str(tmp_path / "plan.json"),
                  "--max-moved-fraction", "1.5"]) == 2
+
+
+def test_migration_steps_weigh_the_move_against_the_speedup(tmp_path):
+    # the old plan ran on three nodes; a fourth joins: the fresh plan on all four is a little
+    # faster but moves state; spread over one step the move loses, over a million it wins
+    (tmp_path / "three.yaml").write_text(_named(["n0", "n1", "n2"]))
+    (tmp_path / "four.yaml").write_text(_named(["n0", "n1", "n2", "n3"]))
+    old = api.plan(api.load_cluster(tmp_path / "three.yaml"), api.load_model(DP_MODEL), DP_TRAINING, time_limit_s=20)
+    four = api.load_cluster(tmp_path / "four.yaml")
+    plain = api.replan(four, old.plan, time_limit_s=20)
+    assert plain.old_valid and plain.chosen.source == "fresh search"
+    fresh_s, old_s = plain.fresh.evaluation.iteration_time_s, plain.repaired.evaluation.iteration_time_s
+    assert fresh_s < old_s and plain.fresh.migration.time_s > 0
+    one = api.replan(four, old.plan, time_limit_s=20, migration_steps=1)
+    many = api.replan(four, old.plan, time_limit_s=20, migration_steps=10**6)
+    assert fresh_s + one.fresh.migration.time_s > old_s      # the premise of the next line
+    assert one.chosen.source == "old plan" and one.migration.moved_bytes == 0
+    assert many.chosen.source == "fresh search"
+
+
+def test_relabel_undoes_a_permutation_of_identical_nodes(four_node_plan):
+    from planner.cost import topology_for
+    from planner.migrate import migration
+    from planner.repair import _renamed, relabel
+
+    d, old = four_node_plan
+    cluster = api.load_cluster(d / "old.yaml")
+    topo, model = topology_for(cluster), api.load_model(DP_MODEL)
+    shuffled = _renamed(old.plan, {"n0": "n2", "n1": "n3", "n2": "n1", "n3": "n0"})
+    assert migration(old.plan, shuffled, model, topo).moved_bytes > 0
+    back = relabel(shuffled, old.plan, model, topo)
+    assert migration(old.plan, back, model, topo).moved_bytes == 0
+    assert api.evaluate(cluster, back).iteration_time_s == api.evaluate(cluster, shuffled).iteration_time_s
