@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "Cluster", "InfeasibleError", "InputError", "ModelSpec", "Plan", "PlannerError", "Training",
-    "evaluate", "launch", "load_cluster", "load_model", "load_plan", "load_training", "plan", "replan", "run", "simulate",
+    "diff", "evaluate", "launch", "load_cluster", "load_model", "load_plan", "load_training", "plan", "replan", "run", "simulate",
     "summarize_cluster", "use_calibration",
 ]
 
@@ -124,12 +124,21 @@ def _record_cost_sources(plan_: Plan, evaluation: Evaluation, profiles: Any) -> 
 
 
 def replan(cluster: Cluster, old_plan: Plan, time_limit_s: float = 60.0, profiles: Any = None,
-           file: str = "<plan>"):
-    """Check ``old_plan`` against a changed cluster and search again (see ``planner.replan``)."""
+           file: str = "<plan>", **options: Any):
+    """Check ``old_plan`` against a changed cluster and search again, keeping the old plan
+    (repaired after lost nodes) unless the fresh one wins; ``options``: migration_steps,
+    max_moved_fraction and the search's options (see ``planner.replan``)."""
     from planner.replan import replan as _replan
 
     return _replan(cluster, old_plan, time_limit_s=time_limit_s,
-                   profiles=resolve_profiles(cluster, profiles), file=file)
+                   profiles=resolve_profiles(cluster, profiles), file=file, **options)
+
+
+def diff(a: Plan, b: Plan):
+    """What changed from plan ``a`` to plan ``b`` (``planner.diff.PlanDiff``)."""
+    from planner.diff import diff_plans
+
+    return diff_plans(a, b)
 
 
 def summarize_cluster(cluster: Cluster) -> dict:

@@ -4,12 +4,25 @@ cluster spec (``planner replan CLUSTER PLAN``)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from planner.errors import InputError
+from planner.errors import InfeasibleError, InputError
+from planner.migrate import Migration, migration
 from planner.plan import Plan, check_plan
 from planner.plan.check import plan_training
+from planner.repair import relabel, repair
 from planner.spec import Cluster, load_model
+
+
+@dataclass
+class Option:
+    """One plan replan may answer with, priced on the new cluster with its migration."""
+    source: str                           # "old plan", "old plan repaired", "fresh search"
+    plan: Plan
+    evaluation: object
+    migration: Migration
+    score: float                          # the objective's value, migration amortised (lower wins)
 
 
 @dataclass
@@ -18,19 +31,37 @@ class ReplanResult:
     old_problems: list[str]               # why the old plan no longer runs (empty when valid)
     old_evaluation: object | None         # the old plan priced on the new cluster, when valid
     search: object                        # planner.search.SearchResult on the new cluster
+    chosen: Option                        # the answer: the old plan (repaired) or the fresh one
+    fresh: Option                         # the fresh search's plan, nodes renamed to keep state
+    fresh_as_named: Migration             # what the fresh plan would move with the search's names
+    repaired: Option | None = None        # the old plan kept or repaired (None: not repairable)
+    rejected: list[str] = field(default_factory=list)   # options over --max-moved-fraction
     kept_devices: int = 0                 # devices serving the same stage in both plans
     moved_devices: list[str] = field(default_factory=list)
 
     @property
     def plan(self) -> Plan:
-        return self.search.plan
+        return self.chosen.plan
+
+    @property
+    def evaluation(self):
+        return self.chosen.evaluation
+
+    @property
+    def migration(self) -> Migration:
+        return self.chosen.migration
 
     @property
     def speedup(self) -> float | None:
-        """New tokens/s over the old plan's on the new cluster (None when the old is invalid)."""
+        """Chosen tokens/s over the old plan's on the new cluster (None when the old is invalid)."""
         if self.old_evaluation is None:
             return None
-        return self.search.evaluation.tokens_per_s / self.old_evaluation.tokens_per_s
+        return self.chosen.evaluation.tokens_per_s / self.old_evaluation.tokens_per_s
+
+    @property
+    def vs_fresh(self) -> float:
+        """Chosen tokens/s over the fresh plan's (1.0 when the fresh plan is the answer)."""
+        return self.chosen.evaluation.tokens_per_s / self.fresh.evaluation.tokens_per_s
 
 
 def _stage_of_device(plan: Plan) -> dict[str, int]:
@@ -53,21 +84,84 @@ def old_plan_status(cluster: Cluster, old: Plan, profiles=None, file: str = "<pl
 
 
 def replan(cluster: Cluster, old: Plan, time_limit_s: float = 60.0, profiles=None,
-           file: str = "<plan>") -> ReplanResult:
+           file: str = "<plan>", migration_steps: int | None = None,
+           max_moved_fraction: float | None = None, **search_options) -> ReplanResult:
     """``profiles``: as ``planner.api.resolve_profiles`` gives them (the API and CLI call this
-    through ``api.replan``)."""
+    through ``api.replan``).  The old plan (repaired after lost nodes) is the first candidate:
+    the fresh search's plan replaces it only when it is better under the objective, with the
+    migration's time spread over ``migration_steps`` steps when given, and moves at most
+    ``max_moved_fraction`` of the state."""
     from planner import api
+    from planner.cost import evaluate, topology_for
 
+    if migration_steps is not None and migration_steps < 1:
+        raise InputError(f"--migration-steps must be at least 1, got {migration_steps}")
+    if max_moved_fraction is not None and not 0 <= max_moved_fraction <= 1:
+        raise InputError(f"--max-moved-fraction must be between 0 and 1, got {max_moved_fraction}")
     # The model and training are the job itself: without them there is nothing to re-plan (exit 2).
     model = load_model(old.inputs.model)
     training = plan_training(old, file)
     problems, old_ev = old_plan_status(cluster, old, profiles, file)
+    topo = topology_for(cluster)
     objective = old.objective
     result = api.plan(cluster, model, training, objective=objective.kind, time_limit_s=time_limit_s,
                       budget_usd_per_hour=objective.budget_usd_per_hour,
-                      min_tokens_per_s=objective.min_tokens_per_s, profiles=profiles)
-    before, after = _stage_of_device(old), _stage_of_device(result.plan)
+                      min_tokens_per_s=objective.min_tokens_per_s, profiles=profiles, **search_options)
+
+    def option(source: str, plan: Plan, ev) -> Option:
+        mig = migration(old, plan, model, topo)
+        return Option(source, plan, ev, mig, _score(objective, ev, mig, migration_steps))
+
+    fresh_plan, fresh_ev = result.plan, result.evaluation
+    renamed = relabel(fresh_plan, old, model, topo)
+    renamed_ev = evaluate(cluster, renamed, profiles=profiles, check=False)
+    if abs(renamed_ev.iteration_time_s - fresh_ev.iteration_time_s) <= 1e-9 * fresh_ev.iteration_time_s:
+        fresh_plan, fresh_ev = _finished(cluster, renamed, renamed_ev), renamed_ev
+    fresh = option("fresh search", fresh_plan, fresh_ev)
+    repaired = None
+    fixed = old if not problems else repair(cluster, old, topo)
+    if fixed is not None:
+        ev = old_ev if fixed is old else evaluate(cluster, fixed, profiles=profiles, check=False)
+        if ev is not None and ev.fits:
+            repaired = option("old plan" if fixed is old else "old plan repaired", _finished(cluster, fixed, ev), ev)
+    # ties go to the old plan: same value, fewer bytes moved
+    options = [o for o in (repaired, fresh) if o is not None]
+    allowed = [o for o in options if max_moved_fraction is None
+               or o.migration.moved_fraction <= max_moved_fraction + 1e-12]
+    rejected = [f"{o.source}: moves {o.migration.moved_fraction:.1%} of the state, over "
+                f"--max-moved-fraction {max_moved_fraction:g}" for o in options if o not in allowed]
+    if not allowed:
+        raise InfeasibleError("no plan moves at most --max-moved-fraction of the state: "
+                              + "; ".join(rejected) + ("" if repaired else "; the old plan cannot be repaired"))
+    chosen = min(allowed, key=lambda o: (o.score, o.migration.moved_bytes))
+    before, after = _stage_of_device(old), _stage_of_device(chosen.plan)
     kept = sum(1 for d, s in after.items() if before.get(d) == s)
-    moved = sorted(d for d, s in after.items() if d in before and before[d] != s)
+    moved = sorted(d for d, s in after.items() if before.get(d) != s)
     return ReplanResult(old_valid=not problems, old_problems=problems, old_evaluation=old_ev,
-                        search=result, kept_devices=kept, moved_devices=moved)
+                        search=result, chosen=chosen, fresh=fresh,
+                        fresh_as_named=migration(old, result.plan, model, topo), repaired=repaired,
+                        rejected=rejected, kept_devices=kept, moved_devices=moved)
+
+
+def _score(objective, ev, mig: Migration, steps: int | None) -> float:
+    """The objective's value (lower wins) with the migration's time spread over ``steps``
+    iterations when given: iteration time, cost per token, or rent under a tokens/s floor."""
+    time_s = ev.iteration_time_s + (mig.time_s / steps if steps else 0.0)
+    kind = objective.kind
+    price = ev.usd_per_hour
+    if objective.budget_usd_per_hour is not None and price is not None \
+            and price > objective.budget_usd_per_hour * (1 + 1e-12):
+        return math.inf
+    if kind in ("throughput", "throughput-under-budget"):
+        return time_s
+    if kind == "cost":
+        return (price or 0.0) * time_s
+    tokens_per_s = ev.tokens_per_s * ev.iteration_time_s / time_s
+    return price if tokens_per_s >= objective.min_tokens_per_s * (1 - 1e-12) else math.inf
+
+
+def _finished(cluster: Cluster, plan: Plan, ev) -> Plan:
+    """``plan`` with its prediction on the new cluster and its rank map."""
+    from planner.plan.rankmap import build_launch
+
+    return plan.model_copy(update={"predicted": ev.predicted(), "launch": build_launch(cluster, plan)})

@@ -84,3 +84,127 @@ def test_old_plan_that_no_longer_fits_memory_is_invalid(tmp_path):
     assert problems and all("a100-" in p for p in problems)
     same, ev = old_plan_status(api.load_cluster(tmp_path / "big.yaml"), old.plan)
     assert same == [] and ev.tokens_per_s == pytest.approx(old.evaluation.tokens_per_s, rel=1e-12)
+
+
+# -- warm start, migration, --max-moved-fraction (issue 18) ---------------------------------
+DP_MODEL = {"name": "small", "num_layers": 8, "hidden_size": 512, "num_attention_heads": 8, "vocab_size": 1000}
+DP_TRAINING = api.Training(global_batch_size=16, seq_len=512)
+
+
+def _named(names: list[str]) -> str:
+    return "name: c\nnodes:\n" + "".join(
+        f"  - {{name: {n}, gpu: A100-SXM4-80GB, gpus_per_node: 2, network_bandwidth: 100 Gbit/s}}\n" for n in names)
+
+
+@pytest.fixture(scope="module")
+def four_node_plan(tmp_path_factory):
+    d = tmp_path_factory.mktemp("four")
+    (d / "old.yaml").write_text(_named(["n0", "n1", "n2", "n3"]))
+    old = api.plan(api.load_cluster(d / "old.yaml"), api.load_model(DP_MODEL), DP_TRAINING, time_limit_s=20)
+    assert {dev.split(":")[0] for dev in old.plan.devices()} == {"n0", "n1", "n2", "n3"}
+    return d, old
+
+
+def test_unchanged_cluster_gives_the_old_plan_back_and_moves_nothing(four_node_plan):
+    d, old = four_node_plan
+    # a short limit: the old plan is the first candidate, so the answer is never worse
+    result = api.replan(api.load_cluster(d / "old.yaml"), old.plan, time_limit_s=2)
+    assert result.chosen.source == "old plan"
+    assert result.evaluation.tokens_per_s >= old.evaluation.tokens_per_s * (1 - 1e-12)
+    assert result.migration.moved_bytes == 0 and result.migration.time_s == 0
+    assert result.plan.devices() == old.plan.devices()
+
+
+def test_lost_node_moves_only_its_state_to_a_spare(four_node_plan, tmp_path):
+    from planner.cost import topology_for
+    from planner.migrate import shards
+
+    _d, old = four_node_plan
+    (tmp_path / "new.yaml").write_text(_named(["n0", "n2", "n3", "n4"]))
+    cluster = api.load_cluster(tmp_path / "new.yaml")
+    result = api.replan(cluster, old.plan, time_limit_s=20)
+    assert not result.old_valid
+    # n1's replicas went to the spare n4, every other device kept its place
+    assert sorted(result.moved_devices) == ["n4:0", "n4:1"]
+    lost = shards(old.plan, api.load_model(DP_MODEL))
+    lost_bytes = sum(s.weights_bytes + s.optimizer_bytes for dev in ("n1:0", "n1:1") for s in lost[dev])
+    assert result.migration.moved_bytes == pytest.approx(lost_bytes, rel=1e-12)
+    assert result.migration.moved_bytes < result.fresh_as_named.moved_bytes
+    assert result.migration.from_checkpoint_bytes == 0       # the DP twins still hold everything
+    # priced on the new cluster's links: one device's share of 100 Gbit/s NICs
+    path = topology_for(cluster).p2p("n0:0", "n4:0")
+    per_device = lost_bytes / 2
+    assert result.migration.time_s == pytest.approx(path.latency_s + per_device / path.bandwidth_Bps, rel=1e-9)
+
+
+def test_max_moved_fraction_is_honoured(four_node_plan, tmp_path, capsys):
+    from planner.cost.flops import total_params
+    from planner.cost.memory import bytes_per_param
+
+    _d, old = four_node_plan
+    (tmp_path / "plan.json").write_text(old.plan.dumps())
+    (tmp_path / "spare.yaml").write_text(_named(["n0", "n2", "n3", "n4"]))
+    (tmp_path / "fewer.yaml").write_text(_named(["n0", "n2", "n3"]))
+    # no spare: the repair drops n1's replicas; the rest keep their weights, and under ZeRO-1
+    # only the optimizer ranges that change with 8 -> 6 replicas move
+    fewer = api.replan(api.load_cluster(tmp_path / "fewer.yaml"), old.plan, time_limit_s=20)
+    assert fewer.chosen.source == "old plan repaired"
+    assert sum(r.micro_batch_share for r in fewer.plan.stages[0].replicas) == old.plan.micro_batch_size
+    _, _, opt_per_param = bytes_per_param("bf16")
+    if old.plan.zero_stage == 1:
+        old_index = [0, 1, 4, 5, 6, 7]     # the surviving replicas' places among the old 8
+        moved_share = sum(1 / 6 - max(0.0, min((j + 1) / 6, (o + 1) / 8) - max(j / 6, o / 8))
+                          for j, o in enumerate(old_index))
+    else:
+        moved_share = 0.0
+    expected = moved_share * total_params(api.load_model(DP_MODEL)) * opt_per_param
+    assert fewer.migration.moved_bytes == pytest.approx(expected, rel=1e-9, abs=1e-6)
+    assert fewer.migration.moved_bytes <= fewer.fresh_as_named.moved_bytes
+    assert (fewer.migration.time_s > 0) == (expected > 0)     # resharding crosses the network
+    at = fewer.migration.moved_fraction
+    same = api.replan(api.load_cluster(tmp_path / "fewer.yaml"), old.plan, time_limit_s=20, max_moved_fraction=at)
+    assert same.chosen.source == "old plan repaired"
+    # with the spare, every plan moves n1's quarter of the state: 10% accepts none (exit 1)
+    code = main(["replan", str(tmp_path / "spare.yaml"), str(tmp_path / "plan.json"), "--time-limit", "20",
+                 "--max-moved-fraction", "0.1"])
+    assert code == 1
+    assert "max-moved-fraction" in capsys.readouterr().err
+    code = main(["replan", str(tmp_path / "spare.yaml"), str(tmp_path / "plan.json"), "--time-limit", "20",
+                 "--max-moved-fraction", "0.3", "--migration-steps", "100", "--json"])
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 4 and summary["migration"]["moved_fraction"] == pytest.approx(0.25, rel=1e-6)
+    assert main(["replan", str(tmp_path / "spare.yaml"), str(tmp_path / "plan.json"),
+                 "--max-moved-fraction", "1.5"]) == 2
+
+
+def test_migration_steps_weigh_the_move_against_the_speedup(tmp_path):
+    # the old plan ran on three nodes; a fourth joins: the fresh plan on all four is a little
+    # faster but moves state; spread over one step the move loses, over a million it wins
+    (tmp_path / "three.yaml").write_text(_named(["n0", "n1", "n2"]))
+    (tmp_path / "four.yaml").write_text(_named(["n0", "n1", "n2", "n3"]))
+    old = api.plan(api.load_cluster(tmp_path / "three.yaml"), api.load_model(DP_MODEL), DP_TRAINING, time_limit_s=20)
+    four = api.load_cluster(tmp_path / "four.yaml")
+    plain = api.replan(four, old.plan, time_limit_s=20)
+    assert plain.old_valid and plain.chosen.source == "fresh search"
+    fresh_s, old_s = plain.fresh.evaluation.iteration_time_s, plain.repaired.evaluation.iteration_time_s
+    assert fresh_s < old_s and plain.fresh.migration.time_s > 0
+    one = api.replan(four, old.plan, time_limit_s=20, migration_steps=1)
+    many = api.replan(four, old.plan, time_limit_s=20, migration_steps=10**6)
+    assert fresh_s + one.fresh.migration.time_s > old_s      # the premise of the next line
+    assert one.chosen.source == "old plan" and one.migration.moved_bytes == 0
+    assert many.chosen.source == "fresh search"
+
+
+def test_relabel_undoes_a_permutation_of_identical_nodes(four_node_plan):
+    from planner.cost import topology_for
+    from planner.migrate import migration
+    from planner.repair import _renamed, relabel
+
+    d, old = four_node_plan
+    cluster = api.load_cluster(d / "old.yaml")
+    topo, model = topology_for(cluster), api.load_model(DP_MODEL)
+    shuffled = _renamed(old.plan, {"n0": "n2", "n1": "n3", "n2": "n1", "n3": "n0"})
+    assert migration(old.plan, shuffled, model, topo).moved_bytes > 0
+    back = relabel(shuffled, old.plan, model, topo)
+    assert migration(old.plan, back, model, topo).moved_bytes == 0
+    assert api.evaluate(cluster, back).iteration_time_s == api.evaluate(cluster, shuffled).iteration_time_s

@@ -17,6 +17,7 @@ COMMANDS = {
     "validate": "validate", "catalog": "catalog", "evaluate": "evaluate", "plan": "plan",
     "simulate": "simulate", "launch": "launch", "run": "run", "profile": "profile",
     "replan": "replan", "schedule": "schedule", "pareto": "pareto", "rebalance": "rebalance",
+    "diff": "diff",
 }
 
 

@@ -192,6 +192,12 @@ def _summary(out, result, cluster) -> None:
 @click.option("--min-tokens-per-s", type=float, default=None, help="minimise USD/hour above this throughput")
 @click.option("--time-limit", "time_limit_s", type=float, default=60.0, show_default=True, help="seconds")
 @click.option("--top", "top_k", type=int, default=1, show_default=True, help="the K best distinct plans")
+@click.option("--deterministic", is_flag=True,
+              help="stop on a work budget, not the clock: identical inputs give byte-identical plans on any "
+                   "machine (the time limit still guards; off by default, for CI)")
+@click.option("--work-budget", type=int, default=None, metavar="UNITS",
+              help="the deterministic search's work budget (implies --deterministic) [default: 20,000 per "
+                   "second of --time-limit]")
 @click.option("--schedule", "schedules", default=None, metavar="S[,S...]",
               help="pipeline schedules to search: gpipe, 1f1b, interleaved-1f1b (training: schedules)")
 @click.option("--recompute", "recompute_modes", default=None, metavar="M[,M...]",
@@ -214,7 +220,7 @@ def _summary(out, result, cluster) -> None:
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False), default=None,
               help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
 def plan(cluster, model_name, training_path, global_batch_size, seq_len, precision, objective,
-         budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, schedules, recompute_modes, zero_stages,
+         budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, deterministic, work_budget, schedules, recompute_modes, zero_stages,
          launcher, mixed_stages, output, report_path, as_json, quiet, profiles_path, calibration_path):
     """Find the fastest (or cheapest) layout of MODEL on CLUSTER, with a proof of how close it is.
 
@@ -250,7 +256,8 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     err = console(quiet=True)       # progress always on stderr
     with SearchStatus(err, time_limit_s, quiet) as status:
         result = api.plan(spec, model, training, objective=spec_obj, time_limit_s=time_limit_s, top_k=top_k,
-                          launcher=launcher, profiles=profiles_path, progress=status.message)
+                          launcher=launcher, profiles=profiles_path, progress=status.message,
+                          deterministic=deterministic, work_budget=work_budget)
     best = result.plan               # predicted, solver and launch filled by the search
     warn_skipped_profiles((best.inputs.profiles or {}).get("files"))
     # The plan is not checked against planner/plan/schema.json here: the tests hold the plans

@@ -1,5 +1,6 @@
 """``planner replan CLUSTER PLAN``: check an existing plan against a changed cluster and search
-again.  A CI gate: exit 0 when the old plan still runs, 4 when it no longer does (a new plan was
+again; the old plan (repaired after lost nodes) stays the answer unless the fresh one wins
+with its migration counted (docs/replan.md).  A CI gate: exit 0 when the old plan still runs, 4 when it no longer does (a new plan was
 found), 1 when no plan fits the new cluster, 2 for bad input."""
 
 from __future__ import annotations
@@ -22,7 +23,17 @@ OLD_PLAN_INVALID_EXIT = 4
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False), default=None,
               help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
-def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json, calibration_path):
+@click.option("--migration-steps", type=int, default=None,
+              help="Add the migration's time to the objective, spread over this many training steps.")
+@click.option("--max-moved-fraction", type=float, default=None,
+              help="Accept no plan that moves more than this share (0-1) of weights + optimizer state; "
+                   "the old plan repaired is the fallback.")
+@click.option("--deterministic", is_flag=True,
+              help="stop the search on a work budget, not the clock (as planner plan --deterministic)")
+@click.option("--work-budget", type=int, default=None, metavar="UNITS",
+              help="the deterministic search's work budget (implies --deterministic)")
+def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json, calibration_path,
+           migration_steps, max_moved_fraction, deterministic, work_budget):
     """Re-plan for a changed cluster and compare with the old plan.
 
     Exit 0: the old plan still runs; 4: it no longer does (the new plan is written with -o);
@@ -37,8 +48,10 @@ def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json,
     cluster = api.load_cluster(cluster_file)
     old = api.load_plan(plan_file)
     warn_precision(cluster, str(old.inputs.training.get("precision", "bf16")))
-    result = api.replan(cluster, old, time_limit_s=time_limit_s, profiles=profiles_dir, file=plan_file)
-    new_ev = result.search.evaluation
+    result = api.replan(cluster, old, time_limit_s=time_limit_s, profiles=profiles_dir, file=plan_file,
+                        migration_steps=migration_steps, max_moved_fraction=max_moved_fraction,
+                        deterministic=deterministic, work_budget=work_budget)
+    new_ev = result.evaluation
     if output:
         write_atomic(output, result.plan.dumps())
     summary = {
@@ -47,6 +60,13 @@ def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json,
         "old_tokens_per_s": None if result.old_evaluation is None else result.old_evaluation.tokens_per_s,
         "new_tokens_per_s": new_ev.tokens_per_s,
         "speedup": result.speedup,
+        "answer": result.chosen.source,
+        "fresh_tokens_per_s": result.fresh.evaluation.tokens_per_s,
+        "vs_fresh": result.vs_fresh,
+        "migration": result.migration.as_dict(),
+        "fresh_migration": result.fresh.migration.as_dict(),
+        "fresh_as_named_moved_bytes": result.fresh_as_named.moved_bytes,
+        "rejected": result.rejected,
         "devices_kept_in_stage": result.kept_devices,
         "devices_moved": result.moved_devices,
         "solver_status": result.search.report.status,
@@ -62,9 +82,19 @@ def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json,
             out.print("[bold red]old plan no longer runs on this cluster:[/bold red]")
             for line in result.old_problems:
                 out.print(f"  {line}")
-        out.print(f"new plan: {new_ev.tokens_per_s:,.0f} tokens/s ({result.search.report.status}, gap "
-                  f"{0 if result.search.report.gap is None else 100 * result.search.report.gap:.3g}%)"
-                  + ("" if result.speedup is None else f", {result.speedup:.3f}x the old plan"))
+        fresh = result.fresh.evaluation.tokens_per_s
+        out.print(f"fresh search: {fresh:,.0f} tokens/s ({result.search.report.status}, gap "
+                  f"{0 if result.search.report.gap is None else 100 * result.search.report.gap:.3g}%)")
+        mig = result.migration
+        out.print(f"answer: {result.chosen.source}, {new_ev.tokens_per_s:,.0f} tokens/s "
+                  f"({result.vs_fresh:.3f}x the fresh plan"
+                  + ("" if result.speedup is None else f", {result.speedup:.3f}x the old plan") + ")")
+        out.print(f"moves {mig.moved_bytes / 1e9:,.3g} GB of {mig.total_bytes / 1e9:,.3g} GB of weights + optimizer "
+                  f"state ({mig.moved_fraction:.1%}), {mig.time_s:.3g} s on the cluster's links"
+                  + (f", {mig.from_checkpoint_bytes / 1e9:,.3g} GB from a checkpoint" if mig.from_checkpoint_bytes else "")
+                  + f"; the fresh plan would move {result.fresh.migration.moved_bytes / 1e9:,.3g} GB")
+        for line in result.rejected:
+            out.print(f"  not taken: {line}")
         out.print(f"{result.kept_devices} devices keep their stage, {len(result.moved_devices)} move")
         if output:
             out.print(f"wrote {output}")

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.cost import in_flight_micro_batches
+from planner.search import clock
 from planner.search.incumbent import Candidate, prepare
 from planner.search.pieces import _max_units
 from planner.search.space import OptionKey
@@ -286,7 +287,7 @@ def seed(pricer, ranked, spec, launcher, best, stop_at: float) -> BaselineResult
         if time_like and by_rule and bound_s >= min(c.time_s for c in by_rule.values()):
             floor_s = bound_s   # ranked by a lower bound on their time: no later layout is faster
             break
-        if by_rule and time.monotonic() > stop_at:
+        if by_rule and clock.now() > stop_at:
             # not before one baseline is found: a tuple's layouts take milliseconds, and a
             # limit spent on ranking (a loaded machine: bench a) must still be measured against one
             complete = False

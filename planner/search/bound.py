@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
 
 from planner.cost import CostContext, in_flight_micro_batches
+from planner.search import clock
 from planner.search.core.problem import max_row_bound
 from planner.search.fill import class_slots, joint_row_bound, slot_blocks, sum_bound
 from planner.search.packed import KNAPSACK_STAGES, PackedBound, partner_sends
@@ -119,7 +119,7 @@ class KnobBound:
             if own is not None and last.get(subset, -math.inf) >= own:
                 best = min(best, last.get(subset, -math.inf))      # already shown, or not needed
                 continue
-            if time.monotonic() > self._packed.deadline:
+            if clock.now() > self._packed.deadline:
                 best = min(best, last.get(subset, -math.inf))      # the search is out of time
                 continue
             now[subset] = max(last.get(subset, -math.inf),
@@ -139,7 +139,7 @@ class KnobBound:
         return self._by_subset.get((knobs, id(keys)), {})
 
     def set_deadline(self, deadline: float) -> None:
-        """Past ``deadline`` (time.monotonic()) the packed bound's LPs stop early with the
+        """Past ``deadline`` (clock.now()) the packed bound's LPs stop early with the
         (lower) bound they have proved: the search's time limit holds."""
         self._packed.deadline = deadline
 

@@ -48,6 +48,13 @@ def _more_freedom(training) -> list[str]:
 
 def explain_infeasible(cluster, model, training, spec, classes, stats) -> str:
     if stats.get("unexplored") or stats.get("timed_out"):
+        from planner.search import clock
+
+        work = clock.active()
+        if work is not None and not work.wall_clock_bound:
+            return (f"no plan found within the work budget ({stats.get('solved', 0)} of {stats.get('knobs', 0)} "
+                    f"knob tuples solved, none feasible yet, {work.units:,.0f} units of work done); raise "
+                    "--work-budget (or --time-limit, which scales the default budget)")
         return (f"no plan found within the time limit ({stats.get('solved', 0)} of {stats.get('knobs', 0)} "
                 "knob tuples solved, none feasible yet); raise --time-limit")
     lines = []

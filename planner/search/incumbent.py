@@ -13,9 +13,9 @@
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, replace
 
+from planner.search import clock
 from planner.search.core import enum
 from planner.search.core.milp import CoreMilp
 from planner.search.core.problem import quick_bound
@@ -99,6 +99,7 @@ def layout(prob, assign, knobs: Knobs) -> list:
 def priced(pricer, knobs, ctx, keys, spec, launcher, sends: bool = True) -> tuple:
     """The tuple's CoreProblem on ``keys``, prepared for the objective and the launcher, and
     its quick bound (None: some stage has no option)."""
+    clock.charge(len(keys) * knobs.num_stages)     # pricing's work, for a deterministic search
     prob = pricer.price(knobs, ctx, keys, sends=sends)
     prepare(prob, spec, launcher)
     return prob, (quick_bound(prob) if prob.options else None)
@@ -132,11 +133,11 @@ def relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, s
     # Pricing and building a relaxed MILP cannot be interrupted (only HiGHS can): start one only
     # when the time left exceeds the longest such set-up so far (c overran its limit by 1 s).
     if (not time_like or len(keys) * knobs.num_stages > RELAX_MAX_VARS
-            or deadline - time.monotonic() < stats.get("relaxed_setup_s", 0.0)):
+            or deadline - clock.now() < stats.get("relaxed_setup_s", 0.0)):
         stats["unexplored"] += 1
         bounds.append(lb)
         return
-    started = time.monotonic()
+    started = clock.now()
     prob, qb = priced(pricer, knobs, ctx, keys, spec, launcher, sends=False)
     if qb is None:
         stats["empty"] += 1
@@ -148,10 +149,10 @@ def relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, s
         bounds.append(lb)
         return
     solver = exact_solver(prob)
-    stats["relaxed_setup_s"] = max(stats.get("relaxed_setup_s", 0.0), time.monotonic() - started)
+    stats["relaxed_setup_s"] = max(stats.get("relaxed_setup_s", 0.0), clock.now() - started)
     # capped like a warm start: a relaxation that cannot prune in a few seconds rarely does
     # later, and the time is better spent on the next tuples
-    until = min(deadline, time.monotonic() + WARM_TUPLE_SHARE * _horizon(settings))
+    until = min(deadline, clock.now() + WARM_TUPLE_SHARE * _horizon(settings))
     sol = solver.solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
     stats["relaxed"] = stats.get("relaxed", 0) + 1
     if sol.status == "infeasible":
@@ -176,7 +177,7 @@ def relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, s
     if t < best.threshold():
         best.add(Candidate.of(full, assign, t, knobs, spec))
         polish_into(pricer, knobs, ctx, keys, full, assign, spec, launcher, best,
-                    min(deadline, time.monotonic() + POLISH_SHARE * _horizon(settings)))
+                    min(deadline, clock.now() + POLISH_SHARE * _horizon(settings)))
 
 
 def _horizon(settings) -> float:
@@ -186,7 +187,7 @@ def _horizon(settings) -> float:
 def polish_into(pricer, knobs, ctx, keys, prob, assign, spec, launcher, best, deadline) -> None:
     """A plan found on a subset of the tuple's options (a warm start, a relaxation): local
     search (polish.py) on all of them, for a better incumbent; proves nothing."""
-    if deadline is not None and time.monotonic() >= deadline:
+    if deadline is not None and clock.now() >= deadline:
         # pricing all the options cannot be interrupted (1.5 s on bench scenario c, under
         # load): past the deadline it only made --time-limit late (issue 19)
         return
@@ -241,7 +242,7 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
     quickly; the full branch and bound that follows prunes against it.  Gives no bounds.
     ``done`` collects the tuples tried, so a second pass (after the exact pass, with the time
     left) continues where the first stopped."""
-    now = time.monotonic()
+    now = clock.now()
     # enumerations (one and two stages) up to ``share`` of the time left; the MILPs of longer
     # pipelines up to WARM_MILP_SHARE of it (c: once its 12-stage tuple's plan is polished,
     # the other stage counts' capped MILPs rarely beat it, and the bounds need the time); the
@@ -257,9 +258,9 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
     polished: set = set()
     late = False
     for kb, _, knobs, ctx, keys in order:
-        if knobs.num_stages > ENUM_STAGES and best.items and time.monotonic() > stop_milp:
+        if knobs.num_stages > ENUM_STAGES and best.items and clock.now() > stop_milp:
             continue
-        if time.monotonic() > stop:
+        if clock.now() > stop:
             if best.items or late or knobs.num_stages > ENUM_STAGES:
                 break
             # no plan yet (the limit ran out while ranking): the first enumeration still runs
@@ -282,7 +283,7 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
         if late and not isinstance(solver, enum.CoreEnum):
             break                   # a MILP is not milliseconds
         until = None if late else min(stop_milp if knobs.num_stages > ENUM_STAGES else stop,
-                                      time.monotonic() + WARM_TUPLE_SHARE * _horizon(settings))
+                                      clock.now() + WARM_TUPLE_SHARE * _horizon(settings))
         sol = solver.solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
         if sol.ok and sol.objective < best.threshold():
             say(f"warm start {knobs.label()}: {sol.objective:.4g} s")
@@ -291,14 +292,14 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
             if not late and knobs.num_stages > ENUM_STAGES:
                 # at once, so that the next MILPs have its cutoff (c: 2.565 s to 2.409 s)
                 polish_into(pricer, knobs, ctx, keys, prob, sol.assign, spec, launcher, best,
-                            min(stop_milp, time.monotonic() + POLISH_SHARE * _horizon(settings)))
+                            min(stop_milp, clock.now() + POLISH_SHARE * _horizon(settings)))
                 polished.add(knobs)
     # the incumbent was found on a few options of its tuple: local search on all of them
     top = best.items[0] if best.items else None
     if top is not None and top.knobs in found and top.knobs not in polished:
         ctx, keys, prob, assign = found[top.knobs]
         polish_into(pricer, top.knobs, ctx, keys, prob, assign, spec, launcher, best,
-                    min(deadline, time.monotonic() + POLISH_SHARE * _horizon(settings)))
+                    min(deadline, clock.now() + POLISH_SHARE * _horizon(settings)))
 
 
 def _warm_order(ranked, knob_bound, best, pricer):

@@ -23,12 +23,12 @@ sends, the last the head; each position has its own memory limit (micro-batches 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from planner.cost import CostContext, in_flight_micro_batches
+from planner.search import clock
 from planner.search.pieces import block_limits, most_speed
 from planner.search.position_lp import VARIANTS, Cross, PositionLP, PositionModel
 from planner.search.schedules import SCHEDULES
@@ -108,7 +108,7 @@ class PackedBound:
         self.pricer, self.classes = pricer, pricer.classes
         self._tables: dict = {}
         self._lp = PositionLP()
-        # the search's deadline (time.monotonic()): past it the bisection and the fill's grid
+        # the search's deadline (clock.now()): past it the bisection and the fill's grid
         # stop where they are, with the bound they have proved (one tuple's LPs can take
         # seconds)
         self.deadline = math.inf
@@ -125,7 +125,7 @@ class PackedBound:
         p = knobs.num_stages
         if p > KNAPSACK_STAGES:
             return sums
-        lp = lp and time.monotonic() <= self.deadline
+        lp = lp and clock.now() <= self.deadline
         self._lp.deadline = self.deadline
         t = self._stage_tables(knobs, ctx, keys, pieces, L)
         U = pieces[2]
@@ -353,7 +353,7 @@ class _Packing:
         else:
             steps = BISECT_STEPS if math.isfinite(need) else 30
         for _ in range(steps):
-            if hi - lo <= 1e-6 * hi or time.monotonic() > self.deadline:
+            if hi - lo <= 1e-6 * hi or clock.now() > self.deadline:
                 break
             mid = 0.5 * (lo + hi)
             if self.holds(mid):
@@ -414,7 +414,7 @@ class _Packing:
         while True:
             i = min(range(len(grid)), key=lambda j: grid[j][0] + grid[j][2])
             a, b, fb, args = grid[i]
-            if a + fb >= min(tail, enough) or time.monotonic() > self.deadline:
+            if a + fb >= min(tail, enough) or clock.now() > self.deadline:
                 break
             if args is not None:
                 grid[i] = [a, b, max(fb, sums, self.fill(b, args)), None]

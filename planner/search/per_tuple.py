@@ -16,8 +16,8 @@ A tuple that is not proved (a deadline, an unproved MILP) leaves its lower bound
 from __future__ import annotations
 
 import math
-import time
 
+from planner.search import clock
 from planner.search.incumbent import Candidate, exact_solver
 from planner.search.objectives import ObjectiveSpec
 from planner.search.schedules import SCHEDULES
@@ -100,7 +100,7 @@ def solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings
     cap = None
     proved = True
     while True:
-        if time.monotonic() > deadline:      # the walk is cut short: not proved
+        if clock.now() > deadline:      # the walk is cut short: not proved
             proved = False
             break
         # a plan dearer than this cannot win, however fast (at least the tuple's time bound)

@@ -25,10 +25,9 @@ tests hold the two to each other.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
+from planner.search import clock
 from planner.search.core.problem import CoreProblem
 
 MAX_ROUNDS = 200
@@ -197,7 +196,7 @@ class _Search:
         self.same_resource = [np.nonzero(res == res[o])[0] for o in range(len(res))]
 
     def out_of_time(self) -> bool:
-        return self.deadline is not None and time.monotonic() > self.deadline
+        return self.deadline is not None and clock.now() > self.deadline
 
     def candidates(self, opts, blocks, shifts_only: bool):
         co, cb = _shifts(opts, blocks) if shifts_only else _moves(opts, blocks, self.same_resource)
@@ -248,7 +247,7 @@ class _Search:
 def polish(prob: CoreProblem, assign: list[tuple[int, int]],
            deadline: float | None = None) -> tuple[float, list[tuple[int, int]]]:
     """The best assignment local search reaches from ``assign`` (feasible), with its objective;
-    ``assign`` itself when no move improves it.  Stops at ``deadline`` (time.monotonic())."""
+    ``assign`` itself when no move improves it.  Stops at ``deadline`` (clock.now())."""
     ev = Evaluator(prob)
     search = _Search(ev, deadline)
     opts = np.array([o for o, _ in assign])

@@ -22,10 +22,11 @@ fewest crossings happen.  An integer plan satisfies them all, so the LP still bo
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from planner.search import clock
 
 VARIANTS = ((0, 0), (0, 1), (1, 0), (1, 1))    # (out side crosses, in side crosses), per column
 
@@ -198,9 +199,12 @@ class PositionModel:
             self._allowed = allowed
         # HiGHS checks its time limit against all the time this instance has run (clearModel
         # does not reset it): the limit is that total plus the time left
-        left = self.lp.deadline - time.monotonic()
+        # (a deterministic search: its LPs run to the end, their iterations counted as work,
+        # stopped only by the user's wall-clock guard; clock.py)
+        left = self.lp.deadline - clock.now() if clock.active() is None else clock.wall_left_s()
         h.setOptionValue("time_limit", h.getRunTime() + max(1e-3, left) if math.isfinite(left) else hs.kHighsInf)
         h.run()
+        clock.charge(max(0, int(h.getInfo().simplex_iteration_count)))
         status = h.getModelStatus()
         if status == hs.HighsModelStatus.kInfeasible:
             return math.inf

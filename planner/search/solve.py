@@ -24,6 +24,7 @@ from planner.cost.flops import model_flops_per_iteration
 from planner.errors import InfeasibleError, InputError
 from planner.plan import Plan
 from planner.plan.model import SolverReport
+from planner.search import clock
 from planner.search.baselines import BASELINE_SHARE, admits, seed
 from planner.search.bound import KnobBound
 from planner.search.classes import class_infos, classes_without_bf16
@@ -86,12 +87,34 @@ def check_time_limit(time_limit_s) -> None:
 
 
 def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput", time_limit_s: float = 60.0,
-          top_k: int = 1, launcher: str | None = None, **options) -> SearchResult:
+          top_k: int = 1, launcher: str | None = None, deterministic: bool = False, work_budget: int | None = None,
+          **options) -> SearchResult:
     """The best plan(s) of the space (keyword options: budget_usd_per_hour, min_tokens_per_s,
     profiles, gap_rel, progress).  Ctrl-C (KeyboardInterrupt) keeps the best plan found so
     far: it comes back with status feasible, ``solver.interrupted`` and the bound proved up to
     then (none while the cost objectives' warm start ran: only the heap bounds them); with no
-    plan found yet the interrupt goes on."""
+    plan found yet the interrupt goes on.
+
+    ``deterministic`` (or a ``work_budget``): the search's deadlines count work, not seconds
+    (clock.py): ``work_budget`` units, by default ``clock.default_budget(time_limit_s)``,
+    stand for the time limit, so identical inputs give identical plans on any machine; the
+    wall-clock limit still stops it (``solver.wall_clock_bound``)."""
+    if not (deterministic or work_budget is not None):
+        return _guarded(cluster, model, training, objective, time_limit_s, top_k, launcher, **options)
+    check_time_limit(time_limit_s)
+    if work_budget is not None and (isinstance(work_budget, bool) or not isinstance(work_budget, int)
+                                    or work_budget < 1):
+        raise InputError(f"the work budget must be a whole number of units, at least 1, got {work_budget}")
+    with clock.work_clock(time_limit_s, work_budget) as wc:
+        result = _guarded(cluster, model, training, objective, time_limit_s, top_k, launcher, **options)
+    budget = work_budget if work_budget is not None else clock.default_budget(time_limit_s)
+    result.report = SolverReport(**result.report.model_dump(), deterministic=True, work_budget=budget,
+                                 work_units=wc.units, wall_clock_bound=wc.wall_clock_bound)
+    return result
+
+
+def _guarded(cluster, model, training, objective, time_limit_s, top_k, launcher, **options) -> SearchResult:
+    """The search, keeping the best plan found on Ctrl-C (solve)."""
     state: dict = {}
     try:
         return _search(cluster, model, training, objective, time_limit_s, top_k, launcher, state=state, **options)
@@ -114,7 +137,7 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
 def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, *, state: dict,
             budget_usd_per_hour: float | None = None, min_tokens_per_s: float | None = None, profiles=None,
             gap_rel: float = 0.0, progress: Callable[[str], None] | None = None) -> SearchResult:
-    t0 = time.monotonic()
+    t0, wall_t0 = clock.now(), time.monotonic()     # t0: work done under a work clock
     check_time_limit(time_limit_s)
     if top_k < 1:
         raise InputError(f"--top must be at least 1, got {top_k}")
@@ -130,8 +153,10 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     # The limit covers the whole answer: after the search come naming devices, evaluating the
     # plan and its rank map (0.2-0.3 s for 16,384 GPUs here), and HiGHS stops up to ~0.4 s past
     # an interrupt; the search's own deadline leaves room for both.
-    deadline = t0 + time_limit_s - min(FINISH_SHARE * time_limit_s,
-                                       FINISH_MARGIN_S + FINISH_S_PER_GPU * cluster.num_gpus)
+    finish_s = min(FINISH_SHARE * time_limit_s, FINISH_MARGIN_S + FINISH_S_PER_GPU * cluster.num_gpus)
+    deadline = t0 + time_limit_s - finish_s
+    if clock.active() is not None:      # the user's wall-clock guard leaves the same room
+        clock.active().wall_stop = wall_t0 + time_limit_s - finish_s
     topo = topology_for(cluster)
     classes = class_infos(topo, training.precision)
     no_bf16 = classes_without_bf16(topo) if training.precision == "bf16" else []
@@ -153,7 +178,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     stats = {"knobs": len(knobs_list), "solved": 0, "pruned": 0, "empty": 0, "unexplored": 0,
              "milp_optimal": True}
     state.update(cluster=cluster, model=model, training=training, spec=spec, classes=classes, best=best,
-                 bounds=bounds, stats=stats, t0=t0, profiles=profiles, launcher=launcher)
+                 bounds=bounds, stats=stats, t0=wall_t0, profiles=profiles, launcher=launcher)
     contexts: dict = {}
     say = progress or (lambda msg: None)
     # Rank every knob tuple by a bound that needs no per-stage pricing, then price and solve
@@ -162,7 +187,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     dominated = gpipe_dominated(knobs_list, same_only=top_k > 1) | one_stage_zb_h1_twins(knobs_list)
     usable: dict[int, list] = {}
     for i, knobs in enumerate(knobs_list):
-        if time.monotonic() > deadline:
+        if clock.now() > deadline:
             stats["unexplored"] = len(knobs_list) - i
             break
         if knobs in dominated:     # pruned: its 1F1B twin bounds it (gpipe_dominated)
@@ -182,6 +207,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
                         stats.setdefault("over_budget", {})[info.name] = info.least_rent(k.tp, 1)
         if not keys:        # no replica count gives an allowed share (training.micro_batch_sizes)
             stats["no_options"] = stats.get("no_options", 0) + 1
+        clock.charge(len(keys))         # the bound's work, for a deterministic search
         ranked.append((knob_bound(knobs, ctx, keys, memory=False), i, knobs, ctx, keys))
     ranked.sort(key=lambda t: (t[0], t[1]))
     say(f"{len(ranked)} knob tuples ranked by their lower bound"
@@ -206,7 +232,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         stats["tokens_per_iteration"] = tokens
     # the layouts a person would write, first: every answer is at least as good (baselines.py)
     stats["baseline"] = seed(pricer, ranked, spec, launcher, best,
-                             stop_at=min(deadline, time.monotonic() + BASELINE_SHARE * time_limit_s))
+                             stop_at=min(deadline, clock.now() + BASELINE_SHARE * time_limit_s))
     big = bool(ranked) and max(len(t[4]) for t in ranked) > WARM_KEYS_ABOVE
     warm = time_like and big
     warm_done: set = set()
@@ -240,7 +266,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     while heap:
         kb, i, level, knobs, ctx, keys, tb = heap[0]
         stats["frontier"] = kb          # for a Ctrl-C: no tuple left is below it (solve)
-        if time.monotonic() > deadline:
+        if clock.now() > deadline:
             stats["unexplored"] += len(heap)
             bounds.append(kb)
             break
@@ -282,13 +308,13 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             continue
         # pricing cannot be interrupted (mixed stages' take up to ~2 s on lab-mixed): start it
         # only when the longest so far still fits in the time left
-        if time.monotonic() + stats.get("price_s", 0.0) > deadline:
+        if clock.now() + stats.get("price_s", 0.0) > deadline:
             stats["unexplored"] += len(heap) + 1
             bounds.append(kb)
             break
-        started = time.monotonic()
+        started = clock.now()
         prob, qb = priced(pricer, knobs, ctx, keys, spec, launcher)
-        stats["price_s"] = max(stats.get("price_s", 0.0), time.monotonic() - started)
+        stats["price_s"] = max(stats.get("price_s", 0.0), clock.now() - started)
         if qb is None:
             stats["empty"] += 1
             continue
@@ -299,7 +325,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             continue
         K = len(prob.options)
         pairs = K * K * max(1, knobs.num_stages - 1)
-        if not enum.fits(prob) and (pairs > MAX_PAIR_TERMS or pairs / PAIR_TERMS_PER_S > deadline - time.monotonic()):
+        if not enum.fits(prob) and (pairs > MAX_PAIR_TERMS or pairs / PAIR_TERMS_PER_S > deadline - clock.now()):
             # the pairwise send constraints alone would make the MILP too big to build in the
             # time we have: leave this tuple unexplored (its bound still counts)
             stats["too_big"] = stats.get("too_big", 0) + 1
@@ -310,13 +336,13 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         milp = exact_solver(prob)
         solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb,
                     time_lb=max(qb, tb))
-    if warm and stats["unexplored"] and time.monotonic() < deadline:
+    if warm and stats["unexplored"] and clock.now() < deadline:
         # time left over with tuples too big for the exact MILP (not when every tuple was solved
         # or pruned: nothing better than the answer, by more than gap_rel, is left to find):
         # more incumbents on option subsets
         warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
                    share=1.0, done=warm_done, milp_share=1.0)
-    return _finish(cluster, model, training, spec, classes, best, bounds, stats, t0, profiles, launcher)
+    return _finish(cluster, model, training, spec, classes, best, bounds, stats, wall_t0, profiles, launcher)
 
 
 FINISH_MARGIN_S = 0.4       # HiGHS's reaction to the interrupt callback (0.2-0.4 s measured on scenario c)

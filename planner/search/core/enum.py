@@ -10,10 +10,10 @@ and the same answers: tests/test_search_core.py checks it against brute force an
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 
+from planner.search import clock
 from planner.search.core.problem import CoreProblem, CoreSolution
 
 TIMED_OUT = object()
@@ -93,11 +93,12 @@ class CoreEnum:
         step = max(1, _CHUNK_CELLS // max(1, K * len(n1)))
         best = None
         for a in range(0, K, step):
-            if deadline is not None and a and time.monotonic() > deadline:
+            if deadline is not None and a and clock.now() > deadline:
                 return TIMED_OUT
             sl = slice(a, min(K, a + step))
             obj, price, ok = self._chunk(sl, n1, rows0, ok0, rows1, ok1)
             self.nodes += obj.size
+            clock.charge(obj.size / clock.ENUM_PER_UNIT)
             if time_cap is not None:
                 ok &= obj <= time_cap * (1 + _REL)
             if not ok.any():

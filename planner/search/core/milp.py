@@ -24,11 +24,12 @@ from dataclasses import dataclass
 
 import pulp
 
+from planner.search import clock
 from planner.search.core.guard import solver_output_silenced
 from planner.search.core.problem import CoreProblem, CoreSolution, relative_gap
 
 try:  # highspy is a dependency, but keep CBC as the fallback DESIGN §6 asks for
-    import highspy  # noqa: F401
+    import highspy
     HAVE_HIGHS = True
 except ImportError:  # pragma: no cover - exercised only without highspy
     HAVE_HIGHS = False
@@ -56,6 +57,19 @@ if HAVE_HIGHS:
         def __init__(self, *args, hard_deadline: float | None = None, **kwargs):
             super().__init__(*args, **kwargs)
             self.hard_deadline = hard_deadline
+
+        def findSolutionValues(self, lp):
+            model = lp.solverModel
+            if model.getModelStatus() != highspy.HighsModelStatus.kSolutionLimit:
+                return super().findSolutionValues(lp)
+            # pulp 3 has no entry for HiGHS's node limit (mip_max_nodes: a deterministic
+            # search's work budget, clock.py): read it as the iteration limit it is
+            real = type(model).getModelStatus
+            try:
+                type(model).getModelStatus = lambda _self: highspy.HighsModelStatus.kIterationLimit
+                return super().findSolutionValues(lp)
+            finally:
+                type(model).getModelStatus = real
 
         def createAndConfigureSolver(self, lp):
             super().createAndConfigureSolver(lp)
@@ -95,10 +109,14 @@ def _ctrl_c_stops_highs():
         raise KeyboardInterrupt
 
 
-def _solver(settings: MilpSettings, time_left_s: float, cutoff: float | None = None):
+def _solver(settings: MilpSettings, time_left_s: float, cutoff: float | None = None,
+            max_nodes: int | None = None):
+    """``max_nodes``: a deterministic search's work left, as branch-and-bound nodes (clock.py)."""
     limit = max(0.05, time_left_s)
     if HAVE_HIGHS:
         extra = {"objective_bound": float(cutoff)} if cutoff is not None and math.isfinite(cutoff) else {}
+        if max_nodes is not None:
+            extra["mip_max_nodes"] = max_nodes
         return _HiGHS(msg=False, timeLimit=limit, gapRel=settings.gap_rel, threads=settings.threads,
                       mip_abs_gap=1e-12, mip_feasibility_tolerance=1e-9,
                       primal_feasibility_tolerance=1e-9, hard_deadline=time.monotonic() + limit + 0.05, **extra)
@@ -267,14 +285,25 @@ class CoreMilp:
         return out
 
     def _run(self, settings: MilpSettings, deadline: float, cutoff: float | None = None):
+        work = clock.active()
+        if work is None:
+            solver = _solver(settings, deadline - time.monotonic(), cutoff)
+        else:
+            # a deterministic search: HiGHS stops at the nodes the work budget has left, the
+            # wall clock only at the user's guard (clock.py)
+            nodes_left = int(work.units_left(deadline) // clock.MILP_NODE_UNITS)
+            solver = _solver(settings, work.wall_stop - time.monotonic(), cutoff, max_nodes=max(1, nodes_left))
         with solver_output_silenced(), _ctrl_c_stops_highs():
-            self.lp.solve(_solver(settings, deadline - time.monotonic(), cutoff))
+            self.lp.solve(solver)
         info = None
         if HAVE_HIGHS and getattr(self.lp, "solverModel", None) is not None:
             try:
                 info = self.lp.solverModel.getInfo()
             except Exception:  # noqa: BLE001 - CBC or an older highspy: no info
                 info = None
+        if info is not None:
+            clock.charge(clock.MILP_NODE_UNITS * max(0, int(getattr(info, "mip_node_count", 0) or 0))
+                         + max(0, int(getattr(info, "simplex_iteration_count", 0) or 0)))
         return self.lp.status, self.lp.sol_status, info
 
     def solve(self, settings: MilpSettings, mode: str = "time", time_cap: float | None = None,
@@ -286,7 +315,7 @@ class CoreMilp:
         option made a 1f1b tuple of the README job run past every time limit); when none
         exists the status is ``cutoff`` and ``bound`` the cutoff.
         """
-        deadline = deadline or time.monotonic() + settings.time_limit_s
+        deadline = deadline or clock.now() + settings.time_limit_s
         if self.empty_stage:
             return CoreSolution(status="infeasible")
         extra = []
@@ -375,7 +404,7 @@ def _affine(pairs) -> pulp.LpAffineExpression:
 def solve_milp(prob: CoreProblem, settings: MilpSettings | None = None, mode: str = "time",
                time_cap: float | None = None, top_k: int = 1) -> list[CoreSolution]:
     settings = settings or MilpSettings()
-    deadline = time.monotonic() + settings.time_limit_s
+    deadline = clock.now() + settings.time_limit_s
     model = CoreMilp(prob)
     out = []
     for _ in range(top_k):

@@ -1,0 +1,74 @@
+"""planner diff: what changed between two plans."""
+
+from __future__ import annotations
+
+import json
+
+from planner import api
+from planner.cli.main import main
+
+MODEL = {"name": "small", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 1000}
+CLUSTER = """\
+name: two
+nodes:
+  - {name: a100, count: 2, gpu: A100-SXM4-80GB, gpus_per_node: 2, network_bandwidth: 100 Gbit/s}
+"""
+
+
+def _plans(tmp_path):
+    (tmp_path / "c.yaml").write_text(CLUSTER)
+    cluster = api.load_cluster(tmp_path / "c.yaml")
+    a = api.plan(cluster, api.load_model(MODEL), api.Training(global_batch_size=8, seq_len=256), time_limit_s=20).plan
+    # B: the same devices split into two stages (half the replicas each), shares re-spread
+    assert len(a.stages) == 1 and len(a.stages[0].replicas) >= 2, "this small job is pure data parallel"
+    st = a.stages[0]
+    reps = st.replicas
+    half = len(reps) // 2
+
+    def spread(group):
+        n, mbs = len(group), a.micro_batch_size
+        return tuple(r.model_copy(update={"micro_batch_share": mbs // n + (i < mbs % n)}) for i, r in enumerate(group))
+
+    stages = (st.model_copy(update={"blocks": (0, 2), "head": False, "replicas": spread(reps[:half])}),
+              st.model_copy(update={"index": 1, "blocks": (2, 4), "embedding": False, "replicas": spread(reps[half:])}))
+    return cluster, a, stages
+
+
+def test_diff_lists_stages_devices_and_predictions(tmp_path, capsys):
+    cluster, a, stages = _plans(tmp_path)
+    b = a.model_copy(update={"stages": stages, "launch": None})
+    ev = api.evaluate(cluster, b)
+    b = b.model_copy(update={"predicted": ev.predicted()})
+    (tmp_path / "a.json").write_text(a.dumps())
+    (tmp_path / "b.json").write_text(b.dumps())
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["same"] is False
+    fields = {r["field"]: r for r in data["settings"]}
+    assert fields["pipeline_stages"]["a"] == 1 and fields["pipeline_stages"]["b"] == 2
+    assert {"stage": 0, "field": "blocks", "a": [0, 4], "b": [0, 2]} in data["stages"]
+    assert {"stage": 1, "field": "blocks", "a": None, "b": [2, 4]} in data["stages"]
+    moved = {r["device"] for r in data["devices_moved"]}
+    assert moved == {d for r in stages[1].replicas for d in r.devices}
+    assert data["devices_added"] == [] and data["devices_removed"] == []
+    tps = next(r for r in data["predicted"] if r["field"] == "tokens_per_s")
+    assert tps["ratio"] == ev.tokens_per_s / a.predicted.tokens_per_s
+    # the table names the changes
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    table = capsys.readouterr().out
+    assert "predicted tokens_per_s" in table and "stage 1 blocks" in table and "pipeline_stages" in table
+
+
+def test_diff_of_a_plan_with_itself_is_empty(tmp_path, capsys):
+    _, a, _ = _plans(tmp_path)
+    (tmp_path / "a.json").write_text(a.dumps())
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["same"] is True and not data["settings"] and not data["stages"] and not data["devices_moved"]
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "a.json")]) == 0
+    assert "the plans are the same" in capsys.readouterr().out
+
+
+def test_diff_of_a_missing_file_is_bad_input(tmp_path, capsys):
+    assert main(["diff", str(tmp_path / "nope.json"), str(tmp_path / "nope.json")]) == 2
+    assert "Traceback" not in capsys.readouterr().err
