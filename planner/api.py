@@ -110,6 +110,15 @@ def plan(cluster: Cluster, model: ModelSpec | str, training: Training, objective
     return result
 
 
+def search_watch():
+    """A ``planner.search.watch.SearchWatch`` to pass as ``plan(..., watch=w)``; from another
+    thread ``w.snapshot()`` gives the best plan so far, its tokens/s, the proved bound and the
+    gap (None before the search has set up)."""
+    from planner.search.watch import SearchWatch
+
+    return SearchWatch()
+
+
 def _record_cost_sources(plan_: Plan, evaluation: Evaluation, profiles: Any) -> Plan:
     """Write into ``inputs.profiles`` which layer costs were measured and which estimated
     (issue: a prediction says what it rests on)."""

@@ -250,7 +250,8 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     err = console(quiet=True)       # progress always on stderr
     with SearchStatus(err, time_limit_s, quiet) as status:
         result = api.plan(spec, model, training, objective=spec_obj, time_limit_s=time_limit_s, top_k=top_k,
-                          launcher=launcher, profiles=profiles_path, progress=status.message)
+                          launcher=launcher, profiles=profiles_path, progress=status.message,
+                          watch=status.watch)
     best = result.plan               # predicted, solver and launch filled by the search
     warn_skipped_profiles((best.inputs.profiles or {}).get("files"))
     # The plan is not checked against planner/plan/schema.json here: the tests hold the plans

@@ -89,8 +89,10 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
     profiles, gap_rel, progress).  Ctrl-C (KeyboardInterrupt) keeps the best plan found so
     far: it comes back with status feasible, ``solver.interrupted`` and the bound proved up to
     then (none while the cost objectives' warm start ran: only the heap bounds them); with no
-    plan found yet the interrupt goes on."""
-    state: dict = {}
+    plan found yet the interrupt goes on.  ``watch`` (a watch.SearchWatch) lets a display
+    read the best plan, bound and gap while the search runs."""
+    watch = options.pop("watch", None)
+    state: dict = watch.state if watch is not None else {}
     try:
         return _search(cluster, model, training, objective, time_limit_s, top_k, launcher, state=state, **options)
     except KeyboardInterrupt:
