@@ -31,13 +31,11 @@ def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json,
 
     if output:      # before the search, not after it
         check_writable(output)
-    if calibration_path is not None:
-        from planner.cost.calibration import use_calibration
-        use_calibration(calibration_path)
     cluster = api.load_cluster(cluster_file)
     old = api.load_plan(plan_file)
     warn_precision(cluster, str(old.inputs.training.get("precision", "bf16")))
-    result = api.replan(cluster, old, time_limit_s=time_limit_s, profiles=profiles_dir, file=plan_file)
+    result = api.replan(cluster, old, time_limit_s=time_limit_s, profiles=profiles_dir, file=plan_file,
+                        calibration=calibration_path)
     new_ev = result.search.evaluation
     if output:
         write_atomic(output, result.plan.dumps())

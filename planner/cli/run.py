@@ -31,7 +31,7 @@ from planner.cli.common import console, echo_json
 def run(plan_file: str, steps: int, backend: str, seed: int, tiny: bool, seq_len: int | None,
         dtype: str, optimizer: str, lr: float, timeout_s: float, as_json: bool) -> None:
     """Train PLAN's stages, replicas, tp shards and schedule on local processes (reference runner)."""
-    from planner.launch.runner import TINY_MODEL, TINY_SEQ_LEN, run_plan
+    from planner.api import TINY_MODEL, TINY_SEQ_LEN
 
     plan = api.load_plan(plan_file)
     override = dict(TINY_MODEL) if tiny else None
@@ -43,7 +43,7 @@ def run(plan_file: str, steps: int, backend: str, seed: int, tiny: bool, seq_len
         out.print(f"step {step}: loss {loss:.6f}  time {step_time_s * 1e3:.1f} ms")
 
     with out.status(f"starting {len(plan.devices())} processes ({backend}) for {steps} step(s)…"):
-        result = run_plan(plan, steps=steps, backend=backend, seed=seed, model_override=override,
+        result = api.run(plan, steps=steps, backend=backend, seed=seed, model_override=override,
                           seq_len=seq_len, dtype=dtype, optimizer=optimizer, lr=lr,
                           timeout_s=timeout_s, on_step=on_step)
     if as_json:
