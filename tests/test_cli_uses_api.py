@@ -90,7 +90,7 @@ def test_calibration_is_a_parameter_of_each_call(small_plan, tmp_path):
 
 
 def test_plan_takes_calibration(small_plan, tmp_path):
-    cluster, plan = small_plan
+    cluster, _ = small_plan
     slow = slow_calibration(tmp_path)
     training = api.Training(global_batch_size=4, seq_len=128)
     fast = api.plan(cluster, api.load_model(SMALL), training, time_limit_s=30)
