@@ -11,6 +11,7 @@ thin layer on these functions.
 
 from __future__ import annotations
 
+import importlib
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,11 +23,58 @@ from planner.spec import Cluster, ModelSpec, Training, load_cluster, load_model,
 if TYPE_CHECKING:  # pragma: no cover
     from planner.cost import Evaluation
 
-__all__ = [
+
+# The rest of the API: names that live elsewhere, imported when first used so that
+# ``import planner.api`` stays light (the search loads pulp, profiling loads torch).
+# name -> (module, attribute; None for the module itself).  The CLI imports only from here.
+_ELSEWHERE = {
+    "PRECISIONS": ("planner.spec.training", "PRECISIONS"),
+    "format_bandwidth": ("planner.spec.units", "format_bandwidth"),
+    "format_bytes": ("planner.spec.units", "format_bytes"),
+    "catalog": ("planner.catalog", None),
+    "total_params": ("planner.cost.flops", "total_params"),
+    "trust_line": ("planner.cost.trust", "trust_line"),
+    "check_plan": ("planner.plan.check", "check_plan"),
+    "check_time_limit": ("planner.search", "check_time_limit"),
+    "parse_objective": ("planner.search", "parse_objective"),
+    "pareto": ("planner.pareto", "pareto"),
+    "check_plot_path": ("planner.pareto", "check_plot_path"),
+    "plot_front": ("planner.pareto", "plot_front"),
+    "write_files": ("planner.launch.output", "write"),
+    "TINY_MODEL": ("planner.launch.runner", "TINY_MODEL"),
+    "TINY_SEQ_LEN": ("planner.launch.runner", "TINY_SEQ_LEN"),
+    "plan_execution": ("planner.simulate.plan", "plan_execution"),
+    "timeline_rows": ("planner.simulate.plan", "timeline_rows"),
+    "write_timeline": ("planner.simulate.render", "write_timeline"),
+    "write_trace": ("planner.simulate.render", "write_trace"),
+    "calibrate_file": ("planner.profile.calibrate", "calibrate_file"),
+    "profiling": ("planner.profile.measure", None),   # the module (imports torch): check_tp, measure_profile
+    "run_settings_for": ("planner.launch.dynamic_run", "settings_for"),
+}
+
+
+__all__ = [  # noqa: PLE0604 - the names in _ELSEWHERE are strings too
     "Cluster", "InfeasibleError", "InputError", "ModelSpec", "Plan", "PlannerError", "Training",
-    "diff", "evaluate", "launch", "load_cluster", "load_model", "load_plan", "load_training", "plan", "replan", "run", "simulate",
-    "summarize_cluster", "use_calibration",
+    "diff", "evaluate", "launch", "latency_schedule", "load_cluster", "load_model", "load_plan", "load_training", "plan",
+    "rebalance", "replan", "resolve_profiles", "run", "search_watch", "simulate", "summarize_cluster", "training_from_mapping",
+    *sorted(_ELSEWHERE),
 ]
+
+
+def __getattr__(name: str):
+    try:
+        module, attr = _ELSEWHERE[name]
+    except KeyError:
+        raise AttributeError(f"module 'planner.api' has no attribute {name!r}") from None
+    found = importlib.import_module(module)
+    return found if attr is None else getattr(found, attr)
+
+
+def training_from_mapping(data: dict, file: str) -> Training:
+    """A ``Training`` from command-line values, its errors naming ``file`` (the flags) and the field."""
+    from planner.spec.source import document_from_data, validate_model
+
+    return validate_model(Training, document_from_data(data, file=file))
 
 
 def resolve_profiles(cluster: Cluster, profiles: Any):
@@ -44,14 +92,6 @@ def resolve_profiles(cluster: Cluster, profiles: Any):
     return load_profiles(None, cluster=cluster)
 
 
-def use_calibration(path: str | Path | None) -> None:
-    """Price everything (search included) with a calibration file written by
-    ``planner profile --calibrate``; ``None`` restores the shipped fit."""
-    from planner.cost.calibration import use_calibration as _use
-
-    _use(path)
-
-
 def load_plan(path: str | Path) -> Plan:
     """Read a plan file with errors naming the file and field."""
     from planner.plan.check import load_plan as _load
@@ -59,18 +99,27 @@ def load_plan(path: str | Path) -> Plan:
     return _load(path)
 
 
-def simulate(cluster: Cluster, plan: Plan, profiles: Any = None):
-    """Run the plan's pipeline schedule event by event (see ``planner.simulate``)."""
+def simulate(cluster: Cluster, plan: Plan, profiles: Any = None, calibration: str | Path | None = None,
+             file: str = "<plan>"):
+    """Run the plan's pipeline schedule event by event (see ``planner.simulate``), priced with
+    the calibration file ``calibration`` (from ``planner profile --calibrate``; None: the
+    shipped fit, or PLANNER_CALIBRATION)."""
+    from planner.cost.calibration import calibrated
     from planner.simulate import simulate_plan
 
-    return simulate_plan(cluster, plan, profiles=resolve_profiles(cluster, profiles))
+    with calibrated(calibration):
+        return simulate_plan(cluster, plan, profiles=resolve_profiles(cluster, profiles), file=file)
 
 
-def evaluate(cluster: Cluster, plan: Plan, profiles: Any = None) -> Evaluation:
-    """Predict a plan's iteration time, throughput, cost and memory, term by term."""
+def evaluate(cluster: Cluster, plan: Plan, profiles: Any = None, calibration: str | Path | None = None,
+             **options: Any) -> Evaluation:
+    """Predict a plan's iteration time, throughput, cost and memory, term by term (options:
+    ``check=False`` skips checking the plan against the cluster)."""
     from planner.cost import evaluate as _evaluate
+    from planner.cost.calibration import calibrated
 
-    return _evaluate(cluster, plan, profiles=resolve_profiles(cluster, profiles))
+    with calibrated(calibration):
+        return _evaluate(cluster, plan, profiles=resolve_profiles(cluster, profiles), **options)
 
 
 def launch(plan: Plan, fmt: str, cluster: Cluster | None = None, **options: Any) -> dict[str, str]:
@@ -92,8 +141,12 @@ def plan(cluster: Cluster, model: ModelSpec | str, training: Training, objective
     """Search the plan space (DESIGN §6) and return the best plan(s) with a solver report.
 
     ``result.plan``, ``result.evaluation`` and ``result.solver`` are the best plan, its
-    prediction and how it was proved; ``result.plans`` holds the ``top_k`` best.
+    prediction and how it was proved; ``result.plans`` holds the ``top_k`` best.  Options:
+    ``launcher``, ``profiles``, ``budget_usd_per_hour``, ``min_tokens_per_s``, ``gap_rel``,
+    ``progress`` (called with each message), ``watch`` (``search_watch()``) and
+    ``calibration`` (a file from ``planner profile --calibrate``, for this call only).
     """
+    from planner.cost.calibration import calibrated
     from planner.launcher_space import narrow
     from planner.search import solve
 
@@ -101,13 +154,23 @@ def plan(cluster: Cluster, model: ModelSpec | str, training: Training, objective
         model = load_model(model)
     training = narrow(training, options.get("launcher"))     # only what the launcher can run
     profiles = options["profiles"] = resolve_profiles(cluster, options.get("profiles"))
-    result = solve(cluster, model, training, objective=objective, time_limit_s=time_limit_s,
-                   top_k=top_k, **options)
+    with calibrated(options.pop("calibration", None)):
+        result = solve(cluster, model, training, objective=objective, time_limit_s=time_limit_s,
+                       top_k=top_k, **options)
     # The plan file keeps what was proved, not how long it took (PLAN_SOLVER_FIELDS): the
     # same inputs give the same bytes.  ``result.report`` keeps the run's timing and counters.
     result.plans = [_record_cost_sources(p, e, profiles).model_copy(update={"solver": p.solver.for_plan()})
                     for p, e in zip(result.plans, result.evaluations)]
     return result
+
+
+def search_watch():
+    """A ``planner.search.watch.SearchWatch`` to pass as ``plan(..., watch=w)``; from another
+    thread ``w.snapshot()`` gives the best plan so far, its tokens/s, the proved bound and the
+    gap (None before the search has set up)."""
+    from planner.search.watch import SearchWatch
+
+    return SearchWatch()
 
 
 def _record_cost_sources(plan_: Plan, evaluation: Evaluation, profiles: Any) -> Plan:
@@ -124,14 +187,31 @@ def _record_cost_sources(plan_: Plan, evaluation: Evaluation, profiles: Any) -> 
 
 
 def replan(cluster: Cluster, old_plan: Plan, time_limit_s: float = 60.0, profiles: Any = None,
-           file: str = "<plan>", **options: Any):
+           file: str = "<plan>", calibration: str | Path | None = None, **options: Any):
     """Check ``old_plan`` against a changed cluster and search again, keeping the old plan
     (repaired after lost nodes) unless the fresh one wins; ``options``: migration_steps,
     max_moved_fraction and the search's options (see ``planner.replan``)."""
+    from planner.cost.calibration import calibrated
     from planner.replan import replan as _replan
 
-    return _replan(cluster, old_plan, time_limit_s=time_limit_s,
-                   profiles=resolve_profiles(cluster, profiles), file=file, **options)
+    with calibrated(calibration):
+        return _replan(cluster, old_plan, time_limit_s=time_limit_s,
+                       profiles=resolve_profiles(cluster, profiles), file=file, **options)
+
+
+def rebalance(cluster: Cluster, plan_: Plan, measurements_file: str | Path, file: str = "<plan>"):
+    """Shares re-solved from a run's measurements on the plan's own devices: (result, new plan)
+    (``planner.rebalance``; bad measurements are input errors naming the field)."""
+    from planner.launch.measurements import load
+    from planner.plan.check import check_plan
+    from planner.rebalance import rebalance as solve
+    from planner.rebalance import rebalanced_plan
+
+    check_plan(cluster, plan_, file=file)  # the same devices must still be there
+    doc, times = load(measurements_file, plan_)
+    min_share = plan_.dynamic_shares.min_share if plan_.dynamic_shares is not None else 1
+    result = solve(plan_, times, [s["step_time_s"] for s in doc["steps"]], min_share)
+    return result, rebalanced_plan(plan_, result)
 
 
 def diff(a: Plan, b: Plan):

@@ -28,9 +28,15 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline-model-parallel-layout", type=str)
     p.add_argument("--recompute-granularity", type=str, choices=["full", "selective"])
     p.add_argument("--recompute-method", type=str, choices=["uniform", "block"])
+    p.add_argument("--position-embedding-type", type=str,
+                   choices=["learned_absolute", "rope", "mrope", "relative", "none"])
+    p.add_argument("--rotary-base", type=int)
+    p.add_argument("--rope-scaling-factor", type=float)
+    p.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"])
+    p.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear")
     for flag in ("--use-tp-pp-dp-mapping", "--group-query-attention", "--swiglu",
                  "--untie-embeddings-and-output-weights", "--sequence-parallel",
-                 "--use-distributed-optimizer", "--bf16", "--fp16"):
+                 "--use-distributed-optimizer", "--bf16", "--fp16", "--use-rope-scaling"):
         p.add_argument(flag, action="store_true")
     return p
 
@@ -42,6 +48,9 @@ PLANS = {
     "selective-fp16": lambda: make_plan(recompute="selective", inputs={
         "cluster": "t", "model": make_plan().inputs.model,
         "training": {"global_batch_size": 64, "seq_len": 2048, "precision": "fp16"}}),
+    "llama3-405b": lambda: make_plan(blocks=((0, 63), (63, 126)), inputs={
+        "cluster": "t", "model": "llama3-405b",
+        "training": {"global_batch_size": 64, "seq_len": 8192, "precision": "bf16"}}),
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from planner import catalog as data
+from planner.api import catalog as data
 from planner.cli.common import console, echo_json
 from planner.cli.tables import Table
 
@@ -41,7 +41,7 @@ def gpus(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON, sources included.")
 def models(as_json: bool) -> None:
     """Model shapes: layers, hidden size, heads, FFN, vocabulary, parameters."""
-    from planner.cost.flops import total_params  # here: keep `catalog gpus` light
+    from planner.api import total_params  # here: keep `catalog gpus` light
 
     entries = data.models()
     if as_json:

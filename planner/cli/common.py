@@ -72,7 +72,7 @@ def _target(path: str | Path) -> Path:
 def write_atomic(path: str | Path, text: str, siblings: dict[str, str] | None = None) -> list[Path]:
     """Write one file via a temp file in the same folder and a rename: never half-written.
     ``siblings`` (name -> text) go into the same folder with it, all or none."""
-    from planner.launch.output import write
+    from planner.api import write_files as write
 
     path = _target(path)
     return write({**(siblings or {}), path.name: text}, path.parent)

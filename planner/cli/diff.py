@@ -30,9 +30,7 @@ def diff(a_file, b_file, as_json):
     from rich.table import Table
 
     from planner import api
-    from planner.diff import diff_plans
-
-    result = diff_plans(api.load_plan(a_file), api.load_plan(b_file))
+    result = api.diff(api.load_plan(a_file), api.load_plan(b_file))
     if as_json:
         echo_json(result.as_dict())
         return

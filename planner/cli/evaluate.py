@@ -5,29 +5,17 @@ from __future__ import annotations
 
 import click
 
+from planner import api
+from planner.api import trust_line
 from planner.cli.common import console, echo_json, format_seconds, warn_precision, warn_skipped_profiles
 from planner.cli.tables import Table
-from planner.cost.trust import trust_line
-from planner.errors import InfeasibleError, InputError
+from planner.errors import InfeasibleError
 
 _GiB = 2**30
 
 
 def _load_plan(path: str):
-    try:
-        from planner.plan.check import load_plan
-    except ImportError:  # pragma: no cover - plan.check ships with the package
-        import json
-        from pathlib import Path
-
-        from pydantic import ValidationError
-
-        from planner.plan import Plan
-        try:
-            return Plan.from_json(json.loads(Path(path).read_text()))
-        except (OSError, ValueError, ValidationError) as exc:
-            raise InputError(f"cannot read plan {path}: {exc}") from None
-    return load_plan(path)
+    return api.load_plan(path)
 
 
 def _terms_table(ev) -> Table:
@@ -96,20 +84,10 @@ def _memory_table(ev, plan) -> Table:
               help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
 def evaluate(cluster, plan, as_json, profiles, calibration_path):
     """Predict a plan's iteration time, throughput, MFU, cost and per-device memory."""
-    from planner.cost import evaluate as cost_evaluate
-    from planner.spec import load_cluster
-
-    if calibration_path is not None:
-        from planner.cost.calibration import use_calibration
-        use_calibration(calibration_path)
-    spec = load_cluster(cluster)
+    spec = api.load_cluster(cluster)
     the_plan = _load_plan(plan)
-    from planner.api import resolve_profiles
-
-    profile_set = resolve_profiles(spec, profiles)
-    from planner.plan.check import check_plan
-
-    check_plan(spec, the_plan, file=plan)  # here, so errors name the plan file
+    profile_set = api.resolve_profiles(spec, profiles)
+    api.check_plan(spec, the_plan, file=plan)  # here, so errors name the plan file
     made_on = the_plan.inputs.cluster_sha256
     if made_on and made_on != spec.sha256():
         # the devices still exist, but links, prices or counts may differ from what the plan
@@ -117,7 +95,7 @@ def evaluate(cluster, plan, as_json, profiles, calibration_path):
         click.echo(f"warning: {cluster} is not the cluster file {plan} was planned on (its sha256 "
                    f"differs); the prediction below is for {cluster}", err=True)
     warn_precision(spec, str(the_plan.inputs.training.get("precision", "bf16")), the_plan)
-    ev = cost_evaluate(spec, the_plan, profiles=profile_set, check=False)
+    ev = api.evaluate(spec, the_plan, profiles=profile_set, calibration=calibration_path, check=False)
     if profile_set is not None and hasattr(profile_set, "usage"):
         warn_skipped_profiles(profile_set.usage().get("files"))
     if as_json:

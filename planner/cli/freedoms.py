@@ -6,9 +6,8 @@ contradicts what the file itself sets is an input error, as ``--precision`` is."
 
 from __future__ import annotations
 
+from planner.api import Training, training_from_mapping
 from planner.errors import InputError
-from planner.spec.source import document_from_data, validate_model
-from planner.spec.training import Training
 
 # flag -> the training field it sets
 FLAGS = {"--schedule": "schedules", "--recompute": "recompute_modes", "--zero-stage": "zero_stages"}
@@ -41,4 +40,4 @@ def with_freedoms(training: Training, flags: dict[str, str | None], training_pat
         return training
     data = {**training.model_dump(exclude_unset=True), **update}
     # the field's own check names what is valid (e.g. schedules: 'gpipe', '1f1b', ...)
-    return validate_model(Training, document_from_data(data, file=" / ".join(f for f in flags if flags[f])))
+    return training_from_mapping(data, file=" / ".join(f for f in flags if flags[f]))

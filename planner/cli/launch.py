@@ -2,40 +2,10 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import click
 
+from planner import api
 from planner.cli.common import console, echo_json
-from planner.errors import InputError, Location
-from planner.plan import Plan
-
-
-def _load_plan(path: str) -> Plan:
-    """The shared plan loader when it exists; else read and validate here with located errors."""
-    try:
-        from planner.plan.check import load_plan
-    except ImportError:
-        pass
-    else:
-        return load_plan(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot read the plan: {exc.strerror or exc}", Location(path)) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not JSON: {exc.msg}", Location(path, exc.lineno, exc.colno)) from None
-    from pydantic import ValidationError
-
-    try:
-        return Plan.from_json(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or None
-        raise InputError(f"not a valid plan: {err['msg']}", Location(path, field=field)) from None
 
 
 @click.command()
@@ -61,18 +31,12 @@ def launch(plan_file: str, fmt: str, out_dir: str | None, master_addr: str | Non
            as_json: bool) -> None:
     """Write torchrun / Megatron-LM / DeepSpeed / torch.distributed.pipelining / torchtitan
     inputs for PLAN."""
-    from planner import launch as launch_api
-
-    plan = _load_plan(plan_file)
-    cluster = None
-    if cluster_file:
-        from planner.spec import load_cluster
-
-        cluster = load_cluster(cluster_file)
-    files = launch_api.render(plan, fmt, master_addr=master_addr, master_port=master_port,
-                              script=script, cluster=cluster, schedule_csv=schedule_csv)
+    plan = api.load_plan(plan_file)
+    cluster = api.load_cluster(cluster_file) if cluster_file else None
+    files = api.launch(plan, fmt, master_addr=master_addr, master_port=master_port,
+                       script=script, cluster=cluster, schedule_csv=schedule_csv)
     if out_dir:
-        written = launch_api.write(files, out_dir)
+        written = api.write_files(files, out_dir)
         if as_json:
             echo_json({"written": [str(p) for p in written]})
         else:

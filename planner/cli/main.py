@@ -46,20 +46,10 @@ def cli():
     """Heterogeneity-aware placement optimizer for distributed training."""
 
 
-def _chosen_calibration():
-    cal = sys.modules.get("planner.cost.calibration")
-    return cal._chosen if cal is not None else None
-
-
 def main(argv: list[str] | None = None) -> int:
-    # `--calibration` holds for one command: in-process callers (tests, notebooks) get back the
-    # calibration they had before it.
-    before = _chosen_calibration()
-    try:
-        return _main(argv)
-    finally:
-        if _chosen_calibration() != before:
-            sys.modules["planner.cost.calibration"].use_calibration(before)
+    # `--calibration` holds for one command without any state to restore here: the commands
+    # pass it to planner.api, which prices with it for that call only.
+    return _main(argv)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import click
 
+from planner.api import PRECISIONS
 from planner.cli.common import check_writable, console, echo_json
 from planner.cli.tables import Table
-from planner.spec.training import PRECISIONS
 
 
 @click.command()
@@ -30,10 +30,9 @@ def pareto(cluster, model_name, training_path, global_batch_size, seq_len, preci
     """The plans no other beats on both USD/hour and tokens/s, from the cheapest per token to
     the fastest."""
     from planner import api
+    from planner.api import check_plot_path, check_time_limit, plot_front
+    from planner.api import pareto as sweep
     from planner.cli.plan import _training
-    from planner.pareto import check_plot_path, plot_front
-    from planner.pareto import pareto as sweep
-    from planner.search import check_time_limit
 
     check_time_limit(time_limit_s)
     if plot_path:

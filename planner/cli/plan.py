@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from planner.api import PRECISIONS, trust_line
 from planner.cli.common import (
     check_writable,
     console,
@@ -23,14 +24,11 @@ from planner.cli.freedoms import with_freedoms
 from planner.cli.prices import default_price_notes
 from planner.cli.progress import SearchStatus
 from planner.cli.tables import Table
-from planner.cost.trust import trust_line
 from planner.errors import INTERRUPTED_EXIT, InputError
-from planner.spec.training import PRECISIONS
 
 
 def _training(training_path, global_batch_size, seq_len, precision):
-    from planner.spec import Training, load_training
-    from planner.spec.source import document_from_data, validate_model
+    from planner.api import load_training, training_from_mapping
     if training_path and (global_batch_size is not None or seq_len is not None):
         raise InputError("give either --training T.yaml or --global-batch-size/--seq-len, not both")
     if training_path:
@@ -46,7 +44,7 @@ def _training(training_path, global_batch_size, seq_len, precision):
                          f"and {seq_len}")
     # Training's own limits (the batch's cap, ...) become input errors, as they do for a file
     flags = {"global_batch_size": global_batch_size, "seq_len": seq_len, "precision": precision or "bf16"}
-    return validate_model(Training, document_from_data(flags, file="--global-batch-size/--seq-len"))
+    return training_from_mapping(flags, file="--global-batch-size/--seq-len")
 
 
 def _uneven(stage) -> bool:
@@ -227,23 +225,18 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     Ctrl-C stops the search and keeps the best plan found so far: it is written (-o) with
     status feasible and its gap, and the exit code is 130."""
     from planner import api
-    from planner.search import check_time_limit, parse_objective
-    from planner.spec import load_cluster, load_model
 
-    check_time_limit(time_limit_s)
+    api.check_time_limit(time_limit_s)
     if top_k < 1:
         raise InputError(f"--top must be at least 1, got {top_k}")
     if objective is None:       # a floor alone says what to optimise, as a budget alone does
         objective = "cost-above-floor" if min_tokens_per_s is not None else "throughput"
-    spec_obj = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
+    spec_obj = api.parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
     for path in (output, report_path):
         if path:
             check_writable(path)
-    if calibration_path is not None:
-        from planner.cost.calibration import use_calibration
-        use_calibration(calibration_path)
-    spec = load_cluster(cluster)
-    model = load_model(model_name)
+    spec = api.load_cluster(cluster)
+    model = api.load_model(model_name)
     training = _training(training_path, global_batch_size, seq_len, precision)
     training = with_freedoms(training, {"--schedule": schedules, "--recompute": recompute_modes,
                                         "--zero-stage": zero_stages}, training_path)
@@ -257,7 +250,8 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     with SearchStatus(err, time_limit_s, quiet) as status:
         result = api.plan(spec, model, training, objective=spec_obj, time_limit_s=time_limit_s, top_k=top_k,
                           launcher=launcher, profiles=profiles_path, progress=status.message,
-                          deterministic=deterministic, work_budget=work_budget)
+                          deterministic=deterministic, work_budget=work_budget,
+                          watch=status.watch, calibration=calibration_path)
     best = result.plan               # predicted, solver and launch filled by the search
     warn_skipped_profiles((best.inputs.profiles or {}).get("files"))
     # The plan is not checked against planner/plan/schema.json here: the tests hold the plans

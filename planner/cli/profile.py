@@ -69,11 +69,8 @@ def profile(model_name, device, micro_batch, tp, seq_len, dtype, repeats, warmup
     if output:      # before minutes of measuring, not after
         check_writable(output)
     if calibrate_path:
-        from planner.profile.calibrate import calibrate_file
-        cluster = None
-        if cluster_path:
-            from planner.spec import load_cluster
-            cluster = load_cluster(cluster_path)
+        from planner.api import calibrate_file, load_cluster
+        cluster = load_cluster(cluster_path) if cluster_path else None
         result = calibrate_file(calibrate_path, gpu_type=gpu_type, cluster=cluster)
         text = dump_yaml(result.to_yaml_data())
         if output:
@@ -92,11 +89,11 @@ def profile(model_name, device, micro_batch, tp, seq_len, dtype, repeats, warmup
                          "unless --calibrate is given")
     if not output:
         raise InputError("-o/--output is required: the profile file to write, e.g. profiles/NAME.yaml")
-    from planner.spec import load_model
+    from planner.api import load_model
     model = load_model(model_name)
     mbs = _int_list("--micro-batch", micro_batch)
     tps = _int_list("--tp", tp)
-    from planner.profile import measure  # imports torch
+    from planner.api import profiling as measure  # imports torch
     for degree in tps:
         why = measure.check_tp(model, degree)
         if why:

@@ -20,20 +20,12 @@ def rebalance(cluster_file, plan_file, measurements_file, output, as_json):
     stages, and report the predicted step time. Exit 2 for bad input (measurements of another
     plan, a replica missing, a time that is not positive)."""
     from planner import api
-    from planner.launch.measurements import load
-    from planner.plan.check import check_plan
-    from planner.rebalance import rebalance as solve
-    from planner.rebalance import rebalanced_plan
 
     if output:
         check_writable(output)
     cluster = api.load_cluster(cluster_file)
     plan = api.load_plan(plan_file)
-    check_plan(cluster, plan, file=plan_file)  # the same devices must still be there
-    doc, times = load(measurements_file, plan)
-    min_share = plan.dynamic_shares.min_share if plan.dynamic_shares is not None else 1
-    result = solve(plan, times, [s["step_time_s"] for s in doc["steps"]], min_share)
-    new = rebalanced_plan(plan, result)
+    result, new = api.rebalance(cluster, plan, measurements_file, file=plan_file)
     if output:
         write_atomic(output, new.dumps())
     summary = {

@@ -42,15 +42,13 @@ def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json,
 
     if output:      # before the search, not after it
         check_writable(output)
-    if calibration_path is not None:
-        from planner.cost.calibration import use_calibration
-        use_calibration(calibration_path)
     cluster = api.load_cluster(cluster_file)
     old = api.load_plan(plan_file)
     warn_precision(cluster, str(old.inputs.training.get("precision", "bf16")))
     result = api.replan(cluster, old, time_limit_s=time_limit_s, profiles=profiles_dir, file=plan_file,
                         migration_steps=migration_steps, max_moved_fraction=max_moved_fraction,
-                        deterministic=deterministic, work_budget=work_budget)
+                        deterministic=deterministic, work_budget=work_budget,
+                        calibration=calibration_path)
     new_ev = result.evaluation
     if output:
         write_atomic(output, result.plan.dumps())

@@ -51,8 +51,8 @@ def run(plan_file: str, steps: int, backend: str, seed: int, tiny: bool, seq_len
         dtype: str, optimizer: str, lr: float, timeout_s: float, measurements_file: str | None,
         dynamic_batching: bool, slow_ranks: dict[int, float], as_json: bool) -> None:
     """Train PLAN's stages, replicas, tp shards and schedule on local processes (reference runner)."""
-    from planner.launch.dynamic_run import settings_for
-    from planner.launch.runner import TINY_MODEL, TINY_SEQ_LEN, run_plan
+    from planner.api import TINY_MODEL, TINY_SEQ_LEN
+    from planner.api import run_settings_for as settings_for
 
     plan = api.load_plan(plan_file)
     if measurements_file:
@@ -76,7 +76,7 @@ def run(plan_file: str, steps: int, backend: str, seed: int, tiny: bool, seq_len
                                                for si, v in by_stage.items() if len(v) > 1))
 
     with out.status(f"starting {len(plan.devices())} processes ({backend}) for {steps} step(s)…"):
-        result = run_plan(plan, steps=steps, backend=backend, seed=seed, model_override=override,
+        result = api.run(plan, steps=steps, backend=backend, seed=seed, model_override=override,
                           seq_len=seq_len, dtype=dtype, optimizer=optimizer, lr=lr,
                           timeout_s=timeout_s, on_step=on_step, on_shares=on_shares,
                           measure=bool(measurements_file), dynamic=dynamic, slowdown=slow_ranks or None)

@@ -21,8 +21,7 @@ def _timeline_suffix(ctx, param, value):
 def _draw(sim, timeline_path: str | None, trace_path: str | None, quiet: bool) -> None:
     """The plan's schedule as generated action lists on the simulated stage times, drawn and/or
     traced (planner.simulate.plan.plan_execution, planner.simulate.render)."""
-    from planner.simulate.plan import plan_execution
-    from planner.simulate.render import write_timeline, write_trace
+    from planner.api import plan_execution, write_timeline, write_trace
 
     run = plan_execution(sim)
     out = console(quiet=True)
@@ -61,18 +60,11 @@ def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int, profi
     for path in (timeline_path, trace_path):
         if path is not None:
             check_writable(path)
-    from planner.plan.check import load_plan
-    from planner.simulate.plan import simulate_plan, timeline_rows
-    from planner.spec import load_cluster
+    from planner import api
 
-    if calibration_path is not None:
-        from planner.cost.calibration import use_calibration
-        use_calibration(calibration_path)
-    cluster = load_cluster(cluster_file)
-    plan = load_plan(plan_file)
-    from planner.api import resolve_profiles
-
-    sim = simulate_plan(cluster, plan, profiles=resolve_profiles(cluster, profiles_path), file=plan_file)
+    cluster = api.load_cluster(cluster_file)
+    plan = api.load_plan(plan_file)
+    sim = api.simulate(cluster, plan, profiles=profiles_path, calibration=calibration_path, file=plan_file)
     warn_precision(cluster, str(plan.inputs.training.get("precision", "bf16")), plan)
     if timeline_path is not None or trace_path is not None:
         _draw(sim, timeline_path, trace_path, quiet=as_json)
@@ -105,7 +97,7 @@ def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int, profi
               "micro-batch digit"
               + (", [green]weight gradient[/green]" if r.schedule in ("zb-h1", "zb-v", "dualpipev", "latency-aware") else "")
               + ", [yellow]>[/yellow] send, . idle)")
-    for i, row in enumerate(timeline_rows(r, width)):
+    for i, row in enumerate(api.timeline_rows(r, width)):
         line = Text(f"stage {i:>2} |")
         for char, kind in row:
             line.append(char, style=_STYLE.get(kind, ""))

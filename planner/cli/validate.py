@@ -5,9 +5,9 @@ from __future__ import annotations
 import click
 
 from planner import api
+from planner.api import format_bandwidth, format_bytes
 from planner.cli.common import console, echo_json
 from planner.cli.tables import Table
-from planner.spec.units import format_bandwidth, format_bytes
 
 
 @click.command()

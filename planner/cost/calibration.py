@@ -20,6 +20,7 @@ GPU types without fitted values get defaults by architecture (``Calibration.for_
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -148,6 +149,23 @@ def use_calibration(path: str | Path | None) -> None:
         load_calibration(path)  # fail now, with the file named, not mid-search
     _chosen = None if path is None else Path(path)
     default_calibration.cache_clear()
+
+
+@contextmanager
+def calibrated(path: str | Path | None):
+    """Price with the calibration file at ``path`` inside the block only (None: what is in
+    force already), then restore what was chosen before: how ``planner.api`` takes
+    calibration as a parameter of each call.  The choice is still module state while the
+    block runs, so two threads pricing with different calibrations must not overlap."""
+    if path is None:
+        yield
+        return
+    before = _chosen
+    use_calibration(path)
+    try:
+        yield
+    finally:
+        use_calibration(before)
 
 
 @lru_cache(maxsize=1)

@@ -1,7 +1,11 @@
 """``--format megatron``: Megatron-LM arguments plus the torchrun wrapper per node.
 
 Argument names checked against NVIDIA/Megatron-LM ``megatron/training/arguments.py`` (commit
-000c4ac24f61159c138b0975def722c65245983c, after Megatron-Core v0.14) and the layout grammar
+000c4ac24f61159c138b0975def722c65245983c, after Megatron-Core v0.14; the model-architecture flags
+--position-embedding-type {learned_absolute,rope}, --rotary-base, --use-rope-scaling,
+--rope-scaling-factor, --normalization {LayerNorm,RMSNorm}, --disable-bias-linear, --swiglu,
+--untie-embeddings-and-output-weights, --group-query-attention, --num-query-groups and
+--ffn-hidden-size in its _add_network_size_args / _add_training_args) and the layout grammar
 against ``megatron/core/transformer/pipeline_parallel_layer_layout.py``: a stage is written
 ``E`` (embedding), ``t`` (one transformer layer), ``L`` (loss/head), stages split by ``|``,
 ``t*5`` repeats; schedule stages are listed virtual-chunk-major.
@@ -84,6 +88,24 @@ def model_args(plan: Plan) -> list[str]:
              "--max-position-embeddings", str(max(seq, model.max_seq_len or 0))]
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
+    return args + architecture_args(model)
+
+
+def architecture_args(model) -> list[str]:
+    """What makes a Llama-style model differ from Megatron-LM's GPT defaults (learned_absolute
+    positions, LayerNorm, biased linears), so the launched run trains the planned model."""
+    args = []
+    if model.position_embedding == "rope":
+        args += ["--position-embedding-type", "rope"]
+        if model.rotary_base is not None:
+            args += ["--rotary-base", str(model.rotary_base)]
+        if model.rope_scaling_factor is not None:
+            # Megatron-LM's --use-rope-scaling applies the Llama 3.1 frequency scaling.
+            args += ["--use-rope-scaling", "--rope-scaling-factor", f"{model.rope_scaling_factor:g}"]
+    if model.normalization == "rmsnorm":
+        args += ["--normalization", "RMSNorm"]
+    if not model.linear_bias:
+        args.append("--disable-bias-linear")
     return args
 
 

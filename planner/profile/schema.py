@@ -114,6 +114,12 @@ class ModelShape(BaseModel):
     mlp: Literal["gelu", "swiglu"]
     vocab_size: PositiveInt
     tied_embeddings: bool = False
+    # Written only where they depart from GPT style (ModelSpec.to_mapping); not priced.
+    position_embedding: Literal["learned", "rope"] = "learned"
+    rotary_base: PositiveInt | None = None
+    rope_scaling_factor: float | None = Field(default=None, gt=0)
+    normalization: Literal["layernorm", "rmsnorm"] = "layernorm"
+    linear_bias: bool = True
 
 
 class ProfileFile(BaseModel):

@@ -114,8 +114,10 @@ def solve(cluster, model, training, objective: str | ObjectiveSpec = "throughput
 
 
 def _guarded(cluster, model, training, objective, time_limit_s, top_k, launcher, **options) -> SearchResult:
-    """The search, keeping the best plan found on Ctrl-C (solve)."""
-    state: dict = {}
+    """The search, keeping the best plan found on Ctrl-C (solve); ``watch`` (a
+    watch.SearchWatch) lets a display read the best plan, bound and gap while it runs."""
+    watch = options.pop("watch", None)
+    state: dict = watch.state if watch is not None else {}
     try:
         return _search(cluster, model, training, objective, time_limit_s, top_k, launcher, state=state, **options)
     except KeyboardInterrupt:
