@@ -25,11 +25,8 @@ What differs from ``planner.launch.worker.Worker``:
 
 from __future__ import annotations
 
-import numpy as np
-import torch
 import torch.distributed as dist
 
-from planner.launch import tiny_model as tm
 from planner.launch.worker import Worker
 
 
@@ -61,39 +58,7 @@ class BitpipeWorker(Worker):
                 if mine and self.tp_rank == t:
                     self.pair_group = g
 
-    def _grad(self, name: str) -> torch.Tensor:
-        p = self.params[name]
-        return p.grad if p.grad is not None else torch.zeros_like(p)
-
     def _sync_grads(self):
         """Sum every gradient over both copies and all their replicas (module docstring).  The
         partner holds the same names in another order: the buffer follows sorted names."""
-        names = sorted(self.params)
-        if self.pair_uniform_tp:
-            grads = [self._grad(n) for n in names]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=self.pair_group)
-            off = 0
-            for n, g in zip(names, grads):
-                self.params[n].grad = flat[off:off + g.numel()].view_as(g)
-                off += g.numel()
-            return
-        fulls = []
-        for name in names:
-            g, dim = self._grad(name), self.layout[name][1]
-            if self.tp > 1 and dim is not None:
-                parts = [torch.empty_like(g) for _ in range(self.tp)]
-                dist.all_gather(parts, g.contiguous(), group=self.tp_group)
-                g = torch.cat(parts, dim=dim)
-            fulls.append(g.reshape(-1))
-        flat = torch.cat(fulls)
-        if self.tp_rank == 0:
-            dist.all_reduce(flat, group=self.pair_group)
-        if self.tp > 1:
-            dist.broadcast(flat, src=self.leader, group=self.tp_group)
-        off = 0
-        for name in names:
-            full_shape, dim = self.layout[name]
-            n = int(np.prod(full_shape))
-            self.params[name].grad = tm.shard(flat[off:off + n].view(full_shape), dim, self.tp, self.tp_rank)
-            off += n
+        self._sum_grads(sorted(self.params), self.pair_group, self.pair_uniform_tp)

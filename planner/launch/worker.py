@@ -273,11 +273,20 @@ class Worker:
         if len(self.stage["replicas"]) == 1 or not self.params:
             return
         names = [n for n in self.params if not (self.tied and n == "embed.weight")]
-        if self.stage["uniform_tp"]:
-            grads = [self.params[n].grad if self.params[n].grad is not None
-                     else torch.zeros_like(self.params[n]) for n in names]
+        self._sum_grads(names, self.dp_group, self.stage["uniform_tp"])
+
+    def _grad(self, name: str):
+        p = self.params[name]
+        return p.grad if p.grad is not None else torch.zeros_like(p)
+
+    def _sum_grads(self, names: list[str], group, uniform_tp: bool) -> None:
+        """Sum the gradients of ``names`` over ``group``: shard by shard where every member has
+        this tp (``uniform_tp``), else as full tensors gathered on each tp leader, summed among
+        the leaders and handed back as shards (replicas of different tp)."""
+        if uniform_tp:
+            grads = [self._grad(n) for n in names]
             flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=self.dp_group)
+            dist.all_reduce(flat, group=group)
             off = 0
             for n, g in zip(names, grads):
                 self.params[n].grad = flat[off:off + g.numel()].view_as(g)
@@ -285,9 +294,7 @@ class Worker:
             return
         fulls = []
         for name in names:
-            p = self.params[name]
-            g = p.grad if p.grad is not None else torch.zeros_like(p)
-            dim = self.layout[name][1]
+            g, dim = self._grad(name), self.layout[name][1]
             if self.tp > 1 and dim is not None:
                 parts = [torch.empty_like(g) for _ in range(self.tp)]
                 dist.all_gather(parts, g.contiguous(), group=self.tp_group)
@@ -295,17 +302,15 @@ class Worker:
             fulls.append(g.reshape(-1))
         flat = torch.cat(fulls)
         if self.tp_rank == 0:
-            dist.all_reduce(flat, group=self.dp_group)
+            dist.all_reduce(flat, group=group)
         if self.tp > 1:
             dist.broadcast(flat, src=self.leader, group=self.tp_group)
         off = 0
         for name in names:
-            p = self.params[name]
             full_shape, dim = self.layout[name]
             n = int(np.prod(full_shape))
-            full = flat[off:off + n].view(full_shape)
+            self.params[name].grad = tm.shard(flat[off:off + n].view(full_shape), dim, self.tp, self.tp_rank)
             off += n
-            p.grad = tm.shard(full, dim, self.tp, self.tp_rank)
 
     def step(self, step: int) -> float:
         cfg = self.cfg
