@@ -270,9 +270,9 @@ def admits(spec, cand: Candidate, training) -> bool:
     return True
 
 
-def seed(pricer, ranked, spec, launcher, best, stop_at: float) -> BaselineResult:
+def seed(pricer, ranked, spec, launcher, best, stop_at: float, deadline: float = math.inf) -> BaselineResult:
     """Price every baseline layout of the ranked knob tuples (until ``stop_at``, once one is
-    found) and add each to ``best``; the best of them under ``spec``, and each rule's best
+    found; until the search's ``deadline`` while none is) and add each to ``best``; the best of them under ``spec``, and each rule's best
     priced.  Under the time objectives the tuples come in the order of their memory-free time
     bound, so the ones from the best baseline's time on are skipped: none of their layouts
     beats it (each rule's best is then only bounded from below: ``rule_floor_s``)."""
@@ -287,9 +287,10 @@ def seed(pricer, ranked, spec, launcher, best, stop_at: float) -> BaselineResult
         if time_like and by_rule and bound_s >= min(c.time_s for c in by_rule.values()):
             floor_s = bound_s   # ranked by a lower bound on their time: no later layout is faster
             break
-        if by_rule and clock.now() > stop_at:
-            # not before one baseline is found: a tuple's layouts take milliseconds, and a
-            # limit spent on ranking (a loaded machine: bench a) must still be measured against one
+        if clock.now() > (stop_at if by_rule else deadline):
+            # the share only once one baseline is found: a tuple's layouts take milliseconds, and
+            # a limit spent on ranking (a loaded machine: bench a) must still be measured against
+            # one; but where no baseline fits (a large model) the search's own deadline stops it
             complete = False
             break
         tup = _Tuple(pricer, knobs, ctx, keys)
