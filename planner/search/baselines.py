@@ -290,7 +290,8 @@ def seed(pricer, ranked, spec, launcher, best, stop_at: float, deadline: float =
         if clock.now() > (stop_at if by_rule else deadline):
             # the share only once one baseline is found: a tuple's layouts take milliseconds, and
             # a limit spent on ranking (a loaded machine: bench a) must still be measured against
-            # one; but where no baseline fits (a large model) the search's own deadline stops it
+            # one; where none fits yet (a large model) twice that share stops it, so the search
+            # keeps most of its limit
             complete = False
             break
         tup = _Tuple(pricer, knobs, ctx, keys)

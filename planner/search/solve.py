@@ -234,7 +234,8 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         stats["tokens_per_iteration"] = tokens
     # the layouts a person would write, first: every answer is at least as good (baselines.py)
     stats["baseline"] = seed(pricer, ranked, spec, launcher, best,
-                             stop_at=min(deadline, clock.now() + BASELINE_SHARE * time_limit_s), deadline=deadline)
+                             stop_at=min(deadline, clock.now() + BASELINE_SHARE * time_limit_s),
+                             deadline=min(deadline, clock.now() + 2 * BASELINE_SHARE * time_limit_s))
     big = bool(ranked) and max(len(t[4]) for t in ranked) > WARM_KEYS_ABOVE
     warm = time_like and big
     warm_done: set = set()
