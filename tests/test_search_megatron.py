@@ -25,13 +25,6 @@ REFERENCE = Path(__file__).resolve().parent / "fidelity" / "megatron-core-h100" 
 SLOW_GPUS = 1536        # rows from here on take tens of seconds: marked slow (still run in CI)
 
 
-# A regression found at the end of the 2026-12-04 session, after the baselines and the shared
-# warm start landed: on this row a warm-start MILP runs minutes past its time limit (HiGHS inside
-# CoreMilp._run, the interrupt guard not firing), so the test no longer ends near its 120 s.
-# Skipped so CI ends; the closing note of that session names it as the first thing to fix.
-KNOWN_OVERRUN = {"mcore-gpt-462b": "warm-start MILP overruns its time limit since the baselines "
-                                   "landed (open regression, see the 2026-12-04 closing note)"}
-
 
 def _rows() -> list:
     """(catalog model, GPUs, global batch, published t, p, d) per row of the reference."""
@@ -41,8 +34,6 @@ def _rows() -> list:
         size = c["model_name"].removeprefix("megatron-core-gpt-").lower()
         row = (f"mcore-gpt-{size}", r["extras"]["num_gpus"], c["global_batch_size"], c["tp"], c["pp"], c["dp"])
         marks = [pytest.mark.slow] if row[1] >= SLOW_GPUS else []
-        if row[0] in KNOWN_OVERRUN:
-            marks.append(pytest.mark.skip(reason=KNOWN_OVERRUN[row[0]]))
         out.append(pytest.param(*row, marks=marks, id=row[0]))
     return out
 

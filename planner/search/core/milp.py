@@ -40,6 +40,15 @@ warnings.filterwarnings("ignore", message=".*PuLP 4.0.*", category=DeprecationWa
 
 NUMERICAL_GAP = 1e-6
 
+# HiGHS's sub-MIP heuristics (RENS, RINS, root reduced cost) presolve a sub-MIP, and that
+# presolve can cycle forever in HPresolve::strengthenInequalities without checking the time
+# limit or calling the interrupt callbacks (HiGHS 1.16.0: a 116-column warm-start MILP of the
+# 462B Megatron row spun for minutes past its 4 s limit; the class of bug is ERGO-Code/HiGHS
+# issues #1883 and #2226).  The search's own warm start and polish find incumbents, and a
+# limit that holds matters more than those heuristics' speed-up on these small models.
+SUB_MIP_HEURISTICS_OFF = {"mip_heuristic_run_rens": False, "mip_heuristic_run_rins": False,
+                          "mip_heuristic_run_root_reduced_cost": False}
+
 
 @dataclass
 class MilpSettings:
@@ -119,7 +128,8 @@ def _solver(settings: MilpSettings, time_left_s: float, cutoff: float | None = N
             extra["mip_max_nodes"] = max_nodes
         return _HiGHS(msg=False, timeLimit=limit, gapRel=settings.gap_rel, threads=settings.threads,
                       mip_abs_gap=1e-12, mip_feasibility_tolerance=1e-9,
-                      primal_feasibility_tolerance=1e-9, hard_deadline=time.monotonic() + limit + 0.05, **extra)
+                      primal_feasibility_tolerance=1e-9, hard_deadline=time.monotonic() + limit + 0.05,
+                      **SUB_MIP_HEURISTICS_OFF, **extra)
     return pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, math.ceil(limit)), gapRel=settings.gap_rel)
 
 
