@@ -7,6 +7,7 @@
 # when there is one.
 # 1. GEMM sweep: every GEMM shape the cost model prices for OPT-350M and Llama-3-8B blocks,
 #    timed with CUDA events, beside gemm.py's prediction (planner/profile/gemm_sweep.py).
+# 1b. Micro-benchmarks of the memory-bound terms (planner/profile/micro.py).
 # 2. planner profile: embedding / block / head of OPT-350M (micro-batch 1-8) and Llama-3-8B
 #    (micro-batch 1-2), tp 1, bf16; then --calibrate to fit this GPU's own curve to OPT's.
 # 3. One plan on this one GPU (scripts/device-h200-1gpu.yaml), trained with the reference runner
@@ -55,6 +56,12 @@ for dtype in bf16 tf32; do
   done
 done
 log "gemm sweeps done"
+
+# 1b. the memory-bound terms beside the GEMMs: HBM copy, fused AdamW, attention core, launches
+for dtype in bf16 fp32; do
+  timeout 120 "$PY" -m planner.profile.micro --device "$DEVICE" --dtype "$dtype" -o "$OUT/micro-$dtype.json" \
+    2>> "$OUT/summary.txt" || log "micro-benchmarks $dtype failed"
+done
 
 timeout 100 "${PLANNER[@]}" profile --model opt-350m --device "$DEVICE" --dtype bf16 --micro-batch 1,2,4,8 \
   --tp 1 --gpu-type "$GPU" --note "device check, $(date -u +%F)" -o "$OUT/profile-opt-350m-bf16.yaml" \
