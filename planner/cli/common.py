@@ -1,4 +1,4 @@
-"""Shared CLI pieces: consoles, JSON output, atomic file writes."""
+"""Shared CLI pieces: consoles, JSON output, atomic file writes, the job options."""
 
 from __future__ import annotations
 
@@ -87,3 +87,24 @@ def check_writable(path: str | Path) -> None:
         folder = folder.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK):
         raise InputError(f"cannot write {path}: {folder} is not a writable folder")
+
+
+PRECISION_HELP = ("training precision: bf16 | fp16 (mixed), fp32 (matmuls at the FP32 CUDA-core peak), tf32 "
+                  "(fp32 storage, TF32 tensor-core matmuls)  [default: bf16; with --training, the file's]")
+
+
+def job_options(command):
+    """The options that name the job (model, training file, batch, sequence, precision), one
+    definition for every command that plans (plan, pareto)."""
+    from planner.api import PRECISIONS  # the CLI reaches planner only through planner.api
+    options = [
+        click.option("--model", "model_name", required=True, help="catalog model name or a model YAML file"),
+        click.option("--training", "training_path", type=click.Path(dir_okay=False), default=None,
+                     help="training YAML (global batch, sequence length, the search's freedoms)"),
+        click.option("--global-batch-size", type=int, default=None, help="sequences per iteration"),
+        click.option("--seq-len", type=int, default=None, help="tokens per sequence"),
+        click.option("--precision", type=click.Choice(list(PRECISIONS)), default=None, help=PRECISION_HELP),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command

@@ -5,19 +5,13 @@ from __future__ import annotations
 
 import click
 
-from planner.api import PRECISIONS
-from planner.cli.common import check_writable, console, echo_json
+from planner.cli.common import check_writable, console, echo_json, job_options
 from planner.cli.tables import Table
 
 
 @click.command()
 @click.argument("cluster", type=click.Path(dir_okay=False))
-@click.option("--model", "model_name", required=True, help="catalog model name or a model YAML file")
-@click.option("--training", "training_path", type=click.Path(dir_okay=False), default=None,
-              help="training YAML (global batch, sequence length, the search's freedoms)")
-@click.option("--global-batch-size", type=int, default=None, help="sequences per iteration")
-@click.option("--seq-len", type=int, default=None, help="tokens per sequence")
-@click.option("--precision", type=click.Choice(list(PRECISIONS)), default=None, help="as for plan")
+@job_options
 @click.option("--floors", type=int, default=4, show_default=True,
               help="tokens/s floors searched between the cheapest plan per token and the fastest")
 @click.option("--time-limit", "time_limit_s", type=float, default=60.0, show_default=True,

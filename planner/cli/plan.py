@@ -10,12 +10,13 @@ from pathlib import Path
 
 import click
 
-from planner.api import PRECISIONS, trust_line
+from planner.api import trust_line
 from planner.cli.common import (
     check_writable,
     console,
     echo_json,
     format_seconds,
+    job_options,
     warn_precision,
     warn_skipped_profiles,
     write_atomic,
@@ -173,15 +174,7 @@ def _summary(out, result, cluster) -> None:
 
 @click.command("plan")
 @click.argument("cluster", type=click.Path(dir_okay=False))
-@click.option("--model", "model_name", required=True, help="catalog model name or a model YAML file")
-@click.option("--training", "training_path", type=click.Path(dir_okay=False), default=None,
-              help="training YAML (global batch, sequence length, the search's freedoms)")
-@click.option("--global-batch-size", type=int, default=None, help="sequences per iteration")
-@click.option("--seq-len", type=int, default=None, help="tokens per sequence")
-@click.option("--precision", type=click.Choice(list(PRECISIONS)), default=None,
-              help="training precision: bf16 | fp16 (mixed), fp32 (matmuls at the FP32 CUDA-core "
-                   "peak), tf32 (fp32 storage, TF32 tensor-core matmuls)  [default: bf16; with "
-                   "--training, the file's]")
+@job_options
 @click.option("--objective", default=None,
               help="throughput | cost | throughput-under-budget | cost-above-floor  [default: throughput; "
                    "with --min-tokens-per-s alone cost-above-floor, as --budget-usd-per-hour alone is "
