@@ -431,12 +431,38 @@ class Execution:
         return [a for a in self.actions if a.rank == rank]
 
 
+class FixedSends:
+    """The cost model's sends: a cross-rank output takes its stage's ``send_forward_s`` /
+    ``send_backward_s`` (latency + bytes / bandwidth) to arrive; ``blocking``: the sender
+    waits for it (a blocking P2P send), else it is posted and the rank moves on."""
+
+    def __init__(self, blocking: bool = True):
+        self.blocking = blocking
+
+    def arrival_s(self, sched: Schedule, rank: int, stage: int, a: Action, end_s: float,
+                  times: StageTimes) -> float:
+        """When ``a``'s output reaches its consumer on another rank (``end_s``: none to send)."""
+        if a.kind == "F" and stage < sched.num_stages - 1:
+            target, send_s = stage + 1, times.send_forward_s
+        elif a.kind in ("B", "I") and stage > 0:
+            target, send_s = stage - 1, times.send_backward_s
+        else:
+            return end_s
+        if send_s <= 0 or sched.owner(target, a.micro_batch)[0] == rank:
+            return end_s
+        return end_s + send_s
+
+
 def execute(sched: Schedule, times: StageTimes | Sequence[StageTimes], blocking_sends: bool = True,
-            check: bool = True) -> Execution:
+            check: bool = True, transport=None) -> Execution:
     """Run ``sched`` on per-stage ``times`` (one ``StageTimes`` for all stages, or one per global
-    stage).  ``ScheduleError`` if the lists are invalid (``check``) or deadlock."""
+    stage): each action as early as its rank's order and its inputs allow.  ``transport``
+    times the sends (``FixedSends(blocking_sends)`` by default; the latency-aware model's
+    shared links: planner.simulate.latency).  ``ScheduleError`` if the lists are invalid
+    (``check``) or deadlock."""
     if check:
         validate(sched)
+    transport = transport or FixedSends(blocking_sends)
     S, p = sched.num_stages, sched.num_ranks
     slots = sched.num_slots
     st = [times] * slots if isinstance(times, StageTimes) else list(times)
@@ -476,17 +502,11 @@ def execute(sched: Schedule, times: StageTimes | Sequence[StageTimes], blocking_
             runs[r].append(ActionRun(r, s, a.chunk, a.micro_batch, a.kind, ready, t_end))
             busy[r] += secs
             free[r] = t_end
-            # what it sends, and to whom
-            target, send_s, label = None, 0.0, ""
-            if a.kind == "F" and s < S - 1:
-                target, send_s, label = s + 1, times_s.send_forward_s, "send-F"
-            elif a.kind in ("B", "I") and s > 0:
-                target, send_s, label = s - 1, times_s.send_backward_s, "send-B"
-            t_arrive = t_end
-            if target is not None and sched.owner(target, a.micro_batch)[0] != r and send_s > 0:
-                t_arrive = t_end + send_s
+            t_arrive = transport.arrival_s(sched, r, s, a, t_end, times_s)
+            if t_arrive > t_end:
+                label = "send-F" if a.kind == "F" else "send-B"
                 sends.append(ActionRun(r, s, a.chunk, a.micro_batch, label, t_end, t_arrive))
-                if blocking_sends:
+                if transport.blocking:
                     free[r] = t_arrive
             for k in _keys(a, s):
                 end[k] = t_end

@@ -32,13 +32,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.simulate.actions import (
-    ActionRun,
     Execution,
     Schedule,
     ScheduleError,
     StageTimes,
-    _keys,
-    validate,
+    execute,
 )
 
 SCHEDULE_NAME = "latency-aware"
@@ -132,6 +130,26 @@ def peak_in_flight(sched: Schedule) -> list[int]:
     return out
 
 
+class _LinkSends:
+    """The module docstring's links for ``actions.execute``: non-blocking sends, one after
+    another on each directed link, arriving ``latency_s`` after they leave it."""
+
+    blocking = False
+
+    def __init__(self, problem: LatencyProblem):
+        self.problem = problem
+        self.link_free_s: dict[tuple[str, int], float] = {}
+
+    def arrival_s(self, sched: Schedule, rank: int, stage: int, a, end_s: float, times: StageTimes) -> float:
+        key = self.problem.send_link(stage, a.kind)
+        if key is None:
+            return end_s
+        link = self.problem.link(key)
+        leave = max(end_s, self.link_free_s.get(key, 0.0))
+        self.link_free_s[key] = leave + link.transfer_s
+        return leave + link.transfer_s + link.latency_s
+
+
 def retime(problem: LatencyProblem, sched: Schedule, check: bool = True) -> Execution:
     """Run ``sched`` (one chunk per rank, loop map) under the latency model: each action as
     early as its rank's order, its inputs and the links allow.  ``ScheduleError`` if the lists
@@ -141,81 +159,7 @@ def retime(problem: LatencyProblem, sched: Schedule, check: bool = True) -> Exec
         raise ScheduleError(f"{sched.name}: {sched.num_ranks} ranks x {sched.chunks} chunks, "
                             f"{sched.num_micro_batches} micro-batches; the problem has {p} ranks, one "
                             f"chunk each, {problem.num_micro_batches} micro-batches")
-    if check:
-        validate(sched)
-    dur = [{k: problem.stages[r].duration_s(k) for k in "FBIW"} for r in range(p)]
-    last = p - 1
-    # per rank and kind: the link its output goes over (None: none, or the last stage's F)
-    out_link = [{k: problem.send_link(r, k) for k in "FBIW"} for r in range(p)]
-    links = {key: problem.link(key) for row in out_link for key in row.values() if key is not None}
-    end: dict[tuple[str, int, int], float] = {}
-    arrive: dict[tuple[str, int, int], float] = {}
-    link_free = dict.fromkeys(links, 0.0)
-    pos, free, busy = [0] * p, [0.0] * p, [0.0] * p
-    runs: list[list[ActionRun]] = [[] for _ in range(p)]
-    sends: list[ActionRun] = []
-    waiting: dict[tuple[str, int, int], list[int]] = {}
-    work = list(range(p))
-    while work:
-        r = work.pop()
-        acts = sched.ranks[r]
-        while pos[r] < len(acts):
-            a = acts[pos[r]]
-            kind, mb = a.kind, a.micro_batch
-            ready = free[r]
-            # the inputs (as actions._deps): F after the previous stage's F; B / I after this
-            # stage's F and the next stage's input gradient; W after this stage's I
-            if kind == "F":
-                need = (("F", r - 1, mb),) if r > 0 else ()
-            elif kind == "W":
-                need = (("I", r, mb),)
-            else:
-                need = (("F", r, mb), ("G", r + 1, mb)) if r < last else (("F", r, mb),)
-            blocked = None
-            for d in need:
-                t = (end if d[1] == r else arrive).get(d)
-                if t is None:
-                    blocked = d
-                    break
-                ready = max(ready, t)
-            if blocked is not None:
-                waiting.setdefault(blocked, []).append(r)
-                break
-            secs = dur[r][kind]
-            t_end = ready + secs
-            runs[r].append(ActionRun(r, r, 0, mb, kind, ready, t_end))
-            busy[r] += secs
-            free[r] = t_end
-            t_arrive = t_end
-            key = out_link[r][kind]
-            if key is not None:
-                link = links[key]
-                leave = max(t_end, link_free[key])
-                link_free[key] = leave + link.transfer_s
-                t_arrive = leave + link.transfer_s + link.latency_s
-                if t_arrive > t_end:
-                    sends.append(ActionRun(r, r, 0, mb, "send-F" if kind == "F" else "send-B", t_end, t_arrive))
-            for k in _keys(a, r):
-                end[k] = t_end
-                arrive[k] = t_arrive
-                if k in waiting:
-                    work.extend(waiting.pop(k))
-            pos[r] += 1
-    stuck = [r for r in range(p) if pos[r] < len(sched.ranks[r])]
-    if stuck:
-        r = stuck[0]
-        raise ScheduleError(f"{sched.name}: rank {r} deadlocks at {sched.ranks[r][pos[r]]}")
-    actions = [a for rr in runs for a in rr]
-    sends.sort(key=lambda e: (e.start_s, e.rank))
-    peak = peak_in_flight(sched)
-    peak_g = []
-    for acts in sched.ranks:
-        held = top = 0
-        for a in acts:
-            held += 1 if a.kind == "F" else -1 if a.kind in ("B", "I") else 0
-            top = max(top, held)
-        peak_g.append(top)
-    return Execution(sched, max((a.end_s for a in actions), default=0.0), actions, sends, busy, peak, peak_g)
+    return execute(sched, list(problem.stages), check=check, transport=_LinkSends(problem))
 
 
 def over_cap(problem: LatencyProblem, sched: Schedule) -> list[tuple[int, int, int]]:
