@@ -15,6 +15,7 @@ from planner.search.classes import class_infos
 from planner.search.incumbent import Best
 from planner.search.naming import build_plan
 from planner.search.objectives import ObjectiveSpec
+from planner.search.queue import Ranked
 from planner.search.solve import usable_keys
 from planner.search.space import Pricer, enumerate_knobs, make_context
 from planner.spec import Training, cluster_from_dict, load_cluster, load_model
@@ -55,7 +56,7 @@ def all_baselines(cluster, model, training, spec=THROUGHPUT, launcher=None):
     pricer = Pricer(model, training, classes, topo)
     ranked = []
     for i, knobs in enumerate(enumerate_knobs(model, training, classes, launcher)):
-        ranked.append((0.0, i, knobs, make_context(model, training, knobs), usable_keys(pricer, knobs, launcher, spec)))
+        ranked.append(Ranked(0.0, i, knobs, make_context(model, training, knobs), usable_keys(pricer, knobs, launcher, spec)))
     best = Best(10**6)
     result = seed(pricer, ranked, spec, launcher, best, stop_at=math.inf)
     return result, best, classes, pricer, ranked

@@ -12,6 +12,7 @@ from test_search_core import mixed_problem, random_problem
 
 from planner.search.core.brute import solve_brute
 from planner.search.polish import Evaluator, polish
+from planner.search.queue import Ranked
 
 
 def _random_assignments(prob, rng: random.Random, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -195,8 +196,8 @@ def test_warm_start_past_its_time_still_enumerates_one_tuple_when_no_plan_exists
     for i, knobs in enumerate(enumerate_knobs(model, training, classes)):
         ctx = make_context(model, training, knobs)
         keys = pricer.option_keys(knobs)
-        ranked.append((knob_bound(knobs, ctx, keys, memory=False), i, knobs, ctx, keys))
-    ranked.sort(key=lambda t: (t[0], t[1]))
+        ranked.append(Ranked(knob_bound(knobs, ctx, keys, memory=False), i, knobs, ctx, keys))
+    ranked.sort()
     spec = parse_objective("throughput", None, None)
     past = time.monotonic() - 1.0
     tried: set = set()

@@ -318,16 +318,16 @@ def _warm_order(ranked, knob_bound, best, pricer):
     """
     first: dict[tuple, tuple] = {}
     for item in ranked:
-        p = item[2].num_stages
-        first.setdefault((p, item[2].micro_batch_size if p <= ENUM_STAGES else 0), item)
-    enums = sorted((x for k, x in first.items() if k[0] <= ENUM_STAGES), key=lambda x: (x[2].num_stages, x[0], x[1]))
+        p = item.knobs.num_stages
+        first.setdefault((p, item.knobs.micro_batch_size if p <= ENUM_STAGES else 0), item)
+    enums = sorted((x for k, x in first.items() if k[0] <= ENUM_STAGES), key=lambda x: (x.knobs.num_stages, x.bound_s, x.index))
     yield from enums
     threshold = best.threshold()
-    memory = {k: knob_bound(x[2], x[3], pricer.pure_part(x[4]), enough=threshold, packed=False)
+    memory = {k: knob_bound(x.knobs, x.ctx, pricer.pure_part(x.keys), enough=threshold, packed=False)
               for k, x in first.items() if k[0] > ENUM_STAGES}
     longer = sorted((k for k in memory if memory[k] < threshold), key=memory.get)
     head = sorted(longer[:WARM_RERANK],
-                  key=lambda k: knob_bound(first[k][2], first[k][3], pricer.pure_part(first[k][4]),
+                  key=lambda k: knob_bound(first[k].knobs, first[k].ctx, pricer.pure_part(first[k].keys),
                                            enough=threshold, packed=1))
     yield from (first[k] for k in head + longer[WARM_RERANK:])
     seen = {id(x) for x in first.values()}

@@ -45,6 +45,7 @@ from planner.search.incumbent import (
 from planner.search.naming import build_plan
 from planner.search.objectives import ObjectiveSpec, parse_objective
 from planner.search.per_tuple import loses_tie, prunes, solve_tuple
+from planner.search.queue import BoundLevel, Pending, Ranked
 from planner.search.schedules import schedules_for
 from planner.search.space import Pricer, enumerate_knobs, make_context
 
@@ -210,8 +211,8 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         if not keys:        # no replica count gives an allowed share (training.micro_batch_sizes)
             stats["no_options"] = stats.get("no_options", 0) + 1
         clock.charge(len(keys))         # the bound's work, for a deterministic search
-        ranked.append((knob_bound(knobs, ctx, keys, memory=False), i, knobs, ctx, keys))
-    ranked.sort(key=lambda t: (t[0], t[1]))
+        ranked.append(Ranked(knob_bound(knobs, ctx, keys, memory=False), i, knobs, ctx, keys))
+    ranked.sort(key=lambda t: (t.bound_s, t.index))
     say(f"{len(ranked)} knob tuples ranked by their lower bound"
         + (f" ({len(dominated)} GPipe tuples left out for their 1F1B twins)" if dominated else ""))
     time_like = spec.kind in ("throughput", "throughput-under-budget")
@@ -223,20 +224,20 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     no_floors = TupleFloors(0.0, 0.0)
     if ranked:      # for the reason when no plan meets a budget or a floor (diagnose.py)
         stats["least_price_usd_per_hour"] = min((f.price_usd_per_hour for f in floors.values()), default=None)
-        if spec.budget_usd_per_hour is not None and not any(t[4] for t in ranked):
+        if spec.budget_usd_per_hour is not None and not any(t.keys for t in ranked):
             # the budget rents no option at all: what the cheapest option rents
-            one_per_b = {t[2].micro_batch_size: t[2] for t in ranked}.values()
+            one_per_b = {t.knobs.micro_batch_size: t.knobs for t in ranked}.values()
             stats["least_price_usd_per_hour"] = min(
                 pricer.classes[k.cls].least_rent(k.tp, k.replicas) for kn in one_per_b for k in pricer.option_keys(kn))
-        stats["least_time_s"] = ranked[0][0]
+        stats["least_time_s"] = ranked[0].bound_s
         if time_like:       # the least time bound bounds every plan, for a Ctrl-C before the heap
-            stats["frontier"] = ranked[0][0]
+            stats["frontier"] = ranked[0].bound_s
         stats["tokens_per_iteration"] = tokens
     # the layouts a person would write, first: every answer is at least as good (baselines.py)
     stats["baseline"] = seed(pricer, ranked, spec, launcher, best,
                              stop_at=min(deadline, clock.now() + BASELINE_SHARE * time_limit_s),
                              deadline=min(deadline, clock.now() + 2 * BASELINE_SHARE * time_limit_s))
-    big = bool(ranked) and max(len(t[4]) for t in ranked) > WARM_KEYS_ABOVE
+    big = bool(ranked) and max(len(t.keys) for t in ranked) > WARM_KEYS_ABOVE
     warm = time_like and big
     warm_done: set = set()
     if warm:
@@ -263,7 +264,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             stats["empty"] += 1
             stats["out_of_reach"] = stats.get("out_of_reach", 0) + math.isfinite(tb)
             continue
-        heap.append((value, i, 0, knobs, ctx, keys, tb))
+        heap.append(Pending(value, i, BoundLevel.MEMORY_FREE, knobs, ctx, keys, tb))
     heapq.heapify(heap)
     j = 0
     while heap:
@@ -283,7 +284,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             bounds.append(kb)
             continue
         floor = floors.get(knobs, no_floors)
-        if level < 3:
+        if level < BoundLevel.LP:
             # memory-aware, then with the packed bottleneck's knapsacks, then with its LPs
             # (packed.py), which only help to prune: asked to show the time from which the
             # tuple's value reaches the pruning threshold
@@ -300,7 +301,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
                 stats["empty"] += 1
                 stats["out_of_reach"] = stats.get("out_of_reach", 0) + math.isfinite(tb2)
                 continue
-            heapq.heappush(heap, (value, i, level + 1, knobs, ctx, keys, tb2))
+            heapq.heappush(heap, Pending(value, i, level + 1, knobs, ctx, keys, tb2))
             continue
         j += 1
         small = enum.fits_size(knobs.num_stages, len(keys), model.num_layers // knobs.block_unit)
