@@ -27,6 +27,7 @@ from pathlib import Path
 
 from planner import catalog
 from planner.errors import InputError
+from planner.profile.schema import BLOCK_ATTENTION_FUSED
 from planner.profile.store import parse_profile, profile_gpu_type
 from planner.spec.gpu import GpuType
 from planner.spec.model import ModelSpec
@@ -90,17 +91,21 @@ def _gpu(gpu_type: str, cluster) -> GpuType:
     return found
 
 
-def _total_s(model: ModelSpec, seq_len: int, gpu: GpuType, gc, mb: int, tp: int) -> float:
+def _total_s(model: ModelSpec, seq_len: int, gpu: GpuType, gc, mb: int, tp: int, dtype: str = "bf16") -> float:
+    """The cost model's block forward + backward, priced as the profile measured it: in its
+    dtype and with fused attention (schema.BLOCK_ATTENTION_FUSED); priced with the unfused
+    core, an H200 profile's blocks came out 95% off before any fit."""
     from planner.cost.calibration import Calibration
     from planner.cost.compute import block_timing
     from planner.cost.context import CostContext
-    ctx = CostContext(model=model, seq_len=seq_len, calibration=Calibration(gpus={gpu.name: gc}))
+    ctx = CostContext(model=model, seq_len=seq_len, precision=dtype, flash_attention=BLOCK_ATTENTION_FUSED,
+                      calibration=Calibration(gpus={gpu.name: gc}))
     t = block_timing(ctx, gpu, gpu.intra_node_bandwidth_Bps, tp, mb)
     return t.forward_s + t.backward_s
 
 
 def fit_gpu(model: ModelSpec, seq_len: int, gpu: GpuType, points: list[tuple[int, int, float]],
-            base):
+            base, dtype: str = "bf16"):
     """Fitted ``GpuCalibration`` for block totals ``points`` = [(micro_batch, tp, measured_s)]."""
     best = None
     for th in _OUTPUTS_GRID:
@@ -109,9 +114,9 @@ def fit_gpu(model: ModelSpec, seq_len: int, gpu: GpuType, points: list[tuple[int
                            layer_overhead_s=0.0)
             rows = []
             for mb, tp, meas in points:
-                full = _total_s(model, seq_len, gpu, unit, mb, tp)
-                mem_free = _total_s(model, seq_len, gpu, replace(unit, mem_eff=1e30), mb, tp)
-                ovh = _total_s(model, seq_len, gpu, replace(unit, layer_overhead_s=1e-3), mb, tp)
+                full = _total_s(model, seq_len, gpu, unit, mb, tp, dtype)
+                mem_free = _total_s(model, seq_len, gpu, replace(unit, mem_eff=1e30), mb, tp, dtype)
+                ovh = _total_s(model, seq_len, gpu, replace(unit, layer_overhead_s=1e-3), mb, tp, dtype)
                 # prediction = a*u + b + c*o with u = 1/eff_max, o = overhead
                 rows.append((mem_free, full - mem_free, (ovh - full) / 1e-3, meas))
             u, o = _solve(rows)
@@ -171,12 +176,12 @@ def calibrate_file(path: str | Path, gpu_type: str | None = None, cluster=None) 
                          doc.locate(("entries",)))
     shipped = default_calibration()
     base = shipped.for_gpu(gpu)
-    fitted = replace(fit_gpu(model, prof.seq_len, gpu, points, base),
+    fitted = replace(fit_gpu(model, prof.seq_len, gpu, points, base, prof.dtype),
                      source=f"fitted to profile {Path(path).name} ({prof.device.name}, {prof.dtype}, "
                             f"seq_len {prof.seq_len}, {len(points)} block entries) by planner profile "
                             "--calibrate")
-    rows = tuple(FitRow(mb, tp, meas, _total_s(model, prof.seq_len, gpu, base, mb, tp),
-                        _total_s(model, prof.seq_len, gpu, fitted, mb, tp))
+    rows = tuple(FitRow(mb, tp, meas, _total_s(model, prof.seq_len, gpu, base, mb, tp, prof.dtype),
+                        _total_s(model, prof.seq_len, gpu, fitted, mb, tp, prof.dtype))
                  for mb, tp, meas in points)
     provenance = dict(shipped.provenance)
     provenance[f"profile-fit:{gpu.name}"] = {

@@ -24,6 +24,11 @@ Dtype = Literal["bf16", "fp16", "fp32", "tf32"]  # tf32: fp32 tensors, TF32 tens
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
+# How ``planner profile`` computes a block's attention (measure.py): one fused causal kernel,
+# torch's scaled_dot_product_attention (flash / memory-efficient), never the unfused s^2 core.
+# What the profile is set beside (calibrate.py) must be priced the same way.
+BLOCK_ATTENTION_FUSED = True
+
 
 class DeviceInfo(BaseModel):
     model_config = _FROZEN
