@@ -40,3 +40,22 @@ def test_plan_and_evaluation_carry_the_trust_of_each_gpu_type():
     data = result.plan.to_json()["predicted"]["trust"]
     assert [t["gpu_type"] for t in data] == used
     assert {t["level"] for t in data} <= {"validated", "calibrated", "datasheet-only", "profiled"}
+
+
+def test_a_gpu_checked_on_a_lent_machine_is_micro_benchmarked():
+    """H200: GEMMs timed and one plan trained on one lent GPU (reference/device/h200-2026-12-04),
+    no multi-GPU run: better than datasheet-only, not validated; fp32 was not checked."""
+    bf16, tf32 = trust_for("H200-SXM-141GB", "bf16"), trust_for("H200-SXM-141GB", "tf32")
+    assert bf16.level == tf32.level == "micro-benchmarked"
+    assert "GEMMs timed on one GPU" in bf16.note and "no multi-GPU measured run" in bf16.note
+    assert "single-GPU training run" in tf32.note and 0 < tf32.mape < 1
+    assert trust_for("H200-SXM-141GB", "fp32").level == "datasheet-only"
+
+
+def test_device_checks_file_matches_a_fresh_run():
+    """planner/cost/device_checks.yaml is what `python -m planner.cost.device_checks` writes
+    from reference/device/ today: a model change that moves those errors shows here."""
+    import yaml
+
+    from planner.cost.device_checks import CHECKS_FILE, collect
+    assert yaml.safe_load(CHECKS_FILE.read_text()) == collect()

@@ -23,7 +23,7 @@ VALIDATION_FILE = Path(__file__).with_name("validation.yaml")
 @dataclass(frozen=True)
 class Trust:
     gpu_type: str
-    level: str              # "profiled" | "validated" | "calibrated" | "datasheet-only"
+    level: str              # "profiled" | "validated" | "calibrated" | "micro-benchmarked" | "datasheet-only"
     mape: float | None      # mean absolute error on measured runs not used for fitting
     note: str
 
@@ -65,11 +65,31 @@ def trust_for(gpu_type: str, precision: str, profiled: bool = False, ceiling_mea
         worst = max(e["mape_percent"] for e in entries)
         return Trust(gpu_type, "calibrated", worst / 100,
                      _describe(entries) + " (no held-out runs for this GPU type)")
+    checked = _device_check(gpu_type, precision)
+    if checked is not None:
+        return checked
     ceiling = ("published max-achievable-matmul benchmark" if ceiling_measured
                else "assumed matmul ceiling (no published benchmark)")
     return Trust(gpu_type, "datasheet-only", None,
                  f"no measured run of this GPU type in {precision}: datasheet peaks, {ceiling}, "
                  "architecture curve; expect errors well beyond the validated types'")
+
+
+def _device_check(gpu_type: str, precision: str) -> Trust | None:
+    """Single-GPU checks on a lent machine (device_checks.py): the GEMMs, and one trained plan
+    where there was one.  ``mape``: that plan's error, else the GEMMs'."""
+    from planner.cost.device_checks import checks_table
+    per_dtype = checks_table().get("gpu_types", {}).get(gpu_type, {})
+    entry = next((e for d, e in sorted(per_dtype.items()) if precision_class(d) == precision_class(precision)), None)
+    if entry is None:
+        return None
+    parts = [f"{entry['gemms']} GEMMs timed on one GPU, mean error {entry['gemm_mape_percent']:.1f}%"]
+    run = entry.get("run_error_percent")
+    if run is not None:
+        parts.append(f"one single-GPU training run predicted {run:+.0f}%")
+    mape = abs(run) / 100 if run is not None else entry["gemm_mape_percent"] / 100
+    return Trust(gpu_type, "micro-benchmarked", mape,
+                 "; ".join(parts) + f" ({entry['folder']}); no multi-GPU measured run")
 
 
 def plan_trust(gpu_types: list[str], precision: str, profiled_types: set[str] = frozenset()) -> list[Trust]:
