@@ -263,7 +263,22 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("error by hidden size (signed: negative = predicted too fast)")
     print(format_buckets(bucket_table(results_by_set=results)))
+    print()
+    print("single-GPU checks on lent machines (reference/device/; predicted, not fitted)")
+    print(format_device_checks())
     return 0
+
+
+def format_device_checks() -> str:
+    """The device checks as they come out of today's model (device_checks.collect)."""
+    from planner.cost.device_checks import collect
+    lines = [f"{'gpu type':18s} {'dtype':6s} {'GEMMs':>6s} {'GEMM MAPE':>10s} {'run error':>10s}  folder"]
+    for gpu, per_dtype in sorted(collect()["gpu_types"].items()):
+        for dtype, e in sorted(per_dtype.items()):
+            run = e.get("run_error_percent")
+            lines.append(f"{gpu:18s} {dtype:6s} {e['gemms']:6d} {e['gemm_mape_percent']:9.1f}% "
+                         f"{'-' if run is None else f'{run:+.1f}%':>10s}  {e['folder']}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
