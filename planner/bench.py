@@ -4,6 +4,8 @@ Each scenario is solved in a fresh process (so its peak memory is its own: ``ru_
 three times; the table shows the median wall time.  Targets (DESIGN / brief): 1,024
 homogeneous A100 < 1 s; 2,048 mixed GPUs in three zones < 5 s; 16,384 GPUs of three types in
 three zones with GPT-3 175B < 30 s; each with a proved gap < 1% and peak memory < 2 GB.
+Issue 18 adds d (1,200 A100 + V100 in three zones, OPT-350M: within 2% of the bound in 15 s)
+and e (16,384 H100 + A100 + L40S, bf16, GPT-3 175B: 1% in 30 s).  ``--only de`` runs some.
 The ``x`` columns (issue 18) are the answer's speed over the best baseline layout's and over
 each rule's best (planner/search/baselines.py: uniform Megatron, Sailor-like, Metis-like),
 medians of the runs; ``-`` where a rule had no layout priced, ``*`` where the baselines' time
@@ -41,6 +43,7 @@ class Scenario:
     # idle (a two-type problem, not the three-type one the target is for)
     precision: str = "bf16"
     schedules: tuple[str, ...] | None = None     # training.schedules; None: the default space
+    gap_target: float = GAP_TARGET               # the proved gap the target asks for
 
 
 def _zones(*names):
@@ -81,6 +84,25 @@ def scenarios(smoke: bool) -> list[Scenario]:
                 {"name": "a100", "count": 768, "zone": z3[1], "gpu": "A100-SXM4-80GB", "gpus_per_node": 8},
                 {"name": "v100", "count": 768, "zone": z3[2], "gpu": "V100-SXM2-32GB", "gpus_per_node": 8}]},
             "gpt3-175b", 1536, 2048, 30.0, "fp16"),
+        # issue 18, other users' shapes.  d: Sailor's planner took 101 s on a 1,200-GPU A100 +
+        # V100 pool in three zones; half of each type in a zone of its own, the rest mixed in a
+        # third.  OPT-350M at Sailor's sequence length; global batch 2,048 so that data
+        # parallelism can reach every GPU.  Target: within 2% of the proved bound in 15 s.
+        Scenario("d: 1,200 A100/V100, three zones, OPT-350M", {"name": "mixed-1200", "zones": _zones(*z3),
+            "links": _links(list(z3)), "nodes": [
+                {"name": "a100", "count": 50, "zone": z3[0], "gpu": "A100-SXM4-80GB", "gpus_per_node": 8},
+                {"name": "v100", "count": 50, "zone": z3[1], "gpu": "V100-SXM2-32GB", "gpus_per_node": 8},
+                {"name": "a100-c", "count": 25, "zone": z3[2], "gpu": "A100-SXM4-80GB", "gpus_per_node": 8},
+                {"name": "v100-c", "count": 25, "zone": z3[2], "gpu": "V100-SXM2-32GB", "gpus_per_node": 8}]},
+            "opt-350m", 2048, 2048, 15.0, "fp16", gap_target=0.02),
+        # e: c with L40S in place of V100, in bf16 (every type computes it): the three-type
+        # problem the 30 s target is for, without V100's fp16-only constraint.
+        Scenario("e: 16,384 H100/A100/L40S, three zones, GPT-3 175B, bf16", {"name": "mixed-16k-l40s",
+            "zones": _zones(*z3), "links": _links(list(z3), "400 Gbit/s", "10 ms"), "nodes": [
+                {"name": "h100", "count": 512, "zone": z3[0], "gpu": "H100-SXM5-80GB", "gpus_per_node": 8},
+                {"name": "a100", "count": 768, "zone": z3[1], "gpu": "A100-SXM4-80GB", "gpus_per_node": 8},
+                {"name": "l40s", "count": 768, "zone": z3[2], "gpu": "L40S-48GB", "gpus_per_node": 8}]},
+            "gpt3-175b", 1536, 2048, 30.0, "bf16"),
     ]
 
 
@@ -96,7 +118,7 @@ def _solve(sc: Scenario, limit_factor: float = 1.0, profiler=None):
     if profiler:
         profiler.enable()
     t0 = time.perf_counter()
-    res = solve(cluster, model, training, time_limit_s=sc.target_s * limit_factor, gap_rel=GAP_TARGET / 2)
+    res = solve(cluster, model, training, time_limit_s=sc.target_s * limit_factor, gap_rel=sc.gap_target / 2)
     wall = time.perf_counter() - t0
     if profiler:
         profiler.disable()
@@ -157,7 +179,7 @@ def run_scenario(sc: Scenario, runs: int, limit_factor: float = 1.0) -> dict:
                baselines_complete=all(r.get("baselines_complete") for r in ok),
                **{k: _median_of(ok, k) for k in ("vs_best_baseline", *(f"vs_{r}" for r in RULES))})
     gap = row["gap"]
-    row["met"] = (row["wall_median_s"] < sc.target_s and gap is not None and gap < GAP_TARGET
+    row["met"] = (row["wall_median_s"] < sc.target_s and gap is not None and gap < sc.gap_target
                   and row["peak_mb"] < PEAK_TARGET_MB)
     return row
 
@@ -219,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the schedule benchmarks instead (bench_schedules.py): simulating a 1,024-GPU plan's "
                          "iteration per schedule, and the first and largest scenarios with and without "
                          "zb-h1 (the first also with zb-v, dualpipev)")
+    ap.add_argument("--only", default=None, metavar="LETTERS",
+                    help="run only these scenarios, by letter (e.g. 'de'; default: all)")
     ap.add_argument("--profile", action="store_true",
                     help="then profile one more run of the slowest scenario (a missed target first)")
     args = ap.parse_args(argv)
@@ -226,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.schedules:
         return _schedules_main(args, runs)
     rows = []
-    scs = scenarios(args.smoke)
+    scs = pick(scenarios(args.smoke), args.only)
     for sc in scs:
         print(f"running {sc.name} ({runs} run(s)) ...", file=sys.stderr, flush=True)
         rows.append(run_scenario(sc, runs, args.limit_factor))
@@ -239,6 +263,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nprofile of {sc.name} (one run in this process, planner functions by cumulative time):")
         print(profile_scenario(sc, args.limit_factor))
     return 0
+
+
+def pick(scs: list[Scenario], letters: str | None) -> list[Scenario]:
+    """The scenarios named by their letters (``a:`` ... ``e:``), all when ``letters`` is None."""
+    if letters is None:
+        return scs
+    chosen = [sc for sc in scs if sc.name.split(":")[0] in letters]
+    if not chosen:
+        raise SystemExit(f"--only {letters!r} names no scenario; they are "
+                         + ", ".join(sc.name.split(":")[0] for sc in scs))
+    return chosen
 
 
 def _schedules_main(args, runs: int) -> int:
@@ -255,7 +290,8 @@ def _schedules_main(args, runs: int) -> int:
         print(f"running {s.name} ({runs} run(s)) ...", file=sys.stderr, flush=True)
         return run_scenario(s, runs, args.limit_factor)
 
-    for sc in ([scs[0]] if args.smoke else [scs[0], scs[-1]]):
+    largest = next((sc for sc in scs if sc.name.startswith("c:")), scs[-1])
+    for sc in ([scs[0]] if args.smoke else [scs[0], largest]):
         pairs.append([run(s) for s in (sc, bs.with_zb_h1(sc))])
     v_rows = [run(bs.with_schedule(scs[0], v)) for v in bs.V_CHOICE]
     if args.json:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from planner import bench
 
 
@@ -61,3 +63,19 @@ def test_bench_schedules_smoke_simulates_each_schedule_and_compares_the_choice(c
     for r in out["v_choice"]:
         assert "error" not in r and int(r["tuples"].split("/")[1]) > int(base["tuples"].split("/")[1])
         assert r["tokens_per_s"] >= base["tokens_per_s"] * (1 - 1e-9)
+
+
+def test_issue_18_scenarios_hold_the_users_shapes_and_can_run_alone():
+    from planner.spec import cluster_from_dict
+    by_letter = {sc.name.split(":")[0]: sc for sc in bench.scenarios(smoke=False)}
+    assert set(by_letter) == set("abcde")
+    d, e = (cluster_from_dict(by_letter[x].cluster) for x in "de")
+    assert d.num_gpus == 1200 and len({n.zone for n in d.node_list}) == 3
+    assert {n.gpu.name for n in d.node_list} == {"A100-SXM4-80GB", "V100-SXM2-32GB"}
+    assert by_letter["d"].model == "opt-350m" and by_letter["d"].gap_target == 0.02
+    assert e.num_gpus == 16384 and len({n.zone for n in e.node_list}) == 3
+    assert {n.gpu.name for n in e.node_list} == {"H100-SXM5-80GB", "A100-SXM4-80GB", "L40S-48GB"}
+    assert by_letter["e"].precision == "bf16" and by_letter["e"].model == "gpt3-175b"
+    assert [sc.name[0] for sc in bench.pick(bench.scenarios(smoke=False), "de")] == ["d", "e"]
+    with pytest.raises(SystemExit):
+        bench.pick(bench.scenarios(smoke=False), "z")
