@@ -212,6 +212,7 @@ def replica_compute(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, s
     return out
 
 
+@_cached_per_context("weight-fraction")   # the search asks it per option (bench d: 50,000 times)
 def backward_weight_fraction(ctx: CostContext, gpu: GpuType, tp: int, share: int,
                              kind: str = "block") -> float:
     """The share of one layer's backward compute that is weight gradients (the W of zero-bubble
