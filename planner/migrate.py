@@ -81,7 +81,7 @@ def shards(plan: Plan, model) -> dict[str, list[Shard]]:
         n_rep = len(stage.replicas)
         units = _units(model, stage)
         for r_i, rep in enumerate(stage.replicas):
-            span = (r_i / n_rep, (r_i + 1) / n_rep) if plan.zero_stage == 1 else (0.0, 1.0)
+            span = (r_i / n_rep, (r_i + 1) / n_rep) if plan.zero_stage >= 1 else (0.0, 1.0)
             for rank, dev in enumerate(rep.devices):
                 for unit, params in units:
                     out[dev].append(Shard(unit, (unit, rep.tp, rank), params / rep.tp * w_pp,

@@ -29,7 +29,7 @@ def test_flags_narrow_the_search(capsys, flags, expected):
 
 @pytest.mark.parametrize("flags, needle", [
     (["--recompute", "partial"], "recompute_modes[0]: Input should be 'none', 'selective' or 'full'"),
-    (["--zero-stage", "3"], "zero_stages[0]: Input should be 0 or 1"),
+    (["--zero-stage", "3"], "zero_stages[0]: Input should be 0, 1 or 2"),
     (["--zero-stage", "one"], "give 0, 1 or 0,1"),
     (["--schedule", ","], "give one or more choices"),
 ])

@@ -155,7 +155,9 @@ def dp_sync_time_s(ctx: CostContext, stage_params: float, num_replicas: int, min
     slowest hop.  Without ZeRO: all-reduce of the grads.  With ZeRO-1 (Megatron distributed
     optimizer): reduce-scatter of the grads, then all-gather of the updated bf16/fp16 params
     (docs/source/api-guide/dist_optimizer.md) -- with fp32 grads that is 4 + 2 bytes per
-    parameter against 2 x 4 for the all-reduce.
+    parameter against 2 x 4 for the all-reduce.  With ZeRO-2 the gradients are reduce-scattered
+    after every micro-batch's backward (DeepSpeed stage 2: partitioned gradient accumulation),
+    so that part is paid ``ctx.gradient_reductions`` times.
     """
     if num_replicas <= 1 or stage_params <= 0:
         return 0.0
@@ -166,9 +168,17 @@ def dp_sync_time_s(ctx: CostContext, stage_params: float, num_replicas: int, min
     grad_bytes = per_ring * ctx.grad_bytes_per_param
     if ctx.zero_stage >= 1:
         param_bytes = per_ring * ctx.activation_bytes
-        return (ring_reduce_scatter_s(grad_bytes, num_replicas, bw, latency)
+        return (ctx.gradient_reductions * ring_reduce_scatter_s(grad_bytes, num_replicas, bw, latency)
                 + ring_reduce_scatter_s(param_bytes, num_replicas, bw, latency))
     return ring_allreduce_s(grad_bytes, num_replicas, bw, latency)
+
+
+def zero_sync_parts(ctx: CostContext, dp_sync_s) -> tuple:
+    """(reduce-scatter, all-gather) seconds of a ZeRO sync of ``dp_sync_s`` in all (floats or
+    arrays): 4-byte grads against 2-byte params, the grads' part ``ctx.gradient_reductions``
+    times (``dp_sync_time_s``)."""
+    g, p = ctx.grad_bytes_per_param * ctx.gradient_reductions, ctx.activation_bytes
+    return dp_sync_s * g / (g + p), dp_sync_s * p / (g + p)
 
 
 def dp_exposed_s(ctx: CostContext, dp_sync_s: float, last_backward_s: float,
@@ -180,11 +190,12 @@ def dp_exposed_s(ctx: CostContext, dp_sync_s: float, last_backward_s: float,
     is exposed.  With ZeRO-1 the sync is a reduce-scatter (2/3 of the bytes with fp32 grads
     and bf16 params: 4 of 6 bytes per parameter) and an all-gather (``--overlap-param-gather``:
     hidden behind the next iteration's first forward).  Without overlap all is exposed.
+    ZeRO-2 reduce-scatters after every micro-batch (``dp_sync_time_s``): each of the k =
+    ``ctx.gradient_reductions`` reductions hides behind its own backward, k max(0, rs/k - b).
     """
     if not ctx.grad_reduce_overlap:
         return dp_sync_s
     if ctx.zero_stage >= 1:
-        g, p = ctx.grad_bytes_per_param, ctx.activation_bytes
-        rs, ag = dp_sync_s * g / (g + p), dp_sync_s * p / (g + p)
-        return max(0.0, rs - last_backward_s) + max(0.0, ag - first_forward_s)
+        rs, ag = zero_sync_parts(ctx, dp_sync_s)
+        return max(0.0, rs - ctx.gradient_reductions * last_backward_s) + max(0.0, ag - first_forward_s)
     return max(0.0, dp_sync_s - last_backward_s)

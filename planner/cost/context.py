@@ -63,6 +63,9 @@ class CostContext:
     recompute: str = "none"
     sequence_parallel: bool = False
     zero_stage: int = 0
+    # ZeRO-2 reduce-scatters the gradients after each micro-batch: its sync depends on how many
+    # (1 for every other stage, which reduces once per iteration)
+    num_micro_batches: int = 1
     schedule: str = "1f1b"
     virtual_stages: int = 1
     calibration: Calibration = field(default_factory=default_calibration)
@@ -78,8 +81,14 @@ class CostContext:
                   calibration: Calibration | None = None, profiles=None, **extra) -> CostContext:
         return cls(model=model, seq_len=seq_len, precision=precision, recompute=plan.recompute,
                    sequence_parallel=plan.sequence_parallel, zero_stage=plan.zero_stage,
+                   num_micro_batches=plan.num_micro_batches if plan.zero_stage >= 2 else 1,
                    schedule=plan.schedule, virtual_stages=plan.virtual_stages,
                    calibration=calibration or default_calibration(), profiles=profiles, **extra)
+
+    @property
+    def gradient_reductions(self) -> int:
+        """Gradient reduce-scatters per iteration: one per micro-batch with ZeRO-2, else one."""
+        return self.num_micro_batches if self.zero_stage >= 2 else 1
 
     @property
     def activation_bytes(self) -> int:

@@ -228,7 +228,8 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
                                gpu_of(st.replicas[0]))
             if ring_crossings:
                 per_ring = params / min_tp
-                wire = (ctx.grad_bytes_per_param + (ctx.activation_bytes if ctx.zero_stage else ctx.grad_bytes_per_param))
+                wire = (ctx.gradient_reductions * ctx.grad_bytes_per_param
+                        + (ctx.activation_bytes if ctx.zero_stage else ctx.grad_bytes_per_param))
                 # every ring hop carries 2 (n-1)/n of the buffer (RS + AG); a 2-member ring's one
                 # hop is used both ways, larger rings list each directed crossing hop
                 hop_bytes = (n - 1) / n * per_ring * wire * min_tp

@@ -144,8 +144,16 @@ def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: 
     """Peak memory of each GPU of a replica (all its tp GPUs hold the same amount)."""
     params = stage_params(ctx, blocks, embedding, head) / tp
     w, g, o = bytes_per_param(ctx.precision)
+    # ZeRO (Rajbhandari et al. 2020, Fig. 1 / §5.1): stage 1 shards the optimizer state over
+    # the N replicas, stage 2 the gradients too: the paper's 2 + 2 + K/N and 2 + (2 + K)/N
+    # bytes per parameter, here with each precision's own bytes (bytes_per_param).
     if ctx.zero_stage >= 1:
         o = o / max(1, num_replicas_in_stage)
+    grads = params * g
+    if ctx.zero_stage >= 2:
+        # sharded at rest; a block's full gradients live until their reduce-scatter (the
+        # buckets fill block by block as the backward reaches them)
+        grads = params * g / max(1, num_replicas_in_stage) + (block_params(ctx.model) / tp * g if blocks else 0.0)
     act = blocks * block_activation_bytes(ctx, tp, share) * in_flight_micro_batches
     if ctx.recompute == "full" and blocks:
         act += block_activation_bytes(ctx, tp, share, recompute="none")  # the block being recomputed
@@ -154,7 +162,7 @@ def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: 
         act += s * share * h / (tp if ctx.sequence_parallel and tp > 1 else 1) * in_flight_micro_batches
     if head:  # fp32 logits for the cross-entropy
         act += 4 * s * share * ctx.model.vocab_size / tp * in_flight_micro_batches
-    return MemoryBreakdown(params * w, params * g, params * o, act, WORKSPACE_BYTES)
+    return MemoryBreakdown(params * w, grads, params * o, act, WORKSPACE_BYTES)
 
 
 def replica_memory_bytes(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: int,

@@ -71,6 +71,11 @@ def check(plan: Plan) -> None:
         problems.add("schedule latency-aware: DeepSpeed's pipeline engine runs its fixed 1F1B "
                      "TrainSchedule and cannot follow the plan's per-rank action lists; re-plan with "
                      "schedule 1f1b")
+    if plan.zero_stage >= 2 and plan.num_stages > 1:
+        # deepspeed/runtime/pipe/engine.py: PipelineEngine asserts zero_optimization_stage() < 2
+        problems.add(f"zero_stage {plan.zero_stage} with {plan.num_stages} pipeline stages: DeepSpeed's "
+                     "pipeline engine refuses ZeRO-2 and ZeRO-3 (they are incompatible with its pipeline "
+                     "parallelism); re-plan with training.zero_stages [0, 1] or one stage")
     if plan.recompute == "selective":
         problems.add("recompute selective: PipelineModule only checkpoints whole layers "
                      "(activation_checkpoint_interval); re-plan with recompute none or full")

@@ -174,6 +174,11 @@ def build_args(plan: Plan) -> tuple[list[str], list[str], object]:
                                "weight copy per rank all-reduced over rank pairs; its authors ship it as a "
                                "Megatron-LM fork, not upstream); re-plan with schedule interleaved-1f1b "
                                "or 1f1b")]).raise_if_any()
+    if plan.zero_stage >= 2:
+        Problems("megatron", [(f"zero_stage {plan.zero_stage}: Megatron-LM's distributed optimizer "
+                               "(--use-distributed-optimizer) shards the optimizer state only and keeps "
+                               "the whole gradient buffer on every rank (ZeRO-1); re-plan with "
+                               "training.zero_stages [0, 1], or use --format deepspeed")]).raise_if_any()
     if plan.schedule == "zb-h1":
         # core/pipeline_parallel/schedules.py: forward_backward_no_pipelining,
         # _pipelining_without_interleaving (1F1B) and _with_interleaving; none splits a backward.

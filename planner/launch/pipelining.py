@@ -132,6 +132,9 @@ def _notes(plan: Plan, d: int, how: Route) -> list[str]:
                      "torch.utils.checkpoint inside each stage module")
     if plan.zero_stage == 1 and d > 1:
         notes.append("zero_stage 1: shard the optimizer state over the dp group")
+    if plan.zero_stage == 2 and d > 1:
+        notes.append("zero_stage 2: shard the optimizer state and the gradients over the dp group, "
+                     "reduce-scattering the gradients after each micro-batch")
     prec = precision(plan)
     if prec in ("fp32", "tf32"):
         notes.append(f"precision {prec}: build the stage modules and their inputs in torch.float32 "

@@ -185,10 +185,11 @@ def _comments(plan: Plan, how: Route | None) -> list[str]:
     if how is not None and how.uses_csv:
         out.append(f"schedule {plan.schedule} runs from {CSV_FILE} (per-rank action lists); the node "
                    "scripts pass its absolute path, since torchtitan resolves it from its working folder")
-    if plan.zero_stage == 1 and len(plan.stages[0].replicas) > 1:
-        out.append("zero_stage 1: torchtitan has no optimizer-only sharding; data_parallel_shard_degree "
-                   "runs FSDP, which also shards weights and gradients (less memory than planned, "
-                   "one all-gather of the weights per step more traffic)")
+    if plan.zero_stage in (1, 2) and len(plan.stages[0].replicas) > 1:
+        kept = "optimizer-only" if plan.zero_stage == 1 else "optimizer-and-gradient (ZeRO-2)"
+        out.append(f"zero_stage {plan.zero_stage}: torchtitan has no {kept} sharding; "
+                   "data_parallel_shard_degree runs FSDP, which also shards the weights (less memory "
+                   "than planned, all-gathers of the weights per micro-batch more traffic)")
     if plan.recompute == "selective":
         out.append("recompute selective: torchtitan's op-level selective activation checkpointing")
     return out + precision_comment(plan)

@@ -204,7 +204,7 @@ class Plan(BaseModel):
                                   "'F0.3' = forward of chunk 0 on micro-batch 3 (F, I, W); the "
                                   "launchers run exactly these")
     recompute: Literal["none", "selective", "full"] = "none"
-    zero_stage: Literal[0, 1] = 0
+    zero_stage: Literal[0, 1, 2] = 0
     sequence_parallel: bool = False
     dynamic_shares: DynamicShares | None = None
     stages: tuple[Stage, ...] = Field(min_length=1)

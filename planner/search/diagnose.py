@@ -39,8 +39,8 @@ def _more_freedom(training) -> list[str]:
     out = ["more GPUs"]
     if "full" not in training.recompute_modes:
         out.append("full recompute")
-    if 1 not in training.zero_stages:
-        out.append("ZeRO-1")
+    if max(training.zero_stages) < 2:
+        out.append("ZeRO-1" if 1 not in training.zero_stages else "ZeRO-2 (gradients sharded too)")
     if training.max_stages:
         out.append(f"more than {training.max_stages} stages")
     return out
@@ -113,8 +113,8 @@ def explain_infeasible(cluster, model, training, spec, classes, stats) -> str:
         hints = []
         if "full" not in training.recompute_modes:
             hints.append("allow full recompute")
-        if 1 not in training.zero_stages:
-            hints.append("allow ZeRO-1")
+        if max(training.zero_stages) < 2:
+            hints.append("allow ZeRO-1" if 1 not in training.zero_stages else "allow ZeRO-2 (zero_stages: [2])")
         if training.max_tp < info.gpus_per_node:
             hints.append(f"allow tp up to {info.gpus_per_node}")
         if training.max_stages and training.max_stages < model.num_layers:

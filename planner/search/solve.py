@@ -197,7 +197,8 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             stats["pruned"] += 1
             stats["twins"] = stats.get("twins", 0) + 1
             continue
-        ck = (knobs.recompute, knobs.zero_stage)   # no cost function reads the schedule from ctx
+        # no cost function reads the schedule from ctx; ZeRO-2's sync reads the micro-batch count
+        ck = (knobs.recompute, knobs.zero_stage, knobs.num_micro_batches if knobs.zero_stage >= 2 else 1)
         ctx = contexts.get(ck) or contexts.setdefault(ck, make_context(model, training, knobs, profiles))
         keys = usable.get(knobs.micro_batch_size)
         if keys is None:    # one list per B: the bounds cache by it

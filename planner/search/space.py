@@ -26,6 +26,7 @@ from planner.cost import (
     replica_memory_bytes,
     stage_params,
 )
+from planner.cost.comm import zero_sync_parts
 from planner.cost.compute import backward_weight_s
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row, Term
@@ -116,7 +117,8 @@ def divisors(n: int) -> list[int]:
 
 def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | None = None) -> list[Knobs]:
     """Every knob tuple of the space; with ``launcher``, only the schedules it can run
-    (schedules.py: Megatron-LM and DeepSpeed cannot run zb-h1)."""
+    (schedules.py: Megatron-LM and DeepSpeed cannot run zb-h1), and with DeepSpeed ZeRO-2
+    only without a pipeline (launcher_space narrows the rest)."""
     gbs, L = training.global_batch_size, model.num_layers
     total_units = sum(c.capacity_units for c in classes)
     max_p = min(L, training.max_stages or L, total_units if all(c.shared_node for c in classes) else 10**9)
@@ -131,6 +133,8 @@ def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | N
                     for p in range(1, max_p + 1):
                         if not entry.admits(p, m, L):
                             continue
+                        if launcher == "deepspeed" and z >= 2 and p > 1:
+                            continue    # its pipeline engine refuses ZeRO-2 (launch/deepspeed.py)
                         out.append(Knobs(B, m, entry.name, v, rc, int(z), p))
     return out
 
@@ -141,6 +145,7 @@ def make_context(model, training, knobs: Knobs, profiles=None, calibration=None)
                        recompute=knobs.recompute, sequence_parallel=training.sequence_parallel,
                        zero_stage=knobs.zero_stage, schedule=knobs.schedule,
                        virtual_stages=knobs.virtual_stages,
+                       num_micro_batches=knobs.num_micro_batches if knobs.zero_stage >= 2 else 1,
                        calibration=calibration or default_calibration(), profiles=profiles)
 
 
@@ -158,8 +163,8 @@ def exposed_sync_parts(ctx: CostContext, dp_s, forward_s, backward_s) -> tuple:
     if not ctx.grad_reduce_overlap:
         return dp_s, 0.0 * dp_s
     if ctx.zero_stage >= 1:
-        g, pb = ctx.grad_bytes_per_param, ctx.activation_bytes
-        return dp_s * g / (g + pb) - backward_s, dp_s * pb / (g + pb) - forward_s
+        rs, ag = zero_sync_parts(ctx, dp_s)
+        return rs - ctx.gradient_reductions * backward_s, ag - forward_s
     return dp_s - backward_s, -forward_s
 
 

@@ -34,7 +34,9 @@ class Training(BaseModel):
     # The search's freedoms.
     schedules: tuple[Schedule, ...] = ("1f1b", "gpipe", "interleaved-1f1b")
     recompute_modes: tuple[Recompute, ...] = ("none", "selective", "full")
-    zero_stages: tuple[Literal[0, 1], ...] = (0, 1)
+    # 0: replicated; 1: optimizer state sharded (Megatron's distributed optimizer); 2: and the
+    # gradients, reduce-scattered every micro-batch (DeepSpeed ZeRO stage 2)
+    zero_stages: tuple[Literal[0, 1, 2], ...] = (0, 1)
     max_tp: PositiveInt = Field(default=8, description="largest tensor-parallel degree")
     micro_batch_sizes: tuple[PositiveInt, ...] | None = Field(
         default=None, description="per-replica micro-batch sizes to try; default powers of two")
