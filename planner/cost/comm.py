@@ -143,19 +143,43 @@ class DpSync:
     kind: str              # kind of the slowest hop
 
 
+def zero_gathers(ctx: CostContext) -> tuple[int, int]:
+    """(forward-side, backward-side) all-gathers of a stage's working parameters per iteration.
+
+    ZeRO-1 and ZeRO-2 keep whole weights: one all-gather of the updated parameters after the
+    optimizer step (Megatron distributed optimizer), counted on the forward side because it
+    hides behind the next iteration's first forward (``--overlap-param-gather``).  ZeRO-3 /
+    FSDP2 keeps only shards: with reshard_after_forward each micro-batch gathers them in its
+    forward and again in its backward, so with gradient accumulation or a pipeline the gathers
+    repeat per micro-batch; without resharding they are gathered once, at the first forward,
+    and kept to the last backward (torch.distributed.pipelining keeps an FSDP stage unsharded
+    between its micro-batches' backwards the same way).  Stage 0: none (the all-reduce)."""
+    if ctx.zero_stage <= 0:
+        return 0, 0
+    if ctx.zero_stage >= 3 and ctx.reshard_after_forward:
+        m = max(1, ctx.num_micro_batches)
+        return m, m
+    return 1, 0
+
+
 def dp_sync_time_s(ctx: CostContext, stage_params: float, num_replicas: int, min_tp: int,
                    ring_bandwidth_Bps: float, ring_latency_s: float, kind: str = "network",
                    gpu=None) -> float:
-    """Gradient sync of one stage, per iteration.
+    """Data-parallel traffic of one stage, per iteration.
 
     The stage's gradients (``stage_params`` elements, whole stage) are split over ``min_tp``
     concurrent rings (one per TP rank; replicas with a larger TP are treated as resharding
     their gradients to ``min_tp`` slices before the exchange, the gather being local over
     NVLink and not charged), each a ring over the ``num_replicas`` replicas bound by its
     slowest hop.  Without ZeRO: all-reduce of the grads.  With ZeRO-1 (Megatron distributed
-    optimizer): reduce-scatter of the grads, then all-gather of the updated bf16/fp16 params
-    (docs/source/api-guide/dist_optimizer.md) -- with fp32 grads that is 4 + 2 bytes per
-    parameter against 2 x 4 for the all-reduce.
+    optimizer) and ZeRO-2: reduce-scatter of the grads, then all-gather of the updated
+    bf16/fp16 params (docs/source/api-guide/dist_optimizer.md) -- with fp32 grads that is
+    4 + 2 bytes per parameter against 2 x 4 for the all-reduce.  ZeRO-2 reduces the same
+    bytes: it differs in what it keeps (planner.cost.memory).  ZeRO-3: the same
+    reduce-scatter and ``zero_gathers`` all-gathers of the working parameters.  The gradient
+    reduce-scatter is priced once per iteration (gradients accumulated over the micro-batches
+    before it, as Megatron and torch.distributed.pipelining do); an FSDP2 run that
+    reduce-scatters after every micro-batch moves m times these gradient bytes.
     """
     if num_replicas <= 1 or stage_params <= 0:
         return 0.0
@@ -166,25 +190,51 @@ def dp_sync_time_s(ctx: CostContext, stage_params: float, num_replicas: int, min
     grad_bytes = per_ring * ctx.grad_bytes_per_param
     if ctx.zero_stage >= 1:
         param_bytes = per_ring * ctx.activation_bytes
+        gathers = sum(zero_gathers(ctx))
         return (ring_reduce_scatter_s(grad_bytes, num_replicas, bw, latency)
-                + ring_reduce_scatter_s(param_bytes, num_replicas, bw, latency))
+                + gathers * ring_reduce_scatter_s(param_bytes, num_replicas, bw, latency))
     return ring_allreduce_s(grad_bytes, num_replicas, bw, latency)
+
+
+def dp_wire_bytes_per_param(ctx: CostContext) -> float:
+    """Bytes per parameter a data-parallel ring moves per iteration, in units of a buffer that
+    a reduce-scatter or all-gather moves once (an all-reduce is two): the reduce-scatter /
+    all-gather pairs of ``dp_sync_time_s``."""
+    if ctx.zero_stage >= 1:
+        return ctx.grad_bytes_per_param + sum(zero_gathers(ctx)) * ctx.activation_bytes
+    return 2 * ctx.grad_bytes_per_param
+
+
+def dp_sync_split(ctx: CostContext) -> tuple[float, float, int, int]:
+    """(backward-side fraction, forward-side fraction, forward gathers, backward gathers) of
+    ``dp_sync_time_s`` by bytes: the gradient reduce-scatter and backward re-gathers on the
+    backward side, the other gathers on the forward side (``zero_gathers``)."""
+    f, b = zero_gathers(ctx)
+    g, p = ctx.grad_bytes_per_param, ctx.activation_bytes
+    total = g + (f + b) * p
+    return (g + b * p) / total, f * p / total, f, b
 
 
 def dp_exposed_s(ctx: CostContext, dp_sync_s: float, last_backward_s: float,
                  first_forward_s: float = 0.0) -> float:
-    """The part of the gradient sync not hidden behind compute.
+    """The part of the data-parallel traffic not hidden behind compute.
 
     Assumption (Megatron ``--overlap-grad-reduce``): bucketed reductions start during the
     backward pass of the last micro-batch and can hide behind at most that backward; the rest
-    is exposed.  With ZeRO-1 the sync is a reduce-scatter (2/3 of the bytes with fp32 grads
+    is exposed.  With ZeRO-1/2 the sync is a reduce-scatter (2/3 of the bytes with fp32 grads
     and bf16 params: 4 of 6 bytes per parameter) and an all-gather (``--overlap-param-gather``:
-    hidden behind the next iteration's first forward).  Without overlap all is exposed.
+    hidden behind the next iteration's first forward).  ZeRO-3 (FSDP2 prefetches the next
+    unit's gather while one computes): each micro-batch's forward gather hides behind that
+    micro-batch's forward, so ``m`` gathers behind ``m`` forwards; the backward re-gathers and
+    the gradient reduce-scatter behind the ``m`` backwards together.  What does not hide is
+    added to the iteration once (``dp_sync_exposed_s``): on the pipeline's slowest stage that
+    is what stretching each of its micro-batches costs, elsewhere an overestimate.  Without
+    overlap all is exposed.
     """
     if not ctx.grad_reduce_overlap:
         return dp_sync_s
     if ctx.zero_stage >= 1:
-        g, p = ctx.grad_bytes_per_param, ctx.activation_bytes
-        rs, ag = dp_sync_s * g / (g + p), dp_sync_s * p / (g + p)
-        return max(0.0, rs - last_backward_s) + max(0.0, ag - first_forward_s)
+        back, fwd, f, b = dp_sync_split(ctx)
+        return (max(0.0, dp_sync_s * back - max(1, b) * last_backward_s)
+                + max(0.0, dp_sync_s * fwd - f * first_forward_s))
     return max(0.0, dp_sync_s - last_backward_s)

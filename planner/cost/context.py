@@ -63,6 +63,10 @@ class CostContext:
     recompute: str = "none"
     sequence_parallel: bool = False
     zero_stage: int = 0
+    # ZeRO-3 only (FSDP2): free the gathered parameters after each forward (planner.cost.comm.zero_gathers)
+    reshard_after_forward: bool = True
+    # micro-batches per iteration: ZeRO-3 gathers the parameters again for each one
+    num_micro_batches: int = 1
     schedule: str = "1f1b"
     virtual_stages: int = 1
     calibration: Calibration = field(default_factory=default_calibration)
@@ -78,6 +82,8 @@ class CostContext:
                   calibration: Calibration | None = None, profiles=None, **extra) -> CostContext:
         return cls(model=model, seq_len=seq_len, precision=precision, recompute=plan.recompute,
                    sequence_parallel=plan.sequence_parallel, zero_stage=plan.zero_stage,
+                   reshard_after_forward=plan.reshards_after_forward,
+                   num_micro_batches=plan.num_micro_batches,
                    schedule=plan.schedule, virtual_stages=plan.virtual_stages,
                    calibration=calibration or default_calibration(), profiles=profiles, **extra)
 

@@ -26,6 +26,7 @@ from planner.cost import (
     replica_memory_bytes,
     stage_params,
 )
+from planner.cost.comm import dp_sync_split
 from planner.cost.compute import backward_weight_s
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row, Term
@@ -48,6 +49,7 @@ class Knobs:
     recompute: str
     zero_stage: int
     num_stages: int
+    reshard_after_forward: bool = True     # ZeRO-3 only (FSDP2); True for the other stages
 
     @property
     def block_unit(self) -> int:
@@ -57,7 +59,8 @@ class Knobs:
     def label(self) -> str:
         v = f"x{self.virtual_stages}" if self.schedule == "interleaved-1f1b" else ""
         return (f"p={self.num_stages} B={self.micro_batch_size} m={self.num_micro_batches} "
-                f"{self.schedule}{v} rc={self.recompute} zero={self.zero_stage}")
+                f"{self.schedule}{v} rc={self.recompute} zero={self.zero_stage}"
+                + ("" if self.reshard_after_forward else " no-reshard"))
 
 
 @dataclass(frozen=True)
@@ -128,10 +131,12 @@ def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | N
             v = entry.virtual_stages
             for rc in training.recompute_modes:
                 for z in training.zero_stages:
-                    for p in range(1, max_p + 1):
-                        if not entry.admits(p, m, L):
-                            continue
-                        out.append(Knobs(B, m, entry.name, v, rc, int(z), p))
+                    # reshard_after_forward is a ZeRO-3 knob: the other stages take one value
+                    for rs in (training.reshard_after_forward if z == 3 else (True,)):
+                        for p in range(1, max_p + 1):
+                            if not entry.admits(p, m, L):
+                                continue
+                            out.append(Knobs(B, m, entry.name, v, rc, int(z), p, bool(rs)))
     return out
 
 
@@ -139,7 +144,8 @@ def make_context(model, training, knobs: Knobs, profiles=None, calibration=None)
     from planner.cost import default_calibration
     return CostContext(model=model, seq_len=training.seq_len, precision=training.precision,
                        recompute=knobs.recompute, sequence_parallel=training.sequence_parallel,
-                       zero_stage=knobs.zero_stage, schedule=knobs.schedule,
+                       zero_stage=knobs.zero_stage, reshard_after_forward=knobs.reshard_after_forward,
+                       num_micro_batches=knobs.num_micro_batches, schedule=knobs.schedule,
                        virtual_stages=knobs.virtual_stages,
                        calibration=calibration or default_calibration(), profiles=profiles)
 
@@ -152,14 +158,15 @@ def _affine(f, unit: int) -> tuple[float, float]:
 
 def exposed_sync_parts(ctx: CostContext, dp_s, forward_s, backward_s) -> tuple:
     """The two hinge arguments of ``comm.dp_exposed_s`` (exposed = max(0, first) + max(0,
-    second)): the sync hides behind the last backward (ZeRO-1: its reduce-scatter part; the
-    all-gather behind the next first forward).  Linear in the three times, so slopes and
-    intercepts (floats or arrays) go through it alike."""
+    second)): the sync hides behind the last backward (ZeRO-1/2: its reduce-scatter part; the
+    all-gather behind the next first forward; ZeRO-3: ``comm.dp_sync_split``'s parts behind
+    the m backwards and forwards).  Linear in the three times, so slopes and intercepts
+    (floats or arrays) go through it alike."""
     if not ctx.grad_reduce_overlap:
         return dp_s, 0.0 * dp_s
     if ctx.zero_stage >= 1:
-        g, pb = ctx.grad_bytes_per_param, ctx.activation_bytes
-        return dp_s * g / (g + pb) - backward_s, dp_s * pb / (g + pb) - forward_s
+        back, fwd, f, b = dp_sync_split(ctx)
+        return dp_s * back - max(1, b) * backward_s, dp_s * fwd - f * forward_s
     return dp_s - backward_s, -forward_s
 
 
