@@ -149,6 +149,22 @@ def test_training_defaults_and_knobs():
     assert sum(k.zero_stage == 3 for k in knobs) == 2 * ones
 
 
+def test_launchers_narrow_the_zero_knobs():
+    """--launcher keeps only what the launcher runs: DeepSpeed no ZeRO-2/3 with a pipeline,
+    Megatron-LM no ZeRO-3 that keeps its gathered weights."""
+    cluster, model, training = _tight_case()
+    classes = class_infos(topology_for(cluster))
+    free = enumerate_knobs(model, training, classes)
+    ds = enumerate_knobs(model, training, classes, "deepspeed")
+    mg = enumerate_knobs(model, training, classes, "megatron")
+    assert any(k.zero_stage >= 2 and k.num_stages > 1 for k in free)
+    assert not any(k.zero_stage >= 2 and k.num_stages > 1 for k in ds)
+    assert any(k.zero_stage == 3 and k.num_stages == 1 for k in ds)
+    assert any(k.zero_stage == 3 and not k.reshard_after_forward for k in free)
+    assert not any(k.zero_stage == 3 and not k.reshard_after_forward for k in mg)
+    assert any(k.zero_stage == 3 for k in mg)
+
+
 def _sharded(training: Training) -> Training:
     return training.model_copy(update={"zero_stages": (0, 2, 3), "reshard_after_forward": (True, False)})
 

@@ -119,7 +119,8 @@ def divisors(n: int) -> list[int]:
 
 def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | None = None) -> list[Knobs]:
     """Every knob tuple of the space; with ``launcher``, only the schedules it can run
-    (schedules.py: Megatron-LM and DeepSpeed cannot run zb-h1)."""
+    (schedules.py: Megatron-LM and DeepSpeed cannot run zb-h1) and the ZeRO settings it can
+    (DeepSpeed: ZeRO-2/3 on one stage only; Megatron-LM: ZeRO-3 resharding after forward)."""
     gbs, L = training.global_batch_size, model.num_layers
     total_units = sum(c.capacity_units for c in classes)
     max_p = min(L, training.max_stages or L, total_units if all(c.shared_node for c in classes) else 10**9)
@@ -133,9 +134,13 @@ def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | N
                 for z in training.zero_stages:
                     # reshard_after_forward is a ZeRO-3 knob: the other stages take one value
                     for rs in (training.reshard_after_forward if z == 3 else (True,)):
+                        if launcher == "megatron" and z == 3 and not rs:
+                            continue    # Megatron FSDP cannot keep gathered weights (launch/megatron.py)
                         for p in range(1, max_p + 1):
                             if not entry.admits(p, m, L):
                                 continue
+                            if launcher == "deepspeed" and z >= 2 and p > 1:
+                                continue    # DeepSpeed's PipelineEngine refuses ZeRO-2/3 (launch/deepspeed.py)
                             out.append(Knobs(B, m, entry.name, v, rc, int(z), p, bool(rs)))
     return out
 
