@@ -19,6 +19,7 @@ from planner.errors import InputError, InputErrors
 from planner.launch import render
 from planner.launch.torchtitan import CONFIG_FILE
 from planner.plan import Plan
+from planner.plan.schema import validate_plan_json
 from planner.search.classes import class_infos
 from planner.search.oracle import oracle
 from planner.search.space import enumerate_knobs
@@ -68,6 +69,11 @@ def test_zero3_gathered_working_set():
             assert got_off == pytest.approx(stage_params(on, 4, emb, head) / tp * elem)
     # with 4 blocks, holding the whole stage costs more than two units
     assert got_off > got_on
+    # one replica shards nothing: nothing to gather, and its state is whole
+    alone = replica_memory(on, None, 1, 1, 4, False, False, 1, 1.0)
+    assert alone.gathered_bytes == 0.0
+    assert alone.weights_bytes + alone.grads_bytes + alone.optimizer_bytes == pytest.approx(
+        stage_params(on, 4, False, False) * 18)
 
 
 # -- collectives ----------------------------------------------------------------------------------
@@ -125,6 +131,7 @@ def test_zero3_overlap():
 def test_plan_field_only_for_zero3():
     plan = make_plan(zero_stage=3, reshard_after_forward=False)
     assert plan.reshards_after_forward is False and '"reshard_after_forward": false' in plan.dumps()
+    validate_plan_json(plan.to_json(), file="p.json")     # the JSON Schema knows the field
     assert make_plan(zero_stage=3).reshards_after_forward is True
     assert "reshard_after_forward" not in make_plan(zero_stage=3).dumps()
     with pytest.raises(InputErrors) as exc:

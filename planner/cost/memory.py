@@ -196,8 +196,9 @@ def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: 
         act += s * share * h / (tp if ctx.sequence_parallel and tp > 1 else 1) * in_flight_micro_batches
     if head:  # fp32 logits for the cross-entropy
         act += 4 * s * share * ctx.model.vocab_size / tp * in_flight_micro_batches
-    return MemoryBreakdown(params * w, params * g, params * o, act, WORKSPACE_BYTES,
-                           gathered_param_bytes(ctx, tp, blocks, embedding, head))
+    # one replica shards nothing, so it gathers nothing (FSDP over one rank keeps whole weights)
+    gathered = gathered_param_bytes(ctx, tp, blocks, embedding, head) if num_replicas_in_stage > 1 else 0.0
+    return MemoryBreakdown(params * w, params * g, params * o, act, WORKSPACE_BYTES, gathered)
 
 
 def replica_memory_bytes(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: int,
