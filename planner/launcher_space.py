@@ -20,9 +20,6 @@ LAUNCHER_CHOICES: dict[str, dict[str, tuple]] = {
     for name in LAUNCHERS}
 # PipelineModule checkpoints whole layers only (activation_checkpoint_interval)
 LAUNCHER_CHOICES["deepspeed"]["recompute_modes"] = ("none", "full")
-# Megatron-LM's distributed optimizer is ZeRO-1 (launch/megatron.py); DeepSpeed runs ZeRO-2 but
-# not with a pipeline, which the search's enumeration leaves out (space.enumerate_knobs)
-LAUNCHER_CHOICES["megatron"]["zero_stages"] = (0, 1)
 
 
 def narrow(training: Training, launcher: str | None) -> Training:

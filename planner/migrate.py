@@ -56,6 +56,11 @@ class Shard:
     weights_bytes: float
     optimizer_full_bytes: float             # the whole TP shard's optimizer state
     optimizer_range: tuple[float, float]    # the part of it held here, as fractions
+    weights_sharded: bool = False           # ZeRO-3: the weights held are that range of them too
+
+    @property
+    def weights_range(self) -> tuple[float, float]:
+        return self.optimizer_range if self.weights_sharded else (0.0, 1.0)
 
     @property
     def optimizer_bytes(self) -> float:
@@ -81,18 +86,21 @@ def shards(plan: Plan, model) -> dict[str, list[Shard]]:
         n_rep = len(stage.replicas)
         units = _units(model, stage)
         for r_i, rep in enumerate(stage.replicas):
+            # ZeRO-1/2 shard the optimizer state over the replicas, ZeRO-3 the weights too
+            # (gradients are not moved: they are rebuilt by the next step)
             span = (r_i / n_rep, (r_i + 1) / n_rep) if plan.zero_stage >= 1 else (0.0, 1.0)
+            sharded = plan.zero_stage >= 3
             for rank, dev in enumerate(rep.devices):
                 for unit, params in units:
-                    out[dev].append(Shard(unit, (unit, rep.tp, rank), params / rep.tp * w_pp,
-                                          params / rep.tp * o_pp, span))
+                    w = params / rep.tp * w_pp * ((span[1] - span[0]) if sharded else 1.0)
+                    out[dev].append(Shard(unit, (unit, rep.tp, rank), w, params / rep.tp * o_pp, span, sharded))
     return out
 
 
 def migration(old: Plan, new: Plan, model, topo) -> Migration:
     """Moving from ``old`` to ``new`` on the cluster of ``topo`` (planner.topology)."""
     before = shards(old, model)
-    held = {d: {s.key: s.optimizer_range for s in ss} for d, ss in before.items()}
+    held = held_ranges(before)
     holders: dict[str, list[str]] = defaultdict(list)     # unit -> surviving old devices
     for d, ss in before.items():
         if topo.has_device(d):
@@ -122,13 +130,24 @@ def migration(old: Plan, new: Plan, model, topo) -> Migration:
     return Migration(moved, total, from_ckpt, longest_s, receiving)
 
 
+def held_ranges(by_device: dict[str, list[Shard]]) -> dict[str, dict]:
+    """device -> {shard key: (optimizer range, weights range)}, what ``kept_bytes`` reads."""
+    return {d: {s.key: (s.optimizer_range, s.weights_range) for s in ss} for d, ss in by_device.items()}
+
+
 def kept_bytes(shard: Shard, held: dict) -> float:
     """The bytes of ``shard`` a device already holds, ``held`` being its old shards' ranges."""
     if shard.key not in held:
         return 0.0
-    (lo, hi), (old_lo, old_hi) = shard.optimizer_range, held[shard.key]
-    overlap = max(0.0, min(hi, old_hi) - max(lo, old_lo))
-    return shard.weights_bytes + shard.optimizer_full_bytes * overlap
+    old_opt, old_w = held[shard.key]
+    (w_lo, w_hi) = shard.weights_range
+    full_weights = shard.weights_bytes / (w_hi - w_lo)
+    return (full_weights * _overlap(shard.weights_range, old_w)
+            + shard.optimizer_full_bytes * _overlap(shard.optimizer_range, old_opt))
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> float:
+    return max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
 
 
 def _nearest(topo, dev: str, candidates: list[str]) -> str | None:

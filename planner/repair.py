@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from planner.errors import InputError
-from planner.migrate import kept_bytes, shards
+from planner.migrate import held_ranges, kept_bytes, shards
 from planner.plan import Plan, check_plan
 
 
@@ -78,7 +78,7 @@ def relabel(fresh: Plan, old: Plan, model, topo) -> Plan:
     """``fresh`` with its nodes renamed within their classes to keep most of ``old`` 's state
     in place (module doc); greedy on the bytes each (fresh node, class node) pair keeps."""
     before = shards(old, model)
-    held = {d: {s.key: s.optimizer_range for s in ss} for d, ss in before.items()}
+    held = held_ranges(before)
     after = shards(fresh, model)
     by_node: dict[str, list[tuple[str, list]]] = defaultdict(list)
     for dev, ss in after.items():

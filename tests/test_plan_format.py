@@ -78,7 +78,8 @@ def test_to_json_passes_schema_with_outputs(mixed):
     (lambda d: d["stages"][1]["replicas"][0]["devices"].append("a100-2"), "stages[1].replicas[0].devices[2]"),
     (lambda d: d["stages"][0].update(color="red"), "stages[0]"),
     (lambda d: d["inputs"]["training"].pop("seq_len"), "inputs.training"),
-    (lambda d: d.update(zero_stage=3), "zero_stage"),
+    (lambda d: d.update(zero_stage=4), "zero_stage"),
+    (lambda d: d.update(reshard_after_forward="yes"), "reshard_after_forward"),
 ])
 def test_broken_plans_fail_schema(mutate, field):
     data = hand_plan()

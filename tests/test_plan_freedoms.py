@@ -29,8 +29,8 @@ def test_flags_narrow_the_search(capsys, flags, expected):
 
 @pytest.mark.parametrize("flags, needle", [
     (["--recompute", "partial"], "recompute_modes[0]: Input should be 'none', 'selective' or 'full'"),
-    (["--zero-stage", "3"], "zero_stages[0]: Input should be 0, 1 or 2"),
-    (["--zero-stage", "one"], "give 0, 1 or 0,1"),
+    (["--zero-stage", "4"], "zero_stages[0]: Input should be 0, 1, 2 or 3"),
+    (["--zero-stage", "one"], "give ZeRO stages 0 to 3"),
     (["--schedule", ","], "give one or more choices"),
 ])
 def test_bad_flags_are_input_errors(capsys, flags, needle):

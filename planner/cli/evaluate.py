@@ -67,7 +67,7 @@ def _memory_table(ev, plan) -> Table:
             if len(g) > 1:
                 devs += f" and {len(g) - 1} more"
             ok = "[green]ok[/green]" if mem.total_bytes <= cap else "[red]OVER[/red]"
-            static = mem.weights_bytes + mem.grads_bytes + mem.optimizer_bytes
+            static = mem.weights_bytes + mem.grads_bytes + mem.optimizer_bytes + mem.gathered_bytes
             t.add_row(str(st.index), label, devs, f"{static / _GiB:.2f} GiB",
                       f"{mem.activations_bytes / _GiB:.2f} GiB", f"{mem.total_bytes / _GiB:.2f} GiB",
                       f"{cap / _GiB:.2f} GiB", ok)

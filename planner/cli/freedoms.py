@@ -19,7 +19,7 @@ def _choices(flag: str, text: str) -> tuple:
         raise InputError(f"{flag} {text!r}: give one or more choices separated by commas")
     if flag == "--zero-stage":
         if not all(v.isdigit() for v in values):
-            raise InputError(f"{flag} {text!r}: give 0, 1 or 0,1")
+            raise InputError(f"{flag} {text!r}: give ZeRO stages 0 to 3, e.g. 1 or 0,1,3")
         return tuple(int(v) for v in values)
     return values
 

@@ -194,7 +194,7 @@ def _summary(out, result, cluster) -> None:
 @click.option("--recompute", "recompute_modes", default=None, metavar="M[,M...]",
               help="activation recompute modes to search: none, selective, full (training: recompute_modes)")
 @click.option("--zero-stage", "zero_stages", default=None, metavar="Z[,Z...]",
-              help="ZeRO stages to search: 0, 1, 2 (training: zero_stages)")
+              help="ZeRO stages to search: 0, 1, 2, 3 (training: zero_stages)")
 @click.option("--launcher", type=click.Choice(["megatron", "deepspeed"]), default=None,
               help="restrict the search to layouts that launcher runs")
 @click.option("--mixed-stages", is_flag=True,

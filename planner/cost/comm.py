@@ -143,21 +143,42 @@ class DpSync:
     kind: str              # kind of the slowest hop
 
 
+def zero_gathers(ctx: CostContext) -> tuple[int, int]:
+    """(forward-side, backward-side) all-gathers of a stage's working parameters per iteration.
+
+    ZeRO-1 and ZeRO-2 keep whole weights: one all-gather of the updated parameters after the
+    optimizer step (Megatron distributed optimizer), counted on the forward side because it
+    hides behind the next iteration's first forward (``--overlap-param-gather``).  ZeRO-3 /
+    FSDP2 keeps only shards: with reshard_after_forward each micro-batch gathers them in its
+    forward and again in its backward, so with gradient accumulation or a pipeline the gathers
+    repeat per micro-batch; without resharding they are gathered once, at the first forward,
+    and kept to the last backward (torch.distributed.pipelining keeps an FSDP stage unsharded
+    between its micro-batches' backwards the same way).  Stage 0: none (the all-reduce)."""
+    if ctx.zero_stage <= 0:
+        return 0, 0
+    if ctx.zero_stage >= 3 and ctx.reshard_after_forward:
+        m = max(1, ctx.num_micro_batches)
+        return m, m
+    return 1, 0
+
+
 def dp_sync_time_s(ctx: CostContext, stage_params: float, num_replicas: int, min_tp: int,
                    ring_bandwidth_Bps: float, ring_latency_s: float, kind: str = "network",
                    gpu=None) -> float:
-    """Gradient sync of one stage, per iteration.
+    """Data-parallel traffic of one stage, per iteration.
 
     The stage's gradients (``stage_params`` elements, whole stage) are split over ``min_tp``
     concurrent rings (one per TP rank; replicas with a larger TP are treated as resharding
     their gradients to ``min_tp`` slices before the exchange, the gather being local over
     NVLink and not charged), each a ring over the ``num_replicas`` replicas bound by its
     slowest hop.  Without ZeRO: all-reduce of the grads.  With ZeRO-1 (Megatron distributed
-    optimizer): reduce-scatter of the grads, then all-gather of the updated bf16/fp16 params
-    (docs/source/api-guide/dist_optimizer.md) -- with fp32 grads that is 4 + 2 bytes per
-    parameter against 2 x 4 for the all-reduce.  With ZeRO-2 the gradients are reduce-scattered
-    after every micro-batch's backward (DeepSpeed stage 2: partitioned gradient accumulation),
-    so that part is paid ``ctx.gradient_reductions`` times.
+    optimizer) and ZeRO-2: reduce-scatter of the grads, then all-gather of the updated
+    bf16/fp16 params (docs/source/api-guide/dist_optimizer.md) -- with fp32 grads that is
+    4 + 2 bytes per parameter against 2 x 4 for the all-reduce.  ZeRO-2 and ZeRO-3 keep only
+    a shard of the gradients (planner.cost.memory), so they cannot accumulate whole gradients
+    over the micro-batches: they reduce-scatter after every micro-batch's backward (DeepSpeed
+    stages 2 and 3, FSDP2 unless told not to sync), ``ctx.gradient_reductions`` times per
+    iteration.  ZeRO-3 also all-gathers the working parameters (``zero_gathers``).
     """
     if num_replicas <= 1 or stage_params <= 0:
         return 0.0
@@ -168,34 +189,55 @@ def dp_sync_time_s(ctx: CostContext, stage_params: float, num_replicas: int, min
     grad_bytes = per_ring * ctx.grad_bytes_per_param
     if ctx.zero_stage >= 1:
         param_bytes = per_ring * ctx.activation_bytes
+        gathers = sum(zero_gathers(ctx))
         return (ctx.gradient_reductions * ring_reduce_scatter_s(grad_bytes, num_replicas, bw, latency)
-                + ring_reduce_scatter_s(param_bytes, num_replicas, bw, latency))
+                + gathers * ring_reduce_scatter_s(param_bytes, num_replicas, bw, latency))
     return ring_allreduce_s(grad_bytes, num_replicas, bw, latency)
 
 
-def zero_sync_parts(ctx: CostContext, dp_sync_s) -> tuple:
-    """(reduce-scatter, all-gather) seconds of a ZeRO sync of ``dp_sync_s`` in all (floats or
-    arrays): 4-byte grads against 2-byte params, the grads' part ``ctx.gradient_reductions``
-    times (``dp_sync_time_s``)."""
-    g, p = ctx.grad_bytes_per_param * ctx.gradient_reductions, ctx.activation_bytes
-    return dp_sync_s * g / (g + p), dp_sync_s * p / (g + p)
+def dp_wire_bytes_per_param(ctx: CostContext) -> float:
+    """Bytes per parameter a data-parallel ring moves per iteration, in units of a buffer that
+    a reduce-scatter or all-gather moves once (an all-reduce is two): the reduce-scatter /
+    all-gather pairs of ``dp_sync_time_s``."""
+    if ctx.zero_stage >= 1:
+        return (ctx.gradient_reductions * ctx.grad_bytes_per_param
+                + sum(zero_gathers(ctx)) * ctx.activation_bytes)
+    return 2 * ctx.grad_bytes_per_param
+
+
+def dp_sync_split(ctx: CostContext) -> tuple[float, float, int, int]:
+    """(backward-side fraction, forward-side fraction, forwards it hides behind, backwards it
+    hides behind) of ``dp_sync_time_s`` by bytes: the gradient reduce-scatters and backward
+    re-gathers on the backward side, the other gathers on the forward side (``zero_gathers``);
+    each hides behind the forward or backward of its own micro-batch."""
+    f, b = zero_gathers(ctx)
+    k = ctx.gradient_reductions
+    g, p = k * ctx.grad_bytes_per_param, ctx.activation_bytes
+    total = g + (f + b) * p
+    return (g + b * p) / total, f * p / total, f, max(1, b, k)
 
 
 def dp_exposed_s(ctx: CostContext, dp_sync_s: float, last_backward_s: float,
                  first_forward_s: float = 0.0) -> float:
-    """The part of the gradient sync not hidden behind compute.
+    """The part of the data-parallel traffic not hidden behind compute.
 
     Assumption (Megatron ``--overlap-grad-reduce``): bucketed reductions start during the
     backward pass of the last micro-batch and can hide behind at most that backward; the rest
-    is exposed.  With ZeRO-1 the sync is a reduce-scatter (2/3 of the bytes with fp32 grads
+    is exposed.  With ZeRO-1/2 the sync is a reduce-scatter (2/3 of the bytes with fp32 grads
     and bf16 params: 4 of 6 bytes per parameter) and an all-gather (``--overlap-param-gather``:
-    hidden behind the next iteration's first forward).  Without overlap all is exposed.
-    ZeRO-2 reduce-scatters after every micro-batch (``dp_sync_time_s``): each of the k =
-    ``ctx.gradient_reductions`` reductions hides behind its own backward, k max(0, rs/k - b).
+    hidden behind the next iteration's first forward); ZeRO-2's reduce-scatter after each
+    micro-batch hides behind that micro-batch's backward.  ZeRO-3 (FSDP2 prefetches the next
+    unit's gather while one computes): each micro-batch's forward gather hides behind that
+    micro-batch's forward, so ``m`` gathers behind ``m`` forwards; the backward re-gathers and
+    the gradient reduce-scatter behind the ``m`` backwards together.  What does not hide is
+    added to the iteration once (``dp_sync_exposed_s``): on the pipeline's slowest stage that
+    is what stretching each of its micro-batches costs, elsewhere an overestimate.  Without
+    overlap all is exposed.
     """
     if not ctx.grad_reduce_overlap:
         return dp_sync_s
     if ctx.zero_stage >= 1:
-        rs, ag = zero_sync_parts(ctx, dp_sync_s)
-        return max(0.0, rs - ctx.gradient_reductions * last_backward_s) + max(0.0, ag - first_forward_s)
+        back, fwd, forwards, backwards = dp_sync_split(ctx)
+        return (max(0.0, dp_sync_s * back - backwards * last_backward_s)
+                + max(0.0, dp_sync_s * fwd - forwards * first_forward_s))
     return max(0.0, dp_sync_s - last_backward_s)

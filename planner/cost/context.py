@@ -63,8 +63,9 @@ class CostContext:
     recompute: str = "none"
     sequence_parallel: bool = False
     zero_stage: int = 0
-    # ZeRO-2 reduce-scatters the gradients after each micro-batch: its sync depends on how many
-    # (1 for every other stage, which reduces once per iteration)
+    # ZeRO-3 only (FSDP2): free the gathered parameters after each forward (planner.cost.comm.zero_gathers)
+    reshard_after_forward: bool = True
+    # micro-batches per iteration: ZeRO-3 gathers the parameters again for each one
     num_micro_batches: int = 1
     schedule: str = "1f1b"
     virtual_stages: int = 1
@@ -81,13 +82,15 @@ class CostContext:
                   calibration: Calibration | None = None, profiles=None, **extra) -> CostContext:
         return cls(model=model, seq_len=seq_len, precision=precision, recompute=plan.recompute,
                    sequence_parallel=plan.sequence_parallel, zero_stage=plan.zero_stage,
-                   num_micro_batches=plan.num_micro_batches if plan.zero_stage >= 2 else 1,
+                   reshard_after_forward=plan.reshards_after_forward,
+                   num_micro_batches=plan.num_micro_batches,
                    schedule=plan.schedule, virtual_stages=plan.virtual_stages,
                    calibration=calibration or default_calibration(), profiles=profiles, **extra)
 
     @property
     def gradient_reductions(self) -> int:
-        """Gradient reduce-scatters per iteration: one per micro-batch with ZeRO-2, else one."""
+        """Gradient reduce-scatters per iteration: one per micro-batch with ZeRO-2 and ZeRO-3
+        (sharded gradients cannot accumulate whole; planner.cost.comm), else one."""
         return self.num_micro_batches if self.zero_stage >= 2 else 1
 
     @property

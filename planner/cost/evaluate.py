@@ -21,6 +21,7 @@ from planner.cost.comm import (
     boundary_time_s,
     dp_exposed_s,
     dp_sync_time_s,
+    dp_wire_bytes_per_param,
     p2p_time_s,
     shared_link_time_s,
 )
@@ -228,11 +229,10 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
                                gpu_of(st.replicas[0]))
             if ring_crossings:
                 per_ring = params / min_tp
-                wire = (ctx.gradient_reductions * ctx.grad_bytes_per_param
-                        + (ctx.activation_bytes if ctx.zero_stage else ctx.grad_bytes_per_param))
-                # every ring hop carries 2 (n-1)/n of the buffer (RS + AG); a 2-member ring's one
-                # hop is used both ways, larger rings list each directed crossing hop
-                hop_bytes = (n - 1) / n * per_ring * wire * min_tp
+                # every ring hop carries (n-1)/n of the buffer per reduce-scatter or all-gather
+                # (an all-reduce is both; ZeRO-3 gathers again per micro-batch); a 2-member
+                # ring's one hop is used both ways, larger rings list each directed crossing hop
+                hop_bytes = (n - 1) / n * per_ring * dp_wire_bytes_per_param(ctx) * min_tp
                 both_ways = 2 if n == 2 else 1
                 for key in ring_crossings:
                     crossings[key] = crossings.get(key, 0.0) + hop_bytes * both_ways
@@ -384,7 +384,8 @@ def _memory_problem(ctx, plan, st, k, r, gpu, mem, inflight) -> str:
     head = (f"stage {st.index} replica {k} ({r.devices[0]}{'…' if r.tp > 1 else ''}, {gpu.name}): "
             f"needs {_gb(mem.total_bytes)} of {_gb(gpu.memory_bytes)}, over by {_gb(over)} "
             f"(weights {_gb(mem.weights_bytes)}, grads {_gb(mem.grads_bytes)}, optimizer "
-            f"{_gb(mem.optimizer_bytes)}, activations {_gb(mem.activations_bytes)})")
+            f"{_gb(mem.optimizer_bytes)}, activations {_gb(mem.activations_bytes)}"
+            + (f", ZeRO-3 gathered weights {_gb(mem.gathered_bytes)}" if mem.gathered_bytes else "") + ")")
     hints = []
     n = len(st.replicas)
 

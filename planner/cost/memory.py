@@ -36,6 +36,19 @@ Sources:
   (DualPipe's "PP + 1" of DeepSeek-V3 Table 2 with PP = 2p chunks).  Both are what the
   action-list executor counts, for every p and m tested (tests/test_simulate_zero_bubble.py);
   the count depends only on each rank's order, not on the times.
+- ZeRO stages (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
+  Parameter Models", Fig. 1 and §5): with mixed precision and Adam, 2 bytes of fp16 weights,
+  2 of fp16 grads and K = 12 of optimizer state per parameter: stage 0 ``2 + 2 + K``, stage 1
+  (optimizer state partitioned over N data-parallel ranks) ``2 + 2 + K/N``, stage 2 (grads
+  too) ``2 + (2 + K)/N``, stage 3 (weights too) ``(2 + 2 + K)/N`` (``zero_state_bytes``; the
+  paper's 7.5B model at N = 64: 120, 31.4, 16.6, 1.9 GB, tests/test_zero.py).  Here the three
+  terms are ``bytes_per_param``'s, not the paper's 2 + 2 + 12: with bf16 the grads are fp32
+  main grads (4 bytes, ``CostContext.grad_bytes_per_param``), so stage 3 is 18/N; fp16 keeps
+  an fp32 grad copy in its optimizer term (2 + 2 + 16); fp32 / tf32 4 + 4 + 8.
+  ZeRO-3 also holds the parameters it gathers for compute (``gathered_param_bytes``): with
+  FSDP2's reshard_after_forward, one block's (the largest unit it wraps: block, embedding or
+  head) full working-precision weights, twice (the next unit is prefetched while one
+  computes); without it, the whole stage's, kept from the first forward to the last backward.
 - Logits: the last stage holds fp32 logits of the vocabulary, ``4 s b V / t`` bytes, per
   micro-batch in flight (Korthikanti et al. §4.3, output layer).
 """
@@ -62,16 +75,20 @@ class MemoryBreakdown:
     optimizer_bytes: float
     activations_bytes: float
     workspace_bytes: float
+    gathered_bytes: float = 0.0    # ZeRO-3: the parameters gathered for compute (module docstring)
 
     @property
     def total_bytes(self) -> float:
         return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes
-                + self.activations_bytes + self.workspace_bytes)
+                + self.activations_bytes + self.workspace_bytes + self.gathered_bytes)
 
     def as_dict(self) -> dict[str, float]:
-        return {"weights": self.weights_bytes, "grads": self.grads_bytes,
-                "optimizer": self.optimizer_bytes, "activations": self.activations_bytes,
-                "workspace": self.workspace_bytes}
+        out = {"weights": self.weights_bytes, "grads": self.grads_bytes,
+               "optimizer": self.optimizer_bytes, "activations": self.activations_bytes,
+               "workspace": self.workspace_bytes}
+        if self.gathered_bytes:    # only ZeRO-3: other plans' outputs keep their keys
+            out["gathered"] = self.gathered_bytes
+        return out
 
 
 def bytes_per_param(precision: str) -> tuple[float, float, float]:
@@ -83,6 +100,33 @@ def bytes_per_param(precision: str) -> tuple[float, float, float]:
     if precision in FULL_PRECISIONS:
         return 4.0, 4.0, 8.0
     return 2.0, 2.0, 16.0
+
+
+def zero_state_bytes(weights: float, grads: float, optimizer: float, zero_stage: int,
+                     n: int) -> tuple[float, float, float]:
+    """(weights, grads, optimizer state) bytes per parameter on each of ``n`` data-parallel ranks
+    at ``zero_stage``, from the unsharded per-parameter bytes (Rajbhandari et al. 2020, Fig. 1:
+    stage 1 shards the optimizer state, stage 2 the grads too, stage 3 the weights too)."""
+    n = max(1, n)
+    return (weights / n if zero_stage >= 3 else weights,
+            grads / n if zero_stage >= 2 else grads,
+            optimizer / n if zero_stage >= 1 else optimizer)
+
+
+def gathered_param_bytes(ctx: CostContext, tp: int, blocks: int, embedding: bool, head: bool) -> float:
+    """ZeRO-3's gathered working weights on each GPU of a replica (module docstring): with
+    reshard_after_forward, two of the largest unit FSDP wraps on the stage (prefetch); without,
+    the whole stage.  In the working precision (``CostContext.activation_bytes``)."""
+    if ctx.zero_stage < 3:
+        return 0.0
+    if not ctx.reshard_after_forward:
+        return stage_params(ctx, blocks, embedding, head) / tp * ctx.activation_bytes
+    units = [float(block_params(ctx.model))] if blocks else []
+    if embedding:
+        units.append(float(embedding_params(ctx.model)))
+    if head:
+        units.append(float(head_params(ctx.model, with_embedding_on_same_stage=embedding)))
+    return 2 * max(units, default=0.0) / tp * ctx.activation_bytes
 
 
 def block_activation_bytes(ctx: CostContext, tp: int, b: float, recompute: str | None = None) -> float:
@@ -143,17 +187,7 @@ def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: 
                    in_flight_micro_batches: float) -> MemoryBreakdown:
     """Peak memory of each GPU of a replica (all its tp GPUs hold the same amount)."""
     params = stage_params(ctx, blocks, embedding, head) / tp
-    w, g, o = bytes_per_param(ctx.precision)
-    # ZeRO (Rajbhandari et al. 2020, Fig. 1 / §5.1): stage 1 shards the optimizer state over
-    # the N replicas, stage 2 the gradients too: the paper's 2 + 2 + K/N and 2 + (2 + K)/N
-    # bytes per parameter, here with each precision's own bytes (bytes_per_param).
-    if ctx.zero_stage >= 1:
-        o = o / max(1, num_replicas_in_stage)
-    grads = params * g
-    if ctx.zero_stage >= 2:
-        # sharded at rest; a block's full gradients live until their reduce-scatter (the
-        # buckets fill block by block as the backward reaches them)
-        grads = params * g / max(1, num_replicas_in_stage) + (block_params(ctx.model) / tp * g if blocks else 0.0)
+    w, g, o = zero_state_bytes(*bytes_per_param(ctx.precision), ctx.zero_stage, num_replicas_in_stage)
     act = blocks * block_activation_bytes(ctx, tp, share) * in_flight_micro_batches
     if ctx.recompute == "full" and blocks:
         act += block_activation_bytes(ctx, tp, share, recompute="none")  # the block being recomputed
@@ -162,7 +196,9 @@ def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: 
         act += s * share * h / (tp if ctx.sequence_parallel and tp > 1 else 1) * in_flight_micro_batches
     if head:  # fp32 logits for the cross-entropy
         act += 4 * s * share * ctx.model.vocab_size / tp * in_flight_micro_batches
-    return MemoryBreakdown(params * w, grads, params * o, act, WORKSPACE_BYTES)
+    # one replica shards nothing, so it gathers nothing (FSDP over one rank keeps whole weights)
+    gathered = gathered_param_bytes(ctx, tp, blocks, embedding, head) if num_replicas_in_stage > 1 else 0.0
+    return MemoryBreakdown(params * w, params * g, params * o, act, WORKSPACE_BYTES, gathered)
 
 
 def replica_memory_bytes(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: int,

@@ -71,14 +71,15 @@ def check(plan: Plan) -> None:
         problems.add("schedule latency-aware: DeepSpeed's pipeline engine runs its fixed 1F1B "
                      "TrainSchedule and cannot follow the plan's per-rank action lists; re-plan with "
                      "schedule 1f1b")
-    if plan.zero_stage >= 2 and plan.num_stages > 1:
-        # deepspeed/runtime/pipe/engine.py: PipelineEngine asserts zero_optimization_stage() < 2
-        problems.add(f"zero_stage {plan.zero_stage} with {plan.num_stages} pipeline stages: DeepSpeed's "
-                     "pipeline engine refuses ZeRO-2 and ZeRO-3 (they are incompatible with its pipeline "
-                     "parallelism); re-plan with training.zero_stages [0, 1] or one stage")
     if plan.recompute == "selective":
         problems.add("recompute selective: PipelineModule only checkpoints whole layers "
                      "(activation_checkpoint_interval); re-plan with recompute none or full")
+    if plan.zero_stage >= 2 and plan.num_stages > 1:
+        # deepspeed/runtime/pipe/engine.py (PipelineEngine.__init__) asserts
+        # zero_optimization_stage() < 2: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+        problems.add(f"zero_stage {plan.zero_stage} with {plan.num_stages} pipeline stages: DeepSpeed's "
+                     "PipelineEngine refuses ZeRO-2 and ZeRO-3 with pipeline parallelism; re-plan with "
+                     "zero_stage 0 or 1 (training.zero_stages), or with one stage")
     problems.raise_if_any()
 
 
@@ -126,6 +127,14 @@ def pipeline_spec(plan: Plan, axes: tuple[str, ...]) -> dict:
                      "fewer micro-batches in flight")
     if plan.sequence_parallel and tp > 1:
         notes.append("sequence_parallel is the layers' own business in DeepSpeed; enable it there")
+    if plan.zero_stage >= 2:
+        notes.append(f"zero_optimization.stage {plan.zero_stage}: DeepSpeed's PipelineEngine refuses "
+                     "ZeRO-2/3 even with one stage, so hand deepspeed.initialize the plain model "
+                     "(its layers in order), not PlannedPipelineModule")
+    if plan.zero_stage == 3 and not plan.reshards_after_forward:
+        notes.append("reshard_after_forward false: DeepSpeed ZeRO-3 has no such switch; raise "
+                     "zero_optimization.stage3_max_reuse_distance so gathered parameters stay until "
+                     "the backward (the plan keeps them gathered)")
     if precision(plan) == "tf32":
         notes.append("tf32: ds_config has no fp16/bf16 section (fp32 training); the node scripts export "
                      "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 so PyTorch's fp32 matmuls use TF32 tensor cores")

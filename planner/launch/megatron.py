@@ -127,6 +127,15 @@ def training_args(plan: Plan, tp: int) -> tuple[list[str], list[str]]:
             notes.append("sequence_parallel is set but tp is 1: Megatron-LM turns it off, so it is not passed")
     if plan.zero_stage == 1:
         args.append("--use-distributed-optimizer")
+    elif plan.zero_stage >= 2:
+        # Megatron FSDP (arguments.py at MEGATRON_COMMIT): --data-parallel-sharding-strategy
+        # optim_grads shards optimizer state and grads (ZeRO-2), optim_grads_params the weights
+        # too (ZeRO-3); validate_args requires --ckpt-format fsdp_dtensor with it
+        strategy = "optim_grads" if plan.zero_stage == 2 else "optim_grads_params"
+        args += ["--use-distributed-optimizer", "--use-megatron-fsdp",
+                 "--data-parallel-sharding-strategy", strategy, "--ckpt-format", "fsdp_dtensor"]
+        notes.append(f"zero_stage {plan.zero_stage}: Megatron FSDP ({strategy}); it asserts "
+                     "CUDA_DEVICE_MAX_CONNECTIONS is not 1, so the node scripts leave it unset")
     prec = precision(plan)
     if prec in ("bf16", "fp16"):
         args.append(f"--{prec}")
@@ -174,11 +183,6 @@ def build_args(plan: Plan) -> tuple[list[str], list[str], object]:
                                "weight copy per rank all-reduced over rank pairs; its authors ship it as a "
                                "Megatron-LM fork, not upstream); re-plan with schedule interleaved-1f1b "
                                "or 1f1b")]).raise_if_any()
-    if plan.zero_stage >= 2:
-        Problems("megatron", [(f"zero_stage {plan.zero_stage}: Megatron-LM's distributed optimizer "
-                               "(--use-distributed-optimizer) shards the optimizer state only and keeps "
-                               "the whole gradient buffer on every rank (ZeRO-1); re-plan with "
-                               "training.zero_stages [0, 1], or use --format deepspeed")]).raise_if_any()
     if plan.schedule == "zb-h1":
         # core/pipeline_parallel/schedules.py: forward_backward_no_pipelining,
         # _pipelining_without_interleaving (1F1B) and _with_interleaving; none splits a backward.
@@ -195,6 +199,14 @@ def build_args(plan: Plan) -> tuple[list[str], list[str], object]:
         Problems("megatron", [("schedule latency-aware: Megatron-LM's pipeline schedules are fixed "
                                "(1F1B, interleaved 1F1B) and cannot follow the plan's per-rank action "
                                "lists; re-plan with schedule 1f1b")]).raise_if_any()
+    if plan.zero_stage == 3 and not plan.reshards_after_forward:
+        # arguments.py at MEGATRON_COMMIT: Megatron FSDP has no reshard-after-forward switch; only
+        # --use-torch-fsdp2 has one (--torch-fsdp2-no-reshard-after-forward), and validate_args
+        # refuses that path with pipeline parallelism and with the distributed optimizer
+        Problems("megatron", [("reshard_after_forward false with zero_stage 3: Megatron FSDP "
+                               "(--use-megatron-fsdp) has no switch to keep gathered parameters "
+                               "after forward; re-plan with reshard_after_forward true "
+                               "(training.reshard_after_forward), or use --format torchtitan")]).raise_if_any()
     if interleaved and p == 1:
         Problems("megatron", [("interleaved 1F1B with one stage has nothing to interleave: "
                                "re-plan with schedule 1f1b")]).raise_if_any()
@@ -220,7 +232,8 @@ def render(plan: Plan, opts: LaunchOptions, cluster=None) -> dict[str, str]:
     script = opts.script or "pretrain_gpt.py"
     # Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tensor parallelism before Blackwell
     # (validate_args), so the kernel order overlaps TP communication as it expects.
-    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if tp > 1 else {}
+    # Megatron FSDP (ZeRO-2/3) asserts the opposite and only warns about TP (validate_args).
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if tp > 1 and plan.zero_stage < 2 else {}
     env.update(precision_env(plan))
     files = node_scripts(layout, opts, script, args, extra_env=env, comment=[
         f"Megatron-LM at {MEGATRON_COMMIT[:12]}; add data, tokenizer and optimizer arguments",

@@ -132,9 +132,11 @@ def _notes(plan: Plan, d: int, how: Route) -> list[str]:
                      "torch.utils.checkpoint inside each stage module")
     if plan.zero_stage == 1 and d > 1:
         notes.append("zero_stage 1: shard the optimizer state over the dp group")
-    if plan.zero_stage == 2 and d > 1:
-        notes.append("zero_stage 2: shard the optimizer state and the gradients over the dp group, "
-                     "reduce-scattering the gradients after each micro-batch")
+    elif plan.zero_stage == 2 and d > 1:
+        notes.append("zero_stage 2: shard the optimizer state and gradients over the dp group")
+    elif plan.zero_stage == 3 and d > 1:
+        notes.append("zero_stage 3: fully_shard each block and the stage module over the dp group "
+                     f"(FSDP2, reshard_after_forward={plan.reshards_after_forward})")
     prec = precision(plan)
     if prec in ("fp32", "tf32"):
         notes.append(f"precision {prec}: build the stage modules and their inputs in torch.float32 "

@@ -134,11 +134,15 @@ def sections(plan: Plan, how: Route | None) -> dict[str, dict]:
     p, m = plan.num_stages, plan.num_micro_batches
     par: dict = {"pipeline_parallel_degree": p, "tensor_parallel_degree": tp,
                  "context_parallel_degree": 1}
-    # ZeRO-1 has no torchtitan switch; FSDP (shard) is the nearest, noted in the file
+    # ZeRO-1 and ZeRO-2 have no torchtitan switch; FSDP (shard) is the nearest, noted in the file
     if plan.zero_stage == 0:
         par |= {"data_parallel_replicate_degree": d, "data_parallel_shard_degree": 1}
     else:
         par |= {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": d}
+    if plan.zero_stage == 3:
+        # "always" / "never" apply reshard_after_forward to every FSDP unit; torchtitan's
+        # "default" picks by itself (never with a pipeline), which the plan did not price
+        par["fsdp_reshard_after_forward"] = "always" if plan.reshards_after_forward else "never"
     training: dict = {"seq_len": seq_len(plan), "global_batch_size": global_batch_size(plan),
                       "mixed_precision_param": PRECISION_PARAM[precision(plan)]}
     if how is not None:
@@ -185,11 +189,14 @@ def _comments(plan: Plan, how: Route | None) -> list[str]:
     if how is not None and how.uses_csv:
         out.append(f"schedule {plan.schedule} runs from {CSV_FILE} (per-rank action lists); the node "
                    "scripts pass its absolute path, since torchtitan resolves it from its working folder")
-    if plan.zero_stage in (1, 2) and len(plan.stages[0].replicas) > 1:
-        kept = "optimizer-only" if plan.zero_stage == 1 else "optimizer-and-gradient (ZeRO-2)"
-        out.append(f"zero_stage {plan.zero_stage}: torchtitan has no {kept} sharding; "
-                   "data_parallel_shard_degree runs FSDP, which also shards the weights (less memory "
-                   "than planned, all-gathers of the weights per micro-batch more traffic)")
+    if plan.zero_stage == 1 and len(plan.stages[0].replicas) > 1:
+        out.append("zero_stage 1: torchtitan has no optimizer-only sharding; data_parallel_shard_degree "
+                   "runs FSDP, which also shards weights and gradients (less memory than planned, "
+                   "one all-gather of the weights per step more traffic)")
+    if plan.zero_stage == 2 and len(plan.stages[0].replicas) > 1:
+        out.append("zero_stage 2: torchtitan has no gradient-only sharding; data_parallel_shard_degree "
+                   "runs FSDP, which also shards the weights (less memory than planned, their "
+                   "all-gathers per micro-batch more traffic)")
     if plan.recompute == "selective":
         out.append("recompute selective: torchtitan's op-level selective activation checkpointing")
     return out + precision_comment(plan)

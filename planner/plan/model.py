@@ -204,13 +204,25 @@ class Plan(BaseModel):
                                   "'F0.3' = forward of chunk 0 on micro-batch 3 (F, I, W); the "
                                   "launchers run exactly these")
     recompute: Literal["none", "selective", "full"] = "none"
-    zero_stage: Literal[0, 1, 2] = 0
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    reshard_after_forward: bool | None = Field(
+        default=None, description="ZeRO-3 only (FSDP2's reshard_after_forward): true frees the "
+                                  "gathered parameters after each forward (gathered again in "
+                                  "backward); false keeps them to the last backward; absent: true")
     sequence_parallel: bool = False
     dynamic_shares: DynamicShares | None = None
     stages: tuple[Stage, ...] = Field(min_length=1)
     predicted: Predicted | None = None
     solver: SolverReport | None = None
     launch: LaunchInfo | None = None
+
+    @model_validator(mode="after")
+    def _reshard_needs_zero3(self):
+        # FSDP2's reshard_after_forward exists only where the parameters are sharded (ZeRO-3)
+        if self.reshard_after_forward is not None and self.zero_stage != 3:
+            raise ValueError(f"reshard_after_forward applies only to zero_stage 3 (FSDP2), "
+                             f"this plan has zero_stage {self.zero_stage}: remove it")
+        return self
 
     # -- (de)serialisation ---------------------------------------------------------------
     @classmethod
@@ -232,6 +244,11 @@ class Plan(BaseModel):
     @property
     def num_stages(self) -> int:
         return len(self.stages)
+
+    @property
+    def reshards_after_forward(self) -> bool:
+        """ZeRO-3's reshard_after_forward, absent meaning FSDP2's default (true)."""
+        return self.reshard_after_forward is not False
 
     def devices(self) -> list[str]:
         return [d for s in self.stages for r in s.replicas for d in r.devices]

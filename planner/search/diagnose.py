@@ -26,7 +26,9 @@ def _friendliest(model, training, info):
         "selective" if "selective" in training.recompute_modes else "none")
     z = max(training.zero_stages)
     n = max(1, min(info.max_replicas(t), training.global_batch_size))
-    knobs = Knobs(1, training.global_batch_size, "1f1b", 1, rc, z, max(1, model.num_layers))
+    # ZeRO-3 without resharding holds the whole stage gathered: the friendliest reshards if allowed
+    knobs = Knobs(1, training.global_batch_size, "1f1b", 1, rc, z, max(1, model.num_layers),
+                  reshard_after_forward=any(training.reshard_after_forward))
     ctx = make_context(model, training, knobs)
     inflight = in_flight_micro_batches("1f1b", knobs.num_stages, knobs.num_stages - 1, 1, 1)
     mem = replica_memory(ctx, info.gpu, t, 1, 1, False, False, n, inflight)
@@ -39,8 +41,10 @@ def _more_freedom(training) -> list[str]:
     out = ["more GPUs"]
     if "full" not in training.recompute_modes:
         out.append("full recompute")
-    if max(training.zero_stages) < 2:
-        out.append("ZeRO-1" if 1 not in training.zero_stages else "ZeRO-2 (gradients sharded too)")
+    if 1 not in training.zero_stages:
+        out.append("ZeRO-1")
+    if 3 not in training.zero_stages:
+        out.append("ZeRO-3")
     if training.max_stages:
         out.append(f"more than {training.max_stages} stages")
     return out
@@ -113,8 +117,10 @@ def explain_infeasible(cluster, model, training, spec, classes, stats) -> str:
         hints = []
         if "full" not in training.recompute_modes:
             hints.append("allow full recompute")
-        if max(training.zero_stages) < 2:
-            hints.append("allow ZeRO-1" if 1 not in training.zero_stages else "allow ZeRO-2 (zero_stages: [2])")
+        if 1 not in training.zero_stages:
+            hints.append("allow ZeRO-1")
+        if 3 not in training.zero_stages:
+            hints.append("allow ZeRO-3 (training.zero_stages)")
         if training.max_tp < info.gpus_per_node:
             hints.append(f"allow tp up to {info.gpus_per_node}")
         if training.max_stages and training.max_stages < model.num_layers:

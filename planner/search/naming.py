@@ -59,4 +59,5 @@ def build_plan(cluster, model, training, classes, knobs: Knobs, layout, objectiv
         objective=objective, micro_batch_size=knobs.micro_batch_size,
         num_micro_batches=knobs.num_micro_batches, schedule=knobs.schedule,
         virtual_stages=knobs.virtual_stages, recompute=knobs.recompute, zero_stage=knobs.zero_stage,
+        reshard_after_forward=knobs.reshard_after_forward if knobs.zero_stage == 3 else None,
         sequence_parallel=bool(training.sequence_parallel), stages=tuple(name_stages(classes, knobs, layout)))

@@ -197,8 +197,10 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             stats["pruned"] += 1
             stats["twins"] = stats.get("twins", 0) + 1
             continue
-        # no cost function reads the schedule from ctx; ZeRO-2's sync reads the micro-batch count
-        ck = (knobs.recompute, knobs.zero_stage, knobs.num_micro_batches if knobs.zero_stage >= 2 else 1)
+        # no cost function reads the schedule from ctx; ZeRO-2/3's per-micro-batch reduce-scatters
+        # and ZeRO-3's gathers read m, ZeRO-3's gathers the resharding
+        ck = (knobs.recompute, knobs.zero_stage, knobs.reshard_after_forward,
+              knobs.num_micro_batches if knobs.zero_stage >= 2 else 0)
         ctx = contexts.get(ck) or contexts.setdefault(ck, make_context(model, training, knobs, profiles))
         keys = usable.get(knobs.micro_batch_size)
         if keys is None:    # one list per B: the bounds cache by it
@@ -438,12 +440,19 @@ def _baseline_fields(base, value: float, top, time_like: bool) -> dict:
 
 def _space(training, launcher: str | None) -> str:
     """The searched space, as the plan's solver report states it."""
+    space = SPACE
+    sharded = [z for z in training.zero_stages if z >= 2]
+    if sharded:     # only when listed: the default space's report keeps its words
+        space += "; also ZeRO " + "/".join(map(str, sorted(set(sharded))))
+        if 3 in sharded:
+            space += " (reshard_after_forward " + "/".join(
+                sorted({str(r).lower() for r in training.reshard_after_forward})) + ")"
     if launcher:
-        return SPACE + f"; launcher {launcher}: same tp and replicas per stage, equal shares"
+        return space + f"; launcher {launcher}: same tp and replicas per stage, equal shares"
     if training.mixed_stages:
-        return SPACE + ("; also mixed stages: two node classes of one zone, a TP degree and 1, 2, 4, ... "
+        return space + ("; also mixed stages: two node classes of one zone, a TP degree and 1, 2, 4, ... "
                         "whole nodes (GPU slices of a one-node class) each, shares split by peak FLOP/s")
-    return SPACE
+    return space
 
 
 def _enough_on(spec: ObjectiveSpec, floors: TupleFloors, cut: float, tokens: float) -> float:
@@ -487,9 +496,9 @@ def gpipe_dominated(knobs_list: list, same_only: bool = False) -> set:
     repeat their twin's times go: one stage or one micro-batch (the same sums and maxima;
     1F1B holds one micro-batch in flight where GPipe holds m), which would list the same
     layout twice."""
-    ones = {(k.micro_batch_size, k.recompute, k.zero_stage, k.num_stages) for k in knobs_list if k.schedule == "1f1b"}
+    ones = {(k.micro_batch_size, k.recompute, k.zero_stage, k.reshard_after_forward, k.num_stages) for k in knobs_list if k.schedule == "1f1b"}
     return {k for k in knobs_list if k.schedule == "gpipe"
-            and (k.micro_batch_size, k.recompute, k.zero_stage, k.num_stages) in ones
+            and (k.micro_batch_size, k.recompute, k.zero_stage, k.reshard_after_forward, k.num_stages) in ones
             and (not same_only or k.num_stages == 1 or k.num_micro_batches == 1)}
 
 
@@ -498,10 +507,10 @@ def one_stage_zb_h1_twins(knobs_list: list) -> set:
     the space: with one stage ZB-H1 is 1F1B (the same rows, schedules.py, and one micro-batch
     in flight under both, planner.cost.in_flight_micro_batches), so each of its plans is the
     twin's at the same time and memory; kept, it would list the same layout twice."""
-    ones = {(k.micro_batch_size, k.recompute, k.zero_stage) for k in knobs_list
+    ones = {(k.micro_batch_size, k.recompute, k.zero_stage, k.reshard_after_forward) for k in knobs_list
             if k.schedule == "1f1b" and k.num_stages == 1}
     return {k for k in knobs_list if k.schedule == "zb-h1" and k.num_stages == 1
-            and (k.micro_batch_size, k.recompute, k.zero_stage) in ones}
+            and (k.micro_batch_size, k.recompute, k.zero_stage, k.reshard_after_forward) in ones}
 
 
 def aggregate_compute_bound_s(model, training, classes) -> float:

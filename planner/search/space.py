@@ -26,7 +26,7 @@ from planner.cost import (
     replica_memory_bytes,
     stage_params,
 )
-from planner.cost.comm import zero_sync_parts
+from planner.cost.comm import dp_sync_split
 from planner.cost.compute import backward_weight_s
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row, Term
@@ -49,6 +49,7 @@ class Knobs:
     recompute: str
     zero_stage: int
     num_stages: int
+    reshard_after_forward: bool = True     # ZeRO-3 only (FSDP2); True for the other stages
 
     @property
     def block_unit(self) -> int:
@@ -58,7 +59,8 @@ class Knobs:
     def label(self) -> str:
         v = f"x{self.virtual_stages}" if self.schedule == "interleaved-1f1b" else ""
         return (f"p={self.num_stages} B={self.micro_batch_size} m={self.num_micro_batches} "
-                f"{self.schedule}{v} rc={self.recompute} zero={self.zero_stage}")
+                f"{self.schedule}{v} rc={self.recompute} zero={self.zero_stage}"
+                + ("" if self.reshard_after_forward else " no-reshard"))
 
 
 @dataclass(frozen=True)
@@ -117,8 +119,8 @@ def divisors(n: int) -> list[int]:
 
 def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | None = None) -> list[Knobs]:
     """Every knob tuple of the space; with ``launcher``, only the schedules it can run
-    (schedules.py: Megatron-LM and DeepSpeed cannot run zb-h1), and with DeepSpeed ZeRO-2
-    only without a pipeline (launcher_space narrows the rest)."""
+    (schedules.py: Megatron-LM and DeepSpeed cannot run zb-h1) and the ZeRO settings it can
+    (DeepSpeed: ZeRO-2/3 on one stage only; Megatron-LM: ZeRO-3 resharding after forward)."""
     gbs, L = training.global_batch_size, model.num_layers
     total_units = sum(c.capacity_units for c in classes)
     max_p = min(L, training.max_stages or L, total_units if all(c.shared_node for c in classes) else 10**9)
@@ -130,12 +132,16 @@ def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | N
             v = entry.virtual_stages
             for rc in training.recompute_modes:
                 for z in training.zero_stages:
-                    for p in range(1, max_p + 1):
-                        if not entry.admits(p, m, L):
-                            continue
-                        if launcher == "deepspeed" and z >= 2 and p > 1:
-                            continue    # its pipeline engine refuses ZeRO-2 (launch/deepspeed.py)
-                        out.append(Knobs(B, m, entry.name, v, rc, int(z), p))
+                    # reshard_after_forward is a ZeRO-3 knob: the other stages take one value
+                    for rs in (training.reshard_after_forward if z == 3 else (True,)):
+                        if launcher == "megatron" and z == 3 and not rs:
+                            continue    # Megatron FSDP cannot keep gathered weights (launch/megatron.py)
+                        for p in range(1, max_p + 1):
+                            if not entry.admits(p, m, L):
+                                continue
+                            if launcher == "deepspeed" and z >= 2 and p > 1:
+                                continue    # DeepSpeed's PipelineEngine refuses ZeRO-2/3 (launch/deepspeed.py)
+                            out.append(Knobs(B, m, entry.name, v, rc, int(z), p, bool(rs)))
     return out
 
 
@@ -143,9 +149,9 @@ def make_context(model, training, knobs: Knobs, profiles=None, calibration=None)
     from planner.cost import default_calibration
     return CostContext(model=model, seq_len=training.seq_len, precision=training.precision,
                        recompute=knobs.recompute, sequence_parallel=training.sequence_parallel,
-                       zero_stage=knobs.zero_stage, schedule=knobs.schedule,
+                       zero_stage=knobs.zero_stage, reshard_after_forward=knobs.reshard_after_forward,
+                       num_micro_batches=knobs.num_micro_batches, schedule=knobs.schedule,
                        virtual_stages=knobs.virtual_stages,
-                       num_micro_batches=knobs.num_micro_batches if knobs.zero_stage >= 2 else 1,
                        calibration=calibration or default_calibration(), profiles=profiles)
 
 
@@ -157,14 +163,15 @@ def _affine(f, unit: int) -> tuple[float, float]:
 
 def exposed_sync_parts(ctx: CostContext, dp_s, forward_s, backward_s) -> tuple:
     """The two hinge arguments of ``comm.dp_exposed_s`` (exposed = max(0, first) + max(0,
-    second)): the sync hides behind the last backward (ZeRO-1: its reduce-scatter part; the
-    all-gather behind the next first forward).  Linear in the three times, so slopes and
-    intercepts (floats or arrays) go through it alike."""
+    second)): the sync hides behind the last backward (ZeRO-1/2: its reduce-scatter part; the
+    all-gather behind the next first forward; ZeRO-3: ``comm.dp_sync_split``'s parts behind
+    the m backwards and forwards).  Linear in the three times, so slopes and intercepts
+    (floats or arrays) go through it alike."""
     if not ctx.grad_reduce_overlap:
         return dp_s, 0.0 * dp_s
     if ctx.zero_stage >= 1:
-        rs, ag = zero_sync_parts(ctx, dp_s)
-        return rs - ctx.gradient_reductions * backward_s, ag - forward_s
+        back, fwd, forwards, backwards = dp_sync_split(ctx)
+        return dp_s * back - backwards * backward_s, dp_s * fwd - forwards * forward_s
     return dp_s - backward_s, -forward_s
 
 

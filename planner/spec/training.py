@@ -34,9 +34,13 @@ class Training(BaseModel):
     # The search's freedoms.
     schedules: tuple[Schedule, ...] = ("1f1b", "gpipe", "interleaved-1f1b")
     recompute_modes: tuple[Recompute, ...] = ("none", "selective", "full")
-    # 0: replicated; 1: optimizer state sharded (Megatron's distributed optimizer); 2: and the
-    # gradients, reduce-scattered every micro-batch (DeepSpeed ZeRO stage 2)
-    zero_stages: tuple[Literal[0, 1, 2], ...] = (0, 1)
+    # ZeRO stages (Rajbhandari et al. 2020): 1 shards the optimizer state, 2 also the gradients,
+    # 3 also the parameters (FSDP2).  2 and 3 are searched only when listed (docs/search-space.md).
+    zero_stages: tuple[Literal[0, 1, 2, 3], ...] = (0, 1)
+    reshard_after_forward: tuple[bool, ...] = Field(
+        default=(True,), description="ZeRO-3 only: the values of FSDP2's reshard_after_forward to try "
+        "(true: free the gathered parameters after each forward and gather them again in backward; "
+        "false: keep them gathered from the first forward to the last backward)")
     max_tp: PositiveInt = Field(default=8, description="largest tensor-parallel degree")
     micro_batch_sizes: tuple[PositiveInt, ...] | None = Field(
         default=None, description="per-replica micro-batch sizes to try; default powers of two")
@@ -48,7 +52,7 @@ class Training(BaseModel):
 
     @model_validator(mode="after")
     def _non_empty(self):
-        for name in ("schedules", "recompute_modes", "zero_stages"):
+        for name in ("schedules", "recompute_modes", "zero_stages", "reshard_after_forward"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must list at least one choice")
         if self.micro_batch_sizes is not None and not self.micro_batch_sizes:
