@@ -142,9 +142,9 @@ def test_idle_gpus_are_explained_under_the_objective_and_only_claimed_when_prove
     an answer that is not proved does not claim that they would not help."""
     from planner import api
     from planner.cost import topology_for
+    from planner.search.answer import idle_gpus
     from planner.search.classes import class_infos
     from planner.search.objectives import ObjectiveSpec
-    from planner.search.solve import idle_gpus
 
     cluster = api.load_cluster(Path(__file__).parent.parent / "cluster_specs" / "tiny-mixed.yaml")
     model = api.load_model({"name": "small", "num_layers": 4, "hidden_size": 256,

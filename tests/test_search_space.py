@@ -495,7 +495,7 @@ def test_position_lp_leaves_the_milps_working_in_one_process():
 
 
 def test_every_gpipe_plan_is_a_no_worse_1f1b_plan():
-    """solve.gpipe_dominated prunes a GPipe tuple for its 1F1B twin: every feasible GPipe
+    """twins.gpipe_dominated prunes a GPipe tuple for its 1F1B twin: every feasible GPipe
     plan must be feasible for the twin (no more memory) and no slower, and the twin's best
     no worse.  Checked on the oracle's cases with the cost model's own pricing."""
     import random
@@ -503,8 +503,8 @@ def test_every_gpipe_plan_is_a_no_worse_1f1b_plan():
     from test_oracle import case_pricer, make_case
 
     from planner.search.core.brute import solve_brute
-    from planner.search.solve import gpipe_dominated
     from planner.search.space import Knobs, enumerate_knobs, make_context
+    from planner.search.twins import gpipe_dominated
 
     plans = strict = cases = 0
     for seed in range(30):

@@ -243,11 +243,11 @@ def test_knob_bounds_hold_under_the_closed_form(mixed):
 def test_one_stage_zb_h1_is_its_1f1b_twin():
     """One stage: the same rows, the same in-flight micro-batches (hence memory limits), so
     the same optimum; the search leaves the zb-h1 tuple out for its twin
-    (solve.one_stage_zb_h1_twins)."""
+    (twins.one_stage_zb_h1_twins)."""
     from planner.cost import in_flight_micro_batches
     from planner.search.core.brute import solve_brute
-    from planner.search.solve import one_stage_zb_h1_twins
     from planner.search.space import make_context
+    from planner.search.twins import one_stage_zb_h1_twins
     cluster, model, training = _two_gpus(8.0)
     classes, pricer = case_pricer(cluster, model, training)
     knobs_list = enumerate_knobs(model, training, classes)

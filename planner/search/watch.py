@@ -22,7 +22,7 @@ class SearchSnapshot:
     elapsed_s: float
     objective_kind: str
     best_label: str | None = None           # the best plan's knobs (space.Knobs.label)
-    best_value: float | None = None         # in the objective's unit (solve.OBJECTIVE_UNITS)
+    best_value: float | None = None         # in the objective's unit (answer.OBJECTIVE_UNITS)
     best_tokens_per_s: float | None = None
     best_usd_per_hour: float | None = None
     bound: float | None = None              # proved lower bound on the objective's value

@@ -1,0 +1,216 @@
+"""The search's answer: its plans named and re-evaluated, the solver report (status, gap,
+bound, the space searched, the baselines beaten) and the GPUs the answer leaves idle, with
+the reason that can be given for them (solve.py hands over what the search reached)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from planner.cost import evaluate, topology_for
+from planner.cost.flops import model_flops_per_iteration
+from planner.errors import InfeasibleError
+from planner.plan import Plan
+from planner.plan.model import SolverReport
+from planner.search.classes import classes_without_bf16
+from planner.search.core.problem import relative_gap
+from planner.search.diagnose import explain_infeasible
+from planner.search.naming import build_plan
+from planner.search.objectives import ObjectiveSpec
+
+
+@dataclass
+class SearchResult:
+    plans: list[Plan]
+    evaluations: list
+    report: SolverReport
+    idle: list[str] = field(default_factory=list)
+    # Assumptions the prices rest on, one line each: GPU types priced at a stand-in matmul peak
+    # in the training precision (tf32 without TF32 tensor cores, no fp32 figures; GpuType.precision_note).
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def plan(self) -> Plan:
+        return self.plans[0]
+
+    @property
+    def evaluation(self):
+        return self.evaluations[0]
+
+    @property
+    def solver(self) -> SolverReport:
+        return self.report
+
+
+
+SPACE = ("stages 1..L; contiguous uneven block ranges; per stage one node class, a TP degree "
+         "(power of two within a node, dividing the heads), n replicas (the fewest giving their "
+         "largest share), shares differing by at most one; micro-batch size x count = global "
+         "batch; training.schedules of gpipe/1f1b/interleaved-1f1b(v=2)/zb-h1 "
+         "(zb-h1 priced by a lower bound, its plans exactly; not with a launcher); recompute none/selective/full; ZeRO 0/1; "
+         "idle GPUs allowed (docs/search-space.md)")
+def finish(cluster, model, training, spec, classes, best, bounds, stats, t0, profiles, launcher):
+    if not best.items:
+        raise InfeasibleError(explain_infeasible(cluster, model, training, spec, classes, stats))
+    plans, evals = [], []
+    objective = spec.to_plan_objective()
+    for cand in best.items:
+        plan = build_plan(cluster, model, training, classes, cand.knobs, cand.layout, objective)
+        ev = evaluate(cluster, plan, profiles=profiles, model=model)
+        plans.append(plan)
+        evals.append(ev)
+    top = best.items[0]
+    time_like = spec.kind in ("throughput", "throughput-under-budget")
+    value = evals[0].iteration_time_s if time_like else top.key[0]
+    bound = min(bounds) if bounds else None
+    agg = aggregate_compute_bound_s(model, training, classes)
+    if bound is not None:
+        bound = min(bound, value)
+    complete = stats["unexplored"] == 0 and stats["milp_optimal"]
+    gap = relative_gap(value, bound) if bound is not None else (0.0 if complete else None)
+    status = "optimal" if complete and (gap or 0.0) <= 1e-6 else "feasible"
+    wall = time.monotonic() - t0
+    report_fields = {
+        "method": "milp", "status": status, "objective": value, "bound": bound if bound is not None else (value if complete else None),
+        "gap": gap, "wall_s": wall, "space": _space(training, launcher),
+        "candidates": stats["solved"] + stats["pruned"], "knob_tuples": stats["knobs"],
+        "knob_tuples_solved": stats["solved"], "knob_tuples_pruned": stats["pruned"],
+        "knob_tuples_infeasible": stats["empty"], "knob_tuples_unexplored": stats["unexplored"],
+        "knob_tuples_too_big": stats.get("too_big", 0),
+        "knob_tuples_gpipe_twins": stats.get("twins", 0),
+        "aggregate_compute_bound_s": agg, "objective_kind": spec.kind, "node_classes": len(classes),
+        "objective_unit": OBJECTIVE_UNITS[spec.kind]}
+    if stats.get("interrupted"):
+        report_fields["interrupted"] = True
+    if "shared_warm_start" in stats:     # the throughput warm start's plans, under a cost objective
+        report_fields["shared_warm_start_plans"] = stats["shared_warm_start"]
+    report_fields.update(_baseline_fields(stats.get("baseline"), value, top, time_like))
+    # The search priced each plan with the cost model's pieces; evaluate prices the whole plan.
+    # They must agree (tests hold them to 1e-9); report the worst disagreement, not hide it.
+    if time_like:
+        report_fields["priced_vs_evaluated_rel"] = max(
+            abs(ev.iteration_time_s - c.time_s) / ev.iteration_time_s for ev, c in zip(evals, best.items))
+    final = []
+    for plan, ev, cand in zip(plans, evals, best.items):
+        rep = SolverReport(**{**report_fields, "objective": ev.iteration_time_s if time_like else cand.key[0]})
+        update = {"predicted": ev.predicted(), "solver": rep}
+        try:
+            from planner.plan.rankmap import build_launch
+            update["launch"] = build_launch(cluster, plan)
+        except ImportError:  # pragma: no cover - rankmap ships with the package
+            pass
+        final.append(plan.model_copy(update=update))
+    report = SolverReport(**report_fields)
+    idle = idle_gpus(classes, final[0], cluster, spec, proved=status == "optimal",
+                     unsearched=_unsearched(classes, training, launcher))
+    for c in classes_without_bf16(topology_for(cluster)) if training.precision == "bf16" else []:
+        idle.append(f"{c.num_gpus} GPUs of {c.name} idle: {c.gpu.name} has no bf16; train with "
+                    "--precision fp16 (or fp32 / tf32) to use them")
+    return SearchResult(plans=final, evaluations=evals, report=report, idle=idle,
+                        warnings=cluster.precision_notes(training.precision))
+
+
+def _baseline_fields(base, value: float, top, time_like: bool) -> dict:
+    """The best baseline (baselines.py) and its objective value over the answer's: >= 1, the
+    answer is at least as good (the baselines seeded the incumbents)."""
+    if base is None or base.best is None:
+        return {"baselines_priced": base.priced if base else 0}
+    def value_of(c):
+        return c.time_s if time_like else c.key[0]
+    ours = value if time_like else top.key[0]
+    theirs = value_of(base.best)
+    return {"baseline": base.name, "baseline_objective": theirs,
+            "baseline_ratio": theirs / ours if ours > 0 else None,
+            # each rule's best over the answer; under the time objectives a lower bound on it
+            # where the baselines' pricing skipped tuples (baselines.seed)
+            "baseline_ratio_by_rule": ({r: (base.rule_floor_s(r) if time_like else value_of(c)) / ours
+                                        for r, c in sorted(base.by_rule.items())} if ours > 0 else None),
+            "baselines_priced": base.priced, "baselines_wall_s": base.wall_s, "baselines_complete": base.complete}
+
+
+def _space(training, launcher: str | None) -> str:
+    """The searched space, as the plan's solver report states it."""
+    space = SPACE
+    sharded = [z for z in training.zero_stages if z >= 2]
+    if sharded:     # only when listed: the default space's report keeps its words
+        space += "; also ZeRO " + "/".join(map(str, sorted(set(sharded))))
+        if 3 in sharded:
+            space += " (reshard_after_forward " + "/".join(
+                sorted({str(r).lower() for r in training.reshard_after_forward})) + ")"
+    if launcher:
+        return space + f"; launcher {launcher}: same tp and replicas per stage, equal shares"
+    if training.mixed_stages:
+        return space + ("; also mixed stages: two node classes of one zone, a TP degree and 1, 2, 4, ... "
+                        "whole nodes (GPU slices of a one-node class) each, shares split by peak FLOP/s")
+    return space
+
+
+def aggregate_compute_bound_s(model, training, classes) -> float:
+    """Iteration time if every GPU ran the model's FLOPs at its matmul peak in the training
+    precision (``GpuType.peak_flops_for``; a bound no plan beats)."""
+    flops = model_flops_per_iteration(model, training.global_batch_size, training.seq_len)
+    peak = sum(c.gpu.peak_flops_for(training.precision) * c.node_class.num_gpus for c in classes)
+    return flops / peak
+
+
+# The unit of solver.objective and solver.bound in the plan, per objective (the summary
+# converts cost to USD per million tokens; the JSON keeps the solver's own value).
+OBJECTIVE_UNITS = {"throughput": "s per iteration",
+                   "throughput-under-budget": "s per iteration",
+                   "cost": "USD/hour x s per iteration (USD per token = value / 3600 / tokens per iteration)",
+                   "cost-above-floor": "USD/hour"}
+
+# What leaving GPUs idle wins under each objective (the reason given for idle GPUs).
+IDLE_GAIN = {"throughput": "shorten the iteration",
+             "throughput-under-budget": "shorten the iteration within the budget",
+             "cost": "lower the cost per token",
+             "cost-above-floor": "meet the tokens/s floor for fewer USD/hour"}
+
+
+def _unsearched(classes, training, launcher) -> str:
+    """What the searched space leaves out that could use idle GPUs: mixed stages, where two
+    classes share a zone and they were not searched."""
+    zones = [c.zone for c in classes]
+    if training.mixed_stages or launcher or len(set(zones)) == len(zones):
+        return ""
+    return "mixed stages, which --mixed-stages also searches"
+
+
+def idle_gpus(classes, plan: Plan, cluster, spec: ObjectiveSpec | None = None, proved: bool = True,
+              unsearched: str = "") -> list[str]:
+    """GPUs the plan leaves idle, per class, with the reason we can give: proved, that no plan
+    using them does better under the objective; otherwise only that the best plan found does
+    not use them."""
+    used = set(plan.devices())
+    used_nodes = {d.rpartition(":")[0] for d in used}
+    used_zones = sorted({c.zone for c in classes if used_nodes & set(c.node_class.node_names)})
+    gain = IDLE_GAIN[(spec or ObjectiveSpec()).kind]
+    out = []
+    for c in classes:
+        devs = [f"{n}:{i}" for n in c.node_class.node_names for i in range(c.gpus_per_node)]
+        idle = [d for d in devs if d not in used]
+        if not idle:
+            continue
+        if proved:
+            why = (f"the optimum under the cost model does not use them: using them (as more replicas "
+                   f"or more stages) does not {gain}")
+            if unsearched:
+                why += f" (in the space searched: not {unsearched})"
+        else:
+            why = (f"the best plan found does not use them (not proved: the search stopped with a gap; "
+                   f"a plan using them might {gain})")
+        node_price, budget = c.node_price_usd_per_hour, (spec.budget_usd_per_hour if spec else None)
+        if budget is not None and node_price is not None and len(idle) == len(devs):
+            if node_price > budget:
+                why = f"one of its nodes rents for {node_price:.2f} USD/hour, over the budget of {budget:g}"
+            elif plan.predicted is not None and plan.predicted.usd_per_hour + node_price > budget:
+                why += (f"; one of its nodes ({node_price:.2f} USD/hour) would take the plan's "
+                        f"{plan.predicted.usd_per_hour:.2f} USD/hour over the budget of {budget:g}")
+        if len(idle) == len(devs) and c.zone not in used_zones:
+            links = [cluster.link(c.zone, z) for z in used_zones]
+            bw = [f"{lk.bandwidth_Bps * 8 / 1e9:g} Gbit/s, {lk.latency_s * 1e3:g} ms to {z}"
+                  for lk, z in zip(links, used_zones) if lk is not None]
+            if bw:
+                why += f"; zone {c.zone} is behind {'; '.join(bw)}"
+        out.append(f"{len(idle)} of {len(devs)} GPUs of {c.name} idle: {why}")
+    return out
