@@ -116,8 +116,9 @@ def select(scs: list[Scenario], only: list[str] | None) -> list[Scenario]:
     """The scenarios ``only`` names (by key or full name, in the bench's order); all if None."""
     if not only:
         return scs
-    wanted = {w.strip() for item in only for w in item.split(",") if w.strip()}
     known = {s.key for s in scs} | {s.name for s in scs}
+    # an item is a full name (names hold commas: "d: 1,200 ...") or comma-separated keys
+    wanted = {w.strip() for item in only for w in ([item] if item in known else item.split(",")) if w.strip()}
     unknown = sorted(wanted - known)
     if unknown:
         raise ValueError(f"no such scenario: {', '.join(unknown)} (known: {', '.join(s.key for s in scs)})")
