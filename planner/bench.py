@@ -1,11 +1,12 @@
 """Search benchmarks: ``python -m planner.bench`` (``make bench``), ``--smoke`` for a quick run.
 
 Each scenario is solved in a fresh process (so its peak memory is its own: ``ru_maxrss``),
-three times; the table shows the median wall time.  Targets (DESIGN / brief): 1,024
-homogeneous A100 < 1 s; 2,048 mixed GPUs in three zones < 5 s; 16,384 GPUs of three types in
-three zones with GPT-3 175B < 30 s; each with a proved gap < 1% and peak memory < 2 GB.
-Issue 18 adds d (1,200 A100 + V100 in three zones, OPT-350M: within 2% of the bound in 15 s)
-and e (16,384 H100 + A100 + L40S, bf16, GPT-3 175B: 1% in 30 s).  ``--only de`` runs some.
+three times; the table shows the median wall time.  ``--only d,e`` runs some of them.
+Targets (DESIGN / brief, issue 18; scenarios in bench_scenarios.py): a, 1,024 homogeneous
+A100 < 1 s; b, 2,048 mixed GPUs in three zones < 5 s; c, 16,384 GPUs of three types in three
+zones with GPT-3 175B < 30 s (e the same with L40S for V100, in bf16); each with a proved gap
+< 1% and peak memory < 2 GB; d, 1,200 A100 + V100 in three zones with OPT-350M, gap < 2% in 15 s.
+The search stops at half the scenario's gap target.
 The ``x`` columns (issue 18) are the answer's speed over the best baseline layout's and over
 each rule's best (planner/search/baselines.py: uniform Megatron, Sailor-like, Metis-like),
 medians of the runs; ``-`` where a rule had no layout priced, ``*`` where the baselines' time
@@ -25,85 +26,11 @@ import resource
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 
-GAP_TARGET = 0.01
+# the scenarios live in bench_scenarios.py; Scenario and scenarios are used from here too
+from planner.bench_scenarios import Scenario, by_key, scenarios, select
+
 PEAK_TARGET_MB = 2048
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    cluster: dict
-    model: str
-    global_batch_size: int
-    seq_len: int
-    target_s: float
-    # fp16 where V100s take part: they have no bf16, and in bf16 the search would leave them
-    # idle (a two-type problem, not the three-type one the target is for)
-    precision: str = "bf16"
-    schedules: tuple[str, ...] | None = None     # training.schedules; None: the default space
-    gap_target: float = GAP_TARGET               # the proved gap the target asks for
-
-
-def _zones(*names):
-    return [{"name": n} for n in names]
-
-
-def _links(names, bw="100 Gbit/s", latency="10 ms"):
-    return [{"between": [a, b], "bandwidth": bw, "latency": latency}
-            for i, a in enumerate(names) for b in names[i + 1:]]
-
-
-def scenarios(smoke: bool) -> list[Scenario]:
-    if smoke:
-        return [
-            Scenario("smoke-2x4-mixed", {"name": "smoke-mixed", "nodes": [
-                {"name": "a", "gpu": "A100-SXM4-80GB", "gpus_per_node": 4},
-                {"name": "v", "gpu": "V100-SXM2-32GB", "gpus_per_node": 4}]}, "opt-350m", 8, 1024, 30.0, "fp16"),
-            Scenario("smoke-2zone", {"name": "smoke-2zone", "zones": _zones("za", "zb"),
-                                     "links": _links(["za", "zb"], "10 Gbit/s", "20 ms"), "nodes": [
-                {"name": "a", "count": 2, "zone": "za", "gpu": "A100-SXM4-80GB", "gpus_per_node": 2},
-                {"name": "l", "count": 2, "zone": "zb", "gpu": "L4-24GB", "gpus_per_node": 2}]},
-                "opt-350m", 4, 1024, 30.0),
-        ]
-    z3 = ("us-central1-a", "us-west1-b", "us-east4-c")
-    return [
-        Scenario("a: 1,024 A100, one zone", {"name": "a100-1024", "nodes": [
-            {"name": "a100", "count": 128, "gpu": "A100-SXM4-80GB", "gpus_per_node": 8}]},
-            "gpt-neo-2.7b", 1024, 2048, 1.0),
-        Scenario("b: 2,048 A100/V100/H100, three zones", {"name": "mixed-2048", "zones": _zones(*z3),
-            "links": _links(list(z3)), "nodes": [
-                {"name": "h100", "count": 64, "zone": z3[0], "gpu": "H100-SXM5-80GB", "gpus_per_node": 8},
-                {"name": "a100", "count": 96, "zone": z3[1], "gpu": "A100-SXM4-80GB", "gpus_per_node": 8},
-                {"name": "v100", "count": 96, "zone": z3[2], "gpu": "V100-SXM2-32GB", "gpus_per_node": 8}]},
-            "gpt-neo-2.7b", 2048, 2048, 5.0, "fp16"),
-        Scenario("c: 16,384 H100/A100/V100, three zones, GPT-3 175B", {"name": "mixed-16k",
-            "zones": _zones(*z3), "links": _links(list(z3), "400 Gbit/s", "10 ms"), "nodes": [
-                {"name": "h100", "count": 512, "zone": z3[0], "gpu": "H100-SXM5-80GB", "gpus_per_node": 8},
-                {"name": "a100", "count": 768, "zone": z3[1], "gpu": "A100-SXM4-80GB", "gpus_per_node": 8},
-                {"name": "v100", "count": 768, "zone": z3[2], "gpu": "V100-SXM2-32GB", "gpus_per_node": 8}]},
-            "gpt3-175b", 1536, 2048, 30.0, "fp16"),
-        # issue 18, other users' shapes.  d: Sailor's planner took 101 s on a 1,200-GPU A100 +
-        # V100 pool in three zones; half of each type in a zone of its own, the rest mixed in a
-        # third.  OPT-350M at Sailor's sequence length; global batch 2,048 so that data
-        # parallelism can reach every GPU.  Target: within 2% of the proved bound in 15 s.
-        Scenario("d: 1,200 A100/V100, three zones, OPT-350M", {"name": "mixed-1200", "zones": _zones(*z3),
-            "links": _links(list(z3)), "nodes": [
-                {"name": "a100", "count": 50, "zone": z3[0], "gpu": "A100-SXM4-80GB", "gpus_per_node": 8},
-                {"name": "v100", "count": 50, "zone": z3[1], "gpu": "V100-SXM2-32GB", "gpus_per_node": 8},
-                {"name": "a100-c", "count": 25, "zone": z3[2], "gpu": "A100-SXM4-80GB", "gpus_per_node": 8},
-                {"name": "v100-c", "count": 25, "zone": z3[2], "gpu": "V100-SXM2-32GB", "gpus_per_node": 8}]},
-            "opt-350m", 2048, 2048, 15.0, "fp16", gap_target=0.02),
-        # e: c with L40S in place of V100, in bf16 (every type computes it): the three-type
-        # problem the 30 s target is for, without V100's fp16-only constraint.
-        Scenario("e: 16,384 H100/A100/L40S, three zones, GPT-3 175B, bf16", {"name": "mixed-16k-l40s",
-            "zones": _zones(*z3), "links": _links(list(z3), "400 Gbit/s", "10 ms"), "nodes": [
-                {"name": "h100", "count": 512, "zone": z3[0], "gpu": "H100-SXM5-80GB", "gpus_per_node": 8},
-                {"name": "a100", "count": 768, "zone": z3[1], "gpu": "A100-SXM4-80GB", "gpus_per_node": 8},
-                {"name": "l40s", "count": 768, "zone": z3[2], "gpu": "L40S-48GB", "gpus_per_node": 8}]},
-            "gpt3-175b", 1536, 2048, 30.0, "bf16"),
-    ]
 
 
 def _solve(sc: Scenario, limit_factor: float = 1.0, profiler=None):
@@ -170,10 +97,11 @@ def run_scenario(sc: Scenario, runs: int, limit_factor: float = 1.0) -> dict:
         results.append(out)
     ok = [r for r in results if "error" not in r]
     if not ok:
-        return {"scenario": sc.name, "error": results[0]["error"], "target_s": sc.target_s}
+        return {"scenario": sc.name, "error": results[0]["error"], "target_s": sc.target_s,
+                "gap_target": sc.gap_target}
     med = sorted(ok, key=lambda r: r["wall_s"])[len(ok) // 2]
     row = dict(med)
-    row.update(scenario=sc.name, runs=len(ok), target_s=sc.target_s,
+    row.update(scenario=sc.name, runs=len(ok), target_s=sc.target_s, gap_target=sc.gap_target,
                wall_median_s=statistics.median(r["wall_s"] for r in ok),
                peak_mb=max(r["peak_mb"] for r in ok),
                baselines_complete=all(r.get("baselines_complete") for r in ok),
@@ -186,20 +114,25 @@ def run_scenario(sc: Scenario, runs: int, limit_factor: float = 1.0) -> dict:
 
 def format_table(rows: list[dict]) -> str:
     head = ("scenario", "GPUs", "classes", "wall median s", "peak MB", "tokens/s", "gap", "status",
-            "target s", "met?", "x best baseline", *(f"x {r}" for r in RULES))
+            "target s", "gap target", "met?", "x best baseline", *(f"x {r}" for r in RULES))
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         if "error" in r:
             lines.append(" | ".join([r["scenario"], "-", "-", "-", "-", "-", "-", f"error: {r['error']}",
-                                     f"{r['target_s']:g}", "no", *("-" for _ in range(1 + len(RULES)))]))
+                                     f"{r['target_s']:g}", _pct(r.get("gap_target")), "no",
+                                     *("-" for _ in range(1 + len(RULES)))]))
             continue
         gap = "n/a" if r["gap"] is None else f"{100 * r['gap']:.3f}%"
         lines.append(" | ".join([r["scenario"], str(r["gpus"]), str(r["classes"]), f"{r['wall_median_s']:.2f}",
                                  f"{r['peak_mb']:.0f}", f"{r['tokens_per_s']:,.0f}", gap, r["status"],
-                                 f"{r['target_s']:g}", "yes" if r["met"] else "no",
+                                 f"{r['target_s']:g}", _pct(r.get("gap_target")), "yes" if r["met"] else "no",
                                  *(_ratio(r.get(k), r.get("baselines_complete", True))
                                    for k in ("vs_best_baseline", *(f"vs_{x}" for x in RULES)))]))
     return "\n".join(lines)
+
+
+def _pct(fraction) -> str:
+    return "-" if fraction is None else f"{100 * fraction:g}%"
 
 
 def _ratio(value, complete: bool) -> str:
@@ -235,22 +168,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="two tiny scenarios, one run each")
     ap.add_argument("--runs", type=int, default=None, help="runs per scenario (default 3, smoke 1)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--only", action="append", metavar="KEYS",
+                    help="run only these scenarios: keys (a, b, c, d, e; smoke: the names) or full names, "
+                         "comma-separated or repeated (default: all)")
     ap.add_argument("--limit-factor", type=float, default=1.0,
                     help="time limit = target x this (default 1: a run stops at its target)")
     ap.add_argument("--schedules", action="store_true",
                     help="the schedule benchmarks instead (bench_schedules.py): simulating a 1,024-GPU plan's "
                          "iteration per schedule, and the first and largest scenarios with and without "
                          "zb-h1 (the first also with zb-v, dualpipev)")
-    ap.add_argument("--only", default=None, metavar="LETTERS",
-                    help="run only these scenarios, by letter (e.g. 'de'; default: all)")
     ap.add_argument("--profile", action="store_true",
                     help="then profile one more run of the slowest scenario (a missed target first)")
     args = ap.parse_args(argv)
     runs = args.runs or (1 if args.smoke else 3)
     if args.schedules:
+        if args.only:
+            ap.error("--only selects search scenarios; --schedules runs its own fixed set")
         return _schedules_main(args, runs)
+    try:
+        scs = select(scenarios(args.smoke), args.only)
+    except ValueError as exc:
+        ap.error(str(exc))
     rows = []
-    scs = pick(scenarios(args.smoke), args.only)
     for sc in scs:
         print(f"running {sc.name} ({runs} run(s)) ...", file=sys.stderr, flush=True)
         rows.append(run_scenario(sc, runs, args.limit_factor))
@@ -265,22 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def pick(scs: list[Scenario], letters: str | None) -> list[Scenario]:
-    """The scenarios named by their letters (``a:`` ... ``e:``), all when ``letters`` is None."""
-    if letters is None:
-        return scs
-    chosen = [sc for sc in scs if sc.name.split(":")[0] in letters]
-    if not chosen:
-        raise SystemExit(f"--only {letters!r} names no scenario; they are "
-                         + ", ".join(sc.name.split(":")[0] for sc in scs))
-    return chosen
-
-
 def _schedules_main(args, runs: int) -> int:
-    """The schedule tables: the simulation rows, then each of the first and the last scenario
-    with and without zb-h1 (the first proves its optimum within its limit, so its ratio is the
-    cost of the larger space; the last runs to its limit either way, so its ratio is ~1 and
-    the cost shows in its gap); the first also with zb-v and with dualpipev."""
+    """The schedule tables: the simulation rows, then each of scenarios a and c (smoke: the
+    first alone) with and without zb-h1 (a proves its optimum within its limit, so its ratio is
+    the cost of the larger space; c runs to its limit either way, so its ratio is ~1 and the
+    cost shows in its gap); a also with zb-v and with dualpipev."""
     from planner import bench_schedules as bs
     sim = bs.simulate_rows(runs)
     scs = scenarios(args.smoke)
@@ -290,10 +218,9 @@ def _schedules_main(args, runs: int) -> int:
         print(f"running {s.name} ({runs} run(s)) ...", file=sys.stderr, flush=True)
         return run_scenario(s, runs, args.limit_factor)
 
-    largest = next((sc for sc in scs if sc.name.startswith("c:")), scs[-1])
-    for sc in ([scs[0]] if args.smoke else [scs[0], largest]):
+    for sc in ([scs[0]] if args.smoke else [by_key(scs, "a"), by_key(scs, "c")]):
         pairs.append([run(s) for s in (sc, bs.with_zb_h1(sc))])
-    v_rows = [run(bs.with_schedule(scs[0], v)) for v in bs.V_CHOICE]
+    v_rows = [run(bs.with_schedule(scs[0], v)) for v in bs.V_CHOICE]     # scs[0]: a, or the first smoke one
     if args.json:
         print(json.dumps({"simulate": sim, "choice": pairs, "v_choice": v_rows}, indent=2, sort_keys=True,
                          default=str))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from planner.bench import Scenario
+from planner.bench_scenarios import Scenario
 
 SIM_TARGET_S = 1.0
 CHOICE_RATIO_TARGET = 1.2

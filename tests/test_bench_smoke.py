@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from planner import bench
 
 
@@ -65,17 +63,49 @@ def test_bench_schedules_smoke_simulates_each_schedule_and_compares_the_choice(c
         assert r["tokens_per_s"] >= base["tokens_per_s"] * (1 - 1e-9)
 
 
-def test_issue_18_scenarios_hold_the_users_shapes_and_can_run_alone():
+def _gpus_by(sc, field: str) -> dict:
+    """GPUs of ``sc`` per node group field (``gpu`` or ``zone``), as the spec resolves them."""
+    from collections import Counter
+
     from planner.spec import cluster_from_dict
-    by_letter = {sc.name.split(":")[0]: sc for sc in bench.scenarios(smoke=False)}
-    assert set(by_letter) == set("abcde")
-    d, e = (cluster_from_dict(by_letter[x].cluster) for x in "de")
-    assert d.num_gpus == 1200 and len({n.zone for n in d.node_list}) == 3
-    assert {n.gpu.name for n in d.node_list} == {"A100-SXM4-80GB", "V100-SXM2-32GB"}
-    assert by_letter["d"].model == "opt-350m" and by_letter["d"].gap_target == 0.02
-    assert e.num_gpus == 16384 and len({n.zone for n in e.node_list}) == 3
-    assert {n.gpu.name for n in e.node_list} == {"H100-SXM5-80GB", "A100-SXM4-80GB", "L40S-48GB"}
-    assert by_letter["e"].precision == "bf16" and by_letter["e"].model == "gpt3-175b"
-    assert [sc.name[0] for sc in bench.pick(bench.scenarios(smoke=False), "de")] == ["d", "e"]
-    with pytest.raises(SystemExit):
-        bench.pick(bench.scenarios(smoke=False), "z")
+    cluster = cluster_from_dict(sc.cluster)
+    assert cluster.num_gpus == sc.num_gpus
+    out = Counter()
+    for n in sc.cluster["nodes"]:
+        out[n.get(field)] += n.get("count", 1) * n["gpus_per_node"]
+    return dict(out)
+
+
+def test_issue_18_scenarios_hold_the_users_shapes():
+    """d: 1,200 A100 + V100 in three zones, OPT-350M, fp16 (V100: no bf16), a 2% gap in 15 s;
+    e: 16,384 H100 + A100 + L40S in three zones, GPT-3 175B, bf16, 1% in 30 s (issue 18)."""
+    scs = bench.scenarios(smoke=False)
+    assert [s.key for s in scs] == ["a", "b", "c", "d", "e"]
+    d, e = bench.by_key(scs, "d"), bench.by_key(scs, "e")
+    assert d.num_gpus == 1200 and _gpus_by(d, "gpu") == {"A100-SXM4-80GB": 600, "V100-SXM2-32GB": 600}
+    assert len(_gpus_by(d, "zone")) == 3 and len(d.cluster["links"]) == 3
+    assert (d.model, d.precision, d.target_s, d.gap_target) == ("opt-350m", "fp16", 15.0, 0.02)
+    assert e.num_gpus == 16384 and set(_gpus_by(e, "gpu")) == {"H100-SXM5-80GB", "A100-SXM4-80GB", "L40S-48GB"}
+    assert len(_gpus_by(e, "zone")) == 3 and len(e.cluster["links"]) == 3
+    assert (e.model, e.precision, e.target_s, e.gap_target) == ("gpt3-175b", "bf16", 30.0, 0.01)
+    # the largest scenario stays c for the time-limit test (max picks the first of equals)
+    assert max(scs, key=lambda s: s.num_gpus).key == "c"
+
+
+def test_only_runs_the_named_scenarios(capsys):
+    import json
+
+    import pytest
+    assert bench.main(["--smoke", "--only", "smoke-2zone", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["scenario"] for r in rows] == ["smoke-2zone"] and "error" not in rows[0]
+    assert rows[0]["gap_target"] == 0.01 and rows[0]["met"] == (rows[0]["gap"] < 0.01 and rows[0]["wall_median_s"] < 30
+                               and rows[0]["peak_mb"] < bench.PEAK_TARGET_MB)
+    scs = bench.scenarios(smoke=False)
+    assert [s.key for s in bench.select(scs, ["e,a", "c"])] == ["a", "c", "e"]   # the bench's order
+    assert bench.select(scs, [scs[3].name]) == [scs[3]]
+    for bad in (["--only", "z"], ["--schedules", "--only", "a"]):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(bad)
+        assert exc.value.code == 2
+    assert "no such scenario: z" in capsys.readouterr().err
