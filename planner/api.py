@@ -32,6 +32,8 @@ _ELSEWHERE = {
     "format_bandwidth": ("planner.spec.units", "format_bandwidth"),
     "format_bytes": ("planner.spec.units", "format_bytes"),
     "catalog": ("planner.catalog", None),
+    "parse_price_source": ("planner.catalog.price_source", "parse_price_source"),
+    "UNVERIFIED_PRICE_PREFIX": ("planner.catalog.price_source", "UNVERIFIED_PREFIX"),
     "total_params": ("planner.cost.flops", "total_params"),
     "trust_line": ("planner.cost.trust", "trust_line"),
     "check_plan": ("planner.plan.check", "check_plan"),

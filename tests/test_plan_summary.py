@@ -104,9 +104,25 @@ def test_catalog_default_prices_are_marked_with_their_source(tmp_path, capsys, m
     monkeypatch.delenv("COLUMNS", raising=False)
     assert main(BASE) == 0
     out = capsys.readouterr().out
-    assert "price: A100-SXM4-80GB at the catalog default 5.12 USD per GPU-hour (AWS p4de.24xlarge" in out
+    assert ("price: A100-SXM4-80GB at the catalog default 3.43 USD per GPU-hour (AWS p4de.24xlarge "
+            "on-demand, us-east-1, list price of 2026-08-26); set price_per_hour") in out
     own = tmp_path / "c.yaml"
     own.write_text(Path(CLUSTER).read_text().replace("gpus_per_node: 2", "gpus_per_node: 2\n    price_per_hour: 7.5"))
     assert main(["plan", str(own), *BASE[2:]]) == 0
     out = capsys.readouterr().out
     assert "catalog default" not in out and "7.50 USD/hour" in out
+
+
+def test_a_default_price_note_names_cloud_instance_region_and_date_not_the_url():
+    """The note reads the catalog's source format back; a source in any other form (a figure
+    not re-verified, a user's own text) is shown whole, so nothing is dropped."""
+    from planner.cli.prices import price_source_text
+
+    source = ("Azure Standard_NC96ads_A100_v4 on-demand 19.108 / 4 GPUs, eastus, "
+              "https://example.org/prices.json, 2026-11-09; Linux")
+    assert price_source_text(source) == ("Azure Standard_NC96ads_A100_v4 on-demand, eastus, "
+                                         "list price of 2026-11-09")
+    undated = source.replace("2026-11-09; Linux", "date not stated")
+    assert price_source_text(undated).endswith("eastus, date not stated")
+    other = "not re-verified: RunPod RTX 3090 ~0.43 USD/h, recalled"
+    assert price_source_text(other) == other

@@ -1,9 +1,19 @@
 """Which prices a plan's USD/hour rests on: a node group without ``price_per_hour`` is priced at
-its GPU's catalog default, a recalled public list price whose date is mostly unknown
-(planner/catalog/gpus.yaml).  The summary says so, with the catalog's source, so that nobody
-takes a default for what they pay."""
+its GPU's catalog default, one cloud's on-demand list price on a stated date
+(planner/catalog/gpus.yaml).  The summary says so, naming the cloud, instance, region and date
+from the catalog's source (or the whole source where it is not in the catalog format, e.g. a
+figure not re-verified), so that nobody takes a default for what they pay."""
 
 from __future__ import annotations
+
+from planner.api import parse_price_source
+
+
+def price_source_text(source: str) -> str:
+    """The short form of a catalog price source: cloud, instance, region and date where the
+    source is in the catalog format (the URL stays in the catalog); the text as it is otherwise."""
+    parsed = parse_price_source(source)
+    return source if parsed is None else parsed.short()
 
 
 def default_price_notes(cluster, plan) -> list[str]:
@@ -16,7 +26,7 @@ def default_price_notes(cluster, plan) -> list[str]:
                 or not used.intersection(group.node_names)):
             continue
         seen.add(gpu.name)
-        source = gpu.sources.get("price_per_hour", "no source recorded")
+        source = price_source_text(gpu.sources.get("price_per_hour", "no source recorded"))
         notes.append(f"price: {gpu.name} at the catalog default {gpu.price_per_hour_usd:.2f} USD per GPU-hour "
                      f"({source}); set price_per_hour on its node group for what you pay")
     return notes
