@@ -50,6 +50,7 @@ _ELSEWHERE = {
     "write_timeline": ("planner.simulate.render", "write_timeline"),
     "write_trace": ("planner.simulate.render", "write_trace"),
     "calibrate_file": ("planner.profile.calibrate", "calibrate_file"),
+    "profile_file_name": ("planner.profile.from_run", "file_name"),
     "profiling": ("planner.profile.measure", None),   # the module (imports torch): check_tp, measure_profile
     "run_settings_for": ("planner.launch.dynamic_run", "settings_for"),
 }
@@ -58,7 +59,7 @@ _ELSEWHERE = {
 __all__ = [  # noqa: PLE0604 - the names in _ELSEWHERE are strings too
     "Cluster", "InfeasibleError", "InputError", "ModelSpec", "Plan", "PlannerError", "Training",
     "diff", "evaluate", "launch", "latency_schedule", "load_cluster", "load_model", "load_plan", "load_training", "plan",
-    "rebalance", "replan", "resolve_profiles", "run", "search_watch", "simulate", "summarize_cluster", "training_from_mapping",
+    "profile_from_run", "rebalance", "replan", "resolve_profiles", "run", "search_watch", "simulate", "summarize_cluster", "training_from_mapping",
     *sorted(_ELSEWHERE),
 ]
 
@@ -214,6 +215,24 @@ def rebalance(cluster: Cluster, plan_: Plan, measurements_file: str | Path, file
     min_share = plan_.dynamic_shares.min_share if plan_.dynamic_shares is not None else 1
     result = solve(plan_, times, [s["step_time_s"] for s in doc["steps"]], min_share)
     return result, rebalanced_plan(plan_, result)
+
+
+def profile_from_run(cluster: Cluster, plan_: Plan, measurements_file: str | Path, file: str = "<plan>",
+                     warmup: int = 1, profiles: Any = None, calibration: str | Path | None = None,
+                     note: str | None = None):
+    """Profiles (one per GPU type) from a run's measurements of ``plan_``: each replica's
+    measured compute split over its layers in the cost model's ratio, median over the steps
+    after ``warmup`` (``planner.profile.from_run``).  The cost model's ratio uses ``profiles``
+    (None: the cluster's) and ``calibration``.  Bad measurements are input errors naming the
+    field.  Returns ``planner.profile.from_run.FromRun``."""
+    from planner.cost.calibration import calibrated
+    from planner.plan.check import check_plan
+    from planner.profile.from_run import profiles_from_run
+
+    check_plan(cluster, plan_, file=file)  # the devices (and their GPU types) must be there
+    with calibrated(calibration):
+        return profiles_from_run(cluster, plan_, str(measurements_file), warmup=warmup,
+                                 profiles=resolve_profiles(cluster, profiles), note=note)
 
 
 def diff(a: Plan, b: Plan):

@@ -43,8 +43,8 @@ def dump_yaml(data: dict) -> str:
               help="tf32: fp32 tensors, matmuls on TF32 tensor cores  [default: bf16 on cuda, fp32 on cpu]")
 @click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True,
               help="timed runs per entry (the median is kept)")
-@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True,
-              help="untimed runs before timing")
+@click.option("--warmup", type=click.IntRange(min=0), default=None,
+              help="untimed runs before timing  [default: 3; with --from-run: steps left out, 1]")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="torch threads on cpu (the reference runner uses 1 per process)")
 @click.option("--concurrent", type=click.IntRange(min=1), default=1, show_default=True,
@@ -56,16 +56,29 @@ def dump_yaml(data: dict) -> str:
 @click.option("--calibrate", "calibrate_path", default=None, metavar="PROFILE.yaml",
               help="instead of measuring: fit the roofline efficiency of the profile's GPU type")
 @click.option("--cluster", "cluster_path", default=None, metavar="CLUSTER.yaml",
-              help="with --calibrate: a cluster spec holding the inline GPU type (e.g. cpu)")
-@click.option("-o", "--output", default=None, help="file to write (profile or calibration YAML)")
+              help="with --calibrate: a cluster spec holding the inline GPU type (e.g. cpu); "
+                   "with --from-run: the cluster the plan ran on (required)")
+@click.option("--from-run", "from_run", default=None, metavar="MEASUREMENTS.json",
+              help="instead of measuring layers: derive profiles from the file `planner run PLAN "
+                   "--measurements FILE` wrote (needs --plan, --cluster; -o is a folder)")
+@click.option("--plan", "plan_path", default=None, metavar="PLAN.json",
+              help="with --from-run: the plan the measurements are of")
+@click.option("-o", "--output", default=None, help="file to write (profile or calibration YAML); "
+              "with --from-run a folder, one <gpu-type>.yaml per GPU type")
 @click.option("--note", default=None, help="free text kept in the file's provenance (conditions, "
               "e.g. 'run under chrt -r 1')")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON on stdout")
 @click.option("--quiet", is_flag=True, help="no progress output")
 def profile(model_name, device, micro_batch, tp, seq_len, dtype, repeats, warmup, threads, concurrent,
-            gpu_type, calibrate_path, cluster_path, output, note, as_json, quiet):
-    """Measure forward/backward time and memory of the embedding, one block and the head."""
+            gpu_type, calibrate_path, cluster_path, from_run, plan_path, output, note, as_json, quiet):
+    """Measure forward/backward time and memory of the embedding, one block and the head (or,
+    with --from-run, derive them from a training run's measured step times)."""
     out = console(quiet=as_json)
+    if from_run:
+        _from_run(from_run, plan_path, cluster_path, output, 1 if warmup is None else warmup, note,
+                  as_json, quiet)
+        return
+    warmup = 3 if warmup is None else warmup
     if output:      # before minutes of measuring, not after
         check_writable(output)
     if calibrate_path:
@@ -132,3 +145,38 @@ def profile(model_name, device, micro_batch, tp, seq_len, dtype, repeats, warmup
     elif not quiet:
         out.print(f"wrote {output} ({len(result.entries)} entries, device {result.device.name}, "
                   f"GPU type {result.device.gpu_type})")
+
+
+def _from_run(measurements, plan_path, cluster_path, output, warmup, note, as_json, quiet):
+    """``planner profile --from-run``: profiles from a run's measurements (planner.profile.from_run)."""
+    from pathlib import Path
+
+    from planner import api
+
+    for flag, value in (("--plan", plan_path), ("--cluster", cluster_path)):
+        if not value:
+            raise InputError(f"--from-run needs {flag}: the measurements name their plan only by "
+                             "its sha256, and the cost model's layer ratio needs the plan's devices")
+    if not output:
+        raise InputError("-o/--output is required: the folder to write one profile per GPU type into")
+    folder = Path(output)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"-o {output}: with --from-run this is a folder (one <gpu-type>.yaml per "
+                         "GPU type), and a file of that name exists")
+    check_writable(folder / "x.yaml")
+    cluster = api.load_cluster(cluster_path)
+    plan = api.load_plan(plan_path)
+    result = api.profile_from_run(cluster, plan, measurements, file=plan_path, warmup=warmup, note=note)
+    texts = {api.profile_file_name(g): dump_yaml(p.to_yaml_data()) for g, p in result.profiles.items()}
+    first, *rest = sorted(texts)
+    written = write_atomic(folder / first, texts[first], {name: texts[name] for name in rest})
+    summary = {"files": sorted(str(p) for p in written), "steps_used": list(result.steps_used),
+               "measured_over_predicted": result.scale,
+               "entries": {g: len(p.entries) for g, p in result.profiles.items()}}
+    if as_json:
+        echo_json(summary)
+    elif not quiet:
+        out = console()
+        for g, p in sorted(result.profiles.items()):
+            out.print(f"{g}: {len(p.entries)} entries from steps {result.steps_used[0]}..{result.steps_used[1]}, "
+                      f"measured / cost model {result.scale[g]:.2f}x  -> {folder / api.profile_file_name(g)}")

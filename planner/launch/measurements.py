@@ -11,8 +11,10 @@ file of another plan is refused. Torch-free.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import math
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +28,34 @@ def plan_sha256(plan) -> str:
     return hashlib.sha256(plan.dumps().encode()).hexdigest()
 
 
+def cpu_model_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what ``platform`` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def trained_record(shape: dict, dtype: str, backend: str, allow_tf32: bool, slowdown: dict | None) -> dict:
+    """What the run actually trained and on what: the model the runner built (``--tiny`` and
+    ``--seq-len`` change it), its dtype, the backend, any ``--slow-rank``. ``planner profile
+    --from-run`` needs it to tell which model and precision the times are of."""
+    try:
+        torch_version = importlib.metadata.version("torch")   # no import: seconds per process
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "unknown"
+    return {"shape": dict(shape), "dtype": dtype, "backend": backend, "allow_tf32": allow_tf32,
+            "slowdown": dict(slowdown) if slowdown else None, "torch_version": torch_version,
+            "host_cpu": cpu_model_name()}
+
+
 def build(plan, ranks, per_rank: dict[int, list[dict]], step_time_s: list[float],
-          dynamic: dict | None) -> dict:
-    """The document from each rank's records (``measure_worker``) and the step times."""
+          dynamic: dict | None, trained: dict | None = None) -> dict:
+    """The document from each rank's records (``measure_worker``) and the step times;
+    ``trained`` is ``trained_record``'s (None: not recorded)."""
     slots = {}
     for r in ranks:
         slots.setdefault((r.stage, r.replica), []).append(r.rank)
@@ -46,7 +73,7 @@ def build(plan, ranks, per_rank: dict[int, list[dict]], step_time_s: list[float]
         steps.append({"step": i, "step_time_s": t, "replicas": rows})
     return {"schema": SCHEMA_ID, "plan_sha256": plan_sha256(plan),
             "micro_batch_size": plan.micro_batch_size, "num_micro_batches": plan.num_micro_batches,
-            "dynamic_batching": dynamic, "replicas": replicas, "steps": steps}
+            "dynamic_batching": dynamic, "trained": trained, "replicas": replicas, "steps": steps}
 
 
 @dataclass(frozen=True)

@@ -462,9 +462,10 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
             break
     doc = None
     if measured:
-        from planner.launch.measurements import build
+        from planner.launch.measurements import build, trained_record
 
-        doc = build(plan, ranks, measured, times, cfg.get("dynamic"))
+        trained = trained_record(shape, dtype, backend, cfg["allow_tf32"], cfg.get("slowdown"))
+        doc = build(plan, ranks, measured, times, cfg.get("dynamic"), trained)
     return RunResult(losses=losses, step_time_s=times, param_digest=digest,
                      replica_max_abs_diff=diff, world_size=len(ranks), ranks=ranks,
                      wall_s=time.perf_counter() - t0, params=params if return_params else None,

@@ -24,18 +24,17 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from planner.errors import InputError
+from planner.launch.measurements import cpu_model_name
 from planner.profile import split
 from planner.profile.schema import LAYER_KINDS, SCHEMA_ID, ProfileEntry, ProfileFile
 from planner.spec.model import ModelSpec
@@ -292,16 +291,6 @@ def measure_entry(model: ModelSpec, kind: str, mb: int, tp: int, seq_len: int, d
 
 
 # ---------------------------------------------------------------------------- a whole profile
-def cpu_model_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
-
-
 def _load_average() -> float | None:
     # Other processes on the machine slow CPU measurements; the file records how busy it was.
     try:

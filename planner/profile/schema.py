@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from planner.spec.quantities import PositiveInt
 
@@ -23,6 +23,9 @@ LayerKind = Literal["embedding", "block", "head"]
 Dtype = Literal["bf16", "fp16", "fp32", "tf32"]  # tf32: fp32 tensors, TF32 tensor-core matmuls
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+# ``settings.memory`` of a profile without memory figures (``planner profile --from-run``);
+# only such a file may leave out ``peak_memory_bytes``.
+MEMORY_NOT_MEASURED = "not measured"
 
 # How ``planner profile`` computes a block's attention (measure.py): one fused causal kernel,
 # torch's scaled_dot_product_attention (flash / memory-efficient), never the unfused s^2 core.
@@ -85,10 +88,15 @@ class ProfileEntry(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _complete(self):
+    def _complete(self, info: ValidationInfo):
         if not self.fits:
             return self
+        # A profile derived from a training run's step times (``settings.memory`` is
+        # MEMORY_NOT_MEASURED) has no memory figures; ``parse_profile`` says so in the context.
+        memory_measured = not (info.context or {}).get(MEMORY_NOT_MEASURED, False)
         for name in ("forward_s", "backward_s", "peak_memory_bytes"):
+            if name == "peak_memory_bytes" and not memory_measured:
+                continue
             if getattr(self, name) is None:
                 raise ValueError(f"missing required field {name!r} (or write 'fits: false' for "
                                  "an entry that ran out of memory)")
@@ -145,6 +153,16 @@ class ProfileFile(BaseModel):
     entries: tuple[ProfileEntry, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
+    def _memory(self):
+        if self.settings.memory == MEMORY_NOT_MEASURED:
+            return self
+        for i, e in enumerate(self.entries):
+            if e.fits and e.peak_memory_bytes is None:
+                raise ValueError(f"entries[{i}]: missing required field 'peak_memory_bytes' (only a "
+                                 f"profile whose settings.memory is {MEMORY_NOT_MEASURED!r} may omit it)")
+        return self
+
+    @model_validator(mode="after")
     def _unique(self):
         seen = set()
         for e in self.entries:
@@ -184,8 +202,9 @@ def _entry_data(entry: ProfileEntry) -> dict:
     if not entry.fits:
         out["fits"] = False
         return out
-    out.update(forward_s=float(f"{entry.forward_s:.6g}"), backward_s=float(f"{entry.backward_s:.6g}"),
-               peak_memory_bytes=entry.peak_memory_bytes)
+    out.update(forward_s=float(f"{entry.forward_s:.6g}"), backward_s=float(f"{entry.backward_s:.6g}"))
+    if entry.peak_memory_bytes is not None:
+        out["peak_memory_bytes"] = entry.peak_memory_bytes
     if entry.activation_bytes is not None:
         out["activation_bytes"] = entry.activation_bytes
     if entry.weight_fraction is not None:

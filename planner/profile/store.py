@@ -30,7 +30,7 @@ from typing import Any, get_args
 
 from planner import catalog
 from planner.errors import InputError, Location
-from planner.profile.schema import SCHEMA_ID, Dtype, ProfileFile, layer_shape
+from planner.profile.schema import MEMORY_NOT_MEASURED, SCHEMA_ID, Dtype, ProfileFile, layer_shape
 from planner.spec.source import Document, load_yaml, validate_model
 
 DTYPES: tuple[str, ...] = get_args(Dtype)
@@ -333,7 +333,9 @@ def parse_profile(doc: Document) -> ProfileFile:
     if schema != SCHEMA_ID:
         raise doc.error(("schema",), f"unsupported profile schema {schema!r}; this planner reads "
                         f"'{SCHEMA_ID}' (re-run 'planner profile' to write one)")
-    return validate_model(ProfileFile, doc)
+    settings = doc.data.get("settings")
+    no_memory = isinstance(settings, dict) and settings.get("memory") == MEMORY_NOT_MEASURED
+    return validate_model(ProfileFile, doc, context={MEMORY_NOT_MEASURED: no_memory})
 
 
 def profile_gpu_type(profile: ProfileFile, doc: Document) -> str:

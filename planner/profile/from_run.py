@@ -1,0 +1,191 @@
+"""``planner profile --from-run``: a training run's measured times -> profiles the cost model
+reads (issue 21), so the next plan is priced from what the devices did. Torch-free.
+
+``planner run PLAN --measurements FILE`` records, per step and per replica, the compute time of
+all the replica's micro-batches in that step (forward + backward with receive waits taken out,
+TP collectives in; planner.launch.measurements). For every measured step after ``warmup``
+(default 1: the first step carries one-off start-up costs, as in planner.rebalance) and every
+replica, this module:
+
+1. takes the replica's compute per micro-batch, ``compute_s / num_micro_batches``;
+2. asks the cost model (planner.cost.compute, with the profiles and calibration it would price
+   the plan with) for the same replica and share: each layer's forward and backward, and what
+   is not a layer's own work (the TP collectives and the per-micro-batch overhead);
+3. takes the measured time less that non-layer part and splits it over the stage's layers
+   (embedding, its blocks, head) **in the proportion the cost model predicts for them**: one
+   factor ``k = (measured - predicted non-layer) / predicted layers`` scales every layer's
+   forward and backward.
+
+The total of a stage is measured; how it divides between its layers, and between forward and
+backward, is the cost model's (the run's ``forward_s`` / ``backward_s`` include receive waits
+that cannot be told apart by direction). Each entry (GPU type, layer kind, micro-batch share,
+tp) is the median over all its samples (steps x replicas, over every stage holding the layer).
+Replicas of one GPU type that ran at different speeds (a throttled node) get that median: a
+profile describes a type, not a node; ``planner rebalance`` is the tool for one slow node.
+
+One profile per GPU type (the file format holds one device); ``write`` puts them in a folder,
+``<gpu-type>.yaml`` each, which ``--profiles DIR`` reads. No memory is measured by a run, so
+``settings.memory`` is ``not measured`` and the entries have no ``peak_memory_bytes``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+from planner.errors import InputError
+from planner.profile.schema import MEMORY_NOT_MEASURED, SCHEMA_ID, ModelShape, ProfileFile
+
+DEFAULT_WARMUP_STEPS = 1
+STATISTIC = "median of steps {first}..{last}, split by the cost model's layer ratio"
+
+
+@dataclass(frozen=True)
+class FromRun:
+    """What ``profiles_from_run`` made: one profile per GPU type and how the run compared."""
+
+    profiles: dict[str, ProfileFile]       # GPU type -> profile
+    steps_used: tuple[int, int]            # first and last measured step used
+    # GPU type -> median measured / predicted layer time (k above): > 1, the run was slower
+    # than the cost model thought
+    scale: dict[str, float]
+
+
+def _fail(path: str, field: str, why: str) -> InputError:
+    return InputError(f"{path}: {field}: {why}")
+
+
+def _run_dtype(path: str, trained: dict) -> str:
+    """The profile dtype of the run's arithmetic (the runner computes in float32 or float64
+    whatever the plan's precision; TF32 matmuls only for a tf32 plan on a GPU)."""
+    dtype = trained.get("dtype")
+    if dtype == "float32":
+        return "tf32" if trained.get("allow_tf32") else "fp32"
+    raise _fail(path, "trained.dtype", f"a profile holds fp32 / tf32 / bf16 / fp16 times, the run "
+                f"computed in {dtype!r}; measure with `planner run --dtype float32`")
+
+
+def check_trained(path: str, doc: dict, plan) -> dict:
+    """The run's ``trained`` record, checked to be the plan's own model and sequence length
+    (``--tiny`` or ``--seq-len`` runs train another model, whose times price nothing here)."""
+    from planner.launch.runner import model_shape  # torch-free
+
+    trained = doc.get("trained")
+    if not isinstance(trained, dict) or not isinstance(trained.get("shape"), dict):
+        raise _fail(path, "trained", "missing: the file does not say which model the run trained "
+                    "(written before `planner run` recorded it); measure the plan again")
+    want = model_shape(plan)
+    for key, value in want.items():
+        got = trained["shape"].get(key)
+        if got != value:
+            raise _fail(path, f"trained.shape.{key}", f"the run trained {got!r}, the plan's model has "
+                        f"{value!r} (a --tiny or --seq-len run): its times do not price the plan's model")
+    return trained
+
+
+def profiles_from_run(cluster, plan, path: str, warmup: int = DEFAULT_WARMUP_STEPS, profiles=None,
+                      calibration=None, note: str | None = None) -> FromRun:
+    """Profiles from the measurements file at ``path`` of ``plan`` (module docstring); the cost
+    model's prediction uses ``profiles`` and ``calibration`` (None: the roofline / shipped fit)."""
+    from planner.cost.compute import (
+        block_timing,
+        embedding_timing,
+        head_timing,
+    )
+    from planner.cost.evaluate import _priced_stages, _training, context_for_plan
+    from planner.launch.measurements import load, plan_sha256
+
+    doc, times = load(path, plan)  # hash, replicas, positive times: rebalance's checks
+    trained = check_trained(path, doc, plan)
+    dtype = _run_dtype(path, trained)
+    steps = doc["steps"]
+    if warmup < 0 or len(steps) <= warmup:
+        raise _fail(path, "steps", f"{len(steps)} measured step(s), none left after {warmup} warm-up "
+                    "step(s); run more --steps or lower --warmup")
+    seq_len, _, precision = _training(plan)
+    ctx = context_for_plan(plan, calibration, profiles)
+    nodes = cluster.node_by_name
+    m = plan.num_micro_batches
+    samples: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    factors: dict[str, list[float]] = defaultdict(list)
+    gpus = {}
+    for st in _priced_stages(plan):
+        for j, rep in enumerate(st.replicas):
+            node = nodes[rep.node]
+            gpu, intra = node.gpu, node.group.intra_Bps
+            gpus[gpu.name] = gpu
+            t = times[(st.index, j)]
+            for i in range(warmup, len(steps)):
+                share = t.shares[i]
+                layers = []  # (kind, count, ReplicaTiming of one layer)
+                if st.embedding:
+                    layers.append(("embedding", 1, embedding_timing(ctx, gpu, intra, rep.tp, share)))
+                if st.num_blocks:
+                    layers.append(("block", st.num_blocks, block_timing(ctx, gpu, intra, rep.tp, share)))
+                if st.head:
+                    layers.append(("head", 1, head_timing(ctx, gpu, intra, rep.tp, share)))
+                own = sum(n * (lt.forward_s + lt.backward_s) for _, n, lt in layers)
+                other = (sum(n * lt.tp_comm_s for _, n, lt in layers)
+                         + ctx.calibration.for_gpu(gpu).microbatch_overhead_s)
+                measured = t.compute_s[i] / m - other
+                if measured <= 0 or own <= 0:
+                    raise _fail(path, f"steps[{i}] stage {st.index} replica {j} compute_s",
+                                f"{t.compute_s[i]:.6g} s for {m} micro-batch(es) is less than the cost "
+                                f"model's TP collectives and per-micro-batch overhead ({other:.6g} s "
+                                "each): nothing is left to split over the layers")
+                k = measured / own
+                factors[gpu.name].append(k)
+                for kind, _, lt in layers:
+                    samples[(gpu.name, kind, share, rep.tp)].append((lt.forward_s * k, lt.backward_s * k))
+    first, last = warmup, len(steps) - 1
+    statistic = STATISTIC.format(first=first, last=last)
+    model = {k: v for k, v in ctx.model.to_mapping().items() if k in ModelShape.model_fields}
+    created = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
+    gloo = trained.get("backend") == "gloo"
+    out = {}
+    for name in sorted(gpus):
+        entries = []
+        for (g, kind, share, tp), pts in sorted(samples.items()):
+            if g != name:
+                continue
+            entries.append({"layer": kind, "micro_batch": share, "tp": tp,
+                            "forward_s": statistics.median(f for f, _ in pts),
+                            "backward_s": statistics.median(b for _, b in pts)})
+        provenance = (f"planner profile --from-run {path}: plan sha256 {plan_sha256(plan)[:16]}, "
+                      f"{statistic}: each replica's measured compute per micro-batch, less the cost "
+                      "model's TP collectives and per-micro-batch overhead, split over its stage's "
+                      "layers (and forward / backward) in the cost model's ratio")
+        if trained.get("slowdown"):
+            provenance += f"; run slowed ranks {trained['slowdown']} on purpose (--slow-rank)"
+        if note:
+            provenance += f"; {note}"
+        data = {
+            "schema": SCHEMA_ID,
+            "device": {"kind": "cpu" if gloo else "cuda",
+                       "name": trained.get("host_cpu", "cpu") if gloo else name,
+                       "gpu_type": name, **({"threads": 1} if gloo else {})},
+            "torch_version": str(trained.get("torch_version", "unknown")),
+            "dtype": dtype,
+            # the runner trains any plan in fp32: these times are what the plan's precision got
+            "stands_in_for": [precision] if precision != dtype else [],
+            "created": created, "seq_len": seq_len, "model": model,
+            "settings": {"warmup": warmup, "repeats": last - first + 1, "statistic": "median",
+                         "timer": "wall-clock (planner run: perf_counter per action, receive waits "
+                                  "out; " + statistic + ")",
+                         "memory": MEMORY_NOT_MEASURED,
+                         **({"concurrent": len({rk for r in doc["replicas"] for rk in r["ranks"]})}
+                            if gloo else {})},
+            "provenance": provenance, "entries": entries,
+        }
+        out[name] = ProfileFile.model_validate(data, context={MEMORY_NOT_MEASURED: True})
+    scale = {g: statistics.median(v) for g, v in sorted(factors.items())}
+    return FromRun(profiles=out, steps_used=(first, last), scale=scale)
+
+
+def file_name(gpu_type: str) -> str:
+    """``<gpu-type>.yaml``, the name lower-cased with anything but letters, digits, '.', '_'
+    and '-' made '-'."""
+    return re.sub(r"[^a-z0-9._-]+", "-", gpu_type.lower()).strip("-") + ".yaml"
