@@ -53,3 +53,24 @@ def test_report_prints(report, capsys):
     assert "reference runner" in text and "FLOPs" in text and "blocks: mean |error|" in text
     assert dr.main([str(H200)]) == 0
     assert "opt-350m" in capsys.readouterr().out
+
+
+def test_floor_column_splits_off_launch_bound_gemms(report):
+    assert all(0 <= b.above_floor <= b.rows for b in report.gemms)
+    for b in report.gemms:
+        assert (b.above_floor_median_error is None) == (b.above_floor == 0)
+    # The smallest decade is all at the launch floor (one kernel per event pair), the largest
+    # all above it: that is the split the column is for.
+    for source in {b.source for b in report.gemms}:
+        mine = sorted((b for b in report.gemms if b.source == source), key=lambda b: b.flops_decade)
+        assert mine[0].above_floor == 0 or mine[0].above_floor < mine[0].rows
+        assert mine[-1].above_floor > 0
+
+
+def test_device_checks_summary_matches_the_report(report):
+    checks = dr.device_checks_summary()["H200-SXM-141GB"]
+    blocks = next(c for c in checks if c["kind"] == "blocks")
+    assert blocks["rows"] == sum(1 for r in report.layers if r.layer == "block")
+    assert blocks["mape_percent"] == round(100 * dr.block_error(report), 1)
+    runner = next(c for c in checks if c["kind"] == "runner")
+    assert runner["mape_percent"] == round(100 * abs(report.plan.error), 1) and runner["gpus"] == 1

@@ -135,8 +135,9 @@ def _gpu_types(cluster, plan) -> tuple[str, ...]:
 
 
 def validation_summary(calibration=None, results_by_set=None) -> dict:
-    """Per GPU type and precision: the sets it ran in, rows, fitted or not, mean error
-    (what planner.cost.trust reads from validation.yaml)."""
+    """Per GPU type and precision: the sets it ran in, rows, fitted or not, mean error; and the
+    one-GPU device checks (reference/device, planner.cost.device_report) with the model's error
+    on them (what planner.cost.trust reads from validation.yaml)."""
     results_by_set = results_by_set or predict_all(calibration)
     by_gpu: dict[str, list[dict]] = {}
     for name in SETS:
@@ -147,12 +148,14 @@ def validation_summary(calibration=None, results_by_set=None) -> dict:
             by_gpu.setdefault(gpu, []).append({
                 "set": group, "precision": precision, "rows": len(rows), "fitted": name in CALIBRATION_SETS,
                 "mape_percent": round(100 * statistics.fmean(r.ape for r in rows), 1)})
-    return {"gpu_types": dict(sorted(by_gpu.items()))}
+    from planner.cost.device_report import device_checks_summary
+    return {"gpu_types": dict(sorted(by_gpu.items())), "device_checks": device_checks_summary(calibration)}
 
 
 VALIDATION_HEADER = """\
 # Written by `python -m planner.cost.fidelity --write` (planner/cost/trust.py reads it): for each
-# GPU type that ran in a measured fidelity set, the model's mean absolute error there. Do not edit.
+# GPU type that ran in a measured fidelity set, the model's mean absolute error there; under
+# device_checks, the one-GPU device checks of reference/device (predicted, not fitted). Do not edit.
 """
 
 
