@@ -39,23 +39,37 @@ def test_plan_and_evaluation_carry_the_trust_of_each_gpu_type():
     assert [t.gpu_type for t in ev.trust] == used
     data = result.plan.to_json()["predicted"]["trust"]
     assert [t["gpu_type"] for t in data] == used
-    assert {t["level"] for t in data} <= {"validated", "calibrated", "datasheet-only", "profiled"}
+    assert {t["level"] for t in data} <= {"validated", "calibrated", "micro-benchmarked", "datasheet-only",
+                                           "profiled"}
 
 
-def test_a_gpu_checked_on_a_lent_machine_is_micro_benchmarked():
-    """H200: GEMMs timed and one plan trained on one lent GPU (reference/device/h200-2026-12-04),
-    no multi-GPU run: better than datasheet-only, not validated; fp32 was not checked."""
-    bf16, tf32 = trust_for("H200-SXM-141GB", "bf16"), trust_for("H200-SXM-141GB", "tf32")
-    assert bf16.level == tf32.level == "micro-benchmarked"
-    assert "GEMMs timed on one GPU" in bf16.note and "no multi-GPU measured run" in bf16.note
-    assert "single-GPU training run" in tf32.note and 0 < tf32.mape < 1
-    assert trust_for("H200-SXM-141GB", "fp32").level == "datasheet-only"
+def test_a_device_check_makes_a_type_micro_benchmarked():
+    """H200 has no fidelity-set run but a one-GPU device check (reference/device): its blocks
+    (bf16) and a runner plan (tf32) were predicted without fitting; the level says so."""
+    checks = validation_table()["device_checks"]["H200-SXM-141GB"]
+    for precision, also in (("bf16", "fp16"), ("tf32", None)):
+        mine = [c for c in checks if c["precision"] == precision]
+        assert mine, precision
+        t = trust_for("H200-SXM-141GB", precision)
+        assert t.level == "micro-benchmarked"
+        assert t.mape == max(c["mape_percent"] for c in mine) / 100
+        assert "one GPU" in t.note and mine[0]["folder"] in t.note and "collectives unchecked" in t.note
+        if also:  # bf16 and fp16 share the tensor-core GEMMs (precision_class)
+            assert trust_for("H200-SXM-141GB", also).level == "micro-benchmarked"
+    assert trust_for("H200-SXM-141GB", "fp32").level == "datasheet-only"  # nothing measured in fp32
+    # A type validated on measured runs keeps that level; a profile still comes first.
+    assert trust_for("H100-SXM5-80GB", "bf16").level == "calibrated"
+    assert trust_for("H200-SXM-141GB", "bf16", profiled=True).level == "profiled"
+    line = trust_line([trust_for("H200-SXM-141GB", "bf16")])
+    assert line.startswith("trust: H200-SXM-141GB micro-benchmarked") and "one-GPU micro-benchmarks" in line
 
 
-def test_device_checks_file_matches_a_fresh_run():
-    """planner/cost/device_checks.yaml is what `python -m planner.cost.device_checks` writes
-    from reference/device/ today: a model change that moves those errors shows here."""
-    import yaml
-
-    from planner.cost.device_checks import CHECKS_FILE, collect
-    assert yaml.safe_load(CHECKS_FILE.read_text()) == collect()
+def test_the_device_plan_carries_the_new_level_and_stays_schema_valid():
+    from planner.plan.schema import validate_plan_json
+    plan = api.load_plan("reference/device/h200-2026-12-04/plan.json")
+    cluster = api.load_cluster("scripts/device-h200-1gpu.yaml")
+    ev = api.evaluate(cluster, plan)
+    assert [(t.gpu_type, t.level) for t in ev.trust] == [("H200-SXM-141GB", "micro-benchmarked")]
+    data = plan.to_json()
+    data["predicted"]["trust"] = [t.to_json() for t in ev.trust]
+    validate_plan_json(data)

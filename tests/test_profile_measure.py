@@ -112,7 +112,7 @@ def test_calibration_recovers_a_synthetic_device(tmp_path):
     from dataclasses import replace
 
     from planner.cost.calibration import default_calibration
-    from planner.profile.calibrate import _total_s, calibrate_file
+    from planner.profile.calibrate import Measured, _total_s, calibrate_file
     from planner.spec import load_cluster
     cluster_file = tmp_path / "c.yaml"
     cluster_file.write_text(
@@ -127,7 +127,7 @@ def test_calibration_recovers_a_synthetic_device(tmp_path):
     entries = []
     for tp in (1, 2):
         for mb in (1, 2, 4, 8):
-            t = _total_s(model, 64, gpu, truth, mb, tp)
+            t = _total_s(model, 64, gpu, truth, mb, tp, Measured("bf16", flash_attention=True))
             entries.append({"layer": "block", "micro_batch": mb, "tp": tp, "forward_s": t / 3,
                             "backward_s": 2 * t / 3, "peak_memory_bytes": 1})
     path = tmp_path / "p.yaml"
@@ -160,7 +160,7 @@ def test_concurrent_measurement_runs_cotenants():
 
 
 def test_calibration_prices_blocks_as_the_profiler_ran_them():
-    """`planner profile` runs attention as one fused kernel (schema.BLOCK_ATTENTION_FUSED) in the
+    """`planner profile` runs attention as one fused kernel (the profile's ``attention: fused``) in the
     profile's dtype; the fit must price the same block.  On the H200 profiles measured on
     2026-12-04 (reference/device/h200-2026-12-04) the unfused pricing was 89-95% off before
     any fit (Llama-3-8B: 41 ms predicted for 21.6 ms); priced as measured, the shipped curve

@@ -135,8 +135,9 @@ def _gpu_types(cluster, plan) -> tuple[str, ...]:
 
 
 def validation_summary(calibration=None, results_by_set=None) -> dict:
-    """Per GPU type and precision: the sets it ran in, rows, fitted or not, mean error
-    (what planner.cost.trust reads from validation.yaml)."""
+    """Per GPU type and precision: the sets it ran in, rows, fitted or not, mean error; and the
+    one-GPU device checks (reference/device, planner.cost.device_report) with the model's error
+    on them (what planner.cost.trust reads from validation.yaml)."""
     results_by_set = results_by_set or predict_all(calibration)
     by_gpu: dict[str, list[dict]] = {}
     for name in SETS:
@@ -147,12 +148,14 @@ def validation_summary(calibration=None, results_by_set=None) -> dict:
             by_gpu.setdefault(gpu, []).append({
                 "set": group, "precision": precision, "rows": len(rows), "fitted": name in CALIBRATION_SETS,
                 "mape_percent": round(100 * statistics.fmean(r.ape for r in rows), 1)})
-    return {"gpu_types": dict(sorted(by_gpu.items()))}
+    from planner.cost.device_report import device_checks_summary
+    return {"gpu_types": dict(sorted(by_gpu.items())), "device_checks": device_checks_summary(calibration)}
 
 
 VALIDATION_HEADER = """\
 # Written by `python -m planner.cost.fidelity --write` (planner/cost/trust.py reads it): for each
-# GPU type that ran in a measured fidelity set, the model's mean absolute error there. Do not edit.
+# GPU type that ran in a measured fidelity set, the model's mean absolute error there; under
+# device_checks, the one-GPU device checks of reference/device (predicted, not fitted). Do not edit.
 """
 
 
@@ -263,22 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("error by hidden size (signed: negative = predicted too fast)")
     print(format_buckets(bucket_table(results_by_set=results)))
-    print()
-    print("single-GPU checks on lent machines (reference/device/; predicted, not fitted)")
-    print(format_device_checks())
     return 0
-
-
-def format_device_checks() -> str:
-    """The device checks as they come out of today's model (device_checks.collect)."""
-    from planner.cost.device_checks import collect
-    lines = [f"{'gpu type':18s} {'dtype':6s} {'GEMMs':>6s} {'GEMM MAPE':>10s} {'run error':>10s}  folder"]
-    for gpu, per_dtype in sorted(collect()["gpu_types"].items()):
-        for dtype, e in sorted(per_dtype.items()):
-            run = e.get("run_error_percent")
-            lines.append(f"{gpu:18s} {dtype:6s} {e['gemms']:6d} {e['gemm_mape_percent']:9.1f}% "
-                         f"{'-' if run is None else f'{run:+.1f}%':>10s}  {e['folder']}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

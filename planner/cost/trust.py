@@ -7,6 +7,12 @@ it.  A test keeps the file equal to a fresh run.  A GPU type with no row is "dat
 its curve is its architecture's (or ampere's, scaled) and its ceiling the published matmul
 benchmark where one exists; nobody has checked the prediction against a run.  A GPU type
 whose layer costs came from a measured profile says so first.
+
+Between the two: "micro-benchmarked", a GPU type with no run in a fidelity set but a device
+check (``device_checks`` in validation.yaml, from planner.cost.device_report): its blocks were
+profiled, or one plan trained, on one GPU of that type (reference/device/<folder>), and the
+model predicted them (not fitted) with the error given.  It says nothing about collectives or
+multi-GPU schedules, which no such check measures.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ VALIDATION_FILE = Path(__file__).with_name("validation.yaml")
 @dataclass(frozen=True)
 class Trust:
     gpu_type: str
-    level: str              # "profiled" | "validated" | "calibrated" | "micro-benchmarked" | "datasheet-only"
+    level: str  # "profiled" | "validated" | "calibrated" | "micro-benchmarked" | "datasheet-only"
     mape: float | None      # mean absolute error on measured runs not used for fitting
     note: str
 
@@ -51,6 +57,17 @@ def _describe(entries: list[dict]) -> str:
     return "; ".join(parts)
 
 
+_CHECK_KINDS = {"blocks": "profiled block entries (forward + backward)",
+                "runner": "training iteration of a plan run by the reference runner"}
+
+
+def _describe_checks(checks: list[dict]) -> str:
+    parts = [f"{c['rows']} {_CHECK_KINDS.get(c['kind'], c['kind'])} in {c['precision']} on {c['gpus']} GPU, "
+             f"predicted without fitting, mean error {c['mape_percent']:.1f}% ({c['folder']})" for c in checks]
+    return ("micro-benchmarked on one GPU: " + "; ".join(parts)
+            + "; no multi-GPU run of this type measured (collectives unchecked)")
+
+
 def trust_for(gpu_type: str, precision: str, profiled: bool = False, ceiling_measured: bool = True) -> Trust:
     entries = [e for e in validation_table().get("gpu_types", {}).get(gpu_type, [])
                if precision_class(e["precision"]) == precision_class(precision)]
@@ -65,31 +82,16 @@ def trust_for(gpu_type: str, precision: str, profiled: bool = False, ceiling_mea
         worst = max(e["mape_percent"] for e in entries)
         return Trust(gpu_type, "calibrated", worst / 100,
                      _describe(entries) + " (no held-out runs for this GPU type)")
-    checked = _device_check(gpu_type, precision)
-    if checked is not None:
-        return checked
+    checks = [c for c in validation_table().get("device_checks", {}).get(gpu_type, [])
+              if precision_class(c["precision"]) == precision_class(precision)]
+    if checks:
+        worst = max(c["mape_percent"] for c in checks)
+        return Trust(gpu_type, "micro-benchmarked", worst / 100, _describe_checks(checks))
     ceiling = ("published max-achievable-matmul benchmark" if ceiling_measured
                else "assumed matmul ceiling (no published benchmark)")
     return Trust(gpu_type, "datasheet-only", None,
                  f"no measured run of this GPU type in {precision}: datasheet peaks, {ceiling}, "
                  "architecture curve; expect errors well beyond the validated types'")
-
-
-def _device_check(gpu_type: str, precision: str) -> Trust | None:
-    """Single-GPU checks on a lent machine (device_checks.py): the GEMMs, and one trained plan
-    where there was one.  ``mape``: that plan's error, else the GEMMs'."""
-    from planner.cost.device_checks import checks_table
-    per_dtype = checks_table().get("gpu_types", {}).get(gpu_type, {})
-    entry = next((e for d, e in sorted(per_dtype.items()) if precision_class(d) == precision_class(precision)), None)
-    if entry is None:
-        return None
-    parts = [f"{entry['gemms']} GEMMs timed on one GPU, mean error {entry['gemm_mape_percent']:.1f}%"]
-    run = entry.get("run_error_percent")
-    if run is not None:
-        parts.append(f"one single-GPU training run predicted {run:+.0f}%")
-    mape = abs(run) / 100 if run is not None else entry["gemm_mape_percent"] / 100
-    return Trust(gpu_type, "micro-benchmarked", mape,
-                 "; ".join(parts) + f" ({entry['folder']}); no multi-GPU measured run")
 
 
 def plan_trust(gpu_types: list[str], precision: str, profiled_types: set[str] = frozenset()) -> list[Trust]:
@@ -102,6 +104,7 @@ def trust_line(trusts: list[Trust]) -> str:
     """One line for a summary: each GPU type's level (and held-out error)."""
     parts = []
     for t in trusts:
-        err = f", {100 * t.mape:.0f}% mean error on measured runs" if t.mape is not None else ""
+        on = "one-GPU micro-benchmarks" if t.level == "micro-benchmarked" else "measured runs"
+        err = f", {100 * t.mape:.0f}% mean error on {on}" if t.mape is not None else ""
         parts.append(f"{t.gpu_type} {t.level}{err}")
     return "trust: " + "; ".join(parts)

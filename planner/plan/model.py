@@ -126,7 +126,8 @@ class Predicted(BaseModel):
     breakdown_s: dict[str, float]
     peak_memory_bytes: dict[str, float]
     trust: list[dict[str, Any]] | None = Field(
-        default=None, description="per GPU type: validated on measured runs (and the error) or datasheet-only")
+        default=None, description="per GPU type: validated on measured runs (and the error), calibrated, "
+        "profiled, micro-benchmarked on one GPU, or datasheet-only")
 
 
 # The solver fields a plan file keeps: what was proved about the plan and in what space.

@@ -12,7 +12,9 @@ How: a grid over the two half-sizes (log-spaced); for each, the predicted time i
 linear in 1/ceiling and in the overhead, so those two come from weighted least squares on the
 relative error (clamped to ceiling <= 1, overhead >= 0).  ``mem_eff`` keeps the shipped value:
 a block's elementwise share is too small to pin it down.  The roofline itself is evaluated by
-calling the cost model (``block_timing``), so the fit always matches the formula in use.
+calling the cost model (``block_timing``), so the fit always matches the formula in use, in a
+context that prices what the profile measured (``Measured``: its dtype as the precision, and
+flash attention for the fused SDPA core that measure.py times).
 
 The result is a complete calibration file in the format of planner/cost/calibration.yaml
 (the shipped calibration with this GPU type's entry replaced).
@@ -27,7 +29,6 @@ from pathlib import Path
 
 from planner import catalog
 from planner.errors import InputError
-from planner.profile.schema import BLOCK_ATTENTION_FUSED
 from planner.profile.store import parse_profile, profile_gpu_type
 from planner.spec.gpu import GpuType
 from planner.spec.model import ModelSpec
@@ -91,21 +92,33 @@ def _gpu(gpu_type: str, cluster) -> GpuType:
     return found
 
 
-def _total_s(model: ModelSpec, seq_len: int, gpu: GpuType, gc, mb: int, tp: int, dtype: str = "bf16") -> float:
-    """The cost model's block forward + backward, priced as the profile measured it: in its
-    dtype and with fused attention (schema.BLOCK_ATTENTION_FUSED); priced with the unfused
-    core, an H200 profile's blocks came out 95% off before any fit."""
+@dataclass(frozen=True)
+class Measured:
+    """How the profile's blocks ran, so the cost model prices the same work: its dtype (the
+    element size and the peak in that precision) and its attention (measure.py's SDPA is fused:
+    pricing s x s softmax traffic the measurement never had would blame the GEMM curve)."""
+
+    precision: str
+    flash_attention: bool
+
+    @classmethod
+    def of(cls, prof) -> Measured:
+        return cls(precision=prof.dtype, flash_attention=prof.attention == "fused")
+
+
+def _total_s(model: ModelSpec, seq_len: int, gpu: GpuType, gc, mb: int, tp: int, how: Measured) -> float:
     from planner.cost.calibration import Calibration
     from planner.cost.compute import block_timing
     from planner.cost.context import CostContext
-    ctx = CostContext(model=model, seq_len=seq_len, precision=dtype, flash_attention=BLOCK_ATTENTION_FUSED,
+    ctx = CostContext(model=model, seq_len=seq_len, precision=how.precision,
+                      flash_attention=how.flash_attention,
                       calibration=Calibration(gpus={gpu.name: gc}))
     t = block_timing(ctx, gpu, gpu.intra_node_bandwidth_Bps, tp, mb)
     return t.forward_s + t.backward_s
 
 
 def fit_gpu(model: ModelSpec, seq_len: int, gpu: GpuType, points: list[tuple[int, int, float]],
-            base, dtype: str = "bf16"):
+            base, how: Measured):
     """Fitted ``GpuCalibration`` for block totals ``points`` = [(micro_batch, tp, measured_s)]."""
     best = None
     for th in _OUTPUTS_GRID:
@@ -114,9 +127,9 @@ def fit_gpu(model: ModelSpec, seq_len: int, gpu: GpuType, points: list[tuple[int
                            layer_overhead_s=0.0)
             rows = []
             for mb, tp, meas in points:
-                full = _total_s(model, seq_len, gpu, unit, mb, tp, dtype)
-                mem_free = _total_s(model, seq_len, gpu, replace(unit, mem_eff=1e30), mb, tp, dtype)
-                ovh = _total_s(model, seq_len, gpu, replace(unit, layer_overhead_s=1e-3), mb, tp, dtype)
+                full = _total_s(model, seq_len, gpu, unit, mb, tp, how)
+                mem_free = _total_s(model, seq_len, gpu, replace(unit, mem_eff=1e30), mb, tp, how)
+                ovh = _total_s(model, seq_len, gpu, replace(unit, layer_overhead_s=1e-3), mb, tp, how)
                 # prediction = a*u + b + c*o with u = 1/eff_max, o = overhead
                 rows.append((mem_free, full - mem_free, (ovh - full) / 1e-3, meas))
             u, o = _solve(rows)
@@ -176,12 +189,14 @@ def calibrate_file(path: str | Path, gpu_type: str | None = None, cluster=None) 
                          doc.locate(("entries",)))
     shipped = default_calibration()
     base = shipped.for_gpu(gpu)
-    fitted = replace(fit_gpu(model, prof.seq_len, gpu, points, base, prof.dtype),
+    how = Measured.of(prof)
+    fitted = replace(fit_gpu(model, prof.seq_len, gpu, points, base, how),
                      source=f"fitted to profile {Path(path).name} ({prof.device.name}, {prof.dtype}, "
+                            f"{prof.attention} attention, "
                             f"seq_len {prof.seq_len}, {len(points)} block entries) by planner profile "
                             "--calibrate")
-    rows = tuple(FitRow(mb, tp, meas, _total_s(model, prof.seq_len, gpu, base, mb, tp, prof.dtype),
-                        _total_s(model, prof.seq_len, gpu, fitted, mb, tp, prof.dtype))
+    rows = tuple(FitRow(mb, tp, meas, _total_s(model, prof.seq_len, gpu, base, mb, tp, how),
+                        _total_s(model, prof.seq_len, gpu, fitted, mb, tp, how))
                  for mb, tp, meas in points)
     provenance = dict(shipped.provenance)
     provenance[f"profile-fit:{gpu.name}"] = {

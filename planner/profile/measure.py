@@ -372,7 +372,7 @@ def measure_profile(model: ModelSpec, device_name: str, micro_batches: list[int]
         schema=SCHEMA_ID,
         device={"kind": device.type, "name": name, "gpu_type": gpu_type or "cpu",
                 "threads": torch.get_num_threads() if device.type == "cpu" else None},
-        torch_version=torch.__version__, dtype=dtype,
+        torch_version=torch.__version__, dtype=dtype, attention="fused",  # Block.forward: SDPA
         created=dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
         seq_len=seq_len, model=model.to_mapping(),
         settings={"warmup": warmup, "repeats": repeats,

@@ -27,11 +27,6 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 # only such a file may leave out ``peak_memory_bytes``.
 MEMORY_NOT_MEASURED = "not measured"
 
-# How ``planner profile`` computes a block's attention (measure.py): one fused causal kernel,
-# torch's scaled_dot_product_attention (flash / memory-efficient), never the unfused s^2 core.
-# What the profile is set beside (calibrate.py) must be priced the same way.
-BLOCK_ATTENTION_FUSED = True
-
 
 class DeviceInfo(BaseModel):
     model_config = _FROZEN
@@ -145,6 +140,11 @@ class ProfileFile(BaseModel):
     stands_in_for: tuple[Dtype, ...] = Field(
         default=(), description="plan precisions besides dtype this file may price, on purpose "
         "(written by hand; e.g. fp32 CPU timings for bf16 plans the CPU runner runs in fp32)")
+    attention: Literal["fused", "unfused"] = Field(
+        default="fused", description="how the blocks' attention core ran: 'fused' is "
+        "F.scaled_dot_product_attention(is_causal=True) as measure.py runs it (no s x s tensor in "
+        "memory; flash kernels on CUDA), so pricing the profile needs the cost model's "
+        "flash_attention=True; every planner.profile/v1 file so far was measured fused")
     created: str = Field(description="UTC date and time of the measurement, ISO 8601")
     seq_len: PositiveInt
     model: ModelShape
@@ -192,8 +192,8 @@ class ProfileFile(BaseModel):
         if not data.get("stands_in_for"):
             data.pop("stands_in_for", None)
         data["entries"] = [_entry_data(e) for e in self.entries]
-        head = ["schema", "device", "torch_version", "dtype", "stands_in_for", "created", "seq_len",
-                "model", "settings", "provenance", "entries"]
+        head = ["schema", "device", "torch_version", "dtype", "stands_in_for", "attention", "created",
+                "seq_len", "model", "settings", "provenance", "entries"]
         return {k: data[k] for k in head if k in data}
 
 
