@@ -147,3 +147,21 @@ def test_document_shape(files):
     assert set(row) == {"stage", "replica", "share", "forward_s", "backward_s", "recv_wait_s",
                         "sync_wait_s", "compute_s"}
     assert row["compute_s"] == pytest.approx(4 * 0.003)
+
+
+def test_launch_carries_the_rebalanced_shares_and_their_bounds(files, capsys):
+    """The rebalanced plan launches with its measured shares in the rank map (and, when the
+    plan lets shares move at run time, the bounds a controller must keep)."""
+    from planner import api
+    tmp, _, _ = files
+    assert main(["rebalance", str(tmp / "cluster.yaml"), str(tmp / "plan.json"), "--measurements",
+                 str(tmp / "m.json"), "-o", str(tmp / "new.json"), "--json"]) == 0
+    capsys.readouterr()
+    new = api.load_plan(tmp / "new.json")
+    cluster = api.load_cluster(tmp / "cluster.yaml")
+    rank_map = json.loads(api.launch(new, "torchrun", cluster=cluster, master_addr="10.0.0.1")["rank_map.json"])
+    assert rank_map["stages"][0]["micro_batch_shares"] == [6, 2]
+    assert "dynamic_shares" not in rank_map
+    moving = Plan.from_json({**new.to_json(), "dynamic_shares": {"min_share": 2, "max_step_fraction": 0.25}})
+    rank_map = json.loads(api.launch(moving, "torchrun", cluster=cluster, master_addr="10.0.0.1")["rank_map.json"])
+    assert rank_map["dynamic_shares"] == {"min_share": 2, "max_step_fraction": 0.25, "dead_band": 0.05}

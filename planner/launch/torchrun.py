@@ -90,6 +90,10 @@ def rank_map(plan: Plan, layout: Layout, opts: LaunchOptions, extra: dict | None
     }
     if plan.zero_stage == 3:   # FSDP2's reshard_after_forward (only ZeRO-3 plans carry it)
         data["reshard_after_forward"] = plan.reshards_after_forward
+    if plan.dynamic_shares is not None:
+        # the shares above are where a run starts; a controller may move whole sequences between a
+        # stage's replicas within these bounds (planner run --dynamic-batching, launch/dynamic.py)
+        data["dynamic_shares"] = plan.dynamic_shares.model_dump()
     if plan.pipeline_actions is not None:  # latency-aware: the per-stage action order to run
         data["pipeline_actions"] = [list(acts) for acts in plan.pipeline_actions]
     data.update(extra or {})
