@@ -217,27 +217,34 @@ def dp_sync_split(ctx: CostContext) -> tuple[float, float, int, int]:
     return (g + b * p) / total, f * p / total, f, max(1, b, k)
 
 
+def exposed_sync_parts(ctx: CostContext, dp_s, forward_s, backward_s) -> tuple:
+    """The two hinge arguments of the exposed data-parallel sync, exposed = max(0, first) +
+    max(0, second) (``dp_exposed_s``): the backward-side traffic less the backwards it hides
+    behind, the forward-side traffic less the forwards (``dp_sync_split``).  Linear in the
+    three times, so the search's slopes and intercepts (floats or arrays) go through it as
+    the evaluator's seconds do: one definition for both."""
+    if not ctx.grad_reduce_overlap:
+        return dp_s, 0.0 * dp_s
+    if ctx.zero_stage >= 1:
+        back, fwd, forwards, backwards = dp_sync_split(ctx)
+        return dp_s * back - backwards * backward_s, dp_s * fwd - forwards * forward_s
+    return dp_s - backward_s, -forward_s
+
+
 def dp_exposed_s(ctx: CostContext, dp_sync_s: float, last_backward_s: float,
                  first_forward_s: float = 0.0) -> float:
     """The part of the data-parallel traffic not hidden behind compute.
 
-    Assumption (Megatron ``--overlap-grad-reduce``): bucketed reductions start during the
-    backward pass of the last micro-batch and can hide behind at most that backward; the rest
-    is exposed.  With ZeRO-1/2 the sync is a reduce-scatter (2/3 of the bytes with fp32 grads
-    and bf16 params: 4 of 6 bytes per parameter) and an all-gather (``--overlap-param-gather``:
-    hidden behind the next iteration's first forward); ZeRO-2's reduce-scatter after each
-    micro-batch hides behind that micro-batch's backward.  ZeRO-3 (FSDP2 prefetches the next
-    unit's gather while one computes): each micro-batch's forward gather hides behind that
-    micro-batch's forward, so ``m`` gathers behind ``m`` forwards; the backward re-gathers and
-    the gradient reduce-scatter behind the ``m`` backwards together.  What does not hide is
-    added to the iteration once (``dp_sync_exposed_s``): on the pipeline's slowest stage that
-    is what stretching each of its micro-batches costs, elsewhere an overestimate.  Without
-    overlap all is exposed.
+    Without ZeRO (Megatron ``--overlap-grad-reduce``): bucketed all-reduces start during the
+    backward of the last micro-batch and hide behind at most that backward.  ZeRO-1: the
+    reduce-scatter (4 of 6 bytes per parameter with fp32 grads and bf16 params) behind the last
+    backward, the all-gather behind the next iteration's first forward
+    (``--overlap-param-gather``).  ZeRO-2 and ZeRO-3 reduce-scatter after every micro-batch, each
+    behind its own backward; ZeRO-3 (FSDP2 prefetches the next unit's gather while one
+    computes) gathers each micro-batch's weights behind its forward, and with resharding again
+    behind its backward.  What does not hide is added to the iteration once
+    (``dp_sync_exposed_s``): on the pipeline's slowest stage that is what stretching each of
+    its micro-batches costs, elsewhere an overestimate.  Without overlap all is exposed.
     """
-    if not ctx.grad_reduce_overlap:
-        return dp_sync_s
-    if ctx.zero_stage >= 1:
-        back, fwd, forwards, backwards = dp_sync_split(ctx)
-        return (max(0.0, dp_sync_s * back - backwards * last_backward_s)
-                + max(0.0, dp_sync_s * fwd - forwards * first_forward_s))
-    return max(0.0, dp_sync_s - last_backward_s)
+    first, second = exposed_sync_parts(ctx, dp_sync_s, first_forward_s, last_backward_s)
+    return max(0.0, first) + max(0.0, second)

@@ -30,6 +30,7 @@ from planner.cost import (
     replica_memory_bytes,
     stage_params,
 )
+from planner.cost.comm import exposed_sync_parts
 from planner.cost.compute import backward_weight_s
 from planner.search.core import CoreOption
 from planner.search.pieces import _max_units
@@ -215,7 +216,6 @@ def _piece(ctx, key, classes, curves: list[_Curves], caps: list[int], ranges: li
            j: int) -> CoreOption | None:
     """The core option of the ``j``-th block range, per position, where the kinds' tag
     (slowest kind x 2 + the optimizer's slowest kind) is ``tag``; None where it has none."""
-    from planner.search.space import exposed_sync_parts
     slow_kind, opt_kind = tag // 2, tag % 2
     slope = None
     fixed, lo_b, hi_b = [], [], []

@@ -18,7 +18,6 @@ import numpy as np
 
 from planner.cost import (
     CostContext,
-    dp_exposed_s,
     dp_sync_time_s,
     in_flight_micro_batches,
     optimizer_time_s,
@@ -26,7 +25,7 @@ from planner.cost import (
     replica_memory_bytes,
     stage_params,
 )
-from planner.cost.comm import dp_sync_split
+from planner.cost.comm import exposed_sync_parts
 from planner.cost.compute import backward_weight_s
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row, Term
@@ -159,20 +158,6 @@ def _affine(f, unit: int) -> tuple[float, float]:
     """(slope, intercept) per core unit of a function affine in blocks for blocks >= 1."""
     a, b = f(unit), f(2 * unit)
     return b - a, a - (b - a)
-
-
-def exposed_sync_parts(ctx: CostContext, dp_s, forward_s, backward_s) -> tuple:
-    """The two hinge arguments of ``comm.dp_exposed_s`` (exposed = max(0, first) + max(0,
-    second)): the sync hides behind the last backward (ZeRO-1/2: its reduce-scatter part; the
-    all-gather behind the next first forward; ZeRO-3: ``comm.dp_sync_split``'s parts behind
-    the m backwards and forwards).  Linear in the three times, so slopes and intercepts
-    (floats or arrays) go through it alike."""
-    if not ctx.grad_reduce_overlap:
-        return dp_s, 0.0 * dp_s
-    if ctx.zero_stage >= 1:
-        back, fwd, forwards, backwards = dp_sync_split(ctx)
-        return dp_s * back - backwards * backward_s, dp_s * fwd - forwards * forward_s
-    return dp_s - backward_s, -forward_s
 
 
 class Pricer(SendPricing):
@@ -431,8 +416,6 @@ class Pricer(SendPricing):
         if timing_only:
             hit = self._bases[ck] = (sl, fx, None, None, None)
             return hit
-        self._check_exposed(ctx, gpu, intra, t, share, n, ring, unit, emb, head,
-                            tuple(a + b for a, b in zip(sl, fx)))
 
         coef, exact, mem = self.memory_model(ctx, knobs, key, unit, emb, head)
         hit = self._bases[ck] = (sl, fx, coef, exact, mem)
@@ -466,18 +449,6 @@ class Pricer(SendPricing):
         exact = abs(c0 + 3 * c1 + 3 * (c2 + 3 * c3) - probe) <= 1e-9 * probe
         hit = self._memory[ck] = ((c0, c1, c2, c3), exact, mem)
         return hit
-
-    def _check_exposed(self, ctx, gpu, intra, t, share, n, ring, nb, emb, head, q) -> None:
-        """Our hinge form of the exposed sync must be the cost model's ``dp_exposed_s``; a
-        change there must not silently make the search optimise something else."""
-        rt = replica_compute(ctx, gpu, intra, t, share, nb, emb, head)
-        dp = (dp_sync_time_s(ctx, stage_params(ctx, nb, emb, head), n, t, ring.bandwidth_Bps, ring.latency_s,
-                             ring.kind, gpu) if ring else 0.0)
-        want = dp_exposed_s(ctx, dp, rt.total_backward_s, rt.total_forward_s)
-        got = max(0.0, q[2]) + max(0.0, q[4])
-        if abs(got - want) > 1e-9 * max(1e-12, want):
-            raise AssertionError(f"search/space.py models the exposed DP sync as {got}, the cost model "
-                                 f"says {want}: update the hinge form to planner.cost.comm.dp_exposed_s")
 
     def _option(self, ctx, knobs, key: OptionKey, unit: int, L_units: int) -> CoreOption | None:
         info = self.classes[key.cls]
