@@ -65,7 +65,8 @@ class CostContext:
     zero_stage: int = 0
     # ZeRO-3 only (FSDP2): free the gathered parameters after each forward (planner.cost.comm.zero_gathers)
     reshard_after_forward: bool = True
-    # micro-batches per iteration: ZeRO-3 gathers the parameters again for each one
+    # micro-batches per iteration: ZeRO-2/3 reduce-scatter the gradients after each one (and
+    # ZeRO-3 gathers the parameters again for each)
     num_micro_batches: int = 1
     schedule: str = "1f1b"
     virtual_stages: int = 1

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DEVICE_DIRS = (ROOT / "reference" / "device" / "h200-2026-12-04",)
+# every folder a device check left (scripts/device_check.sh), not a list to keep up by hand
+DEVICE_DIRS = tuple(sorted(p for p in (ROOT / "reference" / "device").glob("*") if p.is_dir()))
 
 
 @dataclass(frozen=True)
@@ -139,8 +140,8 @@ def plan_row(folder: Path, calibration=None) -> PlanRow | None:
     plan_file, run_file = folder / "plan.json", folder / "run.json"
     if not (plan_file.exists() and run_file.exists()):
         return None
-    from planner.api import load_plan
     from planner.cost.evaluate import context_for_plan, evaluate
+    from planner.plan.check import load_plan
     from planner.spec import load_cluster, load_model
     plan = load_plan(plan_file)
     cluster = load_cluster(ROOT / "scripts" / f"{plan.inputs.cluster}.yaml")
@@ -214,8 +215,6 @@ def device_checks_summary(calibration=None) -> dict:
     from planner.spec.source import load_yaml
     out: dict[str, list[dict]] = {}
     for folder in DEVICE_DIRS:
-        if not folder.exists():
-            continue
         rel = folder.relative_to(ROOT).as_posix()
         rows: dict[tuple[str, str], list[LayerRow]] = {}
         for path in sorted(folder.glob("profile-*.yaml")):
@@ -241,7 +240,7 @@ def device_checks_summary(calibration=None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    folders = [Path(a).resolve() for a in args] or [d for d in DEVICE_DIRS if d.exists()]
+    folders = [Path(a).resolve() for a in args] or list(DEVICE_DIRS)
     print("\n\n".join(format_report(build(f)) for f in folders))
     return 0
 

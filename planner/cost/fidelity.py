@@ -117,7 +117,8 @@ def predict_set(name: str, calibration=None) -> list[RowResult]:
     for row, cluster, model in load_rows(name):
         p = row.plan
         key = (id(model), str(p.inputs.training), p.recompute, p.sequence_parallel, p.zero_stage,
-               p.schedule, p.virtual_stages, p.num_micro_batches if p.zero_stage >= 2 else 1)
+               p.schedule, p.virtual_stages, p.num_micro_batches if p.zero_stage >= 2 else 1,
+               p.reshards_after_forward)
         ctx = contexts.get(key)
         if ctx is None:
             ctx = contexts[key] = context_for_plan(p, calibration, model=model, **extra)
