@@ -39,7 +39,7 @@ class GpuCalibration:
     compute.py explain the formulas).  The matmul ceiling comes from the catalog's published
     benchmark (``matmul_ceiling`` None) unless a profile fit sets it."""
 
-    gemm_outputs_half: float = 1.0e6  # M*N output elements at which a GEMM's wave fill is 1/2 (at the bf16 peak)
+    gemm_outputs_half: float = 1.0e6  # M*N output elements at which a GEMM's wave fill is 1/2 (any precision)
     gemm_depth_half: float = 128.0    # K at which a GEMM's K-loop amortisation is 1/2
     mem_eff: float = 0.8              # fraction of peak memory bandwidth reached by elementwise kernels
     layer_overhead_s: float = 0.0     # host launch floor per block per forward pass (backward 2x)

@@ -57,6 +57,10 @@ class RowResult:
     hidden_size: int = 0
     gpu_types: tuple[str, ...] = ()
     precision: str = "bf16"
+    # the generator marks a row suspect from the source's own figures, before any prediction
+    # (tests/fidelity/generate.py: a gradient reduction as long as the whole iteration, or all
+    # three measured values copied from another row)
+    suspect: bool = False
 
     @property
     def ape(self) -> float:
@@ -126,7 +130,8 @@ def predict_set(name: str, calibration=None) -> list[RowResult]:
         mem = row.extras.get("measured_max_mem_bytes")
         out.append(RowResult(row.id, name, group_of(name, row.id), row.measured_iteration_time_s,
                              ev.iteration_time_s, mem, max(ev.peak_memory_bytes.values()) if mem else None,
-                             model.hidden_size, _gpu_types(cluster, p), str(p.inputs.training.get("precision", "bf16"))))
+                             model.hidden_size, _gpu_types(cluster, p), str(p.inputs.training.get("precision", "bf16")),
+                             any("suspect" in n for n in row.notes)))
     return out
 
 
@@ -190,7 +195,8 @@ def predict_all(calibration=None) -> dict[str, list[RowResult]]:
 
 
 def fidelity_table(calibration=None, memory: bool = True, results_by_set=None) -> list[Summary]:
-    """One summary per set, then per Sailor sub-cluster, then peak memory where measured."""
+    """One summary per set, then per Sailor sub-cluster (each also without its suspect rows,
+    where it has any), then peak memory where measured."""
     results_by_set = results_by_set or predict_all(calibration)
     out = []
     mem_rows = []
@@ -202,17 +208,23 @@ def fidelity_table(calibration=None, memory: bool = True, results_by_set=None) -
             mem_rows.append(m)
         groups = sorted({r.group for r in results} - {name})
         for g in groups:
-            out.append(summarize(g, [r for r in results if r.group == g]))
+            rows = [r for r in results if r.group == g]
+            out.append(summarize(g, rows))
+            if any(r.suspect for r in rows):
+                out.append(summarize(f"{g} {NO_SUSPECT}", [r for r in rows if not r.suspect]))
     return out + mem_rows
 
 
+NO_SUSPECT = "(no suspect)"
+
+
 def format_table(summaries: list[Summary]) -> str:
-    lines = [f"{'set':<22}{'rows':>6}{'MAPE':>9}{'median':>9}  {'worst row':<30}{'error':>8}  fitted?  reference",
-             "-" * 112]
+    lines = [f"{'set':<30}{'rows':>6}{'MAPE':>9}{'median':>9}  {'worst row':<30}{'error':>8}  fitted?  reference",
+             "-" * 120]
     for s in summaries:
         base = s.name.split("/")[0].split(" ")[0]
         fitted = "fit" if base in CALIBRATION_SETS else "predict"
-        lines.append(f"{s.name:<22}{s.rows:>6}{100 * s.mape:>8.1f}%{100 * s.median_ape:>8.1f}%  "
+        lines.append(f"{s.name:<30}{s.rows:>6}{100 * s.mape:>8.1f}%{100 * s.median_ape:>8.1f}%  "
                      f"{s.worst_id:<30}{100 * s.worst_ape:>7.1f}%  {fitted:<8} {REFERENCE_MAPE.get(s.name, '')}")
     return "\n".join(lines)
 

@@ -10,9 +10,13 @@ The efficiency has two factors, each from how a GEMM library runs on the GPU:
 
 - wave fill, ``x / (x + x_half)`` with ``x = M N batch`` output elements: the output is cut into
   tiles, one per SM at a time; while there are too few tiles to keep every SM busy (and hide
-  each SM's memory latency), the GPU idles.  By Little's law the work in flight needed grows
-  with the throughput, so ``x_half`` scales with the GPU's peak FLOP/s in the chosen precision
-  (calibration.py).
+  each SM's memory latency), the GPU idles.  ``x_half`` counts output elements, so it grows
+  with the number of SMs to fill (across GPU types it scales with the peak, calibration.py)
+  but not with the precision: the tiles per SM are the same whether the tensor cores run
+  bf16 or tf32.  Measured: on the H200 (reference/device/h200-2026-12-04, 139 shapes timed in
+  both) tf32 reaches a median 0.96 of the fraction of its own peak that bf16 reaches on the
+  same shape, where a fill size scaled by the precision's peak would have had tf32 ahead at
+  every shape short of saturation (tf32 GEMMs were predicted 24% fast with it, 19% without).
 - K-loop amortisation, ``K / (K + k_half)``: every output tile pays a fixed prologue and
   epilogue (loading the pipeline, writing C) worth ``k_half`` steps of its K loop.
 
@@ -71,7 +75,7 @@ class GemmCurve:
     """The efficiency curve of one GPU type in one precision (see the module docstring)."""
 
     ceiling: float          # fraction of peak at the reference shape
-    outputs_half: float     # x_half, already scaled to this precision's peak
+    outputs_half: float     # x_half in output elements (precision-independent)
     depth_half: float       # k_half
     reference: float        # the shape factor at the benchmark's shape
     peak_flops: float
@@ -95,7 +99,7 @@ def gemm_curve(gpu: GpuType, precision: str, cal, element_bytes: int) -> GemmCur
     bench = matmul_ceiling(gpu.name)
     ceiling = cal.matmul_ceiling if cal.matmul_ceiling is not None else bench.fraction
     peak = gpu.peak_flops_for(precision)  # tensor cores, or the CUDA cores for fp32
-    outputs_half = cal.gemm_outputs_half * peak / gpu.peak_flops  # Little's law: module docstring
+    outputs_half = cal.gemm_outputs_half  # output elements: the same in every precision (docstring)
     m, n, k = bench.shape
     reference = _shape_factor(m * n, k, outputs_half, cal.gemm_depth_half)
     return GemmCurve(ceiling, outputs_half, cal.gemm_depth_half, reference, peak,

@@ -29,6 +29,12 @@ writes each twice as much), with Megatron's fused kernels:
   (2), dropout's read, write and 1-byte mask (2.5), and the probabilities read by the
   context GEMM (1): 6.5.  (The GEMMs' own operand traffic is in their memory-bound floor;
   these s^2 tensors are what makes the core memory-bound.)  Flash attention: 0.
+- 4-byte activations (fp32 / tf32) do not get the fused softmax: Megatron's
+  ``FusedScaleMaskSoftmax`` runs its kernel only for fp16 / bf16 inputs and otherwise takes the
+  PyTorch path, three kernels: the scale by the layer number (query-key layer scaling, on by
+  default), the in-place causal ``masked_fill_`` and the softmax, each a read and a write: 6
+  passes where the fused kernel makes 2, so 4 more forward; their autograd backward likewise
+  makes 7 (softmax backward 3, mask 2, scale 2) against the fused 3, so 4 more backward.
 Head: the logits through the fp32 cross-entropy, ~3 x 4 ``b s V``/tp bytes each way.
 """
 
@@ -42,6 +48,7 @@ from planner.cost.gemm import Gemm, GemmCurve
 # Dao et al. 2022: the fused attention backward does 5 matmuls of the forward's size, not 4.
 FLASH_BACKWARD_CORE_FACTOR = 2.5
 ATTENTION_CORE_PASSES = 6.5     # elements of a s^2 b / tp moved by the unfused core (docstring)
+SOFTMAX_FALLBACK_PASSES = 4.0   # more passes each way when the softmax is not fused (4-byte activations)
 BLOCK_ACTIVATION_PASSES = 11.0  # elements of b s h moved by norms and bias-dropout-adds
 CORE_GEMMS = ("attn.scores", "attn.context")
 
@@ -75,11 +82,14 @@ class BlockWork:
     gemm_wgrad_s: dict[str, float] = field(default_factory=dict)      # the weight-gradient part
     elementwise_forward_s: float = 0.0
     attention_core_traffic_forward_s: float = 0.0
+    # unfused fp32 softmax (docstring): the same time forward and backward, not twice backward
+    softmax_fallback_s: float = 0.0
 
     @property
     def core_forward_s(self) -> float:
         """What selective recompute redoes: the attention core (Korthikanti et al. 2022 §5)."""
-        return sum(self.gemm_forward_s[g] for g in CORE_GEMMS) + self.attention_core_traffic_forward_s
+        return (sum(self.gemm_forward_s[g] for g in CORE_GEMMS) + self.attention_core_traffic_forward_s
+                + self.softmax_fallback_s)
 
     @property
     def dense_forward_s(self) -> float:
@@ -89,7 +99,7 @@ class BlockWork:
     @property
     def forward_s(self) -> float:
         return (sum(self.gemm_forward_s.values()) + self.elementwise_forward_s
-                + self.attention_core_traffic_forward_s)
+                + self.attention_core_traffic_forward_s + self.softmax_fallback_s)
 
     @property
     def backward_weight_s(self) -> float:
@@ -100,7 +110,8 @@ class BlockWork:
     @property
     def backward_s(self) -> float:
         return (sum(self.gemm_backward_s.values())
-                + 2 * (self.elementwise_forward_s + self.attention_core_traffic_forward_s))
+                + 2 * (self.elementwise_forward_s + self.attention_core_traffic_forward_s)
+                + self.softmax_fallback_s)
 
 
 def block_work(ctx, curve: GemmCurve, tp: int, share: int) -> BlockWork:
@@ -120,8 +131,10 @@ def block_work(ctx, curve: GemmCurve, tp: int, share: int) -> BlockWork:
     tokens_h = share * s * m.hidden_size
     elems = BLOCK_ACTIVATION_PASSES * tokens_h / (tp if ctx.sequence_parallel else 1)
     elems += (3 if m.mlp == "swiglu" else 2) * share * s * m.ffn_size / tp
-    core = 0.0 if ctx.flash_attention else ATTENTION_CORE_PASSES * m.num_attention_heads * s * s * share / tp
-    return BlockWork(fwd, bwd, wgrad, elems * eb / curve.memory_Bps, core * eb / curve.memory_Bps)
+    scores = 0.0 if ctx.flash_attention else m.num_attention_heads * s * s * share / tp
+    fallback = SOFTMAX_FALLBACK_PASSES * scores if eb >= 4 else 0.0
+    return BlockWork(fwd, bwd, wgrad, elems * eb / curve.memory_Bps,
+                     ATTENTION_CORE_PASSES * scores * eb / curve.memory_Bps, fallback * eb / curve.memory_Bps)
 
 
 def head_work(ctx, curve: GemmCurve, tp: int, share: int) -> tuple[float, float]:
