@@ -18,7 +18,8 @@ What the errors say (see the table and README "How good are the predictions?"):
 - vtrain-multi (unfitted): ~9%, about 8% too fast at every hidden size: not the compute
   curve's shape but the multi-node runs (unknown network; unbucketed gradient all-reduce).
 - sailor: fp32 storage with TF32 matmuls on GH200 (model FLOP/s above the FP32 peak), fp32 on
-  the MIT RTX cluster; ~23% / ~25%, both predicted too fast; one GH200 row is flagged suspect.
+  the MIT RTX cluster, so the unfused fp32 softmax; ~17% / ~21%, both mostly too fast; one GH200
+  row and two MIT rows are flagged suspect by the generator (printed with and without them).
 - Peak memory (Sailor's max_mem, semantics unverified): 4-byte training raises every
   prediction; two MIT tp=2 rows look like runs with recompute.
 """
