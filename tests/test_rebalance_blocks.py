@@ -30,7 +30,7 @@ M = 4            # micro-batches
 OUTSIDE_S = 0.005  # what each synthetic step spends beyond the stages' compute (sends, sync)
 
 
-def make_plan(split, shares=((4,), (4,)), schedule="1f1b", cluster="local") -> Plan:
+def make_plan(split, shares=((4,), (4,)), schedule="1f1b", cluster="local", v=1) -> Plan:
     stages, first, dev = [], 0, 0
     for i, (nb, reps) in enumerate(zip(split, shares)):
         replicas = []
@@ -45,7 +45,8 @@ def make_plan(split, shares=((4,), (4,)), schedule="1f1b", cluster="local") -> P
         "schema": "planner.plan/v1",
         "inputs": {"cluster": cluster, "model": MODEL,
                    "training": {"global_batch_size": mbs * M, "seq_len": 64, "precision": "fp32"}},
-        "micro_batch_size": mbs, "num_micro_batches": M, "schedule": schedule, "stages": stages})
+        "micro_batch_size": mbs, "num_micro_batches": M, "schedule": schedule, "virtual_stages": v,
+        "stages": stages})
 
 
 def stage_time_s(plan, stage: int, nb: int, slow: float, share: int | None = None) -> float:
@@ -92,19 +93,21 @@ def measurements(plan, slow: dict, steps: int = 5) -> dict:
         for st in plan.stages:
             per_stage.append(max(per_rank[rk.rank][i]["forward_s"] + per_rank[rk.rank][i]["backward_s"]
                                  for rk in ranks if rk.stage == st.index) / M)
-        step_time.append(pipeline_time_s([StageTiming(c, 0.0) for c in per_stage], M) + OUTSIDE_S)
+        step_time.append(pipeline_time_s([StageTiming(c, 0.0) for c in per_stage], M, plan.schedule,
+                                         plan.virtual_stages) + OUTSIDE_S)
     return build(plan, ranks, per_rank, step_time, None,
                  trained_record(model_shape(plan), "float32", "gloo", False, None))
 
 
 def brute_force(plan, slow: dict) -> tuple[int, float]:
-    """(blocks on stage 0, 1F1B pipeline time) minimising over every split of a 2-stage plan,
-    ties to the plan's own split: no DP, no table."""
-    L = MODEL["num_layers"]
+    """(blocks on stage 0, pipeline time by the cost model's closed form) minimising over every
+    split of a 2-stage plan (in whole chunks of virtual_stages blocks), ties to the plan's own
+    split: no DP, no table."""
+    L, v = MODEL["num_layers"], plan.virtual_stages
     best = None
-    for a in range(1, L):
+    for a in range(v, L, v):
         cs = [stage_time_s(plan, 0, a, slow[(0, 0)]), stage_time_s(plan, 1, L - a, slow[(1, 0)])]
-        t = pipeline_time_s([StageTiming(c, 0.0) for c in cs], M)
+        t = pipeline_time_s([StageTiming(c, 0.0) for c in cs], M, plan.schedule, v)
         key = (t * (1 - 1e-12) if a == plan.stages[0].num_blocks else t, a)
         if best is None or key < best[0]:
             best = (key, (a, t))
@@ -141,6 +144,17 @@ def test_slow_stage_gives_blocks_to_the_fast_one_as_brute_force_says(tmp_path, c
     assert len(rank_map["stages"]) == 2
 
 
+def test_interleaved_split_moves_whole_chunks_as_brute_force_says(tmp_path, capsys):
+    plan = make_plan((4, 4), schedule="interleaved-1f1b", v=2)
+    slow = {(0, 0): 1.0, (1, 0): 3.0}
+    assert run_cli(tmp_path, plan, measurements(plan, slow), "--blocks", "--json") == 0
+    summary = json.loads(capsys.readouterr().out)
+    a, t = brute_force(plan, slow)
+    assert a > 4 and a % 2 == 0
+    assert summary["blocks"]["new"] == [[0, a], [a, 8]]
+    assert summary["predicted_step_s"] == pytest.approx(t + OUTSIDE_S, rel=1e-9)
+
+
 def test_human_summary_names_split_and_times(tmp_path, capsys):
     plan = make_plan((4, 4))
     assert run_cli(tmp_path, plan, measurements(plan, {(0, 0): 1.0, (1, 0): 2.0}), "--blocks") == 0
@@ -171,23 +185,24 @@ def test_replicated_stage_reshares_after_the_split(tmp_path, capsys):
 
 
 def test_split_that_does_not_fit_is_refused(tmp_path, capsys):
-    """A GPU whose memory holds stage 0 with at most one block more than now: the slow stage 1
-    would hand over more, the DP stops at what fits."""
+    """The same GPU spec with two memory sizes: with room, the slow stage 1 hands stage 0 six
+    blocks or more; with memory for five blocks on stage 0 and not six, the DP stops at five."""
     slow = {(0, 0): 1.0, (1, 0): 4.0}
     plan = make_plan((4, 4))
-    a, _ = brute_force(plan, slow)
-    assert a >= 6
     ctx = context_for_plan(plan)
     infl = in_flight_micro_batches("1f1b", 2, 0, M)
     need = [replica_memory(ctx, _node().gpu, 1, 4, nb, True, False, 1, infl).total_bytes for nb in (5, 6)]
-    cap_gb = (need[0] + need[1]) / 2 / 1e9         # 5 blocks fit on stage 0, 6 do not
-    small = CLUSTER.replace(f"gpu: {GPU}", f"gpu: {{name: {GPU}-small, memory: {cap_gb:.6f} GB, "
-                            "peak_tflops: 312, memory_bandwidth: 2039 GB/s, intra_node_bandwidth: 600 GB/s}")
-    small_plan = Plan.from_json(json.loads(plan.dumps().replace(GPU, f"{GPU}-small")))
-    assert run_cli(tmp_path, small_plan, measurements(plan, slow) | {"plan_sha256": _sha(small_plan)},
-                   "--blocks", "--json", cluster=small) == 0
-    summary = json.loads(capsys.readouterr().out)
-    assert summary["blocks"]["new"] == [[0, 5], [5, 8]]
+    got = {}
+    for label, memory_gb in (("roomy", 80.0), ("small", (need[0] + need[1]) / 2 / 1e9)):
+        name = f"gpu-{label}"
+        cluster = CLUSTER.replace(f"gpu: {GPU}", f"gpu: {{name: {name}, memory: {memory_gb:.6f} GB, "
+                                  "peak_tflops: 312, memory_bandwidth: 2039 GB/s, intra_node_bandwidth: 600 GB/s}")
+        custom = Plan.from_json(json.loads(plan.dumps().replace(GPU, name)))
+        doc = measurements(plan, slow) | {"plan_sha256": _sha(custom)}
+        assert run_cli(tmp_path, custom, doc, "--blocks", "--json", cluster=cluster) == 0
+        got[label] = json.loads(capsys.readouterr().out)["blocks"]["new"]
+    assert got["roomy"][0][1] >= 6
+    assert got["small"] == [[0, 5], [5, 8]]
 
 
 def _sha(plan):
