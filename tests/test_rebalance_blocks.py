@@ -18,6 +18,7 @@ from planner.cost.schedule import StageTiming, pipeline_time_s
 from planner.launch.measurements import build, trained_record
 from planner.launch.runner import RankInfo, model_shape
 from planner.plan import Plan
+from planner.plan.schema import validate_plan_json
 
 GPU = "A100-SXM4-80GB"
 CLUSTER = f"""\
@@ -138,6 +139,7 @@ def test_slow_stage_gives_blocks_to_the_fast_one_as_brute_force_says(tmp_path, c
     assert summary["predicted_gain"] > 1.1
     new = api.load_plan(tmp_path / "new.json")
     assert [s.blocks for s in new.stages] == [(0, a), (a, 8)] and new.devices() == plan.devices()
+    validate_plan_json(json.loads((tmp_path / "new.json").read_text()))   # the published schema
     cluster = api.load_cluster(tmp_path / "cluster.yaml")
     assert api.evaluate(cluster, new).fits
     rank_map = json.loads(api.launch(new, "torchrun", cluster=cluster, master_addr="10.0.0.1")["rank_map.json"])
