@@ -28,7 +28,9 @@ latency-aware): refused. A split that ties the current one keeps the current one
 
 Prediction. The pipeline formula on the ``c_s`` plus what the measured steps spent beyond the
 same formula on their measured stage times (the median over the steps used of step time less
-it: sends, DP sync, optimizer, the formula's own error), taken as fixed. Sends do not depend on
+it: sends, DP sync, optimizer, the formula's own error), taken as fixed and floored at zero
+(1F1B's form is an upper bound when an early stage is the faster one, so it can exceed a
+measured step). Sends do not depend on
 the split; a stage's DP sync and optimizer step grow with its blocks, which this leaves out (a
 first-order estimate, as ``planner rebalance`` is for pipelines).
 """
