@@ -202,9 +202,15 @@ def replan(cluster: Cluster, old_plan: Plan, time_limit_s: float = 60.0, profile
                        profiles=resolve_profiles(cluster, profiles), file=file, **options)
 
 
-def rebalance(cluster: Cluster, plan_: Plan, measurements_file: str | Path, file: str = "<plan>"):
+def rebalance(cluster: Cluster, plan_: Plan, measurements_file: str | Path, file: str = "<plan>",
+              blocks: bool = False, profiles: Any = None, calibration: str | Path | None = None):
     """Shares re-solved from a run's measurements on the plan's own devices: (result, new plan)
-    (``planner.rebalance``; bad measurements are input errors naming the field)."""
+    (``planner.rebalance``; bad measurements are input errors naming the field).  With
+    ``blocks`` the contiguous block split is re-solved first, on the same stages, devices, tp
+    and schedule (``planner.rebalance_blocks``; ``profiles`` and ``calibration`` price the
+    layer ratio the measured times are split in, as ``profile_from_run``): the result is a
+    ``BlockRebalanced`` (old and new split, predicted step time before and after) and the new
+    plan is checked against ``cluster``."""
     from planner.launch.measurements import load
     from planner.plan.check import check_plan
     from planner.rebalance import rebalance as solve
@@ -213,6 +219,16 @@ def rebalance(cluster: Cluster, plan_: Plan, measurements_file: str | Path, file
     check_plan(cluster, plan_, file=file)  # the same devices must still be there
     doc, times = load(measurements_file, plan_)
     min_share = plan_.dynamic_shares.min_share if plan_.dynamic_shares is not None else 1
+    if blocks:
+        from planner.cost.calibration import calibrated
+        from planner.rebalance_blocks import block_rebalanced_plan, rebalance_blocks
+
+        with calibrated(calibration):
+            result = rebalance_blocks(cluster, plan_, doc, times, str(measurements_file), min_share,
+                                      profiles=resolve_profiles(cluster, profiles))
+        new = block_rebalanced_plan(plan_, result)
+        check_plan(cluster, new, file=f"{file} rebalanced")
+        return result, new
     result = solve(plan_, times, [s["step_time_s"] for s in doc["steps"]], min_share)
     return result, rebalanced_plan(plan_, result)
 

@@ -58,6 +58,51 @@ def _fail(path: str, field: str, why: str) -> InputError:
     return InputError(f"{path}: {field}: {why}")
 
 
+@dataclass(frozen=True)
+class LayerPrices:
+    """The cost model's price of one micro-batch on one replica (steps 2 and 3 of the module
+    docstring): its layers and what is not a layer's own work."""
+
+    layers: tuple      # (kind, count, one layer's ReplicaTiming)
+    overhead_s: float  # the calibration's fixed time per micro-batch
+
+    @property
+    def own_s(self) -> float:
+        return sum(n * (lt.forward_s + lt.backward_s) for _, n, lt in self.layers)
+
+    @property
+    def other_s(self) -> float:
+        """TP collectives and the per-micro-batch overhead: not split, taken as priced."""
+        return sum(n * lt.tp_comm_s for _, n, lt in self.layers) + self.overhead_s
+
+    def scale(self, per_micro_batch_s: float, path: str, field: str) -> float:
+        """``k``: the measured time less ``other_s``, over the layers' predicted time; an
+        ``InputError`` on ``path``'s ``field`` when nothing is left to split."""
+        measured, own = per_micro_batch_s - self.other_s, self.own_s
+        if measured <= 0 or own <= 0:
+            raise _fail(path, field, f"{per_micro_batch_s:.6g} s per micro-batch is less than the "
+                        f"cost model's TP collectives and per-micro-batch overhead ({self.other_s:.6g} s"
+                        "): nothing is left to split over the layers")
+        return measured / own
+
+
+def layer_prices(ctx, gpu, intra_Bps: float, tp: int, share: int, num_blocks: int, embedding: bool,
+                 head: bool) -> LayerPrices:
+    """A replica of ``tp`` GPUs of ``gpu`` running ``share`` sequences through ``num_blocks``
+    blocks (and the embedding / head) as the cost model prices it (planner.cost.compute).
+    Shared with ``planner.rebalance_blocks``: one conversion of measurements into layer times."""
+    from planner.cost.compute import block_timing, embedding_timing, head_timing
+
+    layers = []
+    if embedding:
+        layers.append(("embedding", 1, embedding_timing(ctx, gpu, intra_Bps, tp, share)))
+    if num_blocks:
+        layers.append(("block", num_blocks, block_timing(ctx, gpu, intra_Bps, tp, share)))
+    if head:
+        layers.append(("head", 1, head_timing(ctx, gpu, intra_Bps, tp, share)))
+    return LayerPrices(tuple(layers), ctx.calibration.for_gpu(gpu).microbatch_overhead_s)
+
+
 def _run_dtype(path: str, trained: dict) -> str:
     """The profile dtype of the run's arithmetic (the runner computes in float32 or float64
     whatever the plan's precision; TF32 matmuls only for a tf32 plan on a GPU)."""
@@ -90,11 +135,6 @@ def profiles_from_run(cluster, plan, path: str, warmup: int = DEFAULT_WARMUP_STE
                       calibration=None, note: str | None = None) -> FromRun:
     """Profiles from the measurements file at ``path`` of ``plan`` (module docstring); the cost
     model's prediction uses ``profiles`` and ``calibration`` (None: the roofline / shipped fit)."""
-    from planner.cost.compute import (
-        block_timing,
-        embedding_timing,
-        head_timing,
-    )
     from planner.cost.evaluate import _priced_stages, _training, context_for_plan
     from planner.launch.measurements import load, plan_sha256
 
@@ -120,25 +160,10 @@ def profiles_from_run(cluster, plan, path: str, warmup: int = DEFAULT_WARMUP_STE
             t = times[(st.index, j)]
             for i in range(warmup, len(steps)):
                 share = t.shares[i]
-                layers = []  # (kind, count, ReplicaTiming of one layer)
-                if st.embedding:
-                    layers.append(("embedding", 1, embedding_timing(ctx, gpu, intra, rep.tp, share)))
-                if st.num_blocks:
-                    layers.append(("block", st.num_blocks, block_timing(ctx, gpu, intra, rep.tp, share)))
-                if st.head:
-                    layers.append(("head", 1, head_timing(ctx, gpu, intra, rep.tp, share)))
-                own = sum(n * (lt.forward_s + lt.backward_s) for _, n, lt in layers)
-                other = (sum(n * lt.tp_comm_s for _, n, lt in layers)
-                         + ctx.calibration.for_gpu(gpu).microbatch_overhead_s)
-                measured = t.compute_s[i] / m - other
-                if measured <= 0 or own <= 0:
-                    raise _fail(path, f"steps[{i}] stage {st.index} replica {j} compute_s",
-                                f"{t.compute_s[i]:.6g} s for {m} micro-batch(es) is less than the cost "
-                                f"model's TP collectives and per-micro-batch overhead ({other:.6g} s "
-                                "each): nothing is left to split over the layers")
-                k = measured / own
+                prices = layer_prices(ctx, gpu, intra, rep.tp, share, st.num_blocks, st.embedding, st.head)
+                k = prices.scale(t.compute_s[i] / m, path, f"steps[{i}] stage {st.index} replica {j} compute_s")
                 factors[gpu.name].append(k)
-                for kind, _, lt in layers:
+                for kind, _, lt in prices.layers:
                     samples[(gpu.name, kind, share, rep.tp)].append((lt.forward_s * k, lt.backward_s * k))
     first, last = warmup, len(steps) - 1
     statistic = STATISTIC.format(first=first, last=last)

@@ -1,0 +1,256 @@
+"""``planner rebalance --blocks``: the contiguous block split re-solved from measured times, on
+the same stages, devices, tp and schedule, and the micro-batch shares after it (issue 21).
+Torch-free.
+
+Per replica. Its measured compute per micro-batch (each step's ``compute_s`` over the number of
+micro-batches) is turned into layer times by the conversion ``planner profile --from-run``
+uses (``planner.profile.from_run.layer_prices``): the cost model's TP collectives and
+per-micro-batch overhead come off, and the rest is split over the stage's embedding, blocks and
+head in the cost model's ratio, one factor ``k`` (the median over the steps used) scaling them
+all. That makes the replica's time per micro-batch a line in its block count ``nb``:
+``fixed_s + per_block_s * nb``, ``per_block_s`` one block's measured forward + backward (its TP
+collectives in), ``fixed_s`` the embedding / head the stage keeps wherever its blocks go plus
+the non-layer part.
+
+Per stage. At ``nb`` blocks each replica's speed line of ``planner.rebalance`` (time against
+share, fitted on the measured steps) is scaled by ``line(nb) / line(nb_now)``, the stage's
+shares are re-solved as ``planner rebalance`` does (``solve_shares``), and the stage's time per
+micro-batch ``c_s(nb)`` is its slowest replica's. A stage whose replicas would not fit in memory
+at ``nb`` blocks with those shares (``planner.cost.memory.replica_memory``, the schedule's
+in-flight micro-batches) is ``inf`` there: the split is never chosen.
+
+The split. 1F1B's closed form (planner.cost.schedule) is ``(m - 1) max_s c_s + sum_s c_s``,
+interleaved 1F1B's ``(m - 1/v) max_s c_s + (1/v) sum_s c_s`` over chunks of v blocks: one max
+plus a sum, which the search's exact DP (``planner.search.core.dp.dp_partition``) minimises
+over contiguous splits of the cost table ``cost[s][i][j] = c_s(j - i)``. Other schedules price
+forward and backward maxima apart (GPipe) or have no closed form (zero-bubble, V, BitPipe,
+latency-aware): refused. A split that ties the current one keeps the current one.
+
+Prediction. The pipeline formula on the ``c_s`` plus what the measured steps spent beyond the
+same formula on their measured stage times (the median over the steps used of step time less
+it: sends, DP sync, optimizer, the formula's own error), taken as fixed and floored at zero
+(1F1B's form is an upper bound when an early stage is the faster one, so it can exceed a
+measured step). Sends do not depend on
+the split; a stage's DP sync and optimizer step grow with its blocks, which this leaves out (a
+first-order estimate, as ``planner rebalance`` is for pipelines).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from planner.errors import InputError
+from planner.rebalance import ReplicaSpeed, fit_speed, solve_shares
+
+SCHEDULES = ("1f1b", "interleaved-1f1b")
+
+
+@dataclass(frozen=True)
+class ReplicaLine:
+    """One replica's time per micro-batch against its block count, at the plan's share."""
+
+    stage: int
+    replica: int
+    fixed_s: float       # embedding / head, TP collectives of those, per-micro-batch overhead
+    per_block_s: float   # one block's measured forward + backward (its TP collectives in)
+    k: float             # measured / cost-model layer time (planner.profile.from_run)
+
+    def time_s(self, num_blocks: int) -> float:
+        return self.fixed_s + self.per_block_s * num_blocks
+
+
+@dataclass(frozen=True)
+class BlockRebalanced:
+    old_blocks: tuple[tuple[int, int], ...]    # the plan file's [first, last) per stage
+    blocks: tuple[tuple[int, int], ...]        # the new split (the old one when it is as good)
+    shares: dict[tuple[int, int], int]         # (stage, replica) -> share after the new split
+    old_shares: dict[tuple[int, int], int]
+    speeds: dict[tuple[int, int], ReplicaSpeed]  # per replica as measured (at the old split)
+    lines: dict[tuple[int, int], ReplicaLine]
+    measured_step_s: float                     # median over the steps used
+    predicted_old_step_s: float                # the plan as it is (old split, old shares)
+    predicted_shares_step_s: float             # old split, shares re-solved: rebalance without --blocks
+    predicted_step_s: float                    # new split, shares re-solved
+
+    @property
+    def predicted_gain(self) -> float:
+        """Measured median step time over the predicted one (> 1: faster), as ``Rebalanced``."""
+        return self.measured_step_s / self.predicted_step_s
+
+    @property
+    def moved(self) -> bool:
+        return self.blocks != self.old_blocks
+
+
+def schedule_form(plan) -> tuple[float, float, int]:
+    """(alpha, beta, block unit): the pipeline time is ``alpha max_s c_s + beta sum_s c_s``."""
+    m, v = plan.num_micro_batches, plan.virtual_stages
+    if plan.schedule == "1f1b":
+        return m - 1.0, 1.0, 1
+    if plan.schedule == "interleaved-1f1b":
+        return m - 1.0 / v, 1.0 / v, v
+    raise InputError(f"rebalance --blocks: schedule {plan.schedule!r} is not one max plus a sum of "
+                     f"stage times; the block split is re-solved for {', '.join(SCHEDULES)} only "
+                     "(rebalance without --blocks re-solves the shares of any schedule)")
+
+
+def pipeline_s(plan, per_micro_batch_s: list[float]) -> float:
+    """The cost model's closed form (planner.cost.schedule.pipeline_time_s) on stage times."""
+    from planner.cost.schedule import StageTiming, pipeline_time_s
+
+    return pipeline_time_s([StageTiming(forward_s=c, backward_s=0.0) for c in per_micro_batch_s],
+                           plan.num_micro_batches, plan.schedule, plan.virtual_stages)
+
+
+def replica_lines(ctx, cluster, plan, times, used: range, path: str) -> dict[tuple[int, int], ReplicaLine]:
+    from planner.profile.from_run import layer_prices
+
+    nodes, m = cluster.node_by_name, plan.num_micro_batches
+    out = {}
+    for st in plan.stages:
+        for j, rep in enumerate(st.replicas):
+            node = nodes[rep.node]
+            gpu, intra = node.gpu, node.group.intra_Bps
+            t = times[(st.index, j)]
+            k = statistics.median(
+                layer_prices(ctx, gpu, intra, rep.tp, t.shares[i], st.num_blocks, st.embedding, st.head)
+                .scale(t.compute_s[i] / m, path, f"steps[{i}] stage {st.index} replica {j} compute_s")
+                for i in used)
+            one = layer_prices(ctx, gpu, intra, rep.tp, rep.micro_batch_share, 1, st.embedding, st.head)
+            per_block = fixed = 0.0
+            for kind, _, lt in one.layers:
+                layer_s = k * (lt.forward_s + lt.backward_s) + lt.tp_comm_s
+                if kind == "block":
+                    per_block = layer_s
+                else:
+                    fixed += layer_s
+            out[(st.index, j)] = ReplicaLine(st.index, j, fixed + one.overhead_s, per_block, k)
+    return out
+
+
+class _Stage:
+    """One stage's time per micro-batch and shares at any block count (module docstring)."""
+
+    def __init__(self, ctx, cluster, plan, stage, speeds, lines, min_share: int):
+        self.ctx, self.plan, self.stage = ctx, plan, stage
+        self.gpus = [cluster.node_by_name[r.node].gpu for r in stage.replicas]
+        self.keys = [(stage.index, j) for j in range(len(stage.replicas))]
+        self.speeds = [speeds[k] for k in self.keys]
+        self.lines = [lines[k] for k in self.keys]
+        self.min_share = min_share
+
+    def speeds_at(self, nb: int) -> list[ReplicaSpeed]:
+        out = []
+        for sp, ln in zip(self.speeds, self.lines):
+            rho = ln.time_s(nb) / ln.time_s(self.stage.num_blocks)
+            out.append(ReplicaSpeed(sp.stage, sp.replica, sp.fixed_s * rho, sp.per_sequence_s * rho))
+        return out
+
+    def at(self, nb: int, shares: list[int] | None = None) -> tuple[float, list[int], list[ReplicaSpeed]]:
+        """(time per micro-batch, shares, speeds) at ``nb`` blocks; ``shares`` None: re-solved."""
+        speeds = self.speeds_at(nb)
+        if shares is None:
+            shares = solve_shares(speeds, self.plan.micro_batch_size, self.min_share)
+        step = max(sp.time_s(x) for sp, x in zip(speeds, shares))
+        return step / self.plan.num_micro_batches, shares, speeds
+
+    def fits(self, nb: int, shares: list[int]) -> bool:
+        from planner.cost.memory import in_flight_micro_batches, replica_memory
+
+        plan, st = self.plan, self.stage
+        inflight = in_flight_micro_batches(plan.schedule, len(plan.stages), st.index,
+                                           plan.num_micro_batches, plan.virtual_stages)
+        return all(replica_memory(self.ctx, gpu, r.tp, x, nb, st.embedding, st.head, len(st.replicas),
+                                  inflight).total_bytes <= gpu.memory_bytes
+                   for gpu, r, x in zip(self.gpus, st.replicas, shares))
+
+
+def rebalance_blocks(cluster, plan, doc: dict, times, path: str, min_share: int = 1,
+                     profiles=None) -> BlockRebalanced:
+    """The split and shares re-solved from the measurements ``doc`` / ``times`` of ``plan``
+    (``planner.launch.measurements.load``), read from ``path`` (named in errors)."""
+    import numpy as np
+
+    from planner.cost.evaluate import context_for_plan
+    from planner.profile.from_run import check_trained
+    from planner.search.core.dp import dp_partition
+
+    p = len(plan.stages)
+    if p < 2:
+        raise InputError("rebalance --blocks moves blocks between pipeline stages; the plan has one "
+                         "stage (rebalance without --blocks re-solves its shares)")
+    alpha, beta, unit = schedule_form(plan)
+    check_trained(path, doc, plan)  # times of another model (a --tiny run) price nothing here
+    steps = doc["steps"]
+    skip = len(steps) > 1            # the first step carries one-off start-up costs (rebalance)
+    used = range(1 if skip else 0, len(steps))
+    ctx = context_for_plan(plan, None, profiles)
+    lines = replica_lines(ctx, cluster, plan, times, used, path)
+    speeds = {k: fit_speed(t, skip) for k, t in times.items()}
+    stages = [_Stage(ctx, cluster, plan, st, speeds, lines, min_share) for st in plan.stages]
+    total = plan.stages[-1].blocks[1]
+    units = total // unit
+
+    # c_s at every block count, with the shares re-solved there; inf where it does not fit
+    table = np.full((p, units + 1), np.inf)
+    for s, stage in enumerate(stages):
+        for n in range(1, units + 1):
+            c, shares, _ = stage.at(n * unit)
+            if stage.fits(n * unit, shares):
+                table[s, n] = c
+    i, j = np.indices((units + 1, units + 1))
+    width = np.where(j > i, j - i, 0)
+    cost = np.where(j > i, table[:, width], np.inf)
+    objective, split, _ = dp_partition(cost, alpha, beta)
+    if not split:
+        raise InputError("rebalance --blocks: no split of the blocks over these stages fits in memory "
+                         "with the measured shares")
+    old_nb = [st.num_blocks for st in plan.stages]
+    old_obj = alpha * max(table[s, n // unit] for s, n in enumerate(old_nb)) \
+        + beta * sum(table[s, n // unit] for s, n in enumerate(old_nb))
+    new_nb = [(b - a) * unit for a, b in split]
+    if old_obj <= objective * (1 + 1e-9):   # as good: keep what runs now
+        new_nb = old_nb
+
+    def predicted(nbs, fixed_shares: bool) -> tuple[float, dict, dict]:
+        cs, shares, sp = [], {}, {}
+        for stage, nb in zip(stages, nbs):
+            old = [r.micro_batch_share for r in stage.stage.replicas] if fixed_shares else None
+            c, got, speeds_ = stage.at(nb, old)
+            cs.append(c)
+            shares.update(zip(stage.keys, got))
+            sp.update(zip(stage.keys, speeds_))
+        return pipeline_s(plan, cs), shares, sp
+
+    m = plan.num_micro_batches
+    outside = statistics.median(
+        doc["steps"][i]["step_time_s"]
+        - pipeline_s(plan, [max(times[k].compute_s[i] for k in st.keys) / m for st in stages])
+        for i in used)
+    outside = max(0.0, outside)
+    pipe_old, old_shares, _ = predicted(old_nb, True)
+    pipe_shares, _, _ = predicted(old_nb, False)
+    pipe_new, new_shares, _ = predicted(new_nb, False)
+    bounds, first = [], 0
+    for nb in new_nb:
+        bounds.append((first, first + nb))
+        first += nb
+    return BlockRebalanced(
+        old_blocks=tuple(st.blocks for st in plan.stages), blocks=tuple(bounds),
+        shares=new_shares, old_shares=old_shares, speeds=speeds, lines=lines,
+        measured_step_s=statistics.median(doc["steps"][i]["step_time_s"] for i in used),
+        predicted_old_step_s=outside + pipe_old, predicted_shares_step_s=outside + pipe_shares,
+        predicted_step_s=outside + pipe_new)
+
+
+def block_rebalanced_plan(plan, result: BlockRebalanced):
+    """``plan`` with the new split and shares; its ``predicted`` block (the cost model's, for
+    the old ones) dropped rather than left stale."""
+    stages = []
+    for s, (st, blocks) in enumerate(zip(plan.stages, result.blocks)):
+        reps = tuple(r.model_copy(update={"micro_batch_share": result.shares[(s, j)]})
+                     for j, r in enumerate(st.replicas))
+        stages.append(st.model_copy(update={"blocks": blocks, "replicas": reps}))
+    data = plan.model_copy(update={"stages": tuple(stages), "predicted": None}).to_json()
+    return type(plan).from_json(data)

@@ -1,0 +1,239 @@
+"""``planner rebalance --blocks`` on hand-built measurements (no processes): the split the exact
+DP picks is the brute-force optimum over every split of the cost model's closed form, a
+balanced split is kept, memory refuses splits, and bad input exits 2. The real run is
+tests/test_rebalance_blocks_slow.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner import api
+from planner.cli.main import main
+from planner.cost.compute import replica_compute
+from planner.cost.evaluate import context_for_plan
+from planner.cost.memory import in_flight_micro_batches, replica_memory
+from planner.cost.schedule import StageTiming, pipeline_time_s
+from planner.launch.measurements import build, trained_record
+from planner.launch.runner import RankInfo, model_shape
+from planner.plan import Plan
+from planner.plan.schema import validate_plan_json
+
+GPU = "A100-SXM4-80GB"
+CLUSTER = f"""\
+name: local
+nodes:
+  - {{name: a, gpu: {GPU}, gpus_per_node: 4, network_bandwidth: 100 Gbit/s}}
+"""
+MODEL = {"name": "rb", "num_layers": 8, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 512}
+M = 4            # micro-batches
+OUTSIDE_S = 0.005  # what each synthetic step spends beyond the stages' compute (sends, sync)
+
+
+def make_plan(split, shares=((4,), (4,)), schedule="1f1b", cluster="local", v=1) -> Plan:
+    stages, first, dev = [], 0, 0
+    for i, (nb, reps) in enumerate(zip(split, shares)):
+        replicas = []
+        for share in reps:
+            replicas.append({"gpu_type": GPU, "tp": 1, "micro_batch_share": share, "devices": [f"a:{dev}"]})
+            dev += 1
+        stages.append({"index": i, "blocks": [first, first + nb], "embedding": i == 0,
+                       "head": i == len(split) - 1, "replicas": replicas})
+        first += nb
+    mbs = sum(shares[0])
+    return Plan.from_json({
+        "schema": "planner.plan/v1",
+        "inputs": {"cluster": cluster, "model": MODEL,
+                   "training": {"global_batch_size": mbs * M, "seq_len": 64, "precision": "fp32"}},
+        "micro_batch_size": mbs, "num_micro_batches": M, "schedule": schedule, "virtual_stages": v,
+        "stages": stages})
+
+
+def stage_time_s(plan, stage: int, nb: int, slow: float, share: int | None = None) -> float:
+    """One micro-batch on a replica of ``stage`` holding ``nb`` blocks whose layers run ``slow``
+    times the cost model's time (per-micro-batch overhead as priced): the ground truth the
+    synthetic run measures, written with the cost model's public replica_compute."""
+    ctx = context_for_plan(plan)
+    st = plan.stages[stage]
+    share = share or st.replicas[0].micro_batch_share
+    node = _node()
+    gpu = node.gpu
+    rt = replica_compute(ctx, gpu, node.group.intra_Bps, 1, share, nb, st.embedding, st.head)
+    overhead = ctx.calibration.for_gpu(gpu).microbatch_overhead_s
+    return slow * (rt.total_s - overhead) + overhead
+
+
+def _node():
+    import yaml
+
+    from planner.spec import cluster_from_dict
+    return cluster_from_dict(yaml.safe_load(CLUSTER)).node_by_name["a"]
+
+
+def measurements(plan, slow: dict, steps: int = 5) -> dict:
+    """Each replica (stage, replica) runs ``slow[(stage, replica)]`` times the cost model's layer
+    time; step 0 three times that (a warm-up the rebalance leaves out); each step takes the 1F1B
+    closed form on the slowest replicas plus OUTSIDE_S."""
+    ranks, per_rank, step_time = [], {}, []
+    rank = 0
+    for st in plan.stages:
+        for j, r in enumerate(st.replicas):
+            ranks.append(RankInfo(rank, r.devices[0], st.index, j, 0))
+            per_rank[rank] = []
+            rank += 1
+    for i in range(steps):
+        x = 3.0 if i == 0 else 1.0
+        per_stage = []
+        for rk in ranks:
+            st = plan.stages[rk.stage]
+            share = st.replicas[rk.replica].micro_batch_share
+            c = x * M * stage_time_s(plan, rk.stage, st.num_blocks, slow[(rk.stage, rk.replica)], share)
+            per_rank[rk.rank].append({"share": share, "forward_s": c / 3, "backward_s": 2 * c / 3,
+                                      "recv_wait_s": 0.0, "sync_wait_s": 0.0})
+        for st in plan.stages:
+            per_stage.append(max(per_rank[rk.rank][i]["forward_s"] + per_rank[rk.rank][i]["backward_s"]
+                                 for rk in ranks if rk.stage == st.index) / M)
+        step_time.append(pipeline_time_s([StageTiming(c, 0.0) for c in per_stage], M, plan.schedule,
+                                         plan.virtual_stages) + OUTSIDE_S)
+    return build(plan, ranks, per_rank, step_time, None,
+                 trained_record(model_shape(plan), "float32", "gloo", False, None))
+
+
+def brute_force(plan, slow: dict) -> tuple[int, float]:
+    """(blocks on stage 0, pipeline time by the cost model's closed form) minimising over every
+    split of a 2-stage plan (in whole chunks of virtual_stages blocks), ties to the plan's own
+    split: no DP, no table."""
+    L, v = MODEL["num_layers"], plan.virtual_stages
+    best = None
+    for a in range(v, L, v):
+        cs = [stage_time_s(plan, 0, a, slow[(0, 0)]), stage_time_s(plan, 1, L - a, slow[(1, 0)])]
+        t = pipeline_time_s([StageTiming(c, 0.0) for c in cs], M, plan.schedule, v)
+        key = (t * (1 - 1e-12) if a == plan.stages[0].num_blocks else t, a)
+        if best is None or key < best[0]:
+            best = (key, (a, t))
+    return best[1]
+
+
+def run_cli(tmp, plan, doc, *extra, cluster=CLUSTER):
+    (tmp / "cluster.yaml").write_text(cluster)
+    (tmp / "plan.json").write_text(plan.dumps())
+    (tmp / "m.json").write_text(json.dumps(doc))
+    return main(["rebalance", str(tmp / "cluster.yaml"), str(tmp / "plan.json"), "--measurements",
+                 str(tmp / "m.json"), "-o", str(tmp / "new.json"), *extra])
+
+
+def test_slow_stage_gives_blocks_to_the_fast_one_as_brute_force_says(tmp_path, capsys):
+    plan = make_plan((4, 4))
+    slow = {(0, 0): 1.0, (1, 0): 2.0}   # stage 1 twice as slow per block
+    assert run_cli(tmp_path, plan, measurements(plan, slow), "--blocks", "--json") == 0
+    summary = json.loads(capsys.readouterr().out)
+    a, t = brute_force(plan, slow)
+    assert a > 4                         # blocks moved to the fast stage 0
+    assert summary["blocks"]["new"] == [[0, a], [a, 8]] and summary["blocks"]["moved"]
+    assert summary["blocks"]["old"] == [[0, 4], [4, 8]]
+    per_block = summary["blocks"]["per_block_s"]
+    assert per_block["1/0"] / per_block["0/0"] == pytest.approx(2.0)
+    assert summary["predicted_step_s"] == pytest.approx(t + OUTSIDE_S, rel=1e-9)
+    assert summary["predicted_old_step_s"] == pytest.approx(summary["measured_step_s"], rel=1e-9)
+    assert summary["predicted_gain"] > 1.1
+    new = api.load_plan(tmp_path / "new.json")
+    assert [s.blocks for s in new.stages] == [(0, a), (a, 8)] and new.devices() == plan.devices()
+    validate_plan_json(json.loads((tmp_path / "new.json").read_text()))   # the published schema
+    cluster = api.load_cluster(tmp_path / "cluster.yaml")
+    assert api.evaluate(cluster, new).fits
+    rank_map = json.loads(api.launch(new, "torchrun", cluster=cluster, master_addr="10.0.0.1")["rank_map.json"])
+    assert len(rank_map["stages"]) == 2
+
+
+def test_interleaved_split_moves_whole_chunks_as_brute_force_says(tmp_path, capsys):
+    plan = make_plan((4, 4), schedule="interleaved-1f1b", v=2)
+    slow = {(0, 0): 1.0, (1, 0): 3.0}
+    assert run_cli(tmp_path, plan, measurements(plan, slow), "--blocks", "--json") == 0
+    summary = json.loads(capsys.readouterr().out)
+    a, t = brute_force(plan, slow)
+    assert a > 4 and a % 2 == 0
+    assert summary["blocks"]["new"] == [[0, a], [a, 8]]
+    assert summary["predicted_step_s"] == pytest.approx(t + OUTSIDE_S, rel=1e-9)
+
+
+def test_human_summary_names_split_and_times(tmp_path, capsys):
+    plan = make_plan((4, 4))
+    assert run_cli(tmp_path, plan, measurements(plan, {(0, 0): 1.0, (1, 0): 2.0}), "--blocks") == 0
+    out = capsys.readouterr().out
+    assert "blocks: [0,4) [4,8) -> " in out and "with the new split and shares" in out
+
+
+def test_balanced_split_is_kept(tmp_path, capsys):
+    slow = {(0, 0): 1.0, (1, 0): 1.0}
+    a, _ = brute_force(make_plan((4, 4)), slow)   # the optimum for equal speeds
+    plan = make_plan((a, 8 - a))
+    assert run_cli(tmp_path, plan, measurements(plan, slow), "--blocks", "--json") == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["blocks"]["new"] == summary["blocks"]["old"] and not summary["blocks"]["moved"]
+    assert summary["predicted_step_s"] == pytest.approx(summary["predicted_old_step_s"], rel=1e-9)
+
+
+def test_replicated_stage_reshares_after_the_split(tmp_path, capsys):
+    """Stage 1 in two replicas, one 3x slower: shares move first (as rebalance does without
+    --blocks); the split then prices the stage at its re-solved shares."""
+    plan = make_plan((4, 4), shares=((4,), (2, 2)))
+    slow = {(0, 0): 1.0, (1, 0): 1.0, (1, 1): 3.0}
+    assert run_cli(tmp_path, plan, measurements(plan, slow), "--blocks", "--json") == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["shares"]["1/0"] > summary["shares"]["1/1"]
+    assert summary["predicted_step_s"] <= summary["blocks"]["predicted_shares_only_step_s"] * (1 + 1e-12)
+    assert summary["blocks"]["predicted_shares_only_step_s"] < summary["predicted_old_step_s"]
+
+
+def test_split_that_does_not_fit_is_refused(tmp_path, capsys):
+    """The same GPU spec with two memory sizes: with room, the slow stage 1 hands stage 0 six
+    blocks or more; with memory for five blocks on stage 0 and not six, the DP stops at five."""
+    slow = {(0, 0): 1.0, (1, 0): 4.0}
+    plan = make_plan((4, 4))
+    ctx = context_for_plan(plan)
+    infl = in_flight_micro_batches("1f1b", 2, 0, M)
+    need = [replica_memory(ctx, _node().gpu, 1, 4, nb, True, False, 1, infl).total_bytes for nb in (5, 6)]
+    got = {}
+    for label, memory_gb in (("roomy", 80.0), ("small", (need[0] + need[1]) / 2 / 1e9)):
+        name = f"gpu-{label}"
+        cluster = CLUSTER.replace(f"gpu: {GPU}", f"gpu: {{name: {name}, memory: {memory_gb:.6f} GB, "
+                                  "peak_tflops: 312, memory_bandwidth: 2039 GB/s, intra_node_bandwidth: 600 GB/s}")
+        custom = Plan.from_json(json.loads(plan.dumps().replace(GPU, name)))
+        doc = measurements(plan, slow) | {"plan_sha256": _sha(custom)}
+        assert run_cli(tmp_path, custom, doc, "--blocks", "--json", cluster=cluster) == 0
+        got[label] = json.loads(capsys.readouterr().out)["blocks"]["new"]
+    assert got["roomy"][0][1] >= 6
+    assert got["small"] == [[0, 5], [5, 8]]
+
+
+def _sha(plan):
+    from planner.launch.measurements import plan_sha256
+    return plan_sha256(plan)
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("other-plan", "another plan"),
+    ("one-stage", "one stage"),
+    ("gpipe", "schedule 'gpipe'"),
+    ("no-trained", "trained"),
+])
+def test_bad_input_exits_2(tmp_path, capsys, case, expect):
+    plan = make_plan((4, 4))
+    slow = {(0, 0): 1.0, (1, 0): 2.0}
+    doc = measurements(plan, slow)
+    if case == "other-plan":
+        doc = measurements(make_plan((3, 5)), slow)
+    elif case == "one-stage":
+        plan = make_plan((8,), shares=((4,),))
+        doc = measurements(plan, {(0, 0): 1.0})
+    elif case == "gpipe":
+        plan = make_plan((4, 4), schedule="gpipe")
+        doc = measurements(plan, slow)
+    elif case == "no-trained":
+        doc["trained"] = None
+    rc = run_cli(tmp_path, plan, doc, "--blocks")
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert expect in err and "Traceback" not in err
+    assert not (tmp_path / "new.json").exists()
