@@ -75,8 +75,8 @@ def test_the_h200_sweep_backs_a_precision_independent_fill():
     """On the H200's own sweep, tf32 reaches about the fraction of its peak that bf16 reaches
     on the same shape (the measurement the fill size's precision independence rests on)."""
     import json
-    from pathlib import Path
     import statistics
+    from pathlib import Path
     folder = Path(__file__).parents[1] / "reference" / "device" / "h200-2026-12-04"
     by_shape: dict = {}
     for f in folder.glob("gemms-*.json"):

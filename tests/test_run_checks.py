@@ -202,3 +202,12 @@ def test_importing_the_runner_and_cli_does_not_import_torch():
                          check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_zero_with_mixed_tp_in_a_stage_is_refused(no_spawn):
+    """The runner shards a stage's parameters shard by shard over replicas of one tp."""
+    plan = make_plan([((0, 4), [rep(2, 2, ["a:0", "a:1"]), rep(1, 2, ["a:2"])])], zero_stage=2)
+    with pytest.raises(InputError, match="zero_stage: 2 with replicas of different tp in stage 0"):
+        runner.run_plan(plan, steps=1)
+    same = make_plan([((0, 4), [rep(1, 2, ["a:0"]), rep(1, 2, ["a:1"])])], zero_stage=3)
+    runner.check_plan(same, runner.model_shape(same))  # one tp per stage: accepted

@@ -68,6 +68,8 @@ class RunResult:
     wall_s: float
     params: dict | None = field(default=None, repr=False)  # name -> numpy array, full shape
     measurements: dict | None = field(default=None, repr=False)  # planner.launch.measurements
+    # ZeRO plans: per rank, the bytes of weights / gradients / optimizer state it held (zero_shards)
+    zero_state_bytes: dict[int, dict[str, int]] | None = field(default=None, repr=False)
 
     def to_json(self) -> dict:
         return {"losses": self.losses, "step_time_s": self.step_time_s,
@@ -157,6 +159,14 @@ def check_plan(plan: Plan, shape: dict, schedule=None):
                 if n % r.tp:
                     problems.append(f"stage {s.index} replica {j}: tp={r.tp} does not divide the "
                                     f"model's {n} {what} (after any --tiny/model override)")
+    if plan.zero_stage >= 1:  # planner.launch.zero_shards shards shard-by-shard over equal tp
+        if sched is not None and sched.stage_map == "bitpipe":
+            problems.append(f"zero_stage: {plan.zero_stage} with the bitpipe schedule (its mirrored "
+                            "weight copies are summed apart): the runner shards only other schedules")
+        for s in plan.stages:
+            if len({r.tp for r in s.replicas}) > 1:
+                problems.append(f"zero_stage: {plan.zero_stage} with replicas of different tp in stage "
+                                f"{s.index}: the runner shards only stages whose replicas share one tp")
     if problems:
         raise InputError("cannot run this plan:\n  " + "\n  ".join(problems))
     return sched
@@ -389,7 +399,8 @@ def _collect(out: Path, ranks: list[RankInfo], plan: Plan, steps: int, heads: se
         h.update(name.encode())
         h.update(np.ascontiguousarray(params[name], dtype=np.float64).tobytes())
     measured = {r.rank: res[r.rank]["measurements"] for r in ranks if "measurements" in res[r.rank]}
-    return losses, times, params, diff, h.hexdigest(), measured
+    zero = {r.rank: res[r.rank]["zero_state_bytes"] for r in ranks if "zero_state_bytes" in res[r.rank]}
+    return losses, times, params, diff, h.hexdigest(), measured, zero or None
 
 
 def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
@@ -440,7 +451,7 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
            "seed": seed, "dtype": dtype, "optimizer": optimizer, "lr": lr, "backend": backend,
            "micro_batch_size": plan.micro_batch_size, "num_micro_batches": plan.num_micro_batches,
            "global_batch": plan.micro_batch_size * plan.num_micro_batches,
-           "world_size": len(ranks), "port": _free_port(),
+           "world_size": len(ranks), "port": _free_port(), "zero_stage": plan.zero_stage,
            "collective_timeout_s": collective_timeout_s,
            # The runner computes in ``dtype`` (float32 by default) whatever the plan's precision
            # (bf16/fp16 plans too); a tf32 plan also gets TF32 matmuls on a GPU.
@@ -458,7 +469,7 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
                     cfg["port"] = _free_port()
                     continue
                 raise
-            losses, times, params, diff, digest, measured = _collect(out, ranks, plan, steps, heads)
+            losses, times, params, diff, digest, measured, zero = _collect(out, ranks, plan, steps, heads)
             break
     doc = None
     if measured:
@@ -469,4 +480,4 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
     return RunResult(losses=losses, step_time_s=times, param_digest=digest,
                      replica_max_abs_diff=diff, world_size=len(ranks), ranks=ranks,
                      wall_s=time.perf_counter() - t0, params=params if return_params else None,
-                     measurements=doc)
+                     measurements=doc, zero_state_bytes=zero)

@@ -23,6 +23,8 @@ Communication, all on torch.distributed (point-to-point always over gloo, see ``
   do not, each replica assembles the full gradient on its leader (all-gather of the shards),
   the leaders all-reduce, and each leader broadcasts back to its tp group, which keeps its
   shard.
+- ZeRO stages 1-3 (``zero_stage`` in the config): a stage's replicas shard the optimizer state,
+  then the gradients, then the weights (``planner.launch.zero_shards``).
 """
 
 from __future__ import annotations
@@ -142,6 +144,14 @@ class Worker:
                 params.setdefault(name, t)
         self.params = {k: v.detach().to(self.device).requires_grad_(True) for k, v in params.items()}
         plist = list(self.params.values())
+        self.zero = None
+        if cfg.get("zero_stage", 0) >= 1 and len(self.stage["replicas"]) > 1 and plist:
+            from planner.launch.zero_shards import ZeroShards
+            names = [n for n in self.params if not (self.tied and n == "embed.weight")]
+            self.zero = ZeroShards(self.params, names, cfg["zero_stage"], self.dp_group,
+                                   len(self.stage["replicas"]), self.qi)
+            # the optimizer sees the shard (and a tied embedding, summed apart by _sync_tied)
+            plist = [self.zero.shard] + [self.params[n] for n in self.params if n not in names]
         # A stage may hold nothing but a pass-through (no blocks, no embedding, no head).
         self.opt = tm.make_optimizer(plist, cfg["optimizer"], cfg["lr"]) if plist else None
         self.tpc = tm.TPContext(self.tp, self.tp_group)
@@ -270,6 +280,9 @@ class Worker:
     def _sync_grads(self):
         """Sum this stage's gradients over its replicas (see the module docstring)."""
         self._sync_tied()
+        if self.zero is not None:
+            self.zero.reduce()
+            return
         if len(self.stage["replicas"]) == 1 or not self.params:
             return
         names = [n for n in self.params if not (self.tied and n == "embed.weight")]
@@ -317,6 +330,8 @@ class Worker:
         tokens = tm.batch_tokens(cfg["seed"], step, cfg["global_batch"], self.shape)
         saved: dict = {}
         loss = 0.0
+        if self.zero is not None and self.zero.stage >= 3:
+            self.zero.gather()
         backward = {"B": self._backward, "I": self._backward_input, "W": self._backward_weight}
         for a in self.sched.ranks[self.si]:
             k = self.sched.slot(self.si, a.chunk)  # index into self.chunks (one pipeline: the stage)
@@ -331,6 +346,9 @@ class Worker:
         if self.opt is not None:
             self.opt.step()
             self.opt.zero_grad()
+        if self.zero is not None:
+            self.zero.after_update()
+            self.zero_state_bytes = self.zero.state_bytes(self.opt)
         return loss
 
     def _after_step(self, rec: dict) -> None:
@@ -355,10 +373,15 @@ class Worker:
             # One line per step for the parent's live progress (it sums the last stage's losses).
             with open(self.progress_path, "a") as fh:
                 fh.write(json.dumps(rec) + "\n")
+        extra = {}
+        if self.zero is not None:
+            extra["zero_state_bytes"] = self.zero_state_bytes
+            if self.zero.stage >= 3:
+                self.zero.gather()  # the full weights, for the comparison with the reference
         dist.barrier()
         return {"rank": self.rank, "stage": self.si, "replica": self.qi, "tp_rank": self.tp_rank,
                 "losses": losses, "step_time_s": times,
-                "split_dims": {k: dim for k, (_, dim) in self.layout.items()}}
+                "split_dims": {k: dim for k, (_, dim) in self.layout.items()}, **extra}
 
 
 def _die_with_parent() -> None:
