@@ -147,3 +147,36 @@ def test_backward_splits_into_input_and_weight_gradients():
     assert 0.35 < frac < 0.5
     small = backward_weight_fraction(CostContext(model=load_model("opt-350m"), seq_len=2048), a100, 1, 1)
     assert small < frac  # an unfused s^2 core weighs more in a small model's backward
+
+
+def test_recompute_op_redoes_torchtitans_unsaved_ops():
+    """torchtitan's op policy (roofline.py): k, o and w3 of a Llama block (every second matmul),
+    every elementwise op, not the fused attention core; less time than full recompute and less
+    memory than selective (which with flash attention keeps all but the core's scores)."""
+    from planner.cost.compute import _block_roofline
+    from planner.cost.memory import block_activation_bytes
+    from planner.cost.roofline import op_recomputed_fractions
+    m = load_model("llama3-8b")
+    h100 = catalog.gpu("H100-SXM5-80GB")
+    fr = op_recomputed_fractions(m)
+    assert fr["qkv"] == pytest.approx(1024 / (4096 + 2 * 1024))  # the k projection of fused q, k, v
+    assert (fr["attn.out"], fr["mlp.up"], fr["mlp.down"]) == (1.0, 0.5, 0.0)
+    gelu = op_recomputed_fractions(load_model("gpt3-175b"))
+    assert (gelu["mlp.up"], gelu["mlp.down"]) == (0.0, 1.0)  # q, k, v, o, fc1, fc2: fc2 is second
+    by_mode = {}
+    for mode in ("selective", "op", "full"):
+        ctx = CostContext(model=m, seq_len=8192, flash_attention=True, recompute=mode)
+        curve = gemm_curve(h100, "bf16", default_calibration().for_gpu(h100), 2)
+        work = block_work(ctx, curve, 1, 2)
+        by_mode[mode] = (_block_roofline(ctx, h100, 1, 2)[2], block_activation_bytes(ctx, 1, 2))
+        if mode == "op":
+            redo = work.elementwise_forward_s + sum(f * work.gemm_forward_s[g] for g, f in fr.items())
+            assert work.op_recompute_forward_s == pytest.approx(redo)
+    (sel_t, sel_m), (op_t, op_m), (full_t, full_m) = by_mode["selective"], by_mode["op"], by_mode["full"]
+    assert 0 < op_t < full_t
+    # selective redoes the flash core's forward, op does not: at 8k tokens the core weighs more
+    assert op_t < sel_t
+    assert full_m < op_m < sel_m
+    # saved per sequence token: input, q, v, SDPA out, w1, w2 out = (4 + 1/4) h + f elements of 2 bytes
+    s, b, h, f = 8192, 2, 4096, 14336
+    assert op_m == pytest.approx(2 * s * b * ((4 + 0.25) * h + f))

@@ -106,6 +106,18 @@ def test_precision_and_recompute():
     assert data["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
 
 
+def test_recompute_op_is_torchtitans_policy_and_selective_says_it_differs():
+    data, files = config(make_plan(recompute="op"))
+    assert data["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    assert "recompute op: torchtitan's per-op selective activation checkpointing, as priced" in files[CONFIG_FILE]
+    _, files = config(make_plan(recompute="selective"))
+    assert "re-plan with recompute op to price what torchtitan runs" in files[CONFIG_FILE]
+    with pytest.raises(InputError, match="recompute op is torchtitan's per-op checkpointing"):
+        render(make_plan(recompute="op"), "megatron", master_addr="h")
+    with pytest.raises(InputError, match="recompute op: PipelineModule only checkpoints whole layers"):
+        render(make_plan(recompute="op"), "deepspeed", master_addr="h")
+
+
 def refusal(plan, **kw) -> str:
     with pytest.raises(InputError) as exc:
         render(plan, "torchtitan", master_addr="h", **kw)

@@ -192,7 +192,7 @@ def _summary(out, result, cluster) -> None:
 @click.option("--schedule", "schedules", default=None, metavar="S[,S...]",
               help="pipeline schedules to search: gpipe, 1f1b, interleaved-1f1b (training: schedules)")
 @click.option("--recompute", "recompute_modes", default=None, metavar="M[,M...]",
-              help="activation recompute modes to search: none, selective, full (training: recompute_modes)")
+              help="activation recompute modes to search: none, selective, full, op (training: recompute_modes)")
 @click.option("--zero-stage", "zero_stages", default=None, metavar="Z[,Z...]",
               help="ZeRO stages to search: 0, 1, 2, 3 (training: zero_stages)")
 @click.option("--launcher", type=click.Choice(["megatron", "deepspeed"]), default=None,

@@ -99,8 +99,10 @@ def _block_roofline(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> tupl
     bwd = max(work.backward_s, 2 * overhead)
     if ctx.recompute == "none":
         return fwd, bwd, 0.0, work.dense_forward_s
-    redo_gpu, redo_floor = ((work.forward_s, overhead) if ctx.recompute == "full"
-                            else (work.core_forward_s, 0.0))
+    # full and op redo most of the forward's kernels, so their launches; selective a few
+    redo_gpu, redo_floor = {"full": (work.forward_s, overhead),
+                            "op": (work.op_recompute_forward_s, overhead)}.get(
+                                ctx.recompute, (work.core_forward_s, 0.0))
     recompute = max(work.backward_s + redo_gpu, 2 * overhead + redo_floor) - bwd
     return fwd, bwd, recompute, work.dense_forward_s
 

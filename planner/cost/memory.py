@@ -13,7 +13,10 @@ Sources:
   without parallelism; ``s b h (10 + 24/t + 5 a s/(h t))`` with tensor parallel t;
   ``s b h (34/t + 5 a s/(h t))`` with sequence parallel too; selective recompute drops the
   ``5 a s / h`` term; full recompute keeps only the block input, ``2 s b h`` (``/t`` with
-  sequence parallel), plus one block's full activations while it is recomputed.
+  sequence parallel), plus one block's full activations while it is recomputed.  torchtitan's
+  op policy (recompute ``op``, planner.cost.roofline) keeps the block input and the outputs of
+  the matmuls it saves: q, v, SDPA's output and w1 (fc1), and w2's whole-width output with
+  SwiGLU; plus, like full recompute, one block's activations while it is recomputed.
   The paper's bytes are 2-byte (16-bit) tensors and 1-byte dropout masks; in fp32 / tf32 the
   tensors take 4 bytes (``CostContext.activation_bytes``) and the masks still 1, so each
   tensor term is scaled by ``activation_bytes / 2`` and the mask terms are not.
@@ -139,6 +142,10 @@ def block_activation_bytes(ctx: CostContext, tp: int, b: float, recompute: str |
     k = ctx.activation_bytes / 2   # 1 in bf16/fp16 (the paper's 2-byte tensors), 2 in fp32/tf32
     if recompute == "full":
         return 2 * k * sbh / (tp if sp else 1)
+    if recompute == "op":  # module docstring: input, q, v, SDPA out, w1 (fc1), and w2's output
+        swiglu = m.mlp == "swiglu"
+        sharded = 2.0 + kv_width(m) / h + m.ffn_size / h
+        return 2 * k * sbh * (1 / (tp if sp else 1) + sharded / tp + (1.0 if swiglu else 0.0))
     # Replicated without SP: 2 LayerNorm inputs (4), QKV input (2), MLP input (2), 2 dropout masks (2).
     replicated = 8.0 * k + 2.0
     # Sharded by TP: Q (2) and K, V (2 h_kv/h each), out-projection input (2), MLP: GeLU input
@@ -189,7 +196,7 @@ def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: 
     params = stage_params(ctx, blocks, embedding, head) / tp
     w, g, o = zero_state_bytes(*bytes_per_param(ctx.precision), ctx.zero_stage, num_replicas_in_stage)
     act = blocks * block_activation_bytes(ctx, tp, share) * in_flight_micro_batches
-    if ctx.recompute == "full" and blocks:
+    if ctx.recompute in ("full", "op") and blocks:
         act += block_activation_bytes(ctx, tp, share, recompute="none")  # the block being recomputed
     s, h = ctx.seq_len, ctx.model.hidden_size
     if embedding:  # embedding dropout mask (Korthikanti: s b h p / t, 1 byte per element)

@@ -36,11 +36,19 @@ writes each twice as much), with Megatron's fused kernels:
   passes where the fused kernel makes 2, so 4 more forward; their autograd backward likewise
   makes 7 (softmax backward 3, mask 2, scale 2) against the fused 3, so 4 more backward.
 Head: the logits through the fp32 cross-entropy, ~3 x 4 ``b s V``/tp bytes each way.
+
+Recompute ``op`` (torchtitan's per-op selective checkpointing, ``selective_ac_option = "op"``,
+torchtitan parallelize_llama.py at 9dec370): inside a block it saves the outputs of the matmuls,
+of SDPA and of a few collectives, except every second matmul in forward order, and recomputes
+the rest.  A Llama block runs q, k, v, o, w1, w3, w2 (a GeLU MLP: q, k, v, o, fc1, fc2), so k, o
+and w3 (fc2) are redone: the k part of the fused qkv GEMM, all of ``attn.out``, half of the fused
+SwiGLU ``mlp.up`` (all of ``mlp.down`` with GeLU), and every elementwise op; the attention core
+too unless it is fused (SDPA's output is saved).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from planner.cost.flops import kv_width, mlp_matrices
 from planner.cost.gemm import Gemm, GemmCurve
@@ -91,6 +99,9 @@ class BlockWork:
         return (sum(self.gemm_forward_s[g] for g in CORE_GEMMS) + self.attention_core_traffic_forward_s
                 + self.softmax_fallback_s)
 
+    # torchtitan's op policy (docstring): the forward work recomputed inside the backward
+    op_recompute_forward_s: float = 0.0
+
     @property
     def dense_forward_s(self) -> float:
         """The weight GEMMs of the forward (what TP comm overlap can hide behind)."""
@@ -133,8 +144,22 @@ def block_work(ctx, curve: GemmCurve, tp: int, share: int) -> BlockWork:
     elems += (3 if m.mlp == "swiglu" else 2) * share * s * m.ffn_size / tp
     scores = 0.0 if ctx.flash_attention else m.num_attention_heads * s * s * share / tp
     fallback = SOFTMAX_FALLBACK_PASSES * scores if eb >= 4 else 0.0
-    return BlockWork(fwd, bwd, wgrad, elems * eb / curve.memory_Bps,
+    work = BlockWork(fwd, bwd, wgrad, elems * eb / curve.memory_Bps,
                      ATTENTION_CORE_PASSES * scores * eb / curve.memory_Bps, fallback * eb / curve.memory_Bps)
+    if ctx.recompute != "op":
+        return work
+    redo = work.elementwise_forward_s + sum(f * fwd[g] for g, f in op_recomputed_fractions(m).items())
+    if not ctx.flash_attention:
+        redo += work.core_forward_s
+    return replace(work, op_recompute_forward_s=redo)
+
+
+def op_recomputed_fractions(model) -> dict[str, float]:
+    """Of each forward GEMM, the part torchtitan's op policy recomputes (module docstring)."""
+    kv = kv_width(model)
+    swiglu = model.mlp == "swiglu"
+    return {"qkv": kv / (model.hidden_size + 2 * kv), "attn.out": 1.0,
+            "mlp.up": 0.5 if swiglu else 0.0, "mlp.down": 0.0 if swiglu else 1.0}
 
 
 def head_work(ctx, curve: GemmCurve, tp: int, share: int) -> tuple[float, float]:

@@ -71,8 +71,8 @@ def check(plan: Plan) -> None:
         problems.add("schedule latency-aware: DeepSpeed's pipeline engine runs its fixed 1F1B "
                      "TrainSchedule and cannot follow the plan's per-rank action lists; re-plan with "
                      "schedule 1f1b")
-    if plan.recompute == "selective":
-        problems.add("recompute selective: PipelineModule only checkpoints whole layers "
+    if plan.recompute in ("selective", "op"):
+        problems.add(f"recompute {plan.recompute}: PipelineModule only checkpoints whole layers "
                      "(activation_checkpoint_interval); re-plan with recompute none or full")
     if plan.zero_stage >= 2 and plan.num_stages > 1:
         # deepspeed/runtime/pipe/engine.py (PipelineEngine.__init__) asserts

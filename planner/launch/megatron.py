@@ -120,6 +120,10 @@ def training_args(plan: Plan, tp: int) -> tuple[list[str], list[str]]:
                  "--recompute-num-layers", "1"]
     elif plan.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
+    elif plan.recompute == "op":
+        raise InputError("launch --format megatron: recompute op is torchtitan's per-op checkpointing, "
+                         "which Megatron-LM does not have (--recompute-granularity selective redoes the "
+                         "attention core only); re-plan with recompute selective or full")
     if plan.sequence_parallel:
         if tp > 1:
             args.append("--sequence-parallel")

@@ -82,7 +82,7 @@ SCHEDULE_NAMES = {"ScheduleGPipe": "GPipe", "Schedule1F1B": "1F1B",
                   "ScheduleInterleavedZeroBubble": "InterleavedZeroBubble"}
 SINGLE_STAGE = {"GPipe", "1F1B", "PipelineScheduleSingle"}  # subclasses of PipelineScheduleSingle
 PRECISION_PARAM = {"bf16": "bfloat16", "fp32": "float32", "tf32": "float32"}
-RECOMPUTE_MODE = {"none": "none", "full": "full", "selective": "selective"}
+RECOMPUTE_MODE = {"none": "none", "full": "full", "selective": "selective", "op": "selective"}
 
 
 def check(plan: Plan) -> None:
@@ -154,8 +154,8 @@ def sections(plan: Plan, how: Route | None) -> dict[str, dict]:
     else:
         training["local_batch_size"] = share        # no pipeline: m accumulation steps of share
     ac: dict = {"mode": RECOMPUTE_MODE[plan.recompute]}
-    if plan.recompute == "selective":
-        ac["selective_ac_option"] = "op"  # op-level selective recompute (Korthikanti et al. 2022)
+    if plan.recompute in ("selective", "op"):
+        ac["selective_ac_option"] = "op"  # torchtitan's only selective policy besides every-n-layers
     return {"parallelism": par, "training": training, "activation_checkpoint": ac}
 
 
@@ -198,7 +198,11 @@ def _comments(plan: Plan, how: Route | None) -> list[str]:
                    "runs FSDP, which also shards the weights (less memory than planned, their "
                    "all-gathers per micro-batch more traffic)")
     if plan.recompute == "selective":
-        out.append("recompute selective: torchtitan's op-level selective activation checkpointing")
+        out.append("recompute selective: torchtitan has no attention-core-only recompute; its op policy "
+                   "(used here) also redoes every second matmul and the elementwise ops, more time than "
+                   "the plan priced: re-plan with recompute op to price what torchtitan runs")
+    elif plan.recompute == "op":
+        out.append("recompute op: torchtitan's per-op selective activation checkpointing, as priced")
     return out + precision_comment(plan)
 
 

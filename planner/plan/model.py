@@ -204,7 +204,7 @@ class Plan(BaseModel):
         default=None, description="latency-aware only: per stage (rank), its ordered actions, "
                                   "'F0.3' = forward of chunk 0 on micro-batch 3 (F, I, W); the "
                                   "launchers run exactly these")
-    recompute: Literal["none", "selective", "full"] = "none"
+    recompute: Literal["none", "selective", "full", "op"] = "none"
     zero_stage: Literal[0, 1, 2, 3] = 0
     reshard_after_forward: bool | None = Field(
         default=None, description="ZeRO-3 only (FSDP2's reshard_after_forward): true frees the "

@@ -22,8 +22,8 @@ def _friendliest(model, training, info):
     if not tps:
         return None
     t = tps[-1]
-    rc = "full" if "full" in training.recompute_modes else (
-        "selective" if "selective" in training.recompute_modes else "none")
+    # the least activation memory the training allows
+    rc = next((m for m in ("full", "op", "selective") if m in training.recompute_modes), "none")
     z = max(training.zero_stages)
     n = max(1, min(info.max_replicas(t), training.global_batch_size))
     # ZeRO-3 without resharding holds the whole stage gathered: the friendliest reshards if allowed

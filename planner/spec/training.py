@@ -10,7 +10,10 @@ from planner.spec.quantities import PositiveInt
 
 # zb-h1, zb-v and dualpipev are searched only when listed: their rows bound their time (docs/search-space.md, "Schedules")
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipev"]
-Recompute = Literal["none", "selective", "full"]
+# selective: the attention core only (Korthikanti et al. 2022, Megatron's --recompute-activations);
+# op: torchtitan's per-op policy (activation_checkpoint.selective_ac_option "op": every second
+# matmul of a block and its elementwise ops recomputed); searched only when listed.
+Recompute = Literal["none", "selective", "full", "op"]
 # bf16 / fp16: mixed precision (16-bit weights and activations, fp32 master weights and Adam
 # state).  fp32: everything in fp32, matmuls on CUDA cores at the FP32 (SIMT) peak, PyTorch's
 # default since 1.12 (torch.backends.cuda.matmul.allow_tf32 = False).  tf32: fp32 storage,

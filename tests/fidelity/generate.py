@@ -386,6 +386,67 @@ def gen_sailor(ref: Path):
 
 # -- writing --------------------------------------------------------------------------------
 
+# -- torchtitan (FSDP2 on H100, Llama 3.1) ---------------------------------------------------
+
+TORCHTITAN_SOURCE = HERE / "sources" / "torchtitan_llama3_h100_202412.yaml"
+# Grand Teton's H100: 96 GB HBM2e at 2.4 TB/s, 500 W; its bf16 peak lies between H100 SXM
+# (989.4) and NVL (835.5) by the source's footnote: the midpoint, +-8%, said in every row's note.
+TORCHTITAN_GPU = ("{name: H100-HBM2e-96GB-500W, memory: 96 GB, peak_tflops: 912.5, "
+                  "memory_bandwidth: 2400 GB/s, intra_node_bandwidth: 450 GB/s, architecture: hopper}")
+TORCHTITAN_META = {
+    "gpu_type": "H100-HBM2e-96GB-500W",
+    # FSDP2 = ZeRO-3; torchtitan reshards after forward all blocks but the last (as one knob: true);
+    # selective = its per-op policy (recompute op)
+    "plan_defaults": {"precision": "bf16", "schedule": "1f1b", "recompute": "op", "zero_stage": 3,
+                      "reshard_after_forward": True, "sequence_parallel": False},
+}
+
+
+def torchtitan_cluster(num_nodes: int) -> ClusterText:
+    c = ClusterText(f"grand-teton-h100-{num_nodes}x8", [
+        "Meta Grand Teton hosts as torchtitan's December 2024 Llama 3.1 benchmarks describe them",
+        "(tests/fidelity/sources/torchtitan_llama3_h100_202412.yaml): 8 H100 per host, NVLink, 400 Gb/s",
+        "RDMA per GPU. The GPU is inline: no catalog type is this 96 GB HBM2e, 500 W H100.",
+    ])
+    c.groups.append([("name", "gt", ""), ("count", num_nodes, ""), ("gpu", TORCHTITAN_GPU, ""),
+                     ("gpus_per_node", 8, ""),
+                     ("network_bandwidth", "3200 Gbit/s", "8x 400 Gbit/s RDMA")])
+    return c
+
+
+def gen_torchtitan():
+    src = yaml.safe_load(TORCHTITAN_SOURCE.read_text())
+    clusters, out_rows = {}, []
+    for i, r in enumerate(src["rows"]):
+        nodes = r["gpus"] // 8
+        cname = f"gt-h100x8-{nodes_tag(nodes)}.yaml"
+        clusters.setdefault(cname, torchtitan_cluster(nodes))
+        local = r["local_batch"]
+        t = local * r["seq_len"] / r["tps_per_gpu"]   # each GPU's tokens per step / its TPS
+        dp = r["fsdp"] * r.get("replicate", 1)
+        tech = "-".join(r["techniques"]) or "plain"
+        if "schedule" in r:
+            tech = f"{r['schedule']}-{tech}"
+        cfg = {"model": r["model"], "seq_len": r["seq_len"], "global_batch_size": local * dp,
+               "tp": r["tp"], "dp": dp, "pp": r["pp"], "cp": r["cp"], "micro_batch_per_replica": local,
+               "techniques": r["techniques"]}
+        if r["ac"] == "full":
+            cfg["plan"] = {"recompute": "full"}
+        if r.get("schedule", "1f1b") != "1f1b":
+            cfg.setdefault("plan", {})["schedule"] = r["schedule"]
+        notes = ["GPU peak assumed 912.5 TFLOP/s, the midpoint of H100 SXM and NVL (the source's "
+                 "footnote: between them, exact value unknown): +-8% on compute",
+                 "measured_iteration_time_s derived: local batch x seq_len / TPS per GPU"]
+        out_rows.append({
+            "id": f"torchtitan-t{r['table']}-{r['model']}-{r['gpus']}gpu-cp{r['cp']}-{tech}",
+            "source_index": i, "cluster": f"clusters/{cname}", "measured_iteration_time_s": round(t, 9),
+            "extras": {"tps_per_gpu": r["tps_per_gpu"], "table": r["table"],
+                       "measured_max_mem_bytes": int(r["memory_gib"] * 2**30)},
+            "notes": notes, "config": cfg})
+    header = {"source": src["source"]}
+    return header, {"kind": "torchtitan", **TORCHTITAN_META}, clusters, out_rows
+
+
 def write_if_changed(path: Path, text: str) -> None:
     if path.exists() and path.read_text(encoding="utf-8") == text:
         return
@@ -447,6 +508,7 @@ def main(argv=None) -> int:
         ("vtrain-multi", gen_vtrain(args.reference, "vtrain-multi", "vtrain_ground_truth_multi.yaml"), True),
         ("megatron-core-h100", gen_mcore(args.reference), True),
         ("sailor", gen_sailor(args.reference), True),
+        ("torchtitan-h100", gen_torchtitan(), True),
     ]
     total = 0
     for name, (header, meta, clusters, rows), plan_files in jobs:

@@ -33,8 +33,9 @@ from planner.spec import Cluster, load_cluster, load_model
 
 HERE = Path(__file__).resolve().parent
 
-SETS = ("vtrain-single", "vtrain-multi", "megatron-core-h100", "sailor")
-EXPECTED_COUNTS = {"vtrain-single": 1440, "vtrain-multi": 109, "megatron-core-h100": 9, "sailor": 36}
+SETS = ("vtrain-single", "vtrain-multi", "megatron-core-h100", "sailor", "torchtitan-h100")
+EXPECTED_COUNTS = {"vtrain-single": 1440, "vtrain-multi": 109, "megatron-core-h100": 9, "sailor": 36,
+                   "torchtitan-h100": 18}
 
 
 class Unexpressible(ValueError):
@@ -140,6 +141,17 @@ def _stage_layout(kind: str, cfg: dict, set_meta: dict) -> tuple[dict, list[tupl
             first += size
         replicas = [[(r["gpu_type"], r["tp"]) for r in stage] for stage in cfg["stages"]]
         return model, blocks, replicas, notes
+    if kind == "torchtitan":
+        not_modelled = {"compile": "torch.compile (its fused kernels are not modelled)",
+                        "float8": "Float8 linear layers (the planner prices bf16, fp16, tf32 and fp32)",
+                        "async-tp": "asynchronous TP (not modelled)"}
+        missing = [not_modelled[t] for t in cfg.get("techniques", ())]
+        if missing:
+            raise Unexpressible("uses " + "; ".join(missing))
+        model = load_model(cfg["model"]).to_mapping()
+        blocks = split_blocks(model["num_layers"], cfg["pp"])
+        replicas = [[(set_meta["gpu_type"], cfg["tp"])] * cfg["dp"] for _ in range(cfg["pp"])]
+        return model, blocks, replicas, notes
     raise ValueError(f"unknown set kind {kind!r}")
 
 
@@ -184,6 +196,8 @@ def build_plan(kind: str, cfg: dict, set_meta: dict, cluster: Cluster) -> Plan:
         "sequence_parallel": bool(knobs["sequence_parallel"]),
         "stages": stages,
     }
+    if "reshard_after_forward" in knobs:
+        data["reshard_after_forward"] = knobs["reshard_after_forward"]
     return Plan.from_json(data)
 
 
