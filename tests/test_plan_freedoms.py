@@ -28,7 +28,7 @@ def test_flags_narrow_the_search(capsys, flags, expected):
 
 
 @pytest.mark.parametrize("flags, needle", [
-    (["--recompute", "partial"], "recompute_modes[0]: Input should be 'none', 'selective' or 'full'"),
+    (["--recompute", "partial"], "recompute_modes[0]: Input should be 'none', 'selective', 'full' or 'op'"),
     (["--zero-stage", "4"], "zero_stages[0]: Input should be 0, 1, 2 or 3"),
     (["--zero-stage", "one"], "give ZeRO stages 0 to 3"),
     (["--schedule", ","], "give one or more choices"),

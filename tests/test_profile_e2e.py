@@ -11,11 +11,11 @@ The plans are built by hand (a few devices need no search); test_profile_cost.py
 
 from __future__ import annotations
 
-import os
 import statistics
 from pathlib import Path
 
 import pytest
+from timing import require_quiet_machine
 
 from planner.plan import Plan
 from planner.spec import load_model
@@ -125,14 +125,7 @@ def predict_and_run(name: str, steps: int = 8, clusters: Path | None = None) -> 
 
 
 def _quiet_enough() -> None:
-    # PLANNER_TIMING_TESTS=force runs them anyway (e.g. under 'chrt -r 1' on a shared machine).
-    if os.environ.get("PLANNER_TIMING_TESTS") == "force":
-        return
-    load = os.getloadavg()[0]
-    cores = os.cpu_count() or 1
-    if load > 0.75 * cores:
-        pytest.skip(f"machine busy (load {load:.1f} on {cores} cores): the step times would "
-                    "measure the other processes, not the plan")
+    require_quiet_machine()
 
 
 def _measure_and_compare(name: str, clusters: Path, again: Path) -> None:

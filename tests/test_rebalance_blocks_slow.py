@@ -9,6 +9,7 @@ import json
 import statistics
 
 import pytest
+from timing import require_quiet_machine
 
 from planner.cli.main import main
 from planner.plan import Plan
@@ -61,4 +62,5 @@ def test_rebalanced_split_runs_at_the_predicted_step_time(tmp_path, capsys):
     before, after = measured_median_s(m1), measured_median_s(m2)
     predicted = summary["predicted_step_s"]
     assert after < before, (before, after)
+    require_quiet_machine()  # the prediction's tolerance holds for the plan's time, not a loaded machine's
     assert abs(predicted - after) <= TOLERANCE * after, (predicted, after, before)

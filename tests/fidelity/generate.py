@@ -434,8 +434,8 @@ def gen_torchtitan():
             cfg["plan"] = {"recompute": "full"}
         if r.get("schedule", "1f1b") != "1f1b":
             cfg.setdefault("plan", {})["schedule"] = r["schedule"]
-        notes = ["GPU peak assumed 912.5 TFLOP/s, the midpoint of H100 SXM and NVL (the source's "
-                 "footnote: between them, exact value unknown): +-8% on compute",
+        notes = [("GPU peak assumed 912.5 TFLOP/s, the midpoint of H100 SXM and NVL (the source's "
+                  "footnote: between them, exact value unknown): +-8% on compute"),
                  "measured_iteration_time_s derived: local batch x seq_len / TPS per GPU"]
         out_rows.append({
             "id": f"torchtitan-t{r['table']}-{r['model']}-{r['gpus']}gpu-cp{r['cp']}-{tech}",
