@@ -110,6 +110,7 @@ def test_other_m_get_the_list_schedule(p, m):
     assert not paper_order_applies(p, m)
     s = bitpipe(p, m)
     validate(s)
+    assert s.name == "bitpipe (list order)" and bitpipe(p, p).name == "bitpipe"
     assert s.ranks in (bitpipe(p, m, cap=2 * p).ranks, bitpipe(p, m, cap=3 * p).ranks)
 
 

@@ -33,7 +33,8 @@ next unit's second forward before the pending backward (F F B), the runtime F B 
 follows the runtime (what the paper's measurements ran), which at unit times costs one unit
 per unit boundary at p = 4 (54 against the figure's 53).  For other even m (not a multiple of
 p) the authors give no order, and ``bitpipe`` falls back to a list schedule of ours (below;
-``paper_order_applies`` says which one a (p, m) gets).
+``paper_order_applies`` says which one a (p, m) gets, the schedule's name shows it:
+"bitpipe" or "bitpipe (list order)").
 
 Time at unit chunk times (F = 1, B = 2 per chunk, 6 units of work per micro-batch per rank):
 the makespan is 6m + (p - 2)(m/p + 1) over p = 2 .. 16, m/p = 1 .. 5 (measured, not derived),
@@ -135,6 +136,7 @@ def _paper_ranks(sched: Schedule) -> tuple[tuple[Action, ...], ...]:
     return tuple(out)
 
 
+LIST_ORDER_NAME = "bitpipe (list order)"   # the fallback's Schedule.name; the authors' order is "bitpipe"
 CAPS_PER_RANK = (2, 3)   # the caps tried, in chunk activations per rank, times p
 
 
@@ -160,6 +162,8 @@ def bitpipe(p: int, m: int, v: int = 4, cap: int | None = None) -> Schedule:
     shell = Schedule("bitpipe", p, 4, m, "bitpipe", tuple(() for _ in range(p)), pipelines(m))
     if cap is None and paper_order_applies(p, m):
         return replace(shell, ranks=_paper_ranks(shell))
+    # the name says which order a timeline or trace shows
+    shell = replace(shell, name=LIST_ORDER_NAME)
     if cap is not None:
         return replace(shell, ranks=_list_schedule(shell, cap))
     tried = [(k * p, _list_schedule(shell, k * p)) for k in CAPS_PER_RANK]
