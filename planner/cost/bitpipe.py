@@ -61,8 +61,20 @@ def pipeline_time_s(stages, num_micro_batches: int) -> float:
 
 
 def in_flight_micro_batches(p: int, m: int) -> list[float]:
-    """Per rank, the peak of chunk activations held (executor at unit chunk times, F = 1,
-    B = 2), in whole-share units: a chunk is half of the plan stage's share."""
+    """Per rank, the peak of chunk activations held, in whole-share units (a chunk is half of
+    the plan stage's share).
+
+    The authors' order (m a multiple of p; planner.simulate.bitpipe) has a closed form: rank r
+    runs 3p/2 + min(r, p-1-r) forwards before its first backward and then one more forward
+    before each backward, so it holds 3p/2 + 1 + min(r, p-1-r) chunks at its peak (2p on the
+    middle ranks, against 3p/2 + 1 at the ends); where units are concatenated a unit's drain
+    runs its extra backwards before the next unit's forwards, so the peak is not exceeded.
+    tests/test_simulate_bitpipe.py checks it against the executor's count.  The list-schedule
+    fallback (other m) is measured: the executor at unit chunk times (F = 1, B = 2)."""
+    from planner.simulate.bitpipe import paper_order_applies
+
+    if paper_order_applies(p, m):
+        return [(3 * p // 2 + 1 + min(r, p - 1 - r)) / 2 for r in range(p)]
     from planner.simulate.actions import StageTimes, execute
 
     return [n / 2 for n in execute(_schedule(p, m), StageTimes(forward_s=1, backward_s=2),

@@ -324,8 +324,8 @@ GENERATORS: dict[str, Generator] = {g.name: g for g in (
     Generator("dualpipev", "DualPipeV (DeepSeek-V3's DualPipe cut into a V, torch's ScheduleDualPipeV): "
                            "two chunks per rank, forward-backward pairs; needs m >= 2p.", _dualpipev, 2),
     Generator("bitpipe", "BitPipe (Wu et al. 2024): two V-shaped interleaved pipelines in opposite "
-                         "directions over p ranks (p even, m even; 4 chunks per rank), a 1F1B-like list "
-                         "order (planner.simulate.bitpipe).", _bitpipe, 4),
+                         "directions over p ranks (p even, m even; 4 chunks per rank), the authors' order for m "
+                         "a multiple of p, a list order otherwise (planner.simulate.bitpipe).", _bitpipe, 4),
 )}
 
 

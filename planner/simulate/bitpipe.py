@@ -7,11 +7,46 @@ puts stages r and 2p-1-r on rank r, the "up" pipeline mirrors it, so ranks r and
 same four stages' weights (one copy per pipeline) and all-reduce their gradients over the pair.
 The first m/2 micro-batches go down, the last m/2 up.
 
-The order.  The paper describes the schedule by its figures, not as a rule we could read off
-exactly, so this is *not* claimed to be the paper's order: it is a 1F1B-like list schedule on
-the bidirectional map, built by running the ranks at the generation times (a chunk's F = 1,
-B = 2) and letting each rank, whenever it is free, pick among the actions whose inputs are
-there:
+The order is the authors' (for m a multiple of p).  Sources: their runtime,
+github.com/wuhouming/BitPipe megatron/core/pipeline_parallel/bitpipe_schedule.py (commit
+c66cb12; read for the order, none of its code used here), and the two schedule figures of their
+README, docs/BitPipe_images/BitPipe-v.svg (p = 4, m = 4) and scale-moreb.svg (p = 4, m = 8,
+"direct concatenation"), both at commit ea6f6bb, read by scripts/bitpipe_figure.py into
+tests/bitpipe/figure_p4_m4.json and figure_p4_m8.json.  The rule, with h = p/2:
+
+- micro-batches go in units of h per pipeline (the runtime refuses m not a multiple of p);
+- a rank's "own" pipeline is the one entering nearer to it (down for r < h); with
+  ``lead = h - min(r, p-1-r)``, a unit's forwards on rank r are: ``lead`` own first-leg
+  forwards; then the other pipeline's first leg and the own first leg alternating; then the
+  other pipeline's first and second legs alternating (its V turns here or nearby); then the
+  own second leg and the other's second leg alternating; then the last ``lead`` own second-leg
+  forwards (``_unit``).  The backwards are the same order with the two legs swapped;
+- a rank runs ``warm = 3h + min(r, p-1-r)`` forwards, then forward-backward pairs; between
+  two units it runs ``steady = 2p - warm`` pairs, ``warm - steady + 1`` backwards, ``steady - 1``
+  pairs and ``warm - steady + 1`` forwards (the next unit's forwards fill this unit's drain);
+  after the last unit's pairs, the remaining backwards.
+
+The p = 4, m = 4 lists are the figure's exactly (tests/test_simulate_bitpipe.py), and at unit
+times the executor reproduces its 28-unit makespan.  For m = 8 the runtime's order and the
+scale-moreb figure differ in one place on ranks 0 and 3: where units meet, the figure runs the
+next unit's second forward before the pending backward (F F B), the runtime F B F; this module
+follows the runtime (what the paper's measurements ran), which at unit times costs one unit
+per unit boundary at p = 4 (54 against the figure's 53).  For other even m (not a multiple of
+p) the authors give no order, and ``bitpipe`` falls back to a list schedule of ours (below;
+``paper_order_applies`` says which one a (p, m) gets, the schedule's name shows it:
+"bitpipe" or "bitpipe (list order)").
+
+Time at unit chunk times (F = 1, B = 2 per chunk, 6 units of work per micro-batch per rank):
+the makespan is 6m + (p - 2)(m/p + 1) over p = 2 .. 16, m/p = 1 .. 5 (measured, not derived),
+against interleaved 1F1B's 6m + 3(p - 1) at equal work: p=4, m=4: 28 (interleaved 33); m=8:
+54 (57); m=16: 106 (105); p=8, m=8: 60 (69); m=16: 114 (117); m=32: 222 (213); m=64: 438
+(405); p=16, m=16: 124 (141); m=64: 454 (429).  Each unit boundary adds p - 2 units of bubble,
+so the authors' order beats interleaved 1F1B's bubble for m <= 2p and loses to it from m = 3p
+on (p >= 6).  Peak activations: rank r holds 3h + 1 + min(r, p-1-r) chunks (planner.cost.bitpipe).
+
+The fallback list schedule (m not a multiple of p) runs the ranks at the generation times (a
+chunk's F = 1, B = 2) and lets each rank, whenever it is free, pick among the actions whose
+inputs are there:
 
 1. a backward if any (oldest micro-batch first, then the later stage), as 1F1B does, so
    activations are freed as soon as possible;
@@ -20,25 +55,11 @@ there:
    forward continues a micro-batch the rank already holds (the V's turn: without it two ranks
    full of each other's micro-batches would wait on each other).
 
-``cap`` bounds the chunk activations a rank holds (a chunk is 1/(2p) of the model for one
-micro-batch, as an interleaved chunk with v = 2 is); the continuation rule can exceed it by at
-most one per micro-batch held.  The generator builds the order with cap 2p and with cap 3p and
-keeps the one with the smaller makespan at the generation times (ties: 2p): 2p wins for m up
-to about 2p, 3p for more micro-batches, where with 2p the steady state leaves gaps and the
-bubble grows with m (p = 8, m = 64: 59 units against 24).  Measured peaks
-(tests/test_simulate_bitpipe.py) stay within 3p + p/2 + 1 chunks; interleaved 1F1B's rank 0
-holds 3p - 1, 1F1B's rank 0 the equivalent of 2p.  Other tie-breaks (newest backward first,
-backward by later stage, first-in first-out, strict F/B alternation after a warm-up) were
-tried and were not better at every p, m.  Because the lists are the order of a real run, they
-are valid (every action follows its inputs) under any durations.
-
-Time at unit chunk times (F = 1, B = 2 per chunk, so 6 units of work per micro-batch per
-rank), against interleaved 1F1B (m + (p - 1) / 2) x 6 at equal work, bubble = makespan - 6m:
-p=4, m=8: 53 (bubble 5, interleaved 9); p=8, m=16: 115 (19 against 21); p=8, m=32: 218 (26
-against 21); p=8, m=64: 408 (24 against 21); p=16, m=16: 126 (30 against 45); p=16, m=64: 418
-(34 against 45).  So this order's bubble is near interleaved's for m >= 2p and about half of
-it or less for m <= p, not the constant fraction of interleaved's a bidirectional schedule can
-reach: the paper's own order is not reproduced (docs/schedules.md).
+It is built with cap 2p and with cap 3p and the one with the smaller makespan at the
+generation times is kept (ties: 2p); its peaks stay within 3p + p/2 + 1 chunks.  Because its
+lists are the order of a real run, they are valid under any durations.  Unit-time makespans:
+p=4, m=6: 49; p=8, m=12: 106; p=8, m=20: 146.  ``bitpipe(p, m, cap=...)`` builds it for any
+even m (the tests compare the two).
 """
 
 from __future__ import annotations
@@ -64,6 +85,58 @@ def pipelines(m: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(range(m // 2)), tuple(range(m // 2, m))
 
 
+def paper_order_applies(p: int, m: int) -> bool:
+    """Whether ``bitpipe(p, m)`` is the authors' order: their runtime takes m a multiple of p
+    (units of p/2 micro-batches per pipeline); other even m get the list schedule."""
+    return check_knobs(p, m) is None and m % p == 0
+
+
+def _unit(p: int, r: int, legs: tuple[int, int]) -> list[tuple[int, int, int]]:
+    """One unit's order on rank ``r`` as (pipeline, leg, i): i-th micro-batch of the unit in
+    that pipeline, ``legs`` = (the leg met first, the other); forwards meet leg 0 first,
+    backwards leg 1.  The rank's "own" pipeline is the one whose entry rank is nearer (down for
+    r < p/2); ``lead`` own micro-batches go before the other pipeline's first one arrives."""
+    h = p // 2
+    own = 0 if r < h else 1
+    other = 1 - own
+    lead = h - min(r, p - 1 - r)
+    first, second = legs
+    out = [(own, first, i) for i in range(lead)]
+    for i in range(h - lead):
+        out += [(other, first, i), (own, first, i + lead)]
+    for i in range(lead):
+        out += [(other, first, i + h - lead), (other, second, i)]
+    for i in range(h - lead):
+        out += [(own, second, i), (other, second, i + lead)]
+    out += [(own, second, i + h - lead) for i in range(lead)]
+    return out
+
+
+def _paper_ranks(sched: Schedule) -> tuple[tuple[Action, ...], ...]:
+    """The authors' per-rank order (module docstring): each rank's forwards and backwards, unit
+    by unit, merged by the warm-up / steady / concatenation pattern of their runtime."""
+    p, m = sched.num_ranks, sched.num_micro_batches
+    h, units = p // 2, m // p
+
+    def actions(r: int, kind: str, legs: tuple[int, int]) -> list[Action]:
+        return [Action(kind, 2 * pipe + leg, sched.pipelines[pipe][j * h + i])
+                for j in range(units) for pipe, leg, i in _unit(p, r, legs)]
+
+    out = []
+    for r in range(p):
+        fwd, bwd = iter(actions(r, "F", (0, 1))), iter(actions(r, "B", (1, 0)))
+        warm = 3 * h + min(r, p - 1 - r)       # forwards before the first backward
+        steady = 2 * p - warm                  # F-B pairs before a unit's backwards run on
+        pattern = "F" * warm
+        for _ in range(units - 1):            # the next unit's forwards fill this one's drain
+            pattern += "FB" * steady + "B" * (warm - steady + 1) + "FB" * (steady - 1) + "F" * (warm - steady + 1)
+        pattern += "FB" * steady
+        pattern += "B" * (2 * m - pattern.count("B"))
+        out.append(tuple(next(fwd if k == "F" else bwd) for k in pattern))
+    return tuple(out)
+
+
+LIST_ORDER_NAME = "bitpipe (list order)"   # the fallback's Schedule.name; the authors' order is "bitpipe"
 CAPS_PER_RANK = (2, 3)   # the caps tried, in chunk activations per rank, times p
 
 
@@ -76,7 +149,9 @@ def _generation_makespan(ranks: tuple[tuple[Action, ...], ...], sched: Schedule)
 
 
 def bitpipe(p: int, m: int, v: int = 4, cap: int | None = None) -> Schedule:
-    """The BitPipe action lists (module docstring); ``v`` must be 4 (chunks per rank)."""
+    """The BitPipe action lists (module docstring): the authors' order where m is a multiple
+    of p, else the list schedule, which ``cap`` (chunk activations per rank) also asks for;
+    ``v`` must be 4 (chunks per rank)."""
     if v != 4:
         raise ScheduleError(f"bitpipe runs 4 chunks per rank (2 per pipeline), not {v}")
     problem = check_knobs(p, m)
@@ -85,6 +160,10 @@ def bitpipe(p: int, m: int, v: int = 4, cap: int | None = None) -> Schedule:
     if cap is not None and cap < 1:
         raise ScheduleError(f"bitpipe's cap on chunk activations per rank must be >= 1, not {cap}")
     shell = Schedule("bitpipe", p, 4, m, "bitpipe", tuple(() for _ in range(p)), pipelines(m))
+    if cap is None and paper_order_applies(p, m):
+        return replace(shell, ranks=_paper_ranks(shell))
+    # the name says which order a timeline or trace shows
+    shell = replace(shell, name=LIST_ORDER_NAME)
     if cap is not None:
         return replace(shell, ranks=_list_schedule(shell, cap))
     tried = [(k * p, _list_schedule(shell, k * p)) for k in CAPS_PER_RANK]
