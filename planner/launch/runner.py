@@ -150,6 +150,9 @@ def check_plan(plan: Plan, shape: dict, schedule=None):
             problems.extend(chunk_problems(plan, sched))
         except ScheduleError as exc:
             problems.append(f"schedule: {exc}")
+    if plan.context_parallel > 1:   # the reference workers split no sequence (yet)
+        problems.append(f"context_parallel {plan.context_parallel}: the reference runner does not split "
+                        "sequences; launch it with --format torchtitan or megatron")
     for s in plan.stages:  # the (possibly shrunk) shape this run builds
         for j, r in enumerate(s.replicas):
             for what, n in (("attention heads", shape["num_heads"]),
