@@ -182,3 +182,99 @@ def test_formats_without_cp_refuse_it(cp2, fmt):
     cluster, plan = cp2
     with pytest.raises(InputError, match="context_parallel 2"):
         api.launch(plan, fmt, cluster=cluster, master_addr="10.0.0.1")
+
+
+# -- the search ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [3, 5, 20, 23, 24])   # cases where a cp = 2 plan is (among) the best
+def test_the_search_agrees_with_brute_force_with_cp(seed):
+    from tests.test_oracle import check_case, make_case
+    cluster, model, training = make_case(seed)
+    check_case(cluster, model, training.model_copy(update={"context_parallel_degrees": (1, 2)}))
+
+
+def test_cases_with_cp_exercise_it():
+    """The oracle's best uses cp = 2 in some of the cases above, else their equality proves little."""
+    from planner.search.oracle import oracle
+    from tests.test_oracle import make_case
+    used = 0
+    for seed in (3, 5, 20, 24):
+        cluster, model, training = make_case(seed)
+        ref = oracle(cluster, model, training.model_copy(update={"context_parallel_degrees": (1, 2)}))
+        used += ref.plan is not None and ref.plan.context_parallel == 2
+    assert used >= 3
+
+
+def long_sequence(degrees) -> Training:
+    # 131,072 tokens of OPT-350M: one sequence's activations (selective recompute: 34 s h bytes
+    # per block) are ~100 GiB, more than an 80 GB A100 holds; data and pipeline parallelism
+    # cannot split one sequence, tp is held to 1
+    return Training(global_batch_size=2, seq_len=131072, max_tp=1, context_parallel_degrees=degrees)
+
+
+def test_the_search_splits_a_sequence_that_fits_no_gpu():
+    from planner.errors import InfeasibleError
+    cluster = api.load_cluster(CLUSTER)
+    with pytest.raises(InfeasibleError, match="allow context parallelism"):
+        api.plan(cluster, "opt-350m", long_sequence((1,)), time_limit_s=30)
+    result = api.plan(cluster, "opt-350m", long_sequence((1, 2)), time_limit_s=30)
+    plan = result.plan
+    assert plan.context_parallel == 2 and result.evaluation.fits
+    assert [len(r.devices) for st in plan.stages for r in st.replicas] == [2]
+    assert "context parallel 2" in plan.solver.space
+    assert api.evaluate(cluster, plan).iteration_time_s == pytest.approx(result.evaluation.iteration_time_s)
+
+
+def test_the_deepspeed_search_leaves_cp_out():
+    from planner.cost import topology_for
+    from planner.search.classes import class_infos
+    from planner.search.space import enumerate_knobs
+    cluster = api.load_cluster(CLUSTER)
+    classes = class_infos(topology_for(cluster), "bf16")
+    model = load_model("opt-350m")
+    knobs = enumerate_knobs(model, long_sequence((1, 2)), classes)
+    assert {k.context_parallel for k in knobs} == {1, 2}
+    assert {k.context_parallel for k in enumerate_knobs(model, long_sequence((1, 2)), classes, "deepspeed")} == {1}
+
+
+def test_plan_cli_flag(tmp_path, capsys):
+    from planner.cli.main import main
+    training = tmp_path / "training.yaml"
+    training.write_text("global_batch_size: 2\nseq_len: 131072\nmax_tp: 1\n")
+    base = ["plan", CLUSTER, "--model", "opt-350m", "--training", str(training), "--time-limit", "30",
+            "--json", "--quiet"]
+    assert main([*base, "--context-parallel", "1,2"]) == 0
+    assert json.loads(capsys.readouterr().out)["context_parallel"] == 2
+    assert main([*base, "--context-parallel", "0"]) == 2
+    assert "give context-parallel degrees of 1 or more" in capsys.readouterr().err
+    assert main([*base, "--context-parallel", "3"]) == 2     # 131072 is no multiple of 6
+    assert "seq_len 131072 must be a multiple of 2 x 3 = 6" in capsys.readouterr().err
+
+
+# -- the reference runner on gloo (slow) -----------------------------------------------------
+
+def _runner_plan(model, stages, mbs, nmb, cp):
+    return Plan.from_json({
+        "inputs": {"cluster": "local", "model": model,
+                   "training": {"global_batch_size": mbs * nmb, "seq_len": 8}},
+        "micro_batch_size": mbs, "num_micro_batches": nmb, "schedule": "1f1b", "context_parallel": cp,
+        "stages": [{"index": i, "blocks": list(b), "embedding": i == 0, "head": i == len(stages) - 1,
+                    "replicas": reps} for i, (b, reps) in enumerate(stages)]})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["pipeline", "tp"])
+def test_runner_trains_cp2_like_one_process(which):
+    """cp = 2 on gloo: loss and every parameter within 1e-5 of the single-process reference
+    (float64, 3 steps). "pipeline": 6 processes, grouped-query attention, stage 0 in two
+    replicas of one sample each (each 2 cp ranks), stage 1 one replica of both; "tp": 4
+    processes, one replica of tp 2 x cp 2, tied embeddings."""
+    from tests.test_run_slow import GELU, SWIGLU_GQA, _run, assert_matches_reference, rep
+    if which == "pipeline":
+        plan = _runner_plan(SWIGLU_GQA, [
+            ((0, 2), [rep(1, 1, ["c:0", "c:1"]), rep(1, 1, ["c:2", "c:3"])]),
+            ((2, 4), [rep(1, 2, ["c:4", "c:5"])]),
+        ], mbs=2, nmb=2, cp=2)
+    else:
+        plan = _runner_plan(GELU, [((0, 4), [rep(2, 2, ["t:0", "t:1", "t:2", "t:3"])])], mbs=2, nmb=2, cp=2)
+    assert_matches_reference(*_run(plan))

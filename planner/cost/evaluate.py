@@ -125,7 +125,8 @@ def _boundary(ctx, paths, sa, sb, crossings, m_sends, ctx_gpu):
     over_links: dict = {}     # (zone, zone) -> [bytes, a path, the sender's GPU]
     for i, j, nbytes in boundary_bytes(shares_a, shares_b, per_seq):
         ra, rb = sa.replicas[i], sb.replicas[j]
-        flows = min(ra.tp, rb.tp)
+        # each cp rank sends its own s/cp of the activation: min(tp) flows per cp rank
+        flows = min(ra.tp, rb.tp) * ctx.context_parallel
         path, cap, zones = paths.send(ra.devices[0], rb.devices[0], flows)
         times.append((i, j, p2p_time_s(nbytes, path, ctx, flows, cap, ctx_gpu(ra))))
         if zones[0] != zones[1]:
