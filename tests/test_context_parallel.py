@@ -222,6 +222,7 @@ def test_the_search_splits_a_sequence_that_fits_no_gpu():
     assert plan.context_parallel == 2 and result.evaluation.fits
     assert [len(r.devices) for st in plan.stages for r in st.replicas] == [2]
     assert "context parallel 2" in plan.solver.space
+    assert plan.inputs.training["context_parallel_degrees"] == [1, 2]   # a replan searches them again
     assert api.evaluate(cluster, plan).iteration_time_s == pytest.approx(result.evaluation.iteration_time_s)
 
 

@@ -395,7 +395,7 @@ def _gb(x: float) -> str:
 def _memory_problem(ctx, plan, st, k, r, gpu, mem, inflight) -> str:
     """Which device, by how much, and what would fit (each alternative priced)."""
     over = mem.total_bytes - gpu.memory_bytes
-    head = (f"stage {st.index} replica {k} ({r.devices[0]}{'…' if r.tp > 1 else ''}, {gpu.name}): "
+    head = (f"stage {st.index} replica {k} ({r.devices[0]}{'…' if len(r.devices) > 1 else ''}, {gpu.name}): "
             f"needs {_gb(mem.total_bytes)} of {_gb(gpu.memory_bytes)}, over by {_gb(over)} "
             f"(weights {_gb(mem.weights_bytes)}, grads {_gb(mem.grads_bytes)}, optimizer "
             f"{_gb(mem.optimizer_bytes)}, activations {_gb(mem.activations_bytes)}"

@@ -75,4 +75,6 @@ class Training(BaseModel):
                "precision": self.precision}
         if self.mixed_stages:   # replan searches the same space again
             out["mixed_stages"] = True
+        if self.context_parallel_degrees != (1,):   # likewise; the default leaves plans' bytes alone
+            out["context_parallel_degrees"] = list(self.context_parallel_degrees)
         return out
