@@ -261,7 +261,7 @@ def backward_weight_fraction(ctx: CostContext, gpu: GpuType, tp: int, share: int
 
 def _measured_weight_fraction(ctx: CostContext, gpu: GpuType, kind: str, share: int, tp: int):
     fraction_of = getattr(ctx.profiles, "weight_fraction", None)  # older profile sets have none
-    if fraction_of is None:
+    if fraction_of is None or ctx.context_parallel > 1:   # as _lookup: profiles time whole sequences
         return None
     extra = {"precision": ctx.precision} if getattr(ctx.profiles, "matches_precision", False) else {}
     try:
