@@ -82,15 +82,19 @@ def shards(plan: Plan, model) -> dict[str, list[Shard]]:
     precision = str(plan.inputs.training.get("precision", "bf16"))
     w_pp, _, o_pp = bytes_per_param(precision)
     out: dict[str, list[Shard]] = defaultdict(list)
+    cp = plan.context_parallel
     for stage in plan.stages:
-        n_rep = len(stage.replicas)
+        n_rep = len(stage.replicas) * cp     # ZeRO shards over replicas x cp ranks
         units = _units(model, stage)
         for r_i, rep in enumerate(stage.replicas):
-            # ZeRO-1/2 shard the optimizer state over the replicas, ZeRO-3 the weights too
-            # (gradients are not moved: they are rebuilt by the next step)
-            span = (r_i / n_rep, (r_i + 1) / n_rep) if plan.zero_stage >= 1 else (0.0, 1.0)
             sharded = plan.zero_stage >= 3
-            for rank, dev in enumerate(rep.devices):
+            for slot, dev in enumerate(rep.devices):
+                # device slot = cp rank x tp + tp rank; ZeRO-1/2 shard the optimizer state over
+                # the replicas' cp ranks, ZeRO-3 the weights too (gradients are not moved: they
+                # are rebuilt by the next step)
+                k = r_i * cp + slot // rep.tp
+                span = (k / n_rep, (k + 1) / n_rep) if plan.zero_stage >= 1 else (0.0, 1.0)
+                rank = slot % rep.tp
                 for unit, params in units:
                     w = params / rep.tp * w_pp * ((span[1] - span[0]) if sharded else 1.0)
                     out[dev].append(Shard(unit, (unit, rep.tp, rank), w, params / rep.tp * o_pp, span, sharded))

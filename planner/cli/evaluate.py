@@ -63,7 +63,7 @@ def _memory_table(ev, plan) -> Table:
             r, mem = st.replicas[g[0]], mems[g[0]]
             cap = ev.memory_capacity_bytes[r.devices[0]]
             label = str(g[0]) if len(g) == 1 else f"{g[0]}-{g[-1]}"
-            devs = r.devices[0] if r.tp == 1 else f"{r.devices[0]} … ({r.tp} GPUs)"
+            devs = r.devices[0] if len(r.devices) == 1 else f"{r.devices[0]} … ({len(r.devices)} GPUs)"
             if len(g) > 1:
                 devs += f" and {len(g) - 1} more"
             ok = "[green]ok[/green]" if mem.total_bytes <= cap else "[red]OVER[/red]"

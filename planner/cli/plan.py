@@ -62,7 +62,9 @@ def _stage_rows(plan) -> Table:
         kinds: dict[tuple, list[int]] = {}        # per (GPU, tp), its replicas' shares
         for r in st.replicas:
             kinds.setdefault((r.gpu_type, r.tp), []).append(r.micro_batch_share)
-        gpus = ", ".join(f"{len(q)}x{tp} {g}" for (g, tp), q in kinds.items())
+        # a replica is tp x cp GPUs: "1x2x2" is one replica of tp 2 over 2 context-parallel ranks
+        cp = f"x{plan.context_parallel}" if plan.context_parallel > 1 else ""
+        gpus = ", ".join(f"{len(q)}x{tp}{cp} {g}" for (g, tp), q in kinds.items())
         # shares in the order of the kinds (GPUs, tp), a kind's distinct ones largest first
         shares = "/".join(",".join(map(str, sorted(set(q), reverse=True))) for q in kinds.values())
         nodes = sorted({r.node for r in st.replicas})
@@ -137,6 +139,7 @@ def _summary(out, result, cluster) -> None:
               f"{plan.num_micro_batches}, {plan.schedule}"
               + (f" (v={plan.virtual_stages})" if plan.virtual_stages > 1 else "")
               + f", recompute {plan.recompute}, ZeRO-{plan.zero_stage}"
+              + (f", context parallel {plan.context_parallel}" if plan.context_parallel > 1 else "")
               + (", sequence parallel" if plan.sequence_parallel and any(
                   r.tp > 1 for st in plan.stages for r in st.replicas) else ""))
     out.print(_stage_rows(plan))
@@ -195,6 +198,9 @@ def _summary(out, result, cluster) -> None:
               help="activation recompute modes to search: none, selective, full, op (training: recompute_modes)")
 @click.option("--zero-stage", "zero_stages", default=None, metavar="Z[,Z...]",
               help="ZeRO stages to search: 0, 1, 2, 3 (training: zero_stages)")
+@click.option("--context-parallel", "context_parallel_degrees", default=None, metavar="C[,C...]",
+              help="context-parallel degrees to search, e.g. 1,2,4: each sequence split over C x tp GPUs "
+                   "of a replica (ring attention; training: context_parallel_degrees)")
 @click.option("--launcher", type=click.Choice(["megatron", "deepspeed"]), default=None,
               help="restrict the search to layouts that launcher runs")
 @click.option("--mixed-stages", is_flag=True,
@@ -212,7 +218,7 @@ def _summary(out, result, cluster) -> None:
               help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
 def plan(cluster, model_name, training_path, global_batch_size, seq_len, precision, objective,
          budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, deterministic, work_budget, schedules, recompute_modes, zero_stages,
-         launcher, mixed_stages, output, report_path, as_json, quiet, profiles_path, calibration_path):
+         context_parallel_degrees, launcher, mixed_stages, output, report_path, as_json, quiet, profiles_path, calibration_path):
     """Find the fastest (or cheapest) layout of MODEL on CLUSTER, with a proof of how close it is.
 
     Ctrl-C stops the search and keeps the best plan found so far: it is written (-o) with
@@ -232,7 +238,8 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     model = api.load_model(model_name)
     training = _training(training_path, global_batch_size, seq_len, precision)
     training = with_freedoms(training, {"--schedule": schedules, "--recompute": recompute_modes,
-                                        "--zero-stage": zero_stages}, training_path)
+                                        "--zero-stage": zero_stages,
+                                        "--context-parallel": context_parallel_degrees}, training_path)
     if mixed_stages:
         training = training.model_copy(update={"mixed_stages": True})
     if model.max_seq_len and training.seq_len > model.max_seq_len:

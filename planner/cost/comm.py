@@ -8,6 +8,11 @@ Sources:
 - Tensor parallelism: per block, 2 all-reduces of the b s h activation forward and 2 backward
   (Shoeybi et al. 2019, Megatron-LM §3; Narayanan et al. SC21 §3.2); with sequence parallel
   each becomes reduce-scatter + all-gather of the same bytes (Korthikanti et al. 2022 §4.2.2).
+- Context parallelism (ring attention; Liu et al. 2023, "Ring Attention with Blockwise
+  Transformers"; Megatron-Core / Transformer Engine's CP with p2p K/V exchange): per attention
+  layer the ``cp`` GPUs holding one replica's sequence chunks pass their K and V chunks round a
+  ring, ``cp - 1`` steps forward, each overlapped with the blockwise attention of the chunk in
+  hand; the backward passes K/V and their gradients (twice the bytes).
 - Pipeline: one b s h activation per micro-batch forward and its gradient backward between
   adjacent stages (Narayanan et al. SC21 §4.1); Megatron's scatter/gather optimisation splits
   it over the tp GPUs of the sending replica, which send their slices in parallel.
@@ -26,6 +31,8 @@ from dataclasses import dataclass
 
 from planner.catalog.benchmarks import collective_figures
 from planner.cost.context import CostContext
+from planner.cost.flops import kv_width
+from planner.topology.paths import INTRA_NODE_LATENCY_S, Path
 
 
 def ring_allreduce_s(num_bytes: float, n: int, bandwidth_Bps: float, latency_s: float = 0.0) -> float:
@@ -79,6 +86,26 @@ def p2p_time_s(num_bytes: float, path, ctx: CostContext | None = None, parallel_
     if cap_Bps is not None:
         bw = min(bw, cap_Bps)
     return path.latency_s + lat + num_bytes / (bw * eff)
+
+
+def cp_ring_bytes(ctx: CostContext, share: int, tp: int) -> float:
+    """Bytes one GPU sends per forward ring step of one attention layer: its K and V chunk,
+    ``2 x kv_heads/tp x head_dim x s/cp x b`` elements (grouped-query attention sends only the
+    K/V heads)."""
+    return 2 * kv_width(ctx.model) / tp * ctx.local_seq_len * share * ctx.activation_bytes
+
+
+def cp_ring_send_s(ctx: CostContext, num_bytes: float, intra_Bps: float, gpu=None) -> float:
+    """One ring step's send between context-parallel neighbours: a replica lives inside one
+    node (planner.plan.check), so the neighbours of a ring share the node's GPU-to-GPU link,
+    the path the topology gives two GPUs of one node (``Topology.p2p``)."""
+    return p2p_time_s(num_bytes, Path(intra_Bps, INTRA_NODE_LATENCY_S, "nvlink"), ctx, 1, None, gpu)
+
+
+def cp_ring_exposed_s(cp: int, send_s: float, step_compute_s: float) -> float:
+    """The ring time not hidden: each of the ``cp - 1`` sends overlaps the attention of the
+    chunk in hand (``step_compute_s``), exposed = sum over steps of max(0, send - compute)."""
+    return (cp - 1) * max(0.0, send_s - step_compute_s) if cp > 1 else 0.0
 
 
 def shared_link_time_s(num_bytes: float, path, aggregate_Bps: float, ctx: CostContext | None = None,

@@ -15,6 +15,10 @@ block forward (and its TP collectives); the recomputed work runs inside the back
 shares the backward's launch floor (plus, for full recompute, the forward's own launches).
 
 TP communication per block (comm.py): 2 collectives forward, 2 backward, on b s h.
+Context parallelism (``ctx.context_parallel`` = cp): every term above on s/cp tokens and 1/cp
+of the attention core (roofline.py); per block the K/V ring's exposed part, forward
+(cp-1) max(0, send - core/cp) and backward (cp-1) max(0, 2 send - core backward/cp), plus the
+forward's again inside the backward when recompute redoes the attention (comm.cp_ring_exposed_s).
 Embedding: 1 forward; head: 1 backward.
 """
 
@@ -24,7 +28,7 @@ import functools
 import inspect
 from dataclasses import dataclass
 
-from planner.cost.comm import tp_collective_s
+from planner.cost.comm import cp_ring_bytes, cp_ring_exposed_s, cp_ring_send_s, tp_collective_s
 from planner.cost.context import CostContext
 from planner.cost.gemm import Gemm, GemmCurve, gemm_curve
 from planner.cost.roofline import block_work, head_work
@@ -40,18 +44,24 @@ class ReplicaTiming:
     recompute_s: float          # forward recomputation inside the backward
     tp_comm_forward_s: float    # TP collectives in the forward
     tp_comm_backward_s: float   # TP collectives in the backward (incl. recomputed forward's)
+    cp_comm_forward_s: float = 0.0   # exposed K/V ring sends (context parallelism), forward
+    cp_comm_backward_s: float = 0.0  # the same in the backward (K/V and their gradients)
 
     @property
     def tp_comm_s(self) -> float:
         return self.tp_comm_forward_s + self.tp_comm_backward_s
 
     @property
+    def cp_comm_s(self) -> float:
+        return self.cp_comm_forward_s + self.cp_comm_backward_s
+
+    @property
     def total_forward_s(self) -> float:
-        return self.forward_s + self.tp_comm_forward_s
+        return self.forward_s + self.tp_comm_forward_s + self.cp_comm_forward_s
 
     @property
     def total_backward_s(self) -> float:
-        return self.backward_s + self.recompute_s + self.tp_comm_backward_s
+        return self.backward_s + self.recompute_s + self.tp_comm_backward_s + self.cp_comm_backward_s
 
     @property
     def total_s(self) -> float:
@@ -59,13 +69,16 @@ class ReplicaTiming:
 
     def scaled(self, k: float) -> ReplicaTiming:
         return ReplicaTiming(self.forward_s * k, self.backward_s * k, self.recompute_s * k,
-                             self.tp_comm_forward_s * k, self.tp_comm_backward_s * k)
+                             self.tp_comm_forward_s * k, self.tp_comm_backward_s * k,
+                             self.cp_comm_forward_s * k, self.cp_comm_backward_s * k)
 
     def __add__(self, other: ReplicaTiming) -> ReplicaTiming:
         return ReplicaTiming(self.forward_s + other.forward_s, self.backward_s + other.backward_s,
                              self.recompute_s + other.recompute_s,
                              self.tp_comm_forward_s + other.tp_comm_forward_s,
-                             self.tp_comm_backward_s + other.tp_comm_backward_s)
+                             self.tp_comm_backward_s + other.tp_comm_backward_s,
+                             self.cp_comm_forward_s + other.cp_comm_forward_s,
+                             self.cp_comm_backward_s + other.cp_comm_backward_s)
 
 
 ZERO = ReplicaTiming(0.0, 0.0, 0.0, 0.0, 0.0)
@@ -113,7 +126,9 @@ def _lookup(ctx: CostContext, gpu: GpuType, kind: str, share: int, tp: int):
     Profiles that know their dtype get the plan's precision, so a layer timed in another
     precision prices nothing (the roofline does, and the profiles' usage says why)."""
     found, source = None, "estimated"
-    if ctx.profiles is not None:
+    # a profile times a layer on whole sequences; a context-parallel GPU runs s/cp of each
+    # against the ring's K/V, which no profile measured: the roofline prices it
+    if ctx.profiles is not None and ctx.context_parallel == 1:
         extra = {"precision": ctx.precision} if getattr(ctx.profiles, "matches_precision", False) else {}
         try:
             found = ctx.profiles.lookup(gpu.name, kind, share, tp, ctx.seq_len, ctx.model, **extra)
@@ -162,19 +177,36 @@ def block_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, shar
         elif fwd > 0:
             recompute *= measured[0] / fwd
         fwd, bwd = measured
-    act = share * ctx.seq_len * ctx.model.hidden_size * ctx.activation_bytes
+    act = share * ctx.local_seq_len * ctx.model.hidden_size * ctx.activation_bytes
     coll = tp_collective_s(ctx, act, tp, intra_Bps, gpu)
     tp_fwd, tp_bwd = 2 * coll, 2 * coll
     if ctx.tp_comm_overlap:  # hidden behind the block's dense GEMMs (backward: 2x of them)
         tp_fwd, tp_bwd = max(0.0, tp_fwd - gemm), max(0.0, tp_bwd - 2 * gemm)
     extra = tp_fwd if ctx.recompute == "full" else 0.0
-    out = ReplicaTiming(fwd, bwd, recompute, tp_fwd, tp_bwd + extra)
+    cp_fwd, cp_bwd = cp_ring_timing(ctx, gpu, intra_Bps, tp, share)
+    out = ReplicaTiming(fwd, bwd, recompute, tp_fwd, tp_bwd + extra, cp_fwd, cp_bwd)
     return out
+
+
+def cp_ring_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, share: int) -> tuple[float, float]:
+    """(forward, backward) exposed K/V ring time of one block (module docstring): each step's
+    send against the attention core of one chunk pair, 1/cp of the GPU's core (its s/cp
+    queries against one of the cp K/V chunks).  0 without context parallelism."""
+    cp = ctx.context_parallel
+    if cp <= 1:
+        return 0.0, 0.0
+    work = block_work(ctx, gemm_curve_for(ctx, gpu), tp, share)
+    send = cp_ring_send_s(ctx, cp_ring_bytes(ctx, share, tp), intra_Bps, gpu)
+    fwd = cp_ring_exposed_s(cp, send, work.core_forward_s / cp)
+    bwd = cp_ring_exposed_s(cp, 2 * send, work.core_backward_s / cp)
+    if ctx.recompute != "none":   # recomputing the attention core runs its ring again
+        bwd += fwd
+    return fwd, bwd
 
 
 @_cached_per_context("embedding")
 def embedding_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, share: int) -> ReplicaTiming:
-    m, s = ctx.model, ctx.seq_len
+    m, s = ctx.model, ctx.local_seq_len
     sbh = share * s * m.hidden_size
     fwd = _mem_time_s(ctx, gpu, 2 * sbh * ctx.activation_bytes)
     bwd = _mem_time_s(ctx, gpu, 2 * sbh * ctx.activation_bytes + 2 * m.vocab_size * m.hidden_size / tp * 4)
@@ -188,7 +220,7 @@ def embedding_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, 
 
 @_cached_per_context("head")
 def head_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, share: int) -> ReplicaTiming:
-    m, s = ctx.model, ctx.seq_len
+    m, s = ctx.model, ctx.local_seq_len
     fwd, bwd = head_work(ctx, gemm_curve_for(ctx, gpu), tp, share)
     measured = _lookup(ctx, gpu, "head", share, tp)
     if measured is not None:
@@ -231,7 +263,7 @@ def backward_weight_fraction(ctx: CostContext, gpu: GpuType, tp: int, share: int
 
 def _measured_weight_fraction(ctx: CostContext, gpu: GpuType, kind: str, share: int, tp: int):
     fraction_of = getattr(ctx.profiles, "weight_fraction", None)  # older profile sets have none
-    if fraction_of is None:
+    if fraction_of is None or ctx.context_parallel > 1:   # as _lookup: profiles time whole sequences
         return None
     extra = {"precision": ctx.precision} if getattr(ctx.profiles, "matches_precision", False) else {}
     try:

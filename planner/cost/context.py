@@ -55,6 +55,10 @@ class CostContext:
     collectives longer than its dense GEMMs is exposed.
     ``flash_attention``: the softmax/dropout of attention is fused (no s^2 memory traffic,
     no s^2 activations); the Korthikanti activation formulas assume it off.
+    ``context_parallel``: each sequence is split over this many GPUs (groups of tp) of a replica
+    (ring attention; planner.cost.comm.cp_ring_exposed_s): every GPU computes s / cp of the
+    tokens and 1/cp of the attention core, holds 1/cp of the activations, and the weights are
+    replicated over the cp ranks, which join the gradient reduction.
     """
 
     model: ModelSpec
@@ -62,6 +66,7 @@ class CostContext:
     precision: str = "bf16"
     recompute: str = "none"
     sequence_parallel: bool = False
+    context_parallel: int = 1
     zero_stage: int = 0
     # ZeRO-3 only (FSDP2): free the gathered parameters after each forward (planner.cost.comm.zero_gathers)
     reshard_after_forward: bool = True
@@ -82,11 +87,17 @@ class CostContext:
     def from_plan(cls, plan, model: ModelSpec, seq_len: int, precision: str = "bf16",
                   calibration: Calibration | None = None, profiles=None, **extra) -> CostContext:
         return cls(model=model, seq_len=seq_len, precision=precision, recompute=plan.recompute,
-                   sequence_parallel=plan.sequence_parallel, zero_stage=plan.zero_stage,
+                   sequence_parallel=plan.sequence_parallel,
+                   context_parallel=getattr(plan, "context_parallel", 1), zero_stage=plan.zero_stage,
                    reshard_after_forward=plan.reshards_after_forward,
                    num_micro_batches=plan.num_micro_batches,
                    schedule=plan.schedule, virtual_stages=plan.virtual_stages,
                    calibration=calibration or default_calibration(), profiles=profiles, **extra)
+
+    @property
+    def local_seq_len(self) -> float:
+        """Tokens of each sequence one GPU of a replica holds: s / cp (context parallelism)."""
+        return self.seq_len / self.context_parallel
 
     @property
     def gradient_reductions(self) -> int:

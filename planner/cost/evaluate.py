@@ -35,7 +35,13 @@ from planner.cost.flops import model_flops_per_iteration
 from planner.cost.memory import in_flight_micro_batches, replica_memory, stage_params
 from planner.cost.money import plan_money
 from planner.cost.result import Evaluation
-from planner.cost.schedule import StageTiming, bottleneck_stage, pipeline_breakdown, pipeline_time_s
+from planner.cost.schedule import (
+    StageTiming,
+    bottleneck_stage,
+    pipeline_breakdown,
+    pipeline_time_s,
+    with_cp_comm,
+)
 from planner.cost.sharing import core_shares, price_core_sharing
 from planner.errors import InputError
 from planner.plan.model import SPLIT_BACKWARD_SCHEDULES, V_SCHEDULES
@@ -119,7 +125,8 @@ def _boundary(ctx, paths, sa, sb, crossings, m_sends, ctx_gpu):
     over_links: dict = {}     # (zone, zone) -> [bytes, a path, the sender's GPU]
     for i, j, nbytes in boundary_bytes(shares_a, shares_b, per_seq):
         ra, rb = sa.replicas[i], sb.replicas[j]
-        flows = min(ra.tp, rb.tp)
+        # each cp rank sends its own s/cp of the activation: min(tp) flows per cp rank
+        flows = min(ra.tp, rb.tp) * ctx.context_parallel
         path, cap, zones = paths.send(ra.devices[0], rb.devices[0], flows)
         times.append((i, j, p2p_time_s(nbytes, path, ctx, flows, cap, ctx_gpu(ra))))
         if zones[0] != zones[1]:
@@ -188,7 +195,7 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
             node = nodes.get(r.node)
             if node is None:
                 raise InputError(f"stage {st.index} replica {k}: unknown node {r.node!r}")
-            peak_flops += node.gpu.peak_flops_for(ctx.precision) * r.tp  # MFU against the precision used
+            peak_flops += node.gpu.peak_flops_for(ctx.precision) * len(r.devices)  # tp x cp; the precision used
             rt = replica_compute(ctx, node.gpu, node.group.intra_Bps, r.tp, r.micro_batch_share,
                                  st.num_blocks, st.embedding, st.head)
             if best is None or rt.total_s > best[1].total_s:
@@ -219,11 +226,14 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
         if bitpipe:  # the rank also holds its pair's share: its DP sync and step cover both copies
             mirror = stages[p - 1 - i]
             params += stage_params(ctx, mirror.num_blocks, mirror.embedding, mirror.head)
-        n = len(st.replicas)
+        # the weights are replicated over each replica's cp ranks too: the gradients are
+        # reduced over replicas x cp ranks, one ring through every cp rank of every replica
+        cp = ctx.context_parallel
+        n = len(st.replicas) * cp
         dp = 0.0
         if n > 1:
             min_tp = min(r.tp for r in st.replicas)
-            devs = tuple(r.devices[0] for r in st.replicas)
+            devs = tuple(r.devices[c * r.tp] for r in st.replicas for c in range(cp))
             ring, ring_crossings = paths.ring(devs, min_tp)
             dp = dp_sync_time_s(ctx, params, n, min_tp, ring.bandwidth_Bps, ring.latency_s, ring.kind,
                                gpu_of(st.replicas[0]))
@@ -247,7 +257,8 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
             recompute_s=rt.recompute_s, tp_comm_s=rt.tp_comm_s, slowest_replica=timings[i]["slowest"],
             backward_weight_s=(_backward_weight_s(ctx, nodes, st, timings[i]["slowest"])
                                if plan.schedule in (*SPLIT_BACKWARD_SCHEDULES, "latency-aware") else 0.0),
-            pair_sync_s=pair_sync_s(ctx, paths, plan, i, gpu_of) if bitpipe else 0.0))
+            pair_sync_s=pair_sync_s(ctx, paths, plan, i, gpu_of) if bitpipe else 0.0,
+            cp_comm_s=rt.cp_comm_s))
 
     latency_aware = None
     if plan.schedule == "latency-aware":   # priced from its own action lists (cost/latency_aware.py)
@@ -294,6 +305,9 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
     else:
         pipe = pipeline_time_s(stage_timings, m, plan.schedule, v)
         breakdown = pipeline_breakdown(stage_timings, m, plan.schedule, v)
+    if ctx.context_parallel > 1:
+        breakdown = with_cp_comm(breakdown, stage_timings, m,
+                                 bottleneck_stage(stage_timings, plan.schedule, v))
     details = _details(ctx, plan, nodes, stage_timings, bottleneck_stage(stage_timings, plan.schedule, v))
     shares = core_shares(cluster, plan)
     if shares:  # only then: plans on nodes without (enough) sharing keep the closed form exactly
@@ -359,7 +373,7 @@ def _details(ctx, plan, nodes, timings, k) -> list[tuple[str, float, str]]:
     bench = matmul_ceiling(gpu.name)
     ceiling_src = "profile fit" if cal.matmul_ceiling is not None else bench.source
     rows = []
-    for g in block_gemms(ctx.model, r.micro_batch_share, ctx.seq_len, r.tp):
+    for g in block_gemms(ctx.model, r.micro_batch_share, ctx.seq_len, r.tp, ctx.context_parallel):
         shape = f"M={g.m:.0f} N={g.n:.0f} K={g.k:.0f} x{g.batch:g}"
         rows.append((f"gemm_efficiency.{g.name}", curve.efficiency(g),
                      f"{where}: {shape}, {curve.time_s(g) * 1e3:.3f} ms forward"))
@@ -381,7 +395,7 @@ def _gb(x: float) -> str:
 def _memory_problem(ctx, plan, st, k, r, gpu, mem, inflight) -> str:
     """Which device, by how much, and what would fit (each alternative priced)."""
     over = mem.total_bytes - gpu.memory_bytes
-    head = (f"stage {st.index} replica {k} ({r.devices[0]}{'…' if r.tp > 1 else ''}, {gpu.name}): "
+    head = (f"stage {st.index} replica {k} ({r.devices[0]}{'…' if len(r.devices) > 1 else ''}, {gpu.name}): "
             f"needs {_gb(mem.total_bytes)} of {_gb(gpu.memory_bytes)}, over by {_gb(over)} "
             f"(weights {_gb(mem.weights_bytes)}, grads {_gb(mem.grads_bytes)}, optimizer "
             f"{_gb(mem.optimizer_bytes)}, activations {_gb(mem.activations_bytes)}"
@@ -410,4 +424,7 @@ def _memory_problem(ctx, plan, st, k, r, gpu, mem, inflight) -> str:
             hints.append(f"more stages: about {fit_blocks} of its {st.num_blocks} blocks fit per "
                          f"replica, so split it into {parts} stages")
     hints.append(f"more GPUs: tp={2 * r.tp} would roughly halve weights and optimizer state")
+    if mem.activations_bytes > 0:   # context parallelism splits every sequence's activations
+        cp = 2 * ctx.context_parallel
+        hints.append(f"context_parallel={cp}: activations {_gb(mem.activations_bytes * ctx.context_parallel / cp)}")
     return head + "; would fit: " + "; ".join(hints)

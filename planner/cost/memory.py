@@ -52,6 +52,12 @@ Sources:
   FSDP2's reshard_after_forward, one block's (the largest unit it wraps: block, embedding or
   head) full working-precision weights, twice (the next unit is prefetched while one
   computes); without it, the whole stage's, kept from the first forward to the last backward.
+- Context parallelism over cp GPUs (ring attention): each GPU keeps the activations of its s/cp
+  tokens of every sequence (the score term's queries s/cp against all s keys), so every
+  activation term above is divided by cp; weights, grads and optimizer state are replicated
+  over the cp ranks, which join the data-parallel ranks in ZeRO's sharding (N = replicas x cp:
+  Megatron's distributed optimizer shards over its data-parallel-with-CP group, torchtitan's
+  FSDP over dp_shard x cp).
 - Logits: the last stage holds fp32 logits of the vocabulary, ``4 s b V / t`` bytes, per
   micro-batch in flight (Korthikanti et al. §4.3, output layer).
 """
@@ -136,7 +142,7 @@ def block_activation_bytes(ctx: CostContext, tp: int, b: float, recompute: str |
     """Activations one block keeps for one micro-batch of ``b`` sequences (Korthikanti Table 2)."""
     m, s = ctx.model, ctx.seq_len
     h, a = m.hidden_size, m.num_attention_heads
-    sbh = s * b * h
+    sbh = ctx.local_seq_len * b * h   # s / cp tokens per GPU with context parallelism
     recompute = recompute or ctx.recompute
     sp = ctx.sequence_parallel and tp > 1
     k = ctx.activation_bytes / 2   # 1 in bf16/fp16 (the paper's 2-byte tensors), 2 in fp32/tf32
@@ -194,17 +200,18 @@ def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: 
                    in_flight_micro_batches: float) -> MemoryBreakdown:
     """Peak memory of each GPU of a replica (all its tp GPUs hold the same amount)."""
     params = stage_params(ctx, blocks, embedding, head) / tp
-    w, g, o = zero_state_bytes(*bytes_per_param(ctx.precision), ctx.zero_stage, num_replicas_in_stage)
+    ranks = num_replicas_in_stage * ctx.context_parallel   # ZeRO shards over dp x cp (docstring)
+    w, g, o = zero_state_bytes(*bytes_per_param(ctx.precision), ctx.zero_stage, ranks)
     act = blocks * block_activation_bytes(ctx, tp, share) * in_flight_micro_batches
     if ctx.recompute in ("full", "op") and blocks:
         act += block_activation_bytes(ctx, tp, share, recompute="none")  # the block being recomputed
-    s, h = ctx.seq_len, ctx.model.hidden_size
+    s, h = ctx.local_seq_len, ctx.model.hidden_size
     if embedding:  # embedding dropout mask (Korthikanti: s b h p / t, 1 byte per element)
         act += s * share * h / (tp if ctx.sequence_parallel and tp > 1 else 1) * in_flight_micro_batches
     if head:  # fp32 logits for the cross-entropy
         act += 4 * s * share * ctx.model.vocab_size / tp * in_flight_micro_batches
     # one replica shards nothing, so it gathers nothing (FSDP over one rank keeps whole weights)
-    gathered = gathered_param_bytes(ctx, tp, blocks, embedding, head) if num_replicas_in_stage > 1 else 0.0
+    gathered = gathered_param_bytes(ctx, tp, blocks, embedding, head) if ranks > 1 else 0.0
     return MemoryBreakdown(params * w, params * g, params * o, act, WORKSPACE_BYTES, gathered)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.cost.memory import MemoryBreakdown
-from planner.cost.schedule import BREAKDOWN_KEYS, StageTiming
+from planner.cost.schedule import ALL_BREAKDOWN_KEYS, StageTiming
 
 # What each breakdown term is and where its formula comes from (shown by explain()).
 TERM_FORMULAS = {
@@ -19,6 +19,11 @@ TERM_FORMULAS = {
     "tp_comm": "m x TP collectives, 2 fwd + 2 bwd per block of b s h bytes, ring "
                "2(t-1)/t S/B + 2(t-1) alpha on the intra-node link at NCCL's published bus "
                "bandwidth (nccl-tests) (Shoeybi et al. 2019; Patarasuk & Yuan 2009)",
+    "cp_comm": "m x the context-parallel K/V ring's exposed sends, per block forward (cp-1) "
+               "max(0, send - core/cp), backward (cp-1) max(0, 2 send - core backward/cp) "
+               "(K/V and their gradients), send = 2 kv_heads/tp x head_dim x s/cp x b elements "
+               "to the ring neighbour on the node's GPU link (Liu et al. 2023, ring attention; "
+               "Megatron-Core context parallelism)",
     "pp_comm": "m x v x activation + gradient sends of b s h bytes to the neighbour stages "
                "over the real path, busiest replica (Narayanan et al. SC21 §4.1)",
     "bubble": "pipeline time - m x bottleneck cycle; 1F1B: F + (m-1) max c_s "
@@ -65,13 +70,13 @@ class Evaluation:
             iteration_time_s=self.iteration_time_s, tokens_per_s=self.tokens_per_s,
             samples_per_s=self.samples_per_s, mfu=self.mfu, usd_per_hour=self.usd_per_hour,
             usd_per_million_tokens=self.usd_per_million_tokens,
-            breakdown_s={k: self.breakdown_s[k] for k in BREAKDOWN_KEYS},
+            breakdown_s={k: self.breakdown_s[k] for k in ALL_BREAKDOWN_KEYS if k in self.breakdown_s},
             peak_memory_bytes=dict(sorted(self.peak_memory_bytes.items())),
             trust=[t.to_json() for t in self.trust] or None)
 
     def explain(self) -> list[tuple[str, float, str]]:
         """(term, value, formula / source) rows: the seven terms, then the totals."""
-        rows = [(k, self.breakdown_s[k], TERM_FORMULAS[k]) for k in BREAKDOWN_KEYS]
+        rows = [(k, self.breakdown_s[k], TERM_FORMULAS[k]) for k in ALL_BREAKDOWN_KEYS if k in self.breakdown_s]
         rows.append(("iteration_time_s", self.iteration_time_s,
                      (f"sum of the terms; pipeline {self.pipeline_time_s:.4g} s with "
                      f"{self.schedule}, m={self.num_micro_batches}, v={self.virtual_stages}, "

@@ -12,6 +12,11 @@ replica's share of a micro-batch (``T = b s`` tokens):
     mlp.down          T      h               f/tp
     head              T      V/tp            h
 
+With context parallelism over ``cp`` GPUs (ring attention) each GPU holds ``s/cp`` tokens of
+every sequence: ``T = b s / cp``, and the core's GEMMs take its ``s/cp`` queries against all
+``s`` keys and values (the scores ``M = s/cp``, the context ``M = s/cp``), 1/cp of the s^2
+work; its K/V chunks arrive over the ring (planner.cost.comm.cp_ring_exposed_s).
+
 The backward of each is its ``dgrad`` and ``wgrad`` (gemm.py).  With flash attention the two
 attention-core GEMMs run inside one fused kernel that recomputes the scores in its backward:
 2.5x the forward's core FLOPs instead of 2x (Dao et al. 2022, FlashAttention §3.1 and App. B:
@@ -61,24 +66,26 @@ BLOCK_ACTIVATION_PASSES = 11.0  # elements of b s h moved by norms and bias-drop
 CORE_GEMMS = ("attn.scores", "attn.context")
 
 
-def block_gemms(model, share: int, seq_len: int, tp: int) -> list[Gemm]:
-    """The forward GEMMs of one block on one TP shard (module docstring's table)."""
+def block_gemms(model, share: int, seq_len: int, tp: int, cp: int = 1) -> list[Gemm]:
+    """The forward GEMMs of one block on one TP shard, ``cp``-way context parallel (module
+    docstring's table)."""
     h, f, a = model.hidden_size, model.ffn_size, model.num_attention_heads
     d = model.head_dim
-    tokens = share * seq_len
+    queries = seq_len / cp
+    tokens = share * queries
     up = (mlp_matrices(model) - 1) * f / tp
     return [
         Gemm("qkv", tokens, (h + 2 * kv_width(model)) / tp, h),
-        Gemm("attn.scores", seq_len, seq_len, d, share * a / tp),
-        Gemm("attn.context", seq_len, d, seq_len, share * a / tp),
+        Gemm("attn.scores", queries, seq_len, d, share * a / tp),
+        Gemm("attn.context", queries, d, seq_len, share * a / tp),
         Gemm("attn.out", tokens, h, h / tp),
         Gemm("mlp.up", tokens, up, h),
         Gemm("mlp.down", tokens, h, f / tp),
     ]
 
 
-def head_gemm(model, share: int, seq_len: int, tp: int) -> Gemm:
-    return Gemm("head", share * seq_len, model.vocab_size / tp, model.hidden_size)
+def head_gemm(model, share: int, seq_len: int, tp: int, cp: int = 1) -> Gemm:
+    return Gemm("head", share * seq_len / cp, model.vocab_size / tp, model.hidden_size)
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,13 @@ class BlockWork:
 
     # torchtitan's op policy (docstring): the forward work recomputed inside the backward
     op_recompute_forward_s: float = 0.0
+
+    @property
+    def core_backward_s(self) -> float:
+        """The attention core's backward (its two GEMMs' dgrads, or the fused kernel's, and its
+        s^2 traffic twice): what a context-parallel ring's backward sends overlap."""
+        return (sum(self.gemm_backward_s[g] for g in CORE_GEMMS)
+                + 2 * self.attention_core_traffic_forward_s)
 
     @property
     def dense_forward_s(self) -> float:
@@ -126,10 +140,10 @@ class BlockWork:
 
 
 def block_work(ctx, curve: GemmCurve, tp: int, share: int) -> BlockWork:
-    m, s = ctx.model, ctx.seq_len
+    m, s, cp = ctx.model, ctx.seq_len, ctx.context_parallel
     eb = ctx.activation_bytes
     fwd, bwd, wgrad = {}, {}, {}
-    for g in block_gemms(m, share, s, tp):
+    for g in block_gemms(m, share, s, tp, cp):
         fwd[g.name] = curve.time_s(g)
         if ctx.flash_attention and g.name in CORE_GEMMS:
             bwd[g.name] = FLASH_BACKWARD_CORE_FACTOR * fwd[g.name]
@@ -139,10 +153,11 @@ def block_work(ctx, curve: GemmCurve, tp: int, share: int) -> BlockWork:
             bwd[g.name] = curve.time_s(g.dgrad()) + curve.time_s(g.wgrad())
             if w:
                 wgrad[g.name] = w
-    tokens_h = share * s * m.hidden_size
+    local = s / cp      # the GPU's tokens of each sequence (context parallelism)
+    tokens_h = share * local * m.hidden_size
     elems = BLOCK_ACTIVATION_PASSES * tokens_h / (tp if ctx.sequence_parallel else 1)
-    elems += (3 if m.mlp == "swiglu" else 2) * share * s * m.ffn_size / tp
-    scores = 0.0 if ctx.flash_attention else m.num_attention_heads * s * s * share / tp
+    elems += (3 if m.mlp == "swiglu" else 2) * share * local * m.ffn_size / tp
+    scores = 0.0 if ctx.flash_attention else m.num_attention_heads * local * s * share / tp
     fallback = SOFTMAX_FALLBACK_PASSES * scores if eb >= 4 else 0.0
     work = BlockWork(fwd, bwd, wgrad, elems * eb / curve.memory_Bps,
                      ATTENTION_CORE_PASSES * scores * eb / curve.memory_Bps, fallback * eb / curve.memory_Bps)
@@ -164,8 +179,8 @@ def op_recomputed_fractions(model) -> dict[str, float]:
 
 def head_work(ctx, curve: GemmCurve, tp: int, share: int) -> tuple[float, float]:
     """(forward, backward) seconds of the final norm, output projection and cross-entropy."""
-    m, s = ctx.model, ctx.seq_len
-    g = head_gemm(m, share, s, tp)
+    m, s = ctx.model, ctx.local_seq_len
+    g = head_gemm(m, share, ctx.seq_len, tp, ctx.context_parallel)
     logits_bytes = 3 * 4 * share * s * m.vocab_size / tp
     norm_bytes = 4 * share * s * m.hidden_size * ctx.activation_bytes
     fwd = curve.time_s(g) + (logits_bytes + norm_bytes) / curve.memory_Bps

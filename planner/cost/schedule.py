@@ -89,6 +89,8 @@ class StageTiming:
     backward_weight_s: float = 0.0
     # bitpipe: all-reduce of this stage's share of gradients with its pair (planner.cost.bitpipe)
     pair_sync_s: float = 0.0
+    # context parallelism: the exposed K/V ring sends inside forward_s + backward_s
+    cp_comm_s: float = 0.0
 
     @property
     def busy_s(self) -> float:
@@ -163,6 +165,20 @@ def iteration_time_s(stages: list[StageTiming], num_micro_batches: int, schedule
 
 
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "pp_comm", "bubble", "dp_sync_exposed", "optimizer")
+# Terms only some plans have, in the order they are listed with the seven: "cp_comm" only with
+# context parallelism, so that every other plan's breakdown keeps its keys.
+ALL_BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "bubble",
+                      "dp_sync_exposed", "optimizer")
+
+
+def with_cp_comm(breakdown: dict[str, float], stages: list[StageTiming], num_micro_batches: int,
+                 bottleneck: int) -> dict[str, float]:
+    """The breakdown with the context-parallel ring's exposed sends named (``cp_comm``): m times
+    the bottleneck stage's, taken out of the bubble, where the seven terms leave them (they
+    are part of the stage's forward and backward but of none of its compute terms)."""
+    cp = num_micro_batches * stages[bottleneck].cp_comm_s
+    out = dict(breakdown, cp_comm=cp, bubble=max(0.0, breakdown["bubble"] - cp))
+    return {key: out[key] for key in ALL_BREAKDOWN_KEYS}
 
 
 def pipeline_breakdown(stages: list[StageTiming], num_micro_batches: int, schedule: str = "1f1b",

@@ -65,7 +65,7 @@ def core_shares(cluster, plan) -> list[tuple[str, CoreShare]]:
     per_node: dict[str, list[int]] = {}
     for i, st in enumerate(plan.stages):
         for r in st.replicas:
-            per_node.setdefault(r.node, [0] * p)[i] += r.tp
+            per_node.setdefault(r.node, [0] * p)[i] += len(r.devices)   # tp x cp processes
     out = []
     for name, procs in per_node.items():
         cores = nodes[name].group.cores
@@ -88,11 +88,12 @@ def price_core_sharing(ctx, plan, nodes, stage_timings, shares, unshared_optimiz
     works: dict[str, list[float]] = {name: [] for name, _ in shares}
     for st in plan.stages:
         params = stage_params(ctx, st.num_blocks, st.embedding, st.head)
-        shard = max(1, len(st.replicas)) if ctx.zero_stage >= 1 else 1
+        # ZeRO shards over replicas x cp ranks (planner.cost.memory)
+        shard = max(1, len(st.replicas) * ctx.context_parallel) if ctx.zero_stage >= 1 else 1
         for r in st.replicas:
             if r.node in works:
                 step_s = optimizer_time_s(ctx, nodes[r.node].gpu, params / r.tp / shard)
-                works[r.node].extend([step_s] * r.tp)
+                works[r.node].extend([step_s] * len(r.devices))
     by_name = dict(shares)
     opt_s = max([unshared_optimizer_s] + [processor_sharing_makespan_s(w, by_name[n].cores)
                                           for n, w in works.items()])

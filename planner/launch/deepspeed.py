@@ -71,6 +71,12 @@ def check(plan: Plan) -> None:
         problems.add("schedule latency-aware: DeepSpeed's pipeline engine runs its fixed 1F1B "
                      "TrainSchedule and cannot follow the plan's per-rank action lists; re-plan with "
                      "schedule 1f1b")
+    if plan.context_parallel > 1:
+        # DeepSpeed's engine has no ring-attention context parallelism (its Ulysses sequence
+        # parallelism is an all-to-all over heads that the plan did not price)
+        problems.add(f"context_parallel {plan.context_parallel}: DeepSpeed has no ring-attention context "
+                     "parallelism; re-plan with training.context_parallel_degrees [1], or use --format "
+                     "megatron or torchtitan")
     if plan.recompute in ("selective", "op"):
         problems.add(f"recompute {plan.recompute}: PipelineModule only checkpoints whole layers "
                      "(activation_checkpoint_interval); re-plan with recompute none or full")

@@ -223,7 +223,11 @@ def build_args(plan: Plan) -> tuple[list[str], list[str], object]:
                  ).raise_if_any()
     tp = plan.stages[0].replicas[0].tp
     layout, mapping_args = megatron_layout(plan)
-    parallel = ["--tensor-model-parallel-size", str(tp),
+    # --context-parallel-size: ModelParallelConfig.context_parallel_size (arguments.py builds the
+    # flag from it, megatron/training/argument_utils.py); the default --cp-comm-type p2p is the
+    # ring the plan priced; validate_args asserts seq_length % (2 cp) == 0, as the plan check does
+    cp_args = ["--context-parallel-size", str(plan.context_parallel)] if plan.context_parallel > 1 else []
+    parallel = ["--tensor-model-parallel-size", str(tp), *cp_args,
                 "--pipeline-model-parallel-size", str(plan.num_stages), *pipeline_args(plan),
                 *mapping_args]
     train, notes = training_args(plan, tp)
@@ -237,7 +241,10 @@ def render(plan: Plan, opts: LaunchOptions, cluster=None) -> dict[str, str]:
     # Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tensor parallelism before Blackwell
     # (validate_args), so the kernel order overlaps TP communication as it expects.
     # Megatron FSDP (ZeRO-2/3) asserts the opposite and only warns about TP (validate_args).
-    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if tp > 1 and plan.zero_stage < 2 else {}
+    # The same holds for context parallelism (validate_args: "tensor model parallelism or context
+    # parallelism").
+    env = ({"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (tp > 1 or plan.context_parallel > 1)
+           and plan.zero_stage < 2 else {})
     env.update(precision_env(plan))
     files = node_scripts(layout, opts, script, args, extra_env=env, comment=[
         f"Megatron-LM at {MEGATRON_COMMIT[:12]}; add data, tokenizer and optimizer arguments",

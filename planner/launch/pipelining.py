@@ -67,6 +67,10 @@ def check(plan: Plan, how: Route) -> None:
                 problems.add(f"stage {stage.index} replica {j} has tp {r.tp}, stage 0 replica 0 has tp "
                              f"{tp}: stages exchange activations one rank per tp position, so every "
                              "replica needs the same tensor-parallel size")
+    if plan.context_parallel > 1:
+        problems.add(f"context_parallel {plan.context_parallel}: the generated pipelining script splits "
+                     "no sequence (it builds pipeline, data and tensor-parallel groups only); use --format "
+                     "torchtitan or megatron, or re-plan with training.context_parallel_degrees [1]")
     for problem in class_problems(plan, how):
         problems.add(problem)
     # ScheduleInterleaved1F1B refuses num_micro_batches not a multiple of max(1, n // stages);

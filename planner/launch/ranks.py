@@ -112,8 +112,11 @@ def framework_layout(plan: Plan, axes: tuple[str, str, str]) -> Layout | None:
     """Number ranks as a framework does from (pp, dp, tp) with ``axes`` slowest first; None when
     some node's ranks are not one contiguous block (torchrun could not start them there).
     The plan must already be uniform (same replica count and tp everywhere)."""
+    # "tp" runs over a replica's devices: tp x cp with context parallelism, tensor-parallel
+    # fastest, then context-parallel, as Megatron's tp-cp-ep-dp-pp and torchtitan's mesh
+    # (..., "cp", "tp") number them
     dims = {"pp": plan.num_stages, "dp": len(plan.stages[0].replicas),
-            "tp": plan.stages[0].replicas[0].tp}
+            "tp": len(plan.stages[0].replicas[0].devices)}
     device_at = {(s, r, t): d for s, r, t, d in _plan_slots(plan)}
     by_node: dict[str, list[tuple[int, int, int, int, str]]] = {}
     for rank, coord in enumerate(product(*(range(dims[a]) for a in axes))):

@@ -152,6 +152,13 @@ def check_plan(plan: Plan, shape: dict, schedule=None):
             problems.extend(chunk_problems(plan, sched))
         except ScheduleError as exc:
             problems.append(f"schedule: {exc}")
+    cp = plan.context_parallel
+    if cp > 1 and shape["seq_len"] % (2 * cp):
+        problems.append(f"context_parallel {cp}: the run's seq_len {shape['seq_len']} is not a multiple "
+                        f"of 2 x {cp} (after any --tiny/--seq-len)")
+    if cp > 1 and plan.schedule == "bitpipe":
+        problems.append(f"context_parallel {cp} with schedule bitpipe: the runner's BitPipe workers "
+                        "split no sequence")
     for s in plan.stages:  # the (possibly shrunk) shape this run builds
         for j, r in enumerate(s.replicas):
             for what, n in (("attention heads", shape["num_heads"]),
@@ -311,6 +318,7 @@ class _Progress:
         self.offsets = {r.rank: 0 for r in ranks}
         self.lines: dict[int, dict[int, dict]] = {}  # step -> rank -> line
         self.next_step = 0
+        self.loss_ranks = {r.rank for r in ranks if r.tp_rank == 0}   # run_plan: loss_ranks()
 
     def poll(self) -> None:
         if self.on_step is None:
@@ -330,7 +338,7 @@ class _Progress:
         while len(self.lines.get(self.next_step, {})) == len(self.ranks):
             recs = self.lines.pop(self.next_step)
             loss = sum(recs[r.rank]["loss"] for r in self.ranks
-                       if r.stage in self.heads and r.tp_rank == 0)
+                       if r.stage in self.heads and r.rank in self.loss_ranks)
             self.on_step(self.next_step, loss, max(x["time_s"] for x in recs.values()))
             if self.on_shares is not None and all("share" in x for x in recs.values()):
                 self.on_shares(self.next_step, {(r.stage, r.replica): recs[r.rank]["share"]
@@ -373,27 +381,36 @@ def _launch(cfg: dict, ranks: list[RankInfo], out: Path, timeout_s: float,
         _stop(procs)  # also on KeyboardInterrupt: never leave ranks behind
 
 
+def loss_ranks(plan: Plan, ranks: list[RankInfo]) -> set[int]:
+    """The ranks whose loss pieces sum to the loss: the first tp rank of each replica, of each
+    of its cp ranks with context parallelism (a rank's ``tp_rank`` is its place in the
+    replica's devices, tp innermost)."""
+    return {r.rank for r in ranks if r.tp_rank % plan.stages[r.stage].replicas[r.replica].tp == 0}
+
+
 def _collect(out: Path, ranks: list[RankInfo], plan: Plan, steps: int, heads: set[int]):
     import numpy as np
 
     res = {r.rank: json.loads((out / f"rank{r.rank}.json").read_text()) for r in ranks}
     shards = {r.rank: dict(np.load(out / f"rank{r.rank}.npz")) for r in ranks}
-    losses = [sum(res[r.rank]["losses"][i] for r in ranks if r.stage in heads and r.tp_rank == 0)
+    first = loss_ranks(plan, ranks)
+    losses = [sum(res[r.rank]["losses"][i] for r in ranks if r.stage in heads and r.rank in first)
               for i in range(steps)]
     times = [max(res[r.rank]["step_time_s"][i] for r in ranks) for i in range(steps)]
     by_slot = {(r.stage, r.replica, r.tp_rank): r.rank for r in ranks}
     params, diff = {}, 0.0
     for s in plan.stages:
         for j, rep in enumerate(s.replicas):
-            tp_ranks = [by_slot[(s.index, j, t)] for t in range(rep.tp)]
-            dims = res[tp_ranks[0]]["split_dims"]
-            for name, dim in dims.items():
-                parts = [shards[rk][name] for rk in tp_ranks]
-                full = parts[0] if dim is None or rep.tp == 1 else np.concatenate(parts, axis=dim)
-                if name not in params:
-                    params[name] = full
-                else:  # another replica, the last stage's copy of a tied embedding, bitpipe's copy
-                    diff = max(diff, float(np.max(np.abs(full - params[name]), initial=0.0)))
+            for c in range(plan.context_parallel):   # the weights are replicated over the cp ranks
+                tp_ranks = [by_slot[(s.index, j, c * rep.tp + t)] for t in range(rep.tp)]
+                dims = res[tp_ranks[0]]["split_dims"]
+                for name, dim in dims.items():
+                    parts = [shards[rk][name] for rk in tp_ranks]
+                    full = parts[0] if dim is None or rep.tp == 1 else np.concatenate(parts, axis=dim)
+                    if name not in params:
+                        params[name] = full
+                    else:  # another replica or cp rank, a tied embedding's last-stage copy, bitpipe's
+                        diff = max(diff, float(np.max(np.abs(full - params[name]), initial=0.0)))
     h = hashlib.sha256()
     for name in sorted(params):
         h.update(name.encode())
@@ -425,6 +442,9 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
     every rank (for live progress); the returned ``RunResult`` carries the same numbers."""
     if steps < 1:
         raise InputError(f"steps must be at least 1, got {steps}")
+    if plan.context_parallel > 1 and (measure or dynamic is not None or slowdown):
+        raise InputError(f"context_parallel {plan.context_parallel}: the runner measures and rebalances "
+                         "replicas only without context parallelism")
     if dtype not in ("float32", "float64"):
         raise InputError(f"dtype must be float32 or float64, got {dtype!r}")
     if optimizer not in ("adam", "sgd"):
@@ -443,14 +463,15 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
     slot_rank = {(r.stage, r.replica, r.tp_rank): r.rank for r in ranks}
     for s in plan.stages:
         stages.append({"blocks": list(s.blocks), "embedding": s.embedding, "head": s.head,
-                       "replicas": [{"share": rep.micro_batch_share,
-                                     "ranks": [slot_rank[(s.index, j, t)] for t in range(rep.tp)]}
+                       "replicas": [{"share": rep.micro_batch_share,   # tp x cp ranks, tp innermost
+                                     "ranks": [slot_rank[(s.index, j, t)] for t in range(len(rep.devices))]}
                                     for j, rep in enumerate(s.replicas)]})
     cfg = {"shape": shape, "stages": stages, "chunks": model_chunks(plan, sched),
            "schedule": schedule_to_json(sched), "steps": steps,
            "seed": seed, "dtype": dtype, "optimizer": optimizer, "lr": lr, "backend": backend,
            "micro_batch_size": plan.micro_batch_size, "num_micro_batches": plan.num_micro_batches,
            "global_batch": plan.micro_batch_size * plan.num_micro_batches,
+           "context_parallel": plan.context_parallel,
            "world_size": len(ranks), "port": _free_port(), "zero_stage": plan.zero_stage,
            "collective_timeout_s": collective_timeout_s,
            # The runner computes in ``dtype`` (float32 by default) whatever the plan's precision
@@ -462,7 +483,9 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
         with tempfile.TemporaryDirectory(prefix="planner-run-") as tmp:
             out = Path(tmp)
             try:
-                _launch(cfg, ranks, out, timeout_s, _Progress(out, ranks, heads, on_step, on_shares))
+                progress = _Progress(out, ranks, heads, on_step, on_shares)
+                progress.loss_ranks = loss_ranks(plan, ranks)
+                _launch(cfg, ranks, out, timeout_s, progress)
             except WorkerError as exc:
                 # The free port can be taken between our probe and rank 0's bind: try another once.
                 if attempt == 0 and getattr(exc, "rank", None) == 0 and "in use" in str(exc).lower():

@@ -14,6 +14,12 @@ no bias (as in Llama), so a row-parallel layer needs nothing but the all-reduce.
 Tensor parallelism follows the Megatron pattern: q/k/v and up/gate are column-parallel (split by
 heads / ffn rows), o and down are row-parallel (split by columns) with one all-reduce after each;
 norms, embeddings and the head are replicated on every tp rank of a replica.
+
+Context parallelism (``CPContext``) splits each sequence over ``cp`` groups of a replica's tp
+ranks, load-balanced for causal attention as Megatron-Core and torchtitan do: the sequence is
+cut into ``2 cp`` chunks and cp rank ``c`` holds chunks ``c`` and ``2 cp - 1 - c``. Everything
+but attention is per token; attention takes the local queries against every rank's K/V chunk,
+block by block with an online softmax (Liu et al. 2023, ring attention).
 """
 
 from __future__ import annotations
@@ -168,12 +174,91 @@ class TPContext:
 
 # -- forward pieces ----------------------------------------------------------------------------
 
-def embed(p: dict, tokens: torch.Tensor) -> torch.Tensor:
-    seq = tokens.shape[1]
-    return F.embedding(tokens, p["embed.weight"]) + p["pos.weight"][:seq].unsqueeze(0)
+# -- context parallelism -------------------------------------------------------------------------
+
+def cp_positions(seq_len: int, cp: int, cp_rank: int) -> torch.Tensor:
+    """The token positions cp rank ``cp_rank`` holds: chunks ``c`` and ``2 cp - 1 - c`` of the
+    ``2 cp`` equal chunks, so that every rank has as much causal attention work."""
+    if cp == 1:
+        return torch.arange(seq_len)
+    n = seq_len // (2 * cp)
+    c = cp_rank
+    return torch.cat([torch.arange(c * n, (c + 1) * n), torch.arange((2 * cp - 1 - c) * n, (2 * cp - c) * n)])
 
 
-def block(p: dict, i: int, x: torch.Tensor, shape: Shape, tpc: TPContext) -> torch.Tensor:
+class _GatherKV(torch.autograd.Function):
+    """Every cp rank's K (or V) chunk, stacked ``[cp, ...]``; the backward sums each chunk's
+    gradient over the ranks that used it and hands the owner its own. An all-gather, not a
+    ring: the blockwise attention below visits the chunks one after another as a ring would
+    (a ring in time, not in its sends), and all_reduce backs the gradient on every backend."""
+
+    @staticmethod
+    def forward(ctx, x, group, cp_rank):
+        ctx.group, ctx.cp_rank = group, cp_rank
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad[ctx.cp_rank], None, None
+
+
+@dataclass
+class CPContext:
+    """A replica's context-parallel group as the block code sees it: ``cp`` ranks (this one
+    ``rank``) holding the positions of ``cp_positions``; ``group`` gathers K/V over them."""
+
+    cp: int = 1
+    rank: int = 0
+    group: object | None = None
+    seq_len: int = 0
+
+    def positions(self, rank: int | None = None) -> torch.Tensor:
+        return cp_positions(self.seq_len, self.cp, self.rank if rank is None else rank)
+
+
+def _cp_attention(q, k, v, cpc: CPContext, heads: int, kv_heads: int, d: int) -> torch.Tensor:
+    """Causal attention of the local queries against every cp rank's K/V chunk, one chunk at a
+    time with an online softmax: running max (a stabiliser only, so kept out of autograd), sum
+    of exponentials and weighted values, rescaled as each chunk arrives."""
+    ks, vs = _GatherKV.apply(k, cpc.group, cpc.rank), _GatherKV.apply(v, cpc.group, cpc.rank)
+    q_pos = cpc.positions().to(q.device)
+    b, _, s_loc, _ = q.shape
+    top = torch.full((b, heads, s_loc, 1), float("-inf"), dtype=q.dtype, device=q.device)
+    denom = torch.zeros_like(top)
+    acc = torch.zeros_like(q)
+    for j in range(cpc.cp):
+        kj, vj = ks[j], vs[j]
+        if kv_heads != heads:
+            kj = kj.repeat_interleave(heads // kv_heads, dim=1)
+            vj = vj.repeat_interleave(heads // kv_heads, dim=1)
+        scores = (q @ kj.transpose(-1, -2)) / math.sqrt(d)
+        future = q_pos[:, None] < cpc.positions(j).to(q.device)[None, :]
+        scores = scores.masked_fill(future, float("-inf"))
+        with torch.no_grad():
+            new_top = torch.maximum(top, scores.amax(dim=-1, keepdim=True))
+            safe = torch.where(torch.isinf(new_top), torch.zeros_like(new_top), new_top)
+            keep = torch.exp(top - safe)   # 0 where nothing was seen yet
+        e = torch.exp(scores - safe)
+        denom = denom * keep + e.sum(dim=-1, keepdim=True)
+        acc = acc * keep + e @ vj
+        top = new_top
+    return acc / denom
+
+
+def embed(p: dict, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Token plus learned position embeddings; ``positions``: the places in the sequence this
+    rank holds (context parallelism: ``tokens`` whole, only those kept), default all."""
+    if positions is None:
+        return F.embedding(tokens, p["embed.weight"]) + p["pos.weight"][:tokens.shape[1]].unsqueeze(0)
+    return F.embedding(tokens[:, positions], p["embed.weight"]) + p["pos.weight"][positions].unsqueeze(0)
+
+
+def block(p: dict, i: int, x: torch.Tensor, shape: Shape, tpc: TPContext,
+          cpc: CPContext | None = None) -> torch.Tensor:
     pre = f"blocks.{i}."
     h, d = shape.hidden_size, shape.head_dim
     b, s, _ = x.shape
@@ -183,6 +268,10 @@ def block(p: dict, i: int, x: torch.Tensor, shape: Shape, tpc: TPContext) -> tor
     q = (a @ p[pre + "attn.q.weight"].T).view(b, s, heads, d).transpose(1, 2)
     k = (a @ p[pre + "attn.k.weight"].T).view(b, s, kv_heads, d).transpose(1, 2)
     v = (a @ p[pre + "attn.v.weight"].T).view(b, s, kv_heads, d).transpose(1, 2)
+    if cpc is not None and cpc.cp > 1:   # K/V of the kv heads only travel (GQA)
+        ctx = _cp_attention(q, k, v, cpc, heads, kv_heads, d).transpose(1, 2).reshape(b, s, heads * d)
+        x = x + tpc.reduce_out(ctx @ p[pre + "attn.o.weight"].T)
+        return _mlp(p, pre, x, shape, tpc)
     if kv_heads != heads:  # GQA: each kv head serves heads // kv_heads query heads
         k = k.repeat_interleave(heads // kv_heads, dim=1)
         v = v.repeat_interleave(heads // kv_heads, dim=1)
@@ -191,7 +280,11 @@ def block(p: dict, i: int, x: torch.Tensor, shape: Shape, tpc: TPContext) -> tor
     scores = scores.masked_fill(causal, float("-inf"))
     ctx = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, s, heads * d)
     x = x + tpc.reduce_out(ctx @ p[pre + "attn.o.weight"].T)
+    return _mlp(p, pre, x, shape, tpc)
 
+
+def _mlp(p: dict, pre: str, x: torch.Tensor, shape: Shape, tpc: TPContext) -> torch.Tensor:
+    h = shape.hidden_size
     m = tpc.copy_in(F.layer_norm(x, (h,), p[pre + "ln2.weight"], p[pre + "ln2.bias"]))
     up = m @ p[pre + "mlp.up.weight"].T
     if shape.mlp == "swiglu":

@@ -90,6 +90,13 @@ def rank_map(plan: Plan, layout: Layout, opts: LaunchOptions, extra: dict | None
     }
     if plan.zero_stage == 3:   # FSDP2's reshard_after_forward (only ZeRO-3 plans carry it)
         data["reshard_after_forward"] = plan.reshards_after_forward
+    if plan.context_parallel > 1:
+        # a rank's "tp_rank" is its place in the replica's devices: tp innermost, then cp, so its
+        # tensor-parallel rank is tp_rank % tp and its context-parallel rank tp_rank // tp
+        data["context_parallel"] = plan.context_parallel
+        for r in data["ranks"]:
+            tp = plan.stages[r["stage"]].replicas[r["replica"]].tp
+            r["cp_rank"] = r["tp_rank"] // tp
     if plan.dynamic_shares is not None:
         # the shares above are where a run starts; a controller may move whole sequences between a
         # stage's replicas within these bounds (planner run --dynamic-batching, launch/dynamic.py)

@@ -132,10 +132,14 @@ def sections(plan: Plan, how: Route | None) -> dict[str, dict]:
     ref = plan.stages[0].replicas
     d, tp, share = len(ref), ref[0].tp, ref[0].micro_batch_share
     p, m = plan.num_stages, plan.num_micro_batches
+    # context_parallel_degree: the mesh's "cp" dimension, just outside "tp" (the plan's device
+    # order); FSDP shards over dp_shard x cp, as the cost model's ZeRO over replicas x cp
     par: dict = {"pipeline_parallel_degree": p, "tensor_parallel_degree": tp,
-                 "context_parallel_degree": 1}
+                 "context_parallel_degree": plan.context_parallel}
     # ZeRO-1 and ZeRO-2 have no torchtitan switch; FSDP (shard) is the nearest, noted in the file
     if plan.zero_stage == 0:
+        # with cp > 1 torchtitan still wraps the model in FSDP over the cp ranks (weights
+        # replicated over cp need their gradients reduced): noted in _comments
         par |= {"data_parallel_replicate_degree": d, "data_parallel_shard_degree": 1}
     else:
         par |= {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": d}
@@ -197,6 +201,14 @@ def _comments(plan: Plan, how: Route | None) -> list[str]:
         out.append("zero_stage 2: torchtitan has no gradient-only sharding; data_parallel_shard_degree "
                    "runs FSDP, which also shards the weights (less memory than planned, their "
                    "all-gathers per micro-batch more traffic)")
+    if plan.context_parallel > 1:
+        out.append(f"context_parallel_degree {plan.context_parallel}: torchtitan's ring attention "
+                   "(context_parallel_rotate_method allgather by default; the plan priced a ring of "
+                   "p2p K/V sends); seq_len must be a multiple of 2 x the degree")
+        if plan.zero_stage == 0:
+            out.append("zero_stage 0 with context parallelism: torchtitan applies FSDP over the cp "
+                       "ranks (dp_shard x cp), which shards weights and optimizer state the plan kept "
+                       "whole (less memory than planned)")
     if plan.recompute == "selective":
         out.append("recompute selective: torchtitan has no attention-core-only recompute; its op policy "
                    "(used here) also redoes every second matmul and the elementwise ops, more time than "

@@ -18,6 +18,11 @@ Communication, all on torch.distributed (point-to-point always over gloo, see ``
 - sends are asynchronous and receives block, and a receive waits only on an action the
   validated lists run without waiting on the receiver, so no valid schedule can deadlock
   (docs/runner.md, "Schedules");
+- context parallelism (``cp`` > 1): a plan replica's ranks are ``cp`` groups of its tp ranks
+  (tp innermost); the worker treats each group as a replica of its own over the same samples
+  (``_expand_cp``), holding ``cp_positions`` of every sequence, so activations travel between
+  the stages' groups of the same cp rank, the K/V chunks are gathered inside a tp position's cp
+  ranks (``tiny_model.CPContext``), and the gradient sum over the replicas covers the cp ranks.
 - gradients of a stage are summed over its replicas once per step. When its replicas share
   one tp degree, the ranks holding the same shard all-reduce it (one flat buffer). When they
   do not, each replica assembles the full gradient on its leader (all-gather of the shards),
@@ -43,6 +48,7 @@ import torch.distributed as dist
 
 from planner.launch import tiny_model as tm
 from planner.launch.backward_split import SplitBackward
+from planner.launch.cp_layout import cp_groups, expand_cp, peers_of
 from planner.launch.run_schedule import schedule_from_json
 
 FAIL_ENV = "PLANNER_RUNNER_FAIL_RANK"  # fault injection for tests: this rank raises at step 0
@@ -69,12 +75,17 @@ class Worker:
             off = 0
             for rep in s["replicas"]:
                 rep["offset"], off = off, off + rep["share"]
+        self.cp = int(cfg.get("context_parallel", 1))
+        if self.cp > 1:
+            expand_cp(self.stages, self.cp)
         for si, s in enumerate(self.stages):
             for qi, rep in enumerate(s["replicas"]):
                 if rank in rep["ranks"]:
                     self.si, self.qi, self.tp_rank = si, qi, rep["ranks"].index(rank)
         self.stage = self.stages[self.si]
         self.rep = self.stage["replicas"][self.qi]
+        self.cp_rank = self.rep.get("cp", 0)
+        self.seq_local = self.shape.seq_len // self.cp     # tokens of each sequence held here
         self.tp = len(self.rep["ranks"])
         self.leader = self.rep["ranks"][0]
         self.dtype = tm.torch_dtype(cfg["dtype"])
@@ -120,6 +131,8 @@ class Worker:
                     g = dist.new_group([rep["ranks"][t] for rep in s["replicas"]])
                     if s is self.stage and self.tp_rank == t:
                         self.dp_group = g
+        # Context parallelism: per plan replica and tp position, its cp ranks gather K/V.
+        self.cp_group = cp_groups(self.stages, self.rank) if self.cp > 1 else None
         # Tied embeddings over more than one stage: stage 0's embedding and the last stage's
         # copy are summed by the tp-rank-0 processes of all replicas of both stages.
         # (On the v map both ends are on stage 0: one tensor, nothing to sum.)
@@ -148,13 +161,17 @@ class Worker:
         if cfg.get("zero_stage", 0) >= 1 and len(self.stage["replicas"]) > 1 and plist:
             from planner.launch.zero_shards import ZeroShards
             names = [n for n in self.params if not (self.tied and n == "embed.weight")]
+            # shards in the group's rank order (torch orders a group's members by global rank),
+            # which is the order all_gather returns them in
+            members = sorted(rep["ranks"][self.tp_rank] for rep in self.stage["replicas"])
             self.zero = ZeroShards(self.params, names, cfg["zero_stage"], self.dp_group,
-                                   len(self.stage["replicas"]), self.qi)
+                                   len(members), members.index(self.rank))
             # the optimizer sees the shard (and a tied embedding, summed apart by _sync_tied)
             plist = [self.zero.shard] + [self.params[n] for n in self.params if n not in names]
         # A stage may hold nothing but a pass-through (no blocks, no embedding, no head).
         self.opt = tm.make_optimizer(plist, cfg["optimizer"], cfg["lr"]) if plist else None
         self.tpc = tm.TPContext(self.tp, self.tp_group)
+        self.cpc = tm.CPContext(self.cp, self.cp_rank, self.cp_group, self.shape.seq_len)
 
     # -- point-to-point ----------------------------------------------------------------------
     def _leader_of(self, si: int, qi: int) -> int:
@@ -164,11 +181,12 @@ class Worker:
         """Whole activation (or gradient) of this replica's samples of micro-batch m, gathered
         from the replicas of ``from_stage`` that hold them, then shared with the tp group."""
         lo, hi = self.rep["offset"], self.rep["offset"] + self.rep["share"]
-        seq, h = self.shape.seq_len, self.shape.hidden_size
+        seq, h = self.seq_local, self.shape.hidden_size
         if self.tp_rank == 0:
             pieces = []
-            for j, a, b in overlaps(lo, hi, self.stages[from_stage]["replicas"]):
-                src = self._leader_of(from_stage, j)
+            idx, peers = peers_of(self.stages[from_stage], self.cp_rank)
+            for j, a, b in overlaps(lo, hi, peers):
+                src = self._leader_of(from_stage, idx[j])
                 if src == self.rank:
                     pieces.append(self.mailbox.pop(tag))
                     continue
@@ -186,9 +204,10 @@ class Worker:
         if self.tp_rank != 0:
             return
         lo = self.rep["offset"]
-        for j, a, b in overlaps(lo, lo + self.rep["share"], self.stages[to_stage]["replicas"]):
+        idx, peers = peers_of(self.stages[to_stage], self.cp_rank)
+        for j, a, b in overlaps(lo, lo + self.rep["share"], peers):
             piece = t[a - lo:b - lo].detach().contiguous()
-            dst = self._leader_of(to_stage, j)
+            dst = self._leader_of(to_stage, idx[j])
             if dst == self.rank:
                 self.mailbox[tag] = piece
             else:
@@ -208,18 +227,20 @@ class Worker:
         mbs = self.cfg["micro_batch_size"]
         lo = m * mbs + self.rep["offset"]
         rows = tokens[lo:lo + self.rep["share"]].to(self.device)
+        positions = self.cpc.positions().to(self.device) if self.cp > 1 else None
         x_in = None
         if chunk["embedding"]:
-            x = tm.embed(self.params, rows[:, :-1])
+            x = tm.embed(self.params, rows[:, :-1], positions)
         else:
             x_in = self._recv_pieces(self.chunks[k - 1]["stage"], m,
                                      self._tag(k, m, False)).requires_grad_(True)
             x = x_in
         for i in range(*chunk["blocks"]):
-            x = tm.block(self.params, i, x, shape, self.tpc)
+            x = tm.block(self.params, i, x, shape, self.tpc, self.cpc)
         if chunk["head"]:
             tokens_total = self.cfg["global_batch"] * shape.seq_len
-            x = tm.head_loss_sum(self.params, x, rows[:, 1:], shape) / tokens_total
+            labels = rows[:, 1:] if positions is None else rows[:, 1:][:, positions]
+            x = tm.head_loss_sum(self.params, x, labels, shape) / tokens_total
             saved[(k, m)] = (x_in, x)
             return float(x.detach())
         self._send_pieces(x, self.chunks[k + 1]["stage"], self._tag(k + 1, m, False))

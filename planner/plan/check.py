@@ -314,6 +314,12 @@ def _check_training(plan: Plan, report: _Report) -> None:
                    f"micro_batch_size * num_micro_batches = {plan.micro_batch_size} * "
                    f"{plan.num_micro_batches} = {total}, but inputs.training.global_batch_size "
                    f"is {training.global_batch_size}")
+    cp = plan.context_parallel
+    if cp > 1 and training.seq_len % (2 * cp):
+        report.add(("context_parallel",),
+                   f"context_parallel {cp} splits each sequence into 2 x {cp} = {2 * cp} chunks "
+                   f"(two per GPU, balancing causal attention), but inputs.training.seq_len "
+                   f"{training.seq_len} is not a multiple of {2 * cp}")
 
 
 def _check_duplicates(plan: Plan, report: _Report) -> None:

@@ -39,18 +39,21 @@ def parse_device(device: str) -> tuple[str, int]:
 
 
 class Replica(BaseModel):
-    """``tp`` GPUs of one type inside one node, taking ``micro_batch_share`` sequences."""
+    """``tp`` x the plan's ``context_parallel`` GPUs of one type inside one node, taking
+    ``micro_batch_share`` sequences.  Device ``k`` is tensor-parallel rank ``k % tp`` of
+    context-parallel rank ``k // tp`` (tp innermost, then cp: Megatron's rank order)."""
 
     model_config = _FROZEN
 
     gpu_type: str
     tp: PositiveInt
     micro_batch_share: PositiveInt
-    devices: tuple[str, ...] = Field(description="'<node>:<local index>', tp of them")
+    devices: tuple[str, ...] = Field(description="'<node>:<local index>', tp x context_parallel of them")
 
     @model_validator(mode="after")
     def _devices_match_tp(self):
-        if len(self.devices) != self.tp:
+        # a multiple of tp here; the plan checks the exact tp x context_parallel (Plan._devices_match_cp)
+        if len(self.devices) % self.tp:
             raise ValueError(f"a replica with tp={self.tp} needs {self.tp} devices, "
                              f"got {len(self.devices)}")
         for d in self.devices:
@@ -211,6 +214,9 @@ class Plan(BaseModel):
                                   "gathered parameters after each forward (gathered again in "
                                   "backward); false keeps them to the last backward; absent: true")
     sequence_parallel: bool = False
+    # Context parallelism (ring attention, Megatron-Core / torchtitan): each micro-batch's
+    # sequences are split over this many GPUs of every replica; 1 (no split) is left out of the JSON.
+    context_parallel: PositiveInt = 1
     dynamic_shares: DynamicShares | None = None
     stages: tuple[Stage, ...] = Field(min_length=1)
     predicted: Predicted | None = None
@@ -223,6 +229,17 @@ class Plan(BaseModel):
         if self.reshard_after_forward is not None and self.zero_stage != 3:
             raise ValueError(f"reshard_after_forward applies only to zero_stage 3 (FSDP2), "
                              f"this plan has zero_stage {self.zero_stage}: remove it")
+        return self
+
+    @model_validator(mode="after")
+    def _devices_match_cp(self):
+        cp = self.context_parallel
+        for i, st in enumerate(self.stages):
+            for j, r in enumerate(st.replicas):
+                if len(r.devices) != r.tp * cp:
+                    with_cp = f" and context_parallel={cp}" if cp > 1 else ""
+                    raise ValueError(f"stages[{i}].replicas[{j}]: a replica with tp={r.tp}{with_cp} "
+                                     f"needs {r.tp * cp} devices, got {len(r.devices)}")
         return self
 
     # -- (de)serialisation ---------------------------------------------------------------
@@ -239,6 +256,8 @@ class Plan(BaseModel):
     def dumps(self) -> str:
         """Canonical bytes: sorted keys, so the same plan gives the same file."""
         data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if data.get("context_parallel") == 1:  # plans without CP keep their bytes
+            del data["context_parallel"]
         return json.dumps(data, sort_keys=True, indent=2) + "\n"
 
     # -- convenience ---------------------------------------------------------------------

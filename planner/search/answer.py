@@ -137,6 +137,9 @@ def _space(training, launcher: str | None) -> str:
         if 3 in sharded:
             space += " (reshard_after_forward " + "/".join(
                 sorted({str(r).lower() for r in training.reshard_after_forward})) + ")"
+    cps = sorted({cp for cp in getattr(training, "context_parallel_degrees", (1,)) if cp > 1})
+    if cps:         # only when listed, as ZeRO 2/3
+        space += "; also context parallel " + "/".join(map(str, cps)) + " (replicas of tp x cp GPUs)"
     if launcher:
         return space + f"; launcher {launcher}: same tp and replicas per stage, equal shares"
     if training.mixed_stages:

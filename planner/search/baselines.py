@@ -80,6 +80,7 @@ class _Tuple:
         B = knobs.micro_batch_size
         self.replicas = sorted({k.replicas for k in self.keys if B % k.replicas == 0}, reverse=True)
         self.tps = sorted({k.tp for k in self.keys})
+        self.cp = knobs.context_parallel    # the tuple's keys all carry it
 
     def option(self, key: OptionKey):
         if key not in self.keys:
@@ -143,7 +144,7 @@ def megatron(tup: _Tuple) -> list[Layout]:
     for t in tup.tps:
         for cs in sets:
             for d in _equal_replicas(tup):
-                ks = [OptionKey(c, t, d) for c in cs]
+                ks = [OptionKey(c, t, d, tup.cp) for c in cs]
                 if any(k not in tup.keys for k in ks):
                     continue
                 slots = [pricer.classes[k.cls].capacity_units // k.units_in(pricer.classes) for k in ks]
@@ -151,7 +152,7 @@ def megatron(tup: _Tuple) -> list[Layout]:
                 if counts is None:
                     continue
                 stage_cls = _stage_classes(counts, cs)
-                keys = [OptionKey(c, t, d) for c in stage_cls]
+                keys = [OptionKey(c, t, d, tup.cp) for c in stage_cls]
                 if all(tup.fits(k, [s], even) for s, k in enumerate(keys)):
                     out.append(Layout("megatron", _where(pricer, stage_cls), keys, None))
                     break       # the most replicas that fit
@@ -167,21 +168,21 @@ def sailor(tup: _Tuple) -> list[Layout]:
     for d in _equal_replicas(tup):
         # the classes' shares of the stages, at their least TP degree (the most stages fit);
         # then each stage at the least TP that fits its memory where it sits
-        least = {c: next((t for t in tps if OptionKey(c, t, d) in tup.keys), None) for c in cs}
+        least = {c: next((t for t in tps if OptionKey(c, t, d, tup.cp) in tup.keys), None) for c in cs}
         use = [c for c in cs if least[c] is not None]
         if not use:
             continue
-        slots = [pricer.classes[c].capacity_units // OptionKey(c, least[c], d).units_in(pricer.classes) for c in use]
+        slots = [pricer.classes[c].capacity_units // OptionKey(c, least[c], d, tup.cp).units_in(pricer.classes) for c in use]
         counts = _spread(slots, p)
         if counts is None:
             continue
         stage_cls = _stage_classes(counts, use)
         keys = []
         for s, c in enumerate(stage_cls):
-            t = next((t for t in tps if tup.fits(OptionKey(c, t, d), [s], even)), None)
+            t = next((t for t in tps if tup.fits(OptionKey(c, t, d, tup.cp), [s], even)), None)
             if t is None:
                 break
-            keys.append(OptionKey(c, t, d))
+            keys.append(OptionKey(c, t, d, tup.cp))
         if len(keys) < p:
             continue
         used: dict[int, int] = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from planner.cost.memory import in_flight_micro_batches, replica_memory
-from planner.search.space import Knobs, make_context, tp_degrees
+from planner.search.space import Knobs, context_degrees, make_context, tp_degrees
 
 
 def _gib(x: float) -> str:
@@ -25,14 +25,16 @@ def _friendliest(model, training, info):
     # the least activation memory the training allows
     rc = next((m for m in ("full", "op", "selective") if m in training.recompute_modes), "none")
     z = max(training.zero_stages)
-    n = max(1, min(info.max_replicas(t), training.global_batch_size))
+    # the largest context-parallel degree whose replica still fits a node beside that tp
+    cp = max((d for d in context_degrees(training) if t * d <= info.gpus_per_node), default=1)
+    n = max(1, min(info.max_replicas(t * cp), training.global_batch_size))
     # ZeRO-3 without resharding holds the whole stage gathered: the friendliest reshards if allowed
     knobs = Knobs(1, training.global_batch_size, "1f1b", 1, rc, z, max(1, model.num_layers),
-                  reshard_after_forward=any(training.reshard_after_forward))
+                  reshard_after_forward=any(training.reshard_after_forward), context_parallel=cp)
     ctx = make_context(model, training, knobs)
     inflight = in_flight_micro_batches("1f1b", knobs.num_stages, knobs.num_stages - 1, 1, 1)
     mem = replica_memory(ctx, info.gpu, t, 1, 1, False, False, n, inflight)
-    return mem, (t, rc, z, n)
+    return mem, (t, rc, z, n, cp)
 
 
 def _more_freedom(training) -> list[str]:
@@ -105,7 +107,7 @@ def explain_infeasible(cluster, model, training, spec, classes, stats) -> str:
             lines.append(f"{info.name}: no TP degree <= {min(info.gpus_per_node, training.max_tp)} "
                          f"divides the {model.num_attention_heads} heads")
             continue
-        mem, (t, rc, z, n) = got
+        mem, (t, rc, z, n, cp) = got
         cap = info.gpu.memory_bytes
         if mem.total_bytes <= cap:
             fits_somewhere = True
@@ -123,11 +125,15 @@ def explain_infeasible(cluster, model, training, spec, classes, stats) -> str:
             hints.append("allow ZeRO-3 (training.zero_stages)")
         if training.max_tp < info.gpus_per_node:
             hints.append(f"allow tp up to {info.gpus_per_node}")
+        if worst == "activations" and 2 * cp * t <= info.gpus_per_node:
+            hints.append("allow context parallelism (training.context_parallel_degrees, seq_len a "
+                         "multiple of 2 x each degree)")
         if training.max_stages and training.max_stages < model.num_layers:
             hints.append("allow more stages")
         hints.append(f"GPUs with more than {_gib(mem.total_bytes)}")
         lines.append(
-            f"{info.name} ({cap / 2**30:.0f} GiB): even one block with tp={t}, one sequence, "
+            f"{info.name} ({cap / 2**30:.0f} GiB): even one block with tp={t}, "
+            + (f"context_parallel={cp}, " if cp > 1 else "") + "one sequence, "
             f"recompute={rc}, ZeRO-{z} over {n} replicas needs {_gib(mem.total_bytes)} per GPU, "
             f"over by {_gib(mem.total_bytes - cap)}; largest term {worst} {_gib(terms[worst])} "
             f"(weights {_gib(mem.weights_bytes)}, grads {_gib(mem.grads_bytes)}, optimizer "

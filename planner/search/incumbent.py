@@ -228,7 +228,7 @@ def warm_keys(pricer, knobs: Knobs, keys) -> list:
         for share in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32):
             if share > knobs.num_stages:
                 break
-            fit = [k for k in ks if pricer.classes[c].units(t, k.replicas) <= cap // share]
+            fit = [k for k in ks if pricer.classes[c].units(k.width, k.replicas) <= cap // share]
             if fit:
                 best_k = max(fit, key=lambda k: k.replicas)
                 if best_k not in out:

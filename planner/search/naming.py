@@ -43,7 +43,7 @@ def name_stages(classes: list[ClassInfo], knobs: Knobs,
                          for k in key.kinds for d in take(k.cls, k.tp, k.replicas))
         else:
             info = classes[key.cls]
-            devs = take(key.cls, key.tp, key.replicas)
+            devs = take(key.cls, key.width, key.replicas)      # tp x cp GPUs each
             reps = tuple(Replica(gpu_type=info.gpu.name, tp=key.tp, micro_batch_share=q, devices=d)
                          for q, d in zip(shares(knobs.micro_batch_size, key.replicas), devs))
         stages.append(Stage(index=s, blocks=(first, first + nb), embedding=s == 0, head=s == p - 1,
@@ -60,4 +60,5 @@ def build_plan(cluster, model, training, classes, knobs: Knobs, layout, objectiv
         num_micro_batches=knobs.num_micro_batches, schedule=knobs.schedule,
         virtual_stages=knobs.virtual_stages, recompute=knobs.recompute, zero_stage=knobs.zero_stage,
         reshard_after_forward=knobs.reshard_after_forward if knobs.zero_stage == 3 else None,
-        sequence_parallel=bool(training.sequence_parallel), stages=tuple(name_stages(classes, knobs, layout)))
+        sequence_parallel=bool(training.sequence_parallel), context_parallel=knobs.context_parallel,
+        stages=tuple(name_stages(classes, knobs, layout)))

@@ -21,30 +21,33 @@ if TYPE_CHECKING:
     from planner.search.space import OptionKey
 
 
-def _option_key(cls: int, tp: int, replicas: int) -> OptionKey:
+def _option_key(cls: int, tp: int, replicas: int, cp: int = 1) -> OptionKey:
     from planner.search.space import OptionKey  # space.py builds on this module
-    return OptionKey(cls, tp, replicas)
+    return OptionKey(cls, tp, replicas, cp)
 
 
 class SendPricing:
     def send_path(self, a: OptionKey, b: OptionKey):
         """(L0, X): a transfer of k sequences takes L0 + k X (p2p_time_s is affine in bytes)."""
-        ck = (a.cls, a.tp, b.cls, b.tp)
+        # a replica is tp x cp GPUs (the widths); each cp rank sends its own s/cp of the
+        # activation, min(tp) flows apiece, as evaluate prices a boundary
+        wa, wb = getattr(a, "width", a.tp), getattr(b, "width", b.tp)
+        ck = (a.cls, wa, b.cls, wb, a.tp, b.tp)
         hit = self._paths.get(ck)
         if hit is None:
             ia, ib = self.classes[a.cls], self.classes[b.cls]
-            da = ia.replica_devices(a.tp, 1)[0][0]
+            da = ia.replica_devices(wa, 1)[0][0]
             if a.cls == b.cls and not ia.shared_node:
-                db = ib.replica_devices(b.tp, 1, first_node=1)[0][0]
+                db = ib.replica_devices(wb, 1, first_node=1)[0][0]
             elif a.cls == b.cls:
-                db = ib.replica_devices(b.tp, 1, first_gpu=a.tp)[0][0] if a.tp + b.tp <= ia.gpus_per_node \
-                    else ib.replica_devices(b.tp, 1)[0][0]
+                db = ib.replica_devices(wb, 1, first_gpu=wa)[0][0] if wa + wb <= ia.gpus_per_node \
+                    else ib.replica_devices(wb, 1)[0][0]
             else:
-                db = ib.replica_devices(b.tp, 1)[0][0]
+                db = ib.replica_devices(wb, 1)[0][0]
             na, nb = da.rpartition(":")[0], db.rpartition(":")[0]
             path = self.topo.p2p(da, db)
             cap = None if na == nb else self.topo.node_p2p(na, nb).bandwidth_Bps
-            hit = self._paths[ck] = (path, cap, min(a.tp, b.tp))
+            hit = self._paths[ck] = (path, cap, min(a.tp, b.tp) * (wa // a.tp))
         return hit
 
     def _boundary(self, ctx, knobs, options: list[CoreOption]) -> np.ndarray:
@@ -72,7 +75,8 @@ class SendPricing:
     def group_lines(self, ctx, B: int, groups: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """[G, G] each, from group a to group b ((class, TP) each): (L0, X) of ``send_line``
         and the ``shared_link`` floor of a whole micro-batch of B sequences between them."""
-        lines = np.array([[(*self.send_line(ctx, _option_key(a[0], a[1], 1), _option_key(b[0], b[1], 1)),
+        cp = ctx.context_parallel
+        lines = np.array([[(*self.send_line(ctx, _option_key(a[0], a[1], 1, cp), _option_key(b[0], b[1], 1, cp)),
                             self.shared_link(ctx, B, a, b)) for b in groups] for a in groups])
         return lines[..., 0], lines[..., 1], lines[..., 2]
 
@@ -83,7 +87,8 @@ class SendPricing:
         if ia.zone == ib.zone:
             return 0.0
         aggregate = self.topo.zone_path(ia.zone, ib.zone)[1]
-        path = self.send_path(_option_key(a[0], a[1], 1), _option_key(b[0], b[1], 1))[0]
+        cp = ctx.context_parallel
+        path = self.send_path(_option_key(a[0], a[1], 1, cp), _option_key(b[0], b[1], 1, cp))[0]
         per_seq = ctx.seq_len * ctx.model.hidden_size * ctx.activation_bytes
         return shared_link_time_s(B * per_seq, path, aggregate, ctx, ia.gpu)
 

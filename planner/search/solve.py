@@ -167,17 +167,17 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         # no cost function reads the schedule from ctx; ZeRO-2/3's per-micro-batch reduce-scatters
         # and ZeRO-3's gathers read m, ZeRO-3's gathers the resharding
         ck = (knobs.recompute, knobs.zero_stage, knobs.reshard_after_forward,
-              knobs.num_micro_batches if knobs.zero_stage >= 2 else 0)
+              knobs.num_micro_batches if knobs.zero_stage >= 2 else 0, knobs.context_parallel)
         ctx = contexts.get(ck) or contexts.setdefault(ck, make_context(model, training, knobs, profiles))
-        keys = usable.get(knobs.micro_batch_size)
-        if keys is None:    # one list per B: the bounds cache by it
-            keys = usable[knobs.micro_batch_size] = usable_keys(pricer, knobs, launcher, spec)
+        keys = usable.get((knobs.micro_batch_size, knobs.context_parallel))
+        if keys is None:    # one list per B (and cp: its keys are tp x cp wide): the bounds cache by it
+            keys = usable[(knobs.micro_batch_size, knobs.context_parallel)] = usable_keys(pricer, knobs, launcher, spec)
             if spec.budget_usd_per_hour is not None:    # for the reason when nothing fits (diagnose.py)
                 kept = {k.cls for k in keys}
                 for k in pricer.option_keys(knobs):
                     if k.cls not in kept:
                         info = pricer.classes[k.cls]
-                        stats.setdefault("over_budget", {})[info.name] = info.least_rent(k.tp, 1)
+                        stats.setdefault("over_budget", {})[info.name] = info.least_rent(k.width, 1)
         if not keys:        # no replica count gives an allowed share (training.micro_batch_sizes)
             stats["no_options"] = stats.get("no_options", 0) + 1
         clock.charge(len(keys))         # the bound's work, for a deterministic search
@@ -198,7 +198,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             # the budget rents no option at all: what the cheapest option rents
             one_per_b = {t.knobs.micro_batch_size: t.knobs for t in ranked}.values()
             stats["least_price_usd_per_hour"] = min(
-                pricer.classes[k.cls].least_rent(k.tp, k.replicas) for kn in one_per_b for k in pricer.option_keys(kn))
+                pricer.classes[k.cls].least_rent(k.width, k.replicas) for kn in one_per_b for k in pricer.option_keys(kn))
         stats["least_time_s"] = ranked[0].bound_s
         if time_like:       # the least time bound bounds every plan, for a Ctrl-C before the heap
             stats["frontier"] = ranked[0].bound_s

@@ -49,6 +49,7 @@ class Knobs:
     zero_stage: int
     num_stages: int
     reshard_after_forward: bool = True     # ZeRO-3 only (FSDP2); True for the other stages
+    context_parallel: int = 1              # cp: every replica is tp x cp GPUs (ring attention)
 
     @property
     def block_unit(self) -> int:
@@ -59,7 +60,8 @@ class Knobs:
         v = f"x{self.virtual_stages}" if self.schedule == "interleaved-1f1b" else ""
         return (f"p={self.num_stages} B={self.micro_batch_size} m={self.num_micro_batches} "
                 f"{self.schedule}{v} rc={self.recompute} zero={self.zero_stage}"
-                + ("" if self.reshard_after_forward else " no-reshard"))
+                + ("" if self.reshard_after_forward else " no-reshard")
+                + (f" cp={self.context_parallel}" if self.context_parallel > 1 else ""))
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,17 @@ class OptionKey:
     cls: int
     tp: int
     replicas: int
+    cp: int = 1     # the knob tuple's context-parallel degree: a replica is tp x cp GPUs
+
+    @property
+    def width(self) -> int:
+        """GPUs per replica: tp x cp (what the class's packing and prices count)."""
+        return self.tp * self.cp
+
+    @property
+    def ranks(self) -> int:
+        """Ranks holding each weight: replicas x cp (the gradient reduction and ZeRO's shards)."""
+        return self.replicas * self.cp
 
     @property
     def send_groups(self) -> tuple[tuple[int, int], ...]:
@@ -74,7 +87,7 @@ class OptionKey:
         return ((self.cls, self.tp),)
 
     def units_in(self, classes) -> int:
-        return classes[self.cls].units(self.tp, self.replicas)
+        return classes[self.cls].units(self.width, self.replicas)
 
     def uses(self, classes) -> tuple[tuple[int, int], ...]:
         """(class, units) it takes (mixed.MixedKey: one pair per kind)."""
@@ -85,10 +98,10 @@ class OptionKey:
         return ()
 
     def rent_share_in(self, classes) -> float:
-        return classes[self.cls].rent_share(self.tp, self.replicas)
+        return classes[self.cls].rent_share(self.width, self.replicas)
 
     def least_rent_in(self, classes) -> float:
-        return classes[self.cls].least_rent(self.tp, self.replicas)
+        return classes[self.cls].least_rent(self.width, self.replicas)
 
     full_least_rent = least_rent_in
 
@@ -135,20 +148,30 @@ def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | N
                     for rs in (training.reshard_after_forward if z == 3 else (True,)):
                         if launcher == "megatron" and z == 3 and not rs:
                             continue    # Megatron FSDP cannot keep gathered weights (launch/megatron.py)
-                        for p in range(1, max_p + 1):
-                            if not entry.admits(p, m, L):
-                                continue
-                            if launcher == "deepspeed" and z >= 2 and p > 1:
-                                continue    # DeepSpeed's PipelineEngine refuses ZeRO-2/3 (launch/deepspeed.py)
-                            out.append(Knobs(B, m, entry.name, v, rc, int(z), p, bool(rs)))
+                        for cp in context_degrees(training, launcher):
+                            for p in range(1, max_p + 1):
+                                if not entry.admits(p, m, L):
+                                    continue
+                                if launcher == "deepspeed" and z >= 2 and p > 1:
+                                    continue    # DeepSpeed's PipelineEngine refuses ZeRO-2/3 (launch/deepspeed.py)
+                                out.append(Knobs(B, m, entry.name, v, rc, int(z), p, bool(rs), cp))
     return out
+
+
+def context_degrees(training, launcher: str | None = None) -> tuple[int, ...]:
+    """The context-parallel degrees to try (``training.context_parallel_degrees``); with
+    ``--launcher deepspeed`` only 1 (DeepSpeed has none, launch/deepspeed.py)."""
+    degrees = tuple(dict.fromkeys(getattr(training, "context_parallel_degrees", (1,))))
+    if launcher == "deepspeed":
+        degrees = tuple(cp for cp in degrees if cp == 1)
+    return degrees
 
 
 def make_context(model, training, knobs: Knobs, profiles=None, calibration=None) -> CostContext:
     from planner.cost import default_calibration
     return CostContext(model=model, seq_len=training.seq_len, precision=training.precision,
                        recompute=knobs.recompute, sequence_parallel=training.sequence_parallel,
-                       zero_stage=knobs.zero_stage, reshard_after_forward=knobs.reshard_after_forward,
+                       context_parallel=knobs.context_parallel, zero_stage=knobs.zero_stage, reshard_after_forward=knobs.reshard_after_forward,
                        num_micro_batches=knobs.num_micro_batches, schedule=knobs.schedule,
                        virtual_stages=knobs.virtual_stages,
                        calibration=calibration or default_calibration(), profiles=profiles)
@@ -186,16 +209,17 @@ class Pricer(SendPricing):
         return id(self._contexts.setdefault(id(ctx), ctx))
 
     def option_keys(self, knobs: Knobs) -> list[OptionKey]:
-        hit = self._keys.get(knobs.micro_batch_size)
+        ck = (knobs.micro_batch_size, knobs.context_parallel)
+        hit = self._keys.get(ck)
         if hit is None:
-            hit = self._keys[knobs.micro_batch_size] = self._option_keys(knobs)
+            hit = self._keys[ck] = self._option_keys(knobs)
         return hit
 
     def stand_ins(self, knobs: Knobs) -> list[StandIn]:
         """The mixed stages of the tuple's B (``training.mixed_stages``), as the bounds see
         them (mixed.StandIn); pricing turns them back into mixed core options."""
-        if not self.training.mixed_stages:
-            return []
+        if not self.training.mixed_stages or knobs.context_parallel > 1:
+            return []   # mixed stages are searched without context parallelism
         hit = self._stand_ins.get(knobs.micro_batch_size)
         if hit is None:
             hit = self._stand_ins[knobs.micro_batch_size] = [
@@ -214,22 +238,28 @@ class Pricer(SendPricing):
 
     def _option_keys(self, knobs: Knobs) -> list[OptionKey]:
         allowed_q = set(self.training.micro_batch_sizes or ())
+        cp = knobs.context_parallel
         keys = []
         for info in self.classes:
             for t in tp_degrees(self.model, info, self.training.max_tp):
+                w = t * cp      # a replica's GPUs, inside one node
+                if w > info.gpus_per_node:
+                    continue
                 for n in replica_counts(knobs.micro_batch_size):
-                    if n > info.max_replicas(t) or info.units(t, n) > info.capacity_units:
+                    if n > info.max_replicas(w) or info.units(w, n) > info.capacity_units:
                         continue
                     if allowed_q and -(-knobs.micro_batch_size // n) not in allowed_q:
                         continue
-                    keys.append(OptionKey(info.index, t, n))
+                    keys.append(OptionKey(info.index, t, n, cp))
         return keys
 
     def ring(self, key: OptionKey):
         hit = self._rings.get(key)
         if hit is None:
             info = self.classes[key.cls]
-            devs = tuple(r[0] for r in info.replica_devices(key.tp, key.replicas))
+            # one member per cp rank of each replica (its first tp GPU), as evaluate's ring
+            devs = tuple(r[c * key.tp] for r in info.replica_devices(key.width, key.replicas)
+                         for c in range(key.cp))
             hit = self._rings[key] = self.topo.ring(devs, concurrent_rings=key.tp)
         return hit
 
@@ -283,7 +313,7 @@ class Pricer(SendPricing):
         if isinstance(key, StandIn):
             return self._stand_in_lines(ctx, knobs, key, unit)
         share = -(-knobs.micro_batch_size // key.replicas)
-        shard = key.replicas if knobs.zero_stage >= 1 else 1
+        shard = key.ranks if knobs.zero_stage >= 1 else 1
         return (self.kind_lines(ctx, key.cls, key.tp, share, unit),
                 self.optimizer_lines(ctx, key.cls, key.tp, shard, unit))
 
@@ -307,7 +337,7 @@ class Pricer(SendPricing):
     def kind_lines(self, ctx, cls: int, tp: int, share: int, unit: int):
         """(forward slope, backward slope, [positions, 2] intercepts) of a replica of ``tp``
         GPUs of class ``cls`` on ``share`` sequences, per unit of blocks."""
-        fk = (ctx.recompute, cls, tp, share, unit)
+        fk = (ctx.recompute, ctx.context_parallel, cls, tp, share, unit)
         fb = self._fb.get(fk)
         if fb is None:
             info = self.classes[cls]
@@ -322,7 +352,7 @@ class Pricer(SendPricing):
         """(slope, [positions] intercepts) of the W part of the backward
         (``compute.backward_weight_s``) of a replica of ``tp`` GPUs of class ``cls`` on
         ``share`` sequences, per unit of blocks."""
-        wk = ("w", ctx.recompute, cls, tp, share, unit)
+        wk = ("w", ctx.recompute, ctx.context_parallel, cls, tp, share, unit)
         hit = self._fb.get(wk)
         if hit is None:
             info = self.classes[cls]
@@ -366,13 +396,13 @@ class Pricer(SendPricing):
         hit = self._syncs.get(ck)
         if hit is None:
             info = self.classes[key.cls]
-            if key.replicas <= 1 or isinstance(key, StandIn):   # a stand-in's sync: 0 (mixed.py)
+            if isinstance(key, StandIn) or key.ranks <= 1:   # a stand-in's sync: 0 (mixed.py)
                 hit = (0.0, np.zeros(len(POSITIONS)))
             else:
                 ring = self.ring(key)
 
                 def dp(nb: int, emb: bool, head: bool) -> float:
-                    return dp_sync_time_s(ctx, stage_params(ctx, nb, emb, head), key.replicas, key.tp,
+                    return dp_sync_time_s(ctx, stage_params(ctx, nb, emb, head), key.ranks, key.tp,
                                           ring.bandwidth_Bps, ring.latency_s, ring.kind, info.gpu)
 
                 slope = dp(2 * unit, False, False) - dp(unit, False, False)
@@ -391,13 +421,13 @@ class Pricer(SendPricing):
         info = self.classes[key.cls]
         gpu, intra, t, n = info.gpu, info.node_class.intra_Bps, key.tp, key.replicas
         share = -(-knobs.micro_batch_size // n)
-        ring = self.ring(key) if n > 1 else None
-        shard = n if knobs.zero_stage >= 1 else 1
+        ring = self.ring(key) if key.ranks > 1 else None
+        shard = key.ranks if knobs.zero_stage >= 1 else 1
 
         def quantities(nb: int) -> tuple[float, ...]:
             rt = replica_compute(ctx, gpu, intra, t, share, nb, emb, head)
             params = stage_params(ctx, nb, emb, head)
-            dp = (dp_sync_time_s(ctx, params, n, t, ring.bandwidth_Bps, ring.latency_s, ring.kind, gpu)
+            dp = (dp_sync_time_s(ctx, params, key.ranks, t, ring.bandwidth_Bps, ring.latency_s, ring.kind, gpu)
                   if ring else 0.0)
             rs, ag = exposed_sync_parts(ctx, dp, rt.total_forward_s, rt.total_backward_s)
             return (rt.total_forward_s, rt.total_backward_s, rs,
@@ -467,8 +497,8 @@ class Pricer(SendPricing):
             max_blocks.append(hi)
         if not any(max_blocks):
             return None
-        return CoreOption(resource=key.cls, units=info.units(key.tp, key.replicas), slope=slope, fixed=fixed,
-                          max_blocks=max_blocks, price_usd_per_hour=info.option_price(key.tp, key.replicas),
+        return CoreOption(resource=key.cls, units=info.units(key.width, key.replicas), slope=slope, fixed=fixed,
+                          max_blocks=max_blocks, price_usd_per_hour=info.option_price(key.width, key.replicas),
                           label=key)
 
 def pipeline_rows(knobs: Knobs) -> tuple[list[Row], list[Term]]:

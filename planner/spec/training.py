@@ -44,6 +44,10 @@ class Training(BaseModel):
         default=(True,), description="ZeRO-3 only: the values of FSDP2's reshard_after_forward to try "
         "(true: free the gathered parameters after each forward and gather them again in backward; "
         "false: keep them gathered from the first forward to the last backward)")
+    context_parallel_degrees: tuple[PositiveInt, ...] = Field(
+        default=(1,), description="context-parallel degrees to try (ring attention: each sequence split "
+        "over cp x tp GPUs of a replica, load-balanced for causal attention as 2 cp chunks, so seq_len "
+        "must be a multiple of 2 cp); 1 = no split")
     max_tp: PositiveInt = Field(default=8, description="largest tensor-parallel degree")
     micro_batch_sizes: tuple[PositiveInt, ...] | None = Field(
         default=None, description="per-replica micro-batch sizes to try; default powers of two")
@@ -55,9 +59,15 @@ class Training(BaseModel):
 
     @model_validator(mode="after")
     def _non_empty(self):
-        for name in ("schedules", "recompute_modes", "zero_stages", "reshard_after_forward"):
+        for name in ("schedules", "recompute_modes", "zero_stages", "reshard_after_forward",
+                     "context_parallel_degrees"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must list at least one choice")
+        bad = [cp for cp in self.context_parallel_degrees if cp > 1 and self.seq_len % (2 * cp)]
+        if bad:
+            raise ValueError(f"context_parallel_degrees {bad[0]}: seq_len {self.seq_len} must be a multiple "
+                             f"of 2 x {bad[0]} = {2 * bad[0]} (the sequence splits into 2 cp chunks, two "
+                             "per GPU, to balance causal attention)")
         if self.micro_batch_sizes is not None and not self.micro_batch_sizes:
             raise ValueError("micro_batch_sizes must list at least one size (or be left out: any share)")
         return self
@@ -68,4 +78,6 @@ class Training(BaseModel):
                "precision": self.precision}
         if self.mixed_stages:   # replan searches the same space again
             out["mixed_stages"] = True
+        if self.context_parallel_degrees != (1,):   # likewise; the default leaves plans' bytes alone
+            out["context_parallel_degrees"] = list(self.context_parallel_degrees)
         return out
