@@ -89,6 +89,8 @@ class StageTiming:
     backward_weight_s: float = 0.0
     # bitpipe: all-reduce of this stage's share of gradients with its pair (planner.cost.bitpipe)
     pair_sync_s: float = 0.0
+    # MoE expert parallelism: the token all-to-alls inside forward_s + backward_s (cost/moe.py)
+    ep_comm_s: float = 0.0
 
     @property
     def busy_s(self) -> float:
@@ -163,6 +165,14 @@ def iteration_time_s(stages: list[StageTiming], num_micro_batches: int, schedule
 
 
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "pp_comm", "bubble", "dp_sync_exposed", "optimizer")
+# Terms a breakdown has only where the plan uses them, so that other plans' outputs keep the
+# seven keys: ep_comm, the expert-parallel all-to-alls of the bottleneck stage.
+OPTIONAL_BREAKDOWN_KEYS = ("ep_comm",)
+
+
+def breakdown_keys(breakdown: dict) -> tuple[str, ...]:
+    """The terms of ``breakdown`` in their order: the seven, then the optional ones it has."""
+    return BREAKDOWN_KEYS + tuple(k for k in OPTIONAL_BREAKDOWN_KEYS if k in breakdown)
 
 
 def pipeline_breakdown(stages: list[StageTiming], num_micro_batches: int, schedule: str = "1f1b",
@@ -184,9 +194,11 @@ def pipeline_breakdown(stages: list[StageTiming], num_micro_batches: int, schedu
         "tp_comm": m * per_micro_batch("tp_comm_s"),
         "pp_comm": m * v * (s.send_forward_s + s.send_backward_s),
     }
+    if any(st.ep_comm_s for st in stages):
+        out["ep_comm"] = m * per_micro_batch("ep_comm_s")
     if schedule == "bitpipe":  # each micro-batch crosses the rank's links twice (the V)
         out["pp_comm"] *= 2
     out["bubble"] = max(0.0, total - sum(out.values()))
     out["dp_sync_exposed"] = max((st.dp_sync_exposed_s for st in stages), default=0.0)
     out["optimizer"] = max((st.optimizer_s for st in stages), default=0.0)
-    return {key: out[key] for key in BREAKDOWN_KEYS}
+    return {key: out[key] for key in breakdown_keys(out)}

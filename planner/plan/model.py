@@ -211,6 +211,10 @@ class Plan(BaseModel):
                                   "gathered parameters after each forward (gathered again in "
                                   "backward); false keeps them to the last backward; absent: true")
     sequence_parallel: bool = False
+    expert_parallel: PositiveInt = Field(
+        default=1, description="MoE models: each group of this many consecutive replicas of a "
+                               "stage splits the experts (Megatron --expert-model-parallel-size); "
+                               "it must divide every stage's replica count")
     dynamic_shares: DynamicShares | None = None
     stages: tuple[Stage, ...] = Field(min_length=1)
     predicted: Predicted | None = None
@@ -239,6 +243,8 @@ class Plan(BaseModel):
     def dumps(self) -> str:
         """Canonical bytes: sorted keys, so the same plan gives the same file."""
         data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if data.get("expert_parallel") == 1:   # dense plans' bytes stay as before the field
+            del data["expert_parallel"]
         return json.dumps(data, sort_keys=True, indent=2) + "\n"
 
     # -- convenience ---------------------------------------------------------------------
