@@ -71,6 +71,13 @@ def check(plan: Plan) -> None:
         problems.add("schedule latency-aware: DeepSpeed's pipeline engine runs its fixed 1F1B "
                      "TrainSchedule and cannot follow the plan's per-rank action lists; re-plan with "
                      "schedule 1f1b")
+    if plan.expert_parallel > 1:
+        # DeepSpeed's expert parallelism is deepspeed.moe.layer.MoE(ep_size=...) built into the
+        # model code; its JSON config has no field for it, and planner writes no model code
+        problems.add(f"expert_parallel {plan.expert_parallel}: DeepSpeed sets expert parallelism in "
+                     "the model code (deepspeed.moe.layer.MoE's ep_size), not in its config, and "
+                     "planner does not map it; re-plan with expert_parallel 1 "
+                     "(training.expert_parallel_degrees), or use --format megatron or torchtitan")
     if plan.recompute == "selective":
         problems.add("recompute selective: PipelineModule only checkpoints whole layers "
                      "(activation_checkpoint_interval); re-plan with recompute none or full")
