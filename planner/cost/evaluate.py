@@ -33,7 +33,7 @@ from planner.cost.compute import (
 from planner.cost.context import CostContext
 from planner.cost.flops import model_flops_per_iteration
 from planner.cost.memory import in_flight_micro_batches, replica_memory, stage_params
-from planner.cost.moe import ep_comm_per_micro_batch, expert_params, expert_rings
+from planner.cost.moe import ep_comm_per_micro_batch, expert_params, expert_rings, optimizer_params
 from planner.cost.money import plan_money
 from planner.cost.result import Evaluation
 from planner.cost.schedule import StageTiming, bottleneck_stage, pipeline_breakdown, pipeline_time_s
@@ -256,12 +256,8 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
             crossings[key] = crossings.get(key, 0.0) + m * nbytes
         exposed = dp_exposed_s(ctx, dp, rt.total_backward_s + ep_bwd, rt.total_forward_s + ep_fwd)
         shard = max(1, n) if ctx.zero_stage >= 1 else 1
-        if experts:   # E/ep experts per replica, ZeRO-sharded over the n/ep holding them
-            per_gpu = (params - experts) / shard + experts / ep / max(1, shard // ep)
-            local = [per_gpu / r.tp for r in st.replicas]
-        else:
-            local = [params / r.tp / shard for r in st.replicas]
-        opt = max(optimizer_time_s(ctx, nodes[r.node].gpu, float(x)) for r, x in zip(st.replicas, local, strict=True))
+        opt = max(optimizer_time_s(ctx, nodes[r.node].gpu, optimizer_params(ctx, params, experts, r.tp, shard))
+                  for r in st.replicas)
         stage_timings.append(StageTiming(
             forward_s=rt.total_forward_s + ep_fwd, backward_s=rt.total_backward_s + ep_bwd,
             ep_comm_s=ep_fwd + ep_bwd,

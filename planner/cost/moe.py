@@ -128,3 +128,54 @@ def expert_params(ctx: CostContext, blocks: int) -> float:
 def expert_rings(num_replicas: int, ep: int) -> list[list[int]]:
     """Replicas reducing the same experts' gradients: one ring per EP rank (module docstring)."""
     return [list(range(j, num_replicas, ep)) for j in range(ep)]
+
+
+def optimizer_params(ctx: CostContext, params: float, experts: float, tp: int, shard: int) -> float:
+    """Parameters one GPU steps: the stage's ``params`` over tp and the ZeRO ``shard``, its
+    ``experts`` (0 without EP) only E/ep of them, sharded over the shard/ep replicas holding them."""
+    if not experts:
+        return params / tp / shard
+    ep = ctx.expert_parallel
+    return ((params - experts) / shard + experts / ep / max(1, shard // ep)) / tp
+
+
+def ep_sync_s(ctx: CostContext, topo, first_devices: list[str], tp: int, params: float,
+              experts: float, gpu) -> float:
+    """A stage's gradient sync with EP (module docstring), for the search: the non-expert
+    weights over all replicas (``first_devices``: each replica's first GPU), then each EP
+    rank's E/ep experts over its n/ep replicas, the slowest such ring."""
+    from planner.cost.comm import dp_sync_time_s
+
+    def over(devs, nparams) -> float:
+        if len(devs) <= 1:
+            return 0.0
+        ring = topo.ring(tuple(devs), concurrent_rings=tp)
+        return dp_sync_time_s(ctx, nparams, len(devs), tp, ring.bandwidth_Bps, ring.latency_s,
+                              ring.kind, gpu)
+
+    ep = ctx.expert_parallel
+    rings = expert_rings(len(first_devices), ep)
+    return over(first_devices, params - experts) + max(
+        over([first_devices[j] for j in ring], experts / ep) for ring in rings)
+
+
+@dataclass(frozen=True)
+class _Replica:
+    micro_batch_share: int
+    tp: int
+    devices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Stage:
+    replicas: tuple[_Replica, ...]
+    num_blocks: int
+
+
+def option_ep_comm(ctx: CostContext, topo, devices: list[tuple[str, ...]], shares: list[int],
+                   tp: int, blocks: int, gpu) -> tuple[float, float]:
+    """(forward, backward) all-to-all seconds per micro-batch of a stage of these replicas
+    (``ep_comm_per_micro_batch``), for the search's options."""
+    stage = _Stage(tuple(_Replica(q, tp, d) for q, d in zip(shares, devices, strict=True)), blocks)
+    fwd, bwd, _ = ep_comm_per_micro_batch(ctx, topo, stage, lambda _r: gpu)
+    return fwd, bwd

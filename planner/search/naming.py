@@ -60,4 +60,5 @@ def build_plan(cluster, model, training, classes, knobs: Knobs, layout, objectiv
         num_micro_batches=knobs.num_micro_batches, schedule=knobs.schedule,
         virtual_stages=knobs.virtual_stages, recompute=knobs.recompute, zero_stage=knobs.zero_stage,
         reshard_after_forward=knobs.reshard_after_forward if knobs.zero_stage == 3 else None,
-        sequence_parallel=bool(training.sequence_parallel), stages=tuple(name_stages(classes, knobs, layout)))
+        sequence_parallel=bool(training.sequence_parallel), expert_parallel=knobs.expert_parallel,
+        stages=tuple(name_stages(classes, knobs, layout)))

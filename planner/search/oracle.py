@@ -28,12 +28,12 @@ class OracleResult:
     plans_unfit: int = 0          # evaluated plans that do not fit in memory
 
 
-def _stage_keys(model, training, classes, B):
+def _stage_keys(model, training, classes, B, ep: int = 1):
     keys = []
     for info in classes:
         for t in tp_degrees(model, info, training.max_tp):
             for n in replica_counts(B):
-                if n <= info.max_replicas(t) and info.units(t, n) <= info.capacity_units:
+                if n <= info.max_replicas(t) and info.units(t, n) <= info.capacity_units and n % ep == 0:
                     if training.micro_batch_sizes and -(-B // n) not in training.micro_batch_sizes:
                         continue
                     keys.append(OptionKey(info.index, t, n))
@@ -56,10 +56,10 @@ def oracle(cluster, model, training, objective: str | ObjectiveSpec = "throughpu
     count = unfit = 0
     training.global_batch_size * training.seq_len
     for knobs in enumerate_knobs(model, training, classes, launcher):
-        keys = _stage_keys(model, training, classes, knobs.micro_batch_size)
+        keys = _stage_keys(model, training, classes, knobs.micro_batch_size, knobs.expert_parallel)
         if launcher:
             keys = [k for k in keys if knobs.micro_batch_size % k.replicas == 0]
-        elif training.mixed_stages:
+        elif training.mixed_stages and knobs.expert_parallel == 1:
             keys += mixed_keys(model, training, classes, knobs.micro_batch_size, tp_degrees)
         p = knobs.num_stages
         for combo in itertools.product(keys, repeat=p):

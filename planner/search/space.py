@@ -27,6 +27,7 @@ from planner.cost import (
 )
 from planner.cost.comm import exposed_sync_parts
 from planner.cost.compute import backward_weight_s
+from planner.cost.moe import ep_sync_s, expert_params, optimizer_params, option_ep_comm
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row, Term
 from planner.search.mixed import StandIn, key_of, mixed_keys, mixed_options
@@ -49,6 +50,7 @@ class Knobs:
     zero_stage: int
     num_stages: int
     reshard_after_forward: bool = True     # ZeRO-3 only (FSDP2); True for the other stages
+    expert_parallel: int = 1               # MoE: replicas per expert group (planner.cost.moe)
 
     @property
     def block_unit(self) -> int:
@@ -59,7 +61,8 @@ class Knobs:
         v = f"x{self.virtual_stages}" if self.schedule == "interleaved-1f1b" else ""
         return (f"p={self.num_stages} B={self.micro_batch_size} m={self.num_micro_batches} "
                 f"{self.schedule}{v} rc={self.recompute} zero={self.zero_stage}"
-                + ("" if self.reshard_after_forward else " no-reshard"))
+                + ("" if self.reshard_after_forward else " no-reshard")
+                + (f" ep={self.expert_parallel}" if self.expert_parallel > 1 else ""))
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,9 @@ def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | N
     max_p = min(L, training.max_stages or L, total_units if all(c.shared_node for c in classes) else 10**9)
     max_p = min(max_p, sum(c.node_class.num_gpus for c in classes))
     out = []
+    # EP: MoE models only, a degree dividing the experts; DeepSpeed has no config for it
+    eps = [e for e in training.expert_parallel_degrees
+           if model.is_moe and model.num_experts % e == 0 and (e == 1 or launcher != "deepspeed")] or [1]
     for B in divisors(gbs):
         m = gbs // B
         for entry in schedules_for(training, launcher):
@@ -140,7 +146,7 @@ def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | N
                                 continue
                             if launcher == "deepspeed" and z >= 2 and p > 1:
                                 continue    # DeepSpeed's PipelineEngine refuses ZeRO-2/3 (launch/deepspeed.py)
-                            out.append(Knobs(B, m, entry.name, v, rc, int(z), p, bool(rs)))
+                            out += [Knobs(B, m, entry.name, v, rc, int(z), p, bool(rs), e) for e in eps]
     return out
 
 
@@ -150,7 +156,7 @@ def make_context(model, training, knobs: Knobs, profiles=None, calibration=None)
                        recompute=knobs.recompute, sequence_parallel=training.sequence_parallel,
                        zero_stage=knobs.zero_stage, reshard_after_forward=knobs.reshard_after_forward,
                        num_micro_batches=knobs.num_micro_batches, schedule=knobs.schedule,
-                       virtual_stages=knobs.virtual_stages,
+                       virtual_stages=knobs.virtual_stages, expert_parallel=knobs.expert_parallel,
                        calibration=calibration or default_calibration(), profiles=profiles)
 
 
@@ -186,15 +192,16 @@ class Pricer(SendPricing):
         return id(self._contexts.setdefault(id(ctx), ctx))
 
     def option_keys(self, knobs: Knobs) -> list[OptionKey]:
-        hit = self._keys.get(knobs.micro_batch_size)
+        ck = (knobs.micro_batch_size, knobs.expert_parallel)
+        hit = self._keys.get(ck)
         if hit is None:
-            hit = self._keys[knobs.micro_batch_size] = self._option_keys(knobs)
+            hit = self._keys[ck] = self._option_keys(knobs)
         return hit
 
     def stand_ins(self, knobs: Knobs) -> list[StandIn]:
         """The mixed stages of the tuple's B (``training.mixed_stages``), as the bounds see
         them (mixed.StandIn); pricing turns them back into mixed core options."""
-        if not self.training.mixed_stages:
+        if not self.training.mixed_stages or knobs.expert_parallel > 1:   # EP: pure stages only
             return []
         hit = self._stand_ins.get(knobs.micro_batch_size)
         if hit is None:
@@ -219,6 +226,8 @@ class Pricer(SendPricing):
             for t in tp_degrees(self.model, info, self.training.max_tp):
                 for n in replica_counts(knobs.micro_batch_size):
                     if n > info.max_replicas(t) or info.units(t, n) > info.capacity_units:
+                        continue
+                    if n % knobs.expert_parallel:   # whole expert groups (cost/moe.py)
                         continue
                     if allowed_q and -(-knobs.micro_batch_size // n) not in allowed_q:
                         continue
@@ -284,8 +293,23 @@ class Pricer(SendPricing):
             return self._stand_in_lines(ctx, knobs, key, unit)
         share = -(-knobs.micro_batch_size // key.replicas)
         shard = key.replicas if knobs.zero_stage >= 1 else 1
-        return (self.kind_lines(ctx, key.cls, key.tp, share, unit),
+        sf, sb, fb = self.kind_lines(ctx, key.cls, key.tp, share, unit)
+        ef, eb = self.ep_lines(ctx, knobs, key, unit)
+        return ((sf + ef, sb + eb, fb) if ef or eb else (sf, sb, fb),
                 self.optimizer_lines(ctx, key.cls, key.tp, shard, unit))
+
+    def ep_lines(self, ctx, knobs, key, unit: int) -> tuple[float, float]:
+        """(forward, backward) slopes per unit of blocks of an option's all-to-alls (cost/moe.py;
+        no intercept: they run per MoE block); 0 without EP."""
+        if ctx.expert_parallel <= 1 or not self.model.is_moe or isinstance(key, StandIn):
+            return 0.0, 0.0
+        ek = ("ep", self.cache_id(ctx), knobs.micro_batch_size, key, unit)
+        hit = self._fb.get(ek)
+        if hit is None:
+            info = self.classes[key.cls]
+            hit = self._fb[ek] = option_ep_comm(ctx, self.topo, info.replica_devices(key.tp, key.replicas),
+                                                shares(knobs.micro_batch_size, key.replicas), key.tp, unit, info.gpu)
+        return hit
 
     def _stand_in_lines(self, ctx, knobs, key: StandIn, unit: int):
         """A mixed stage runs its slowest kind's forward and backward (by their total), so
@@ -307,7 +331,7 @@ class Pricer(SendPricing):
     def kind_lines(self, ctx, cls: int, tp: int, share: int, unit: int):
         """(forward slope, backward slope, [positions, 2] intercepts) of a replica of ``tp``
         GPUs of class ``cls`` on ``share`` sequences, per unit of blocks."""
-        fk = (ctx.recompute, cls, tp, share, unit)
+        fk = (ctx.recompute, ctx.expert_parallel, cls, tp, share, unit)
         fb = self._fb.get(fk)
         if fb is None:
             info = self.classes[cls]
@@ -322,7 +346,7 @@ class Pricer(SendPricing):
         """(slope, [positions] intercepts) of the W part of the backward
         (``compute.backward_weight_s``) of a replica of ``tp`` GPUs of class ``cls`` on
         ``share`` sequences, per unit of blocks."""
-        wk = ("w", ctx.recompute, cls, tp, share, unit)
+        wk = ("w", ctx.recompute, ctx.expert_parallel, cls, tp, share, unit)
         hit = self._fb.get(wk)
         if hit is None:
             info = self.classes[cls]
@@ -339,7 +363,8 @@ class Pricer(SendPricing):
         if isinstance(key, StandIn):
             lines = [self._input_of(ctx, k.cls, k.tp, k.share, unit) for k in key.key.kinds]
             return min(lines[0][0], lines[1][0]), np.minimum(lines[0][1], lines[1][1])
-        return self._input_of(ctx, key.cls, key.tp, -(-knobs.micro_batch_size // key.replicas), unit)
+        slope, icpt = self._input_of(ctx, key.cls, key.tp, -(-knobs.micro_batch_size // key.replicas), unit)
+        return slope + self.ep_lines(ctx, knobs, key, unit)[1], icpt   # the all-to-alls are I's
 
     def _input_of(self, ctx, cls: int, tp: int, share: int, unit: int):
         _, sb, fb = self.kind_lines(ctx, cls, tp, share, unit)
@@ -349,12 +374,15 @@ class Pricer(SendPricing):
     def optimizer_lines(self, ctx, cls: int, tp: int, shard: int, unit: int):
         """(slope, [positions] intercepts) of the optimizer step over a stage's parameters
         sharded ``shard`` ways (ZeRO-1) on ``tp`` GPUs of class ``cls``."""
-        ok = (shard, cls, tp, unit)
+        ok = (shard, ctx.expert_parallel, cls, tp, unit)
         opt = self._opt.get(ok)
         if opt is None:
             gpu = self.classes[cls].gpu
-            at = [optimizer_time_s(ctx, gpu, stage_params(ctx, unit, emb, head) / tp / shard) for emb, head in POSITIONS]
-            so = optimizer_time_s(ctx, gpu, stage_params(ctx, 2 * unit, False, False) / tp / shard) - at[0]
+
+            def local(nb, emb, head):
+                return optimizer_params(ctx, stage_params(ctx, nb, emb, head), _experts(ctx, nb), tp, shard)
+            at = [optimizer_time_s(ctx, gpu, local(unit, emb, head)) for emb, head in POSITIONS]
+            so = optimizer_time_s(ctx, gpu, local(2 * unit, False, False)) - at[0]
             opt = self._opt[ok] = (so, np.array(at) - so)
         return opt
 
@@ -372,6 +400,10 @@ class Pricer(SendPricing):
                 ring = self.ring(key)
 
                 def dp(nb: int, emb: bool, head: bool) -> float:
+                    if _experts(ctx, nb):     # EP: the experts over n/ep (cost/moe.py)
+                        first = [d[0] for d in info.replica_devices(key.tp, key.replicas)]
+                        return ep_sync_s(ctx, self.topo, first, key.tp, stage_params(ctx, nb, emb, head),
+                                         _experts(ctx, nb), info.gpu)
                     return dp_sync_time_s(ctx, stage_params(ctx, nb, emb, head), key.replicas, key.tp,
                                           ring.bandwidth_Bps, ring.latency_s, ring.kind, info.gpu)
 
@@ -394,14 +426,22 @@ class Pricer(SendPricing):
         ring = self.ring(key) if n > 1 else None
         shard = n if knobs.zero_stage >= 1 else 1
 
+        devices = info.replica_devices(t, n) if ctx.expert_parallel > 1 else None
+
         def quantities(nb: int) -> tuple[float, ...]:
             rt = replica_compute(ctx, gpu, intra, t, share, nb, emb, head)
-            params = stage_params(ctx, nb, emb, head)
-            dp = (dp_sync_time_s(ctx, params, n, t, ring.bandwidth_Bps, ring.latency_s, ring.kind, gpu)
-                  if ring else 0.0)
-            rs, ag = exposed_sync_parts(ctx, dp, rt.total_forward_s, rt.total_backward_s)
-            return (rt.total_forward_s, rt.total_backward_s, rs,
-                    optimizer_time_s(ctx, gpu, params / t / shard), ag, 0.0)
+            params, experts = stage_params(ctx, nb, emb, head), _experts(ctx, nb)
+            fwd, bwd = rt.total_forward_s, rt.total_backward_s
+            if experts:   # expert parallelism: all-to-alls, experts' sync over n/ep (cost/moe.py)
+                ep_f, ep_b = option_ep_comm(ctx, self.topo, devices, shares(knobs.micro_batch_size, n), t, nb, gpu)
+                fwd, bwd = fwd + ep_f, bwd + ep_b
+                dp = ep_sync_s(ctx, self.topo, [d[0] for d in devices], t, params, experts, gpu)
+            else:
+                dp = (dp_sync_time_s(ctx, params, n, t, ring.bandwidth_Bps, ring.latency_s, ring.kind, gpu)
+                      if ring else 0.0)
+            rs, ag = exposed_sync_parts(ctx, dp, fwd, bwd)
+            return (fwd, bwd, rs, optimizer_time_s(ctx, gpu, optimizer_params(ctx, params, experts, t, shard)),
+                    ag, 0.0)
 
         if hit is None:
             q1, q2 = quantities(unit), quantities(2 * unit)
@@ -470,6 +510,11 @@ class Pricer(SendPricing):
         return CoreOption(resource=key.cls, units=info.units(key.tp, key.replicas), slope=slope, fixed=fixed,
                           max_blocks=max_blocks, price_usd_per_hour=info.option_price(key.tp, key.replicas),
                           label=key)
+
+def _experts(ctx, blocks: int) -> float:
+    """Expert weights of ``blocks`` blocks where EP splits them (0 without EP, as evaluate)."""
+    return expert_params(ctx, blocks) if ctx.expert_parallel > 1 and ctx.model.is_moe else 0.0
+
 
 def pipeline_rows(knobs: Knobs) -> tuple[list[Row], list[Term]]:
     """The schedule's core rows and terms (schedules.py: planner.cost.schedule's closed forms,

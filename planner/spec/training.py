@@ -42,6 +42,9 @@ class Training(BaseModel):
         "(true: free the gathered parameters after each forward and gather them again in backward; "
         "false: keep them gathered from the first forward to the last backward)")
     max_tp: PositiveInt = Field(default=8, description="largest tensor-parallel degree")
+    expert_parallel_degrees: tuple[PositiveInt, ...] = Field(
+        default=(1,), description="MoE models: expert-parallel degrees to try (consecutive replicas "
+        "of a stage splitting the experts; planner.cost.moe); dense models take 1 whatever is listed")
     micro_batch_sizes: tuple[PositiveInt, ...] | None = Field(
         default=None, description="per-replica micro-batch sizes to try; default powers of two")
     max_stages: PositiveInt | None = None
@@ -52,7 +55,8 @@ class Training(BaseModel):
 
     @model_validator(mode="after")
     def _non_empty(self):
-        for name in ("schedules", "recompute_modes", "zero_stages", "reshard_after_forward"):
+        for name in ("schedules", "recompute_modes", "zero_stages", "reshard_after_forward",
+                     "expert_parallel_degrees"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must list at least one choice")
         if self.micro_batch_sizes is not None and not self.micro_batch_sizes:
@@ -65,4 +69,6 @@ class Training(BaseModel):
                "precision": self.precision}
         if self.mixed_stages:   # replan searches the same space again
             out["mixed_stages"] = True
+        if self.expert_parallel_degrees != (1,):
+            out["expert_parallel_degrees"] = list(self.expert_parallel_degrees)
         return out
