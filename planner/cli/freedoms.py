@@ -10,7 +10,8 @@ from planner.api import Training, training_from_mapping
 from planner.errors import InputError
 
 # flag -> the training field it sets
-FLAGS = {"--schedule": "schedules", "--recompute": "recompute_modes", "--zero-stage": "zero_stages"}
+FLAGS = {"--schedule": "schedules", "--recompute": "recompute_modes", "--zero-stage": "zero_stages",
+         "--expert-parallel": "expert_parallel_degrees"}
 
 
 def _choices(flag: str, text: str) -> tuple:
@@ -20,6 +21,10 @@ def _choices(flag: str, text: str) -> tuple:
     if flag == "--zero-stage":
         if not all(v.isdigit() for v in values):
             raise InputError(f"{flag} {text!r}: give ZeRO stages 0 to 3, e.g. 1 or 0,1,3")
+        return tuple(int(v) for v in values)
+    if flag == "--expert-parallel":
+        if not all(v.isdigit() and int(v) >= 1 for v in values):
+            raise InputError(f"{flag} {text!r}: give expert-parallel degrees of 1 or more, e.g. 1,2,4")
         return tuple(int(v) for v in values)
     return values
 

@@ -138,7 +138,8 @@ def _summary(out, result, cluster) -> None:
               + (f" (v={plan.virtual_stages})" if plan.virtual_stages > 1 else "")
               + f", recompute {plan.recompute}, ZeRO-{plan.zero_stage}"
               + (", sequence parallel" if plan.sequence_parallel and any(
-                  r.tp > 1 for st in plan.stages for r in st.replicas) else ""))
+                  r.tp > 1 for st in plan.stages for r in st.replicas) else "")
+              + (f", expert parallel {plan.expert_parallel}" if plan.expert_parallel > 1 else ""))
     out.print(_stage_rows(plan))
     for line in result.idle:
         out.print(f"idle: {line}")
@@ -195,6 +196,8 @@ def _summary(out, result, cluster) -> None:
               help="activation recompute modes to search: none, selective, full (training: recompute_modes)")
 @click.option("--zero-stage", "zero_stages", default=None, metavar="Z[,Z...]",
               help="ZeRO stages to search: 0, 1, 2, 3 (training: zero_stages)")
+@click.option("--expert-parallel", "expert_parallel_degrees", default=None, metavar="E[,E...]",
+              help="MoE models: expert-parallel degrees to search, e.g. 1,2,4 (training: expert_parallel_degrees)")
 @click.option("--launcher", type=click.Choice(["megatron", "deepspeed"]), default=None,
               help="restrict the search to layouts that launcher runs")
 @click.option("--mixed-stages", is_flag=True,
@@ -212,7 +215,7 @@ def _summary(out, result, cluster) -> None:
               help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
 def plan(cluster, model_name, training_path, global_batch_size, seq_len, precision, objective,
          budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, deterministic, work_budget, schedules, recompute_modes, zero_stages,
-         launcher, mixed_stages, output, report_path, as_json, quiet, profiles_path, calibration_path):
+         expert_parallel_degrees, launcher, mixed_stages, output, report_path, as_json, quiet, profiles_path, calibration_path):
     """Find the fastest (or cheapest) layout of MODEL on CLUSTER, with a proof of how close it is.
 
     Ctrl-C stops the search and keeps the best plan found so far: it is written (-o) with
@@ -232,7 +235,8 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     model = api.load_model(model_name)
     training = _training(training_path, global_batch_size, seq_len, precision)
     training = with_freedoms(training, {"--schedule": schedules, "--recompute": recompute_modes,
-                                        "--zero-stage": zero_stages}, training_path)
+                                        "--zero-stage": zero_stages,
+                                        "--expert-parallel": expert_parallel_degrees}, training_path)
     if mixed_stages:
         training = training.model_copy(update={"mixed_stages": True})
     if model.max_seq_len and training.seq_len > model.max_seq_len:
