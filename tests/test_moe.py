@@ -227,3 +227,9 @@ def test_explain_names_the_ep_comm_term():
 def test_plans_with_impossible_expert_groups_are_refused(replicas, ep, model, message):
     with pytest.raises(InputError, match=message):
         evaluate(CLUSTER, plan_of(replicas, ep=ep, model=model))
+
+
+def test_profiling_refuses_moe_models():
+    from planner.profile.measure import measure_profile
+    with pytest.raises(InputError, match="measures dense blocks"):
+        measure_profile(catalog.model("mixtral-8x7b"), "cpu", [1], [1], 128, "fp32")
