@@ -73,3 +73,22 @@ def test_the_searched_expert_groups_stay_inside_a_zone():
         for g in range(0, len(st.replicas), ep):
             zones = {topo.node_of(r.devices[0]).zone for r in st.replicas[g:g + ep]}
             assert len(zones) == 1, (st.index, zones)
+
+
+def test_plan_expert_parallel_flag(capsys, tmp_path):
+    import json
+
+    import yaml
+
+    from planner.cli.main import main
+    model = tmp_path / "moe.yaml"
+    model.write_text(yaml.safe_dump({"num_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
+                                     "vocab_size": 4096, "mlp": "swiglu", "num_experts": 4, "moe_top_k": 2}))
+    base = ["plan", "cluster_specs/tiny-2gpu.yaml", "--model", str(model), "--global-batch-size", "8",
+            "--seq-len", "256", "--time-limit", "60", "--json", "--quiet"]
+    assert main([*base, "--expert-parallel", "2"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["expert_parallel"] == 2
+    assert plan["inputs"]["training"]["expert_parallel_degrees"] == [2]
+    assert main([*base, "--expert-parallel", "0"]) == 2
+    assert "expert-parallel degrees of 1 or more" in capsys.readouterr().err
