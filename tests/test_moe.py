@@ -233,3 +233,25 @@ def test_profiling_refuses_moe_models():
     from planner.profile.measure import measure_profile
     with pytest.raises(InputError, match="measures dense blocks"):
         measure_profile(catalog.model("mixtral-8x7b"), "cpu", [1], [1], 128, "fp32")
+
+
+def test_a_model_mixing_dense_and_moe_layers_is_priced_as_its_average_block():
+    from planner.cost.compute import gemm_curve_for
+    from planner.cost.roofline import _block_work, block_work
+    m = ModelSpec(**{**SMALL, "first_k_dense_layers": 1})       # 1 dense, 3 MoE layers
+    ctx = CostContext(model=m, seq_len=SEQ)
+    curve = gemm_curve_for(ctx, catalog.gpu("H100-SXM5-80GB"))
+    dense, moe, mixed = (_block_work(ctx, curve, 1, 2, False), _block_work(ctx, curve, 1, 2, True),
+                         block_work(ctx, curve, 1, 2))
+    assert mixed.forward_s == pytest.approx(0.25 * dense.forward_s + 0.75 * moe.forward_s, rel=1e-12)
+    assert mixed.backward_s == pytest.approx(0.25 * dense.backward_s + 0.75 * moe.backward_s, rel=1e-12)
+    # whole-model FLOPs and parameters stay exact: 1 dense block + 3 MoE blocks
+    all_moe, no_moe = ModelSpec(**SMALL), ModelSpec(**{k: v for k, v in SMALL.items() if k in (
+        "name", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
+        "mlp", "vocab_size", "tied_embeddings")})
+    head = model_forward_flops(no_moe, 1, SEQ) - 4 * (model_forward_flops(no_moe, 1, SEQ) - model_forward_flops(
+        no_moe.model_copy(update={"num_layers": 3}), 1, SEQ))
+    per_dense = (model_forward_flops(no_moe, 1, SEQ) - head) / 4
+    per_moe = (model_forward_flops(all_moe, 1, SEQ) - head) / 4
+    assert model_forward_flops(m, 1, SEQ) == pytest.approx(head + per_dense + 3 * per_moe, rel=1e-12)
+    assert total_params(m) == total_params(no_moe) + 3 * (total_params(all_moe) - total_params(no_moe)) // 4

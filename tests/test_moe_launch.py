@@ -93,3 +93,14 @@ def test_the_reference_runner_refuses_moe_models():
     from planner.launch.runner import model_shape
     with pytest.raises(InputError, match="trains dense models"):
         model_shape(moe_plan(ep=1))
+
+
+def test_deepseek_v3_layer_pattern_names_its_three_dense_layers():
+    from planner import catalog
+    from planner.launch.megatron import moe_args, moe_layer_pattern
+    model = catalog.model("deepseek-v3")
+    pattern = eval(moe_layer_pattern(model), {"__builtins__": {}})
+    assert pattern == [0, 0, 0] + [1] * 58
+    args = moe_args(model)
+    assert args[args.index("--moe-shared-expert-intermediate-size") + 1] == "2048"
+    assert args[args.index("--num-experts") + 1] == "256"
