@@ -24,6 +24,7 @@ bench-smoke:
 
 fidelity:
 	$(PY) -m planner.cost.fidelity
+	$(PY) -m planner.cost.fidelity_moe
 	$(PY) -m planner.cost.device_report
 
 lint:

@@ -48,10 +48,12 @@ def models(as_json: bool) -> None:
         echo_json({mid: m.model_dump(mode="json") for mid, m in entries.items()})
         return
     table = Table(title="Model catalog")
-    for col in ("id", "layers", "hidden", "heads", "kv", "ffn", "mlp", "vocab", "params", "source"):
+    for col in ("id", "layers", "hidden", "heads", "kv", "ffn", "mlp", "vocab", "experts", "params", "source"):
         table.add_column(col)
     for mid, m in entries.items():
+        experts = (f"{m.num_experts} top-{m.moe_top_k} x {m.moe_ffn_size}"
+                   + (f" +{m.num_shared_experts} shared" if m.num_shared_experts else "")) if m.is_moe else "-"
         table.add_row(mid, str(m.num_layers), str(m.hidden_size), str(m.num_attention_heads),
-                      str(m.kv_heads), str(m.ffn_size), m.mlp, str(m.vocab_size),
+                      str(m.kv_heads), str(m.ffn_size), m.mlp, str(m.vocab_size), experts,
                       f"{total_params(m) / 1e9:.2f} B", (m.source or "")[:40])
     console().print(table)

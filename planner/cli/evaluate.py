@@ -25,7 +25,7 @@ def _terms_table(ev) -> Table:
     t.add_column("share", justify="right")
     t.add_column("formula / source", overflow="fold", max_width=80)
     total = ev.iteration_time_s
-    for term, value, formula in ev.explain()[:7]:
+    for term, value, formula in ev.explain()[:len(ev.breakdown_s)]:   # the terms, then totals
         t.add_row(term, format_seconds(value), f"{100 * value / total:.1f}%", formula)
     t.add_row("[bold]iteration[/bold]", f"[bold]{format_seconds(total)}[/bold]", "100%", "")
     return t

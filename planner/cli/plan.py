@@ -141,7 +141,8 @@ def _summary(out, result, cluster) -> None:
               + f", recompute {plan.recompute}, ZeRO-{plan.zero_stage}"
               + (f", context parallel {plan.context_parallel}" if plan.context_parallel > 1 else "")
               + (", sequence parallel" if plan.sequence_parallel and any(
-                  r.tp > 1 for st in plan.stages for r in st.replicas) else ""))
+                  r.tp > 1 for st in plan.stages for r in st.replicas) else "")
+              + (f", expert parallel {plan.expert_parallel}" if plan.expert_parallel > 1 else ""))
     out.print(_stage_rows(plan))
     for line in result.idle:
         out.print(f"idle: {line}")
@@ -201,6 +202,8 @@ def _summary(out, result, cluster) -> None:
 @click.option("--context-parallel", "context_parallel_degrees", default=None, metavar="C[,C...]",
               help="context-parallel degrees to search, e.g. 1,2,4: each sequence split over C x tp GPUs "
                    "of a replica (ring attention; training: context_parallel_degrees)")
+@click.option("--expert-parallel", "expert_parallel_degrees", default=None, metavar="E[,E...]",
+              help="MoE models: expert-parallel degrees to search, e.g. 1,2,4 (training: expert_parallel_degrees)")
 @click.option("--launcher", type=click.Choice(["megatron", "deepspeed"]), default=None,
               help="restrict the search to layouts that launcher runs")
 @click.option("--mixed-stages", is_flag=True,
@@ -218,7 +221,7 @@ def _summary(out, result, cluster) -> None:
               help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
 def plan(cluster, model_name, training_path, global_batch_size, seq_len, precision, objective,
          budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, deterministic, work_budget, schedules, recompute_modes, zero_stages,
-         context_parallel_degrees, launcher, mixed_stages, output, report_path, as_json, quiet, profiles_path, calibration_path):
+         context_parallel_degrees, expert_parallel_degrees, launcher, mixed_stages, output, report_path, as_json, quiet, profiles_path, calibration_path):
     """Find the fastest (or cheapest) layout of MODEL on CLUSTER, with a proof of how close it is.
 
     Ctrl-C stops the search and keeps the best plan found so far: it is written (-o) with
@@ -239,7 +242,8 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     training = _training(training_path, global_batch_size, seq_len, precision)
     training = with_freedoms(training, {"--schedule": schedules, "--recompute": recompute_modes,
                                         "--zero-stage": zero_stages,
-                                        "--context-parallel": context_parallel_degrees}, training_path)
+                                        "--context-parallel": context_parallel_degrees,
+                                        "--expert-parallel": expert_parallel_degrees}, training_path)
     if mixed_stages:
         training = training.model_copy(update={"mixed_stages": True})
     if model.max_seq_len and training.seq_len > model.max_seq_len:

@@ -75,6 +75,8 @@ class CostContext:
     num_micro_batches: int = 1
     schedule: str = "1f1b"
     virtual_stages: int = 1
+    # MoE: each group of this many replicas of a stage splits the experts (planner.cost.moe)
+    expert_parallel: int = 1
     calibration: Calibration = field(default_factory=default_calibration)
     profiles: Any = None
     grad_reduce_overlap: bool = True
@@ -92,6 +94,7 @@ class CostContext:
                    reshard_after_forward=plan.reshards_after_forward,
                    num_micro_batches=plan.num_micro_batches,
                    schedule=plan.schedule, virtual_stages=plan.virtual_stages,
+                   expert_parallel=getattr(plan, "expert_parallel", 1),
                    calibration=calibration or default_calibration(), profiles=profiles, **extra)
 
     @property

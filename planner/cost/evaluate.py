@@ -33,6 +33,7 @@ from planner.cost.compute import (
 from planner.cost.context import CostContext
 from planner.cost.flops import model_flops_per_iteration
 from planner.cost.memory import in_flight_micro_batches, replica_memory, stage_params
+from planner.cost.moe import ep_comm_per_micro_batch, expert_params, expert_rings, optimizer_params
 from planner.cost.money import plan_money
 from planner.cost.result import Evaluation
 from planner.cost.schedule import (
@@ -138,6 +139,31 @@ def _boundary(ctx, paths, sa, sb, crossings, m_sends, ctx_gpu):
     return max([boundary_time_s(times), *shared])
 
 
+def _ring_sync(ctx, paths, replicas, params, gpu_of, crossings) -> float:
+    """Gradient sync of ``params`` over ``replicas`` and their cp ranks (one ring per TP rank of
+    the smallest TP, comm.dp_sync_time_s); records the bytes its hops carry across zones in
+    ``crossings``."""
+    cp = ctx.context_parallel   # every cp rank of every replica holds the same weights
+    n = len(replicas) * cp
+    if n <= 1:
+        return 0.0
+    min_tp = min(r.tp for r in replicas)
+    devs = tuple(r.devices[c * r.tp] for r in replicas for c in range(cp))
+    ring, ring_crossings = paths.ring(devs, min_tp)
+    dp = dp_sync_time_s(ctx, params, n, min_tp, ring.bandwidth_Bps, ring.latency_s, ring.kind,
+                        gpu_of(replicas[0]))
+    if ring_crossings:
+        per_ring = params / min_tp
+        # every ring hop carries (n-1)/n of the buffer per reduce-scatter or all-gather
+        # (an all-reduce is both; ZeRO-3 gathers again per micro-batch); a 2-member
+        # ring's one hop is used both ways, larger rings list each directed crossing hop
+        hop_bytes = (n - 1) / n * per_ring * dp_wire_bytes_per_param(ctx) * min_tp
+        both_ways = 2 if n == 2 else 1
+        for key in ring_crossings:
+            crossings[key] = crossings.get(key, 0.0) + hop_bytes * both_ways
+    return dp
+
+
 def _backward_weight_s(ctx: CostContext, nodes, stage, slowest: int) -> float:
     """The W part of the slowest replica's backward compute (zero-bubble schedules;
     ``compute.backward_weight_s``, which the search prices too)."""
@@ -228,30 +254,24 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
             params += stage_params(ctx, mirror.num_blocks, mirror.embedding, mirror.head)
         # the weights are replicated over each replica's cp ranks too: the gradients are
         # reduced over replicas x cp ranks, one ring through every cp rank of every replica
-        cp = ctx.context_parallel
-        n = len(st.replicas) * cp
-        dp = 0.0
-        if n > 1:
-            min_tp = min(r.tp for r in st.replicas)
-            devs = tuple(r.devices[c * r.tp] for r in st.replicas for c in range(cp))
-            ring, ring_crossings = paths.ring(devs, min_tp)
-            dp = dp_sync_time_s(ctx, params, n, min_tp, ring.bandwidth_Bps, ring.latency_s, ring.kind,
-                               gpu_of(st.replicas[0]))
-            if ring_crossings:
-                per_ring = params / min_tp
-                # every ring hop carries (n-1)/n of the buffer per reduce-scatter or all-gather
-                # (an all-reduce is both; ZeRO-3 gathers again per micro-batch); a 2-member
-                # ring's one hop is used both ways, larger rings list each directed crossing hop
-                hop_bytes = (n - 1) / n * per_ring * dp_wire_bytes_per_param(ctx) * min_tp
-                both_ways = 2 if n == 2 else 1
-                for key in ring_crossings:
-                    crossings[key] = crossings.get(key, 0.0) + hop_bytes * both_ways
+        n = len(st.replicas)
+        ep = ctx.expert_parallel if model.is_moe else 1
+        experts = expert_params(ctx, st.num_blocks) if ep > 1 else 0.0
+        dp = _ring_sync(ctx, paths, st.replicas, params - experts, gpu_of, crossings)
+        if experts:   # each EP rank's E/ep experts over the replicas holding them (cost/moe.py)
+            dp += max(_ring_sync(ctx, paths, [st.replicas[j] for j in ring], experts / ep, gpu_of, crossings)
+                      for ring in expert_rings(n, ep))
         rt = timings[i]["rt"]
-        exposed = dp_exposed_s(ctx, dp, rt.total_backward_s, rt.total_forward_s)
-        shard = max(1, n) if ctx.zero_stage >= 1 else 1
-        opt = max(optimizer_time_s(ctx, nodes[r.node].gpu, params / r.tp / shard) for r in st.replicas)
+        ep_fwd, ep_bwd, ep_zones = ep_comm_per_micro_batch(ctx, _topo, st, gpu_of)
+        for key, nbytes in ep_zones.items():
+            crossings[key] = crossings.get(key, 0.0) + m * nbytes
+        exposed = dp_exposed_s(ctx, dp, rt.total_backward_s + ep_bwd, rt.total_forward_s + ep_fwd)
+        shard = max(1, n * ctx.context_parallel) if ctx.zero_stage >= 1 else 1   # ZeRO over dp x cp
+        opt = max(optimizer_time_s(ctx, nodes[r.node].gpu, optimizer_params(ctx, params, experts, r.tp, shard))
+                  for r in st.replicas)
         stage_timings.append(StageTiming(
-            forward_s=rt.total_forward_s, backward_s=rt.total_backward_s,
+            forward_s=rt.total_forward_s + ep_fwd, backward_s=rt.total_backward_s + ep_bwd,
+            ep_comm_s=ep_fwd + ep_bwd,
             send_forward_s=send_fwd[i], send_backward_s=send_bwd[i], dp_sync_s=dp,
             dp_sync_exposed_s=exposed, optimizer_s=opt, compute_s=rt.forward_s + rt.backward_s,
             recompute_s=rt.recompute_s, tp_comm_s=rt.tp_comm_s, slowest_replica=timings[i]["slowest"],
@@ -373,7 +393,8 @@ def _details(ctx, plan, nodes, timings, k) -> list[tuple[str, float, str]]:
     bench = matmul_ceiling(gpu.name)
     ceiling_src = "profile fit" if cal.matmul_ceiling is not None else bench.source
     rows = []
-    for g in block_gemms(ctx.model, r.micro_batch_share, ctx.seq_len, r.tp, ctx.context_parallel):
+    for g in block_gemms(ctx.model, r.micro_batch_share, ctx.seq_len, r.tp, ctx.context_parallel,
+                         ctx.expert_parallel):
         shape = f"M={g.m:.0f} N={g.n:.0f} K={g.k:.0f} x{g.batch:g}"
         rows.append((f"gemm_efficiency.{g.name}", curve.efficiency(g),
                      f"{where}: {shape}, {curve.time_s(g) * 1e3:.3f} ms forward"))

@@ -10,6 +10,15 @@ Sources:
   a 4h GeLU MLP; backward = 2x forward; the logits layer ``2 b s h V`` forward.
 - Grouped-query attention (Ainslie et al. 2023): K and V project to ``kv_heads * head_dim``.
 - SwiGLU MLP (Shazeer 2020, as in LLaMA): three ``h x f`` matrices instead of two.
+- Heads wider than h / a (Qwen3): Q and the output projection are ``a d`` wide, ``q_width``.
+- Mixture of Experts (Fedus et al. 2022, Switch Transformer; Jiang et al. 2024, Mixtral): a MoE
+  layer's MLP is a router GEMM ``2 T h E`` and, per token, its ``top_k`` routed expert MLPs of
+  width ``f_e`` plus the shared experts (one MLP of their summed width ``f_sh``):
+  ``2 * matrices * T h (top_k f_e + f_sh)``; its weights hold all ``E`` experts.  FLOPs count
+  the active experts only, so MFU counts active parameters.  A model whose dense and MoE layers
+  mix (DeepSeek-V3's 3 dense first) is priced per block as its *average* block (``moe_fraction``
+  of the MoE block, the rest of the dense one): whole-model FLOPs and parameters are exact, a
+  stage holding the dense layers is priced at the average (docs/internals.md).
 """
 
 from __future__ import annotations
@@ -30,16 +39,18 @@ class BlockFlops:
     qkv_flops: float          # 2 b s h (h + 2 h_kv)
     attention_flops: float    # Q K^T and attention x V: 2 * 2 b s^2 h
     out_proj_flops: float     # 2 b s h^2
-    mlp_flops: float          # gelu: 2 * 2 b s h f; swiglu: 3 * 2 b s h f
+    mlp_flops: float          # gelu: 2 * 2 b s h f; swiglu: 3 * 2 b s h f (MoE: module docstring)
+    router_flops: float = 0.0  # MoE: 2 b s h E
 
     @property
     def total_flops(self) -> float:
-        return self.qkv_flops + self.attention_flops + self.out_proj_flops + self.mlp_flops
+        return (self.qkv_flops + self.attention_flops + self.out_proj_flops + self.mlp_flops
+                + self.router_flops)
 
     @property
     def dense_flops(self) -> float:
         """The weight matmuls (everything but the s^2 attention terms)."""
-        return self.qkv_flops + self.out_proj_flops + self.mlp_flops
+        return self.qkv_flops + self.out_proj_flops + self.mlp_flops + self.router_flops
 
 
 def kv_width(model: ModelSpec) -> int:
@@ -52,15 +63,34 @@ def mlp_matrices(model: ModelSpec) -> int:
     return 3 if model.mlp == "swiglu" else 2
 
 
+def moe_fraction(model: ModelSpec) -> float:
+    """Share of the layers with the routed MLP: 0 for dense models, 1 when every layer is MoE."""
+    return model.num_moe_layers / model.num_layers if model.is_moe else 0.0
+
+
+def moe_active_ffn(model: ModelSpec) -> int:
+    """MLP width a token goes through in a MoE layer: top_k routed experts + the shared ones."""
+    return (model.moe_top_k or 0) * model.moe_ffn_size + model.shared_ffn_size
+
+
 def block_forward_flops(model: ModelSpec, b: float, s: int) -> BlockFlops:
-    """Narayanan et al. SC21 (App. A) generalised to GQA and SwiGLU."""
-    h, f = model.hidden_size, model.ffn_size
+    """Narayanan et al. SC21 (App. A) generalised to GQA, SwiGLU, wide heads and MoE (the
+    average block of a model mixing dense and MoE layers, module docstring)."""
+    h, f, q = model.hidden_size, model.ffn_size, model.q_width
     tokens = b * s
+    mlp = 2 * mlp_matrices(model) * tokens * h * f
+    router = 0.0
+    frac = moe_fraction(model)
+    if frac:
+        moe_mlp = 2 * mlp_matrices(model) * tokens * h * moe_active_ffn(model)
+        mlp = frac * moe_mlp + (1 - frac) * mlp
+        router = frac * 2 * tokens * h * model.num_experts
     return BlockFlops(
-        qkv_flops=2 * tokens * h * (h + 2 * kv_width(model)),
-        attention_flops=2 * 2 * b * s * s * h,
-        out_proj_flops=2 * tokens * h * h,
-        mlp_flops=2 * mlp_matrices(model) * tokens * h * f,
+        qkv_flops=2 * tokens * h * (q + 2 * kv_width(model)),
+        attention_flops=2 * 2 * b * s * s * q,
+        out_proj_flops=2 * tokens * q * h,
+        mlp_flops=mlp,
+        router_flops=router,
     )
 
 
@@ -91,15 +121,56 @@ def model_flops_per_iteration(model: ModelSpec, global_batch_size: int, s: int) 
 
 # -- parameters -----------------------------------------------------------------------------
 
-def block_params(model: ModelSpec) -> int:
-    """Weights of one block: Q, K, V, O projections (+ biases for GeLU/GPT models), MLP, 2 norms."""
-    h, f = model.hidden_size, model.ffn_size
+def _dense_block_params(model: ModelSpec) -> int:
+    h, f, q = model.hidden_size, model.ffn_size, model.q_width
     hk = kv_width(model)
-    attention = h * (h + 2 * hk) + h * h
+    attention = h * (q + 2 * hk) + q * h
     mlp = mlp_matrices(model) * h * f
     norms = 2 * 2 * h  # two LayerNorms, scale + bias
-    biases = (h + 2 * hk) + h + f * (mlp_matrices(model) - 1) + h if model.mlp == "gelu" else 0
+    biases = (q + 2 * hk) + h + f * (mlp_matrices(model) - 1) + h if model.mlp == "gelu" else 0
     return attention + mlp + norms + biases
+
+
+def moe_block_params(model: ModelSpec) -> tuple[int, int]:
+    """(expert weights, everything else) of one MoE block: the E routed experts' MLPs (what
+    expert parallelism splits), and attention, norms, router (h x E) and shared experts."""
+    h = model.hidden_size
+    dense = _dense_block_params(model)
+    dense_mlp = mlp_matrices(model) * h * model.ffn_size
+    experts = model.num_experts * mlp_matrices(model) * h * model.moe_ffn_size
+    rest = dense - dense_mlp + h * model.num_experts + mlp_matrices(model) * h * model.shared_ffn_size
+    return experts, rest
+
+
+def block_expert_params(model: ModelSpec) -> float:
+    """Routed-expert weights of the average block (0 for dense models): the part of
+    ``block_params`` that expert parallelism divides by ep."""
+    if not model.is_moe:
+        return 0.0
+    return moe_block_params(model)[0] * moe_fraction(model)
+
+
+def block_params(model: ModelSpec) -> float:
+    """Weights of one block: Q, K, V, O projections (+ biases for GeLU/GPT models), MLP, 2 norms;
+    a MoE block all its experts and the router; a model mixing dense and MoE layers its average
+    block (an int for dense models and all-MoE ones)."""
+    dense = _dense_block_params(model)
+    if not model.is_moe:
+        return dense
+    moe = sum(moe_block_params(model))
+    n_moe = model.num_moe_layers
+    if n_moe == model.num_layers:
+        return moe
+    return (n_moe * moe + (model.num_layers - n_moe) * dense) / model.num_layers
+
+
+def active_params(model: ModelSpec) -> float:
+    """Parameters one token goes through: all but the routed experts it is not sent to."""
+    if not model.is_moe:
+        return float(total_params(model))
+    idle = model.num_moe_layers * (model.num_experts - model.moe_top_k) * mlp_matrices(model) \
+        * model.hidden_size * model.moe_ffn_size
+    return float(total_params(model) - idle)
 
 
 def embedding_params(model: ModelSpec) -> int:
@@ -116,5 +187,9 @@ def head_params(model: ModelSpec, with_embedding_on_same_stage: bool = False) ->
 
 
 def total_params(model: ModelSpec) -> int:
-    return (model.num_layers * block_params(model) + embedding_params(model)
+    blocks = model.num_layers * block_params(model)
+    if model.is_moe:   # exact whole count, not L x the average block's float
+        blocks = (model.num_moe_layers * sum(moe_block_params(model))
+                  + (model.num_layers - model.num_moe_layers) * _dense_block_params(model))
+    return (blocks + embedding_params(model)
             + head_params(model, with_embedding_on_same_stage=True))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost.schedule import BREAKDOWN_KEYS, StageTiming, bottleneck_stage
+from planner.cost.schedule import StageTiming, bottleneck_stage, breakdown_keys
 from planner.errors import InputError
 
 
@@ -39,7 +39,9 @@ def breakdown(stage_timings: list[StageTiming], num_micro_batches: int, pipeline
     s = stage_timings[bottleneck_stage(stage_timings)]
     out = {"compute": m * s.compute_s, "recompute": m * s.recompute_s, "tp_comm": m * s.tp_comm_s,
            "pp_comm": 0.0}
+    if any(st.ep_comm_s for st in stage_timings):
+        out["ep_comm"] = m * s.ep_comm_s
     out["bubble"] = max(0.0, pipeline_s - sum(out.values()))
     out["dp_sync_exposed"] = max((st.dp_sync_exposed_s for st in stage_timings), default=0.0)
     out["optimizer"] = max((st.optimizer_s for st in stage_timings), default=0.0)
-    return {key: out[key] for key in BREAKDOWN_KEYS}
+    return {key: out[key] for key in breakdown_keys(out)}

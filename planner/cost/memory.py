@@ -58,6 +58,11 @@ Sources:
   over the cp ranks, which join the data-parallel ranks in ZeRO's sharding (N = replicas x cp:
   Megatron's distributed optimizer shards over its data-parallel-with-CP group, torchtitan's
   FSDP over dp_shard x cp).
+- Mixture of Experts (planner.cost.moe): each GPU holds its E/ep share of the routed experts
+  (split by tp too) and the rest of the stage's weights whole / tp; the experts' ZeRO shards
+  are over the n/ep replicas holding the same experts, the rest over all n.  A MoE block's
+  MLP activations are those of its active width top_k f_e + f_sh (each token's top_k expert
+  inputs and outputs) plus the permuted copies of its input, top_k x 2 bytes per h.
 - Logits: the last stage holds fp32 logits of the vocabulary, ``4 s b V / t`` bytes, per
   micro-batch in flight (Korthikanti et al. §4.3, output layer).
 """
@@ -67,7 +72,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost.context import FULL_PRECISIONS, CostContext
-from planner.cost.flops import block_params, embedding_params, head_params, kv_width, mlp_matrices
+from planner.cost.flops import (
+    block_expert_params,
+    block_params,
+    embedding_params,
+    head_params,
+    kv_width,
+    mlp_matrices,
+    moe_active_ffn,
+    moe_fraction,
+)
 from planner.spec.gpu import GpuType
 
 GiB = 2**30
@@ -156,7 +170,12 @@ def block_activation_bytes(ctx: CostContext, tp: int, b: float, recompute: str |
     replicated = 8.0 * k + 2.0
     # Sharded by TP: Q (2) and K, V (2 h_kv/h each), out-projection input (2), MLP: GeLU input
     # and output 2 x 2 f/h (SwiGLU: gate and up inputs, product: 3 x 2 f/h).
-    sharded = k * (4.0 + 4.0 * kv_width(m) / h + 2.0 * (mlp_matrices(m)) * m.ffn_size / h)
+    mlp = 2.0 * (mlp_matrices(m)) * m.ffn_size / h
+    frac = moe_fraction(m)
+    if frac:   # the average block (flops.py): active expert width, permuted input copies
+        moe = 2.0 * mlp_matrices(m) * moe_active_ffn(m) / h + 2.0 * m.moe_top_k
+        mlp = (1 - frac) * mlp + frac * moe
+    sharded = k * (4.0 * m.q_width / h + 4.0 * kv_width(m) / h + mlp)
     per = replicated / (tp if sp else 1) + sharded / tp
     if recompute == "none" and not ctx.flash_attention:
         # softmax output (2), dropout mask (1) and output (2)
@@ -199,9 +218,16 @@ def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: 
                    embedding: bool, head: bool, num_replicas_in_stage: int,
                    in_flight_micro_batches: float) -> MemoryBreakdown:
     """Peak memory of each GPU of a replica (all its tp GPUs hold the same amount)."""
-    params = stage_params(ctx, blocks, embedding, head) / tp
+    experts = blocks * block_expert_params(ctx.model)       # 0 for dense models
+    params = (stage_params(ctx, blocks, embedding, head) - experts) / tp
     ranks = num_replicas_in_stage * ctx.context_parallel   # ZeRO shards over dp x cp (docstring)
     w, g, o = zero_state_bytes(*bytes_per_param(ctx.precision), ctx.zero_stage, ranks)
+    weights, grads, optimizer = params * w, params * g, params * o
+    if experts:   # E/ep experts per GPU, their ZeRO shards over the n/ep replicas (x cp) holding them
+        local = experts / (tp * ctx.expert_parallel)
+        we, ge, oe = zero_state_bytes(*bytes_per_param(ctx.precision), ctx.zero_stage,
+                                      ranks // ctx.expert_parallel)
+        weights, grads, optimizer = weights + local * we, grads + local * ge, optimizer + local * oe
     act = blocks * block_activation_bytes(ctx, tp, share) * in_flight_micro_batches
     if ctx.recompute in ("full", "op") and blocks:
         act += block_activation_bytes(ctx, tp, share, recompute="none")  # the block being recomputed
@@ -212,7 +238,7 @@ def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: 
         act += 4 * s * share * ctx.model.vocab_size / tp * in_flight_micro_batches
     # one replica shards nothing, so it gathers nothing (FSDP over one rank keeps whole weights)
     gathered = gathered_param_bytes(ctx, tp, blocks, embedding, head) if ranks > 1 else 0.0
-    return MemoryBreakdown(params * w, params * g, params * o, act, WORKSPACE_BYTES, gathered)
+    return MemoryBreakdown(weights, grads, optimizer, act, WORKSPACE_BYTES, gathered)
 
 
 def replica_memory_bytes(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: int,

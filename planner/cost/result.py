@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.cost.memory import MemoryBreakdown
-from planner.cost.schedule import ALL_BREAKDOWN_KEYS, StageTiming
+from planner.cost.schedule import StageTiming, breakdown_keys
 
 # What each breakdown term is and where its formula comes from (shown by explain()).
 TERM_FORMULAS = {
@@ -28,6 +28,10 @@ TERM_FORMULAS = {
                "over the real path, busiest replica (Narayanan et al. SC21 §4.1)",
     "bubble": "pipeline time - m x bottleneck cycle; 1F1B: F + (m-1) max c_s "
               "(Narayanan et al. SC21 §2.2; interleaved: fill / v)",
+    "ep_comm": "m x expert-parallel all-to-alls of the bottleneck stage: per MoE layer a "
+               "dispatch and a combine forward and again backward, each GPU sending tokens x "
+               "top_k x h x bytes x (ep-1)/ep over the real links to its group's peers, the "
+               "busiest GPU of the slowest group setting the pace (GShard; planner.cost.moe)",
     "dp_sync_exposed": "max over stages of gradient all-reduce (ZeRO-1: reduce-scatter + "
                        "all-gather) over the stage's replicas, ring bound by the slowest hop, "
                        "less the last micro-batch's backward when overlapped",
@@ -70,13 +74,13 @@ class Evaluation:
             iteration_time_s=self.iteration_time_s, tokens_per_s=self.tokens_per_s,
             samples_per_s=self.samples_per_s, mfu=self.mfu, usd_per_hour=self.usd_per_hour,
             usd_per_million_tokens=self.usd_per_million_tokens,
-            breakdown_s={k: self.breakdown_s[k] for k in ALL_BREAKDOWN_KEYS if k in self.breakdown_s},
+            breakdown_s={k: self.breakdown_s[k] for k in breakdown_keys(self.breakdown_s)},
             peak_memory_bytes=dict(sorted(self.peak_memory_bytes.items())),
             trust=[t.to_json() for t in self.trust] or None)
 
     def explain(self) -> list[tuple[str, float, str]]:
         """(term, value, formula / source) rows: the seven terms, then the totals."""
-        rows = [(k, self.breakdown_s[k], TERM_FORMULAS[k]) for k in ALL_BREAKDOWN_KEYS if k in self.breakdown_s]
+        rows = [(k, self.breakdown_s[k], TERM_FORMULAS[k]) for k in breakdown_keys(self.breakdown_s)]
         rows.append(("iteration_time_s", self.iteration_time_s,
                      (f"sum of the terms; pipeline {self.pipeline_time_s:.4g} s with "
                      f"{self.schedule}, m={self.num_micro_batches}, v={self.virtual_stages}, "

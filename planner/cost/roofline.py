@@ -7,7 +7,7 @@ replica's share of a micro-batch (``T = b s`` tokens):
     qkv               T      (h + 2 h_kv)/tp h
     attn.scores       s      s               d        b a/tp      (Q K^T per head, d = h/a)
     attn.context      s      d               s        b a/tp      (probabilities x V)
-    attn.out          T      h               h/tp
+    attn.out          T      h               q/tp        (q = a d, = h unless head_dim is given)
     mlp.up            T      f/tp (2f/tp SwiGLU) h
     mlp.down          T      h               f/tp
     head              T      V/tp            h
@@ -16,6 +16,19 @@ With context parallelism over ``cp`` GPUs (ring attention) each GPU holds ``s/cp
 every sequence: ``T = b s / cp``, and the core's GEMMs take its ``s/cp`` queries against all
 ``s`` keys and values (the scores ``M = s/cp``, the context ``M = s/cp``), 1/cp of the s^2
 work; its K/V chunks arrive over the ring (planner.cost.comm.cp_ring_exposed_s).
+
+A MoE block (Mixture of Experts, ``ctx.expert_parallel`` = ep) replaces the MLP by
+    moe.router        T      E               h
+    moe.experts.up    T_e    f_e/tp (2f_e/tp) h          E/ep   (T_e = T top_k ep / E)
+    moe.experts.down  T_e    h               f_e/tp      E/ep
+    moe.shared.up     T      f_sh/tp (2x)    h                  (shared experts, if any)
+    moe.shared.down   T      h               f_sh/tp
+Each GPU holds E/ep experts; on average each expert gets ``T_e`` tokens: the group's ep
+replicas' tokens times top_k spread over E experts (exact when the group's shares are equal,
+as in Megatron-style plans; a replica in an uneven group is priced as if its peers took its
+share).  Experts are tensor-parallel over the replica's tp GPUs (Megatron's default
+expert_tensor_parallel_size = tp).  A model mixing dense and MoE layers is priced as the
+average of the two blocks (flops.py).
 
 The backward of each is its ``dgrad`` and ``wgrad`` (gemm.py).  With flash attention the two
 attention-core GEMMs run inside one fused kernel that recomputes the scores in its backward:
@@ -28,7 +41,8 @@ writes each twice as much), with Megatron's fused kernels:
   bias-dropout-adds (read input and residual, write, 1-byte mask: 3.5 each) -> 11 ``b s h``,
   divided by tp only with sequence parallel (Korthikanti et al. 2022 §4.2.2);
 - on the MLP activation: fused bias + GeLU (read + write: 2 ``b s f``/tp; SwiGLU reads two
-  inputs: 3);
+  inputs: 3); MoE: f is the active width ``top_k f_e + f_sh``, and the token permutation to and
+  from the experts reads and writes ``top_k b s h`` twice (4 passes);
 - the attention core without flash attention, per ``a s^2 b / tp`` element: the scores written
   by the Q K^T GEMM (1), read and the probabilities written by the fused scale-mask-softmax
   (2), dropout's read, write and 1-byte mask (2.5), and the probabilities read by the
@@ -48,14 +62,15 @@ of SDPA and of a few collectives, except every second matmul in forward order, a
 the rest.  A Llama block runs q, k, v, o, w1, w3, w2 (a GeLU MLP: q, k, v, o, fc1, fc2), so k, o
 and w3 (fc2) are redone: the k part of the fused qkv GEMM, all of ``attn.out``, half of the fused
 SwiGLU ``mlp.up`` (all of ``mlp.down`` with GeLU), and every elementwise op; the attention core
-too unless it is fused (SDPA's output is saved).
+too unless it is fused (SDPA's output is saved).  In a MoE block only k, o and the elementwise
+ops are counted (the experts' grouped GEMMs are not plain matmuls; an assumption).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from planner.cost.flops import kv_width, mlp_matrices
+from planner.cost.flops import kv_width, mlp_matrices, moe_active_ffn, moe_fraction
 from planner.cost.gemm import Gemm, GemmCurve
 
 # Dao et al. 2022: the fused attention backward does 5 matmuls of the forward's size, not 4.
@@ -64,24 +79,37 @@ ATTENTION_CORE_PASSES = 6.5     # elements of a s^2 b / tp moved by the unfused 
 SOFTMAX_FALLBACK_PASSES = 4.0   # more passes each way when the softmax is not fused (4-byte activations)
 BLOCK_ACTIVATION_PASSES = 11.0  # elements of b s h moved by norms and bias-dropout-adds
 CORE_GEMMS = ("attn.scores", "attn.context")
+MOE_PERMUTE_PASSES = 4.0        # elements of top_k b s h moved by the token (un)permutation
 
 
-def block_gemms(model, share: int, seq_len: int, tp: int, cp: int = 1) -> list[Gemm]:
+def block_gemms(model, share: int, seq_len: int, tp: int, cp: int = 1, ep: int = 1,
+                moe: bool | None = None) -> list[Gemm]:
     """The forward GEMMs of one block on one TP shard, ``cp``-way context parallel (module
-    docstring's table)."""
+    docstring's tables); ``moe``: the MoE block (default: whether the model has experts)."""
     h, f, a = model.hidden_size, model.ffn_size, model.num_attention_heads
-    d = model.head_dim
+    d, q = model.head_dim, model.q_width
     queries = seq_len / cp
     tokens = share * queries
-    up = (mlp_matrices(model) - 1) * f / tp
-    return [
-        Gemm("qkv", tokens, (h + 2 * kv_width(model)) / tp, h),
+    gemms = [
+        Gemm("qkv", tokens, (q + 2 * kv_width(model)) / tp, h),
         Gemm("attn.scores", queries, seq_len, d, share * a / tp),
         Gemm("attn.context", queries, d, seq_len, share * a / tp),
-        Gemm("attn.out", tokens, h, h / tp),
-        Gemm("mlp.up", tokens, up, h),
-        Gemm("mlp.down", tokens, h, f / tp),
+        Gemm("attn.out", tokens, h, q / tp),
     ]
+    if not (model.is_moe if moe is None else moe):
+        up = (mlp_matrices(model) - 1) * f / tp
+        return [*gemms, Gemm("mlp.up", tokens, up, h), Gemm("mlp.down", tokens, h, f / tp)]
+    e, fe, fsh = model.num_experts, model.moe_ffn_size, model.shared_ffn_size
+    per_expert = tokens * model.moe_top_k * ep / e
+    gemms += [
+        Gemm("moe.router", tokens, e, h),
+        Gemm("moe.experts.up", per_expert, (mlp_matrices(model) - 1) * fe / tp, h, e / ep),
+        Gemm("moe.experts.down", per_expert, h, fe / tp, e / ep),
+    ]
+    if fsh:
+        gemms += [Gemm("moe.shared.up", tokens, (mlp_matrices(model) - 1) * fsh / tp, h),
+                  Gemm("moe.shared.down", tokens, h, fsh / tp)]
+    return gemms
 
 
 def head_gemm(model, share: int, seq_len: int, tp: int, cp: int = 1) -> Gemm:
@@ -139,11 +167,33 @@ class BlockWork:
                 + self.softmax_fallback_s)
 
 
+def _mixed(dense: BlockWork, moe: BlockWork, frac: float) -> BlockWork:
+    """``frac`` of a MoE block and the rest of a dense one, term by term (flops.py)."""
+    def mix(a: dict, b: dict) -> dict:
+        return {k: (1 - frac) * a.get(k, 0.0) + frac * b.get(k, 0.0) for k in {**a, **b}}
+    return BlockWork(mix(dense.gemm_forward_s, moe.gemm_forward_s),
+                     mix(dense.gemm_backward_s, moe.gemm_backward_s),
+                     mix(dense.gemm_wgrad_s, moe.gemm_wgrad_s),
+                     (1 - frac) * dense.elementwise_forward_s + frac * moe.elementwise_forward_s,
+                     dense.attention_core_traffic_forward_s, dense.softmax_fallback_s,
+                     (1 - frac) * dense.op_recompute_forward_s + frac * moe.op_recompute_forward_s)
+
+
 def block_work(ctx, curve: GemmCurve, tp: int, share: int) -> BlockWork:
+    frac = moe_fraction(ctx.model)
+    if 0 < frac < 1:
+        return _mixed(_block_work(ctx, curve, tp, share, False),
+                      _block_work(ctx, curve, tp, share, True), frac)
+    return _block_work(ctx, curve, tp, share, None)
+
+
+def _block_work(ctx, curve: GemmCurve, tp: int, share: int, moe: bool | None) -> BlockWork:
     m, s, cp = ctx.model, ctx.seq_len, ctx.context_parallel
     eb = ctx.activation_bytes
+    moe = m.is_moe if moe is None else moe
+    ep = getattr(ctx, "expert_parallel", 1)
     fwd, bwd, wgrad = {}, {}, {}
-    for g in block_gemms(m, share, s, tp, cp):
+    for g in block_gemms(m, share, s, tp, cp, ep, moe):
         fwd[g.name] = curve.time_s(g)
         if ctx.flash_attention and g.name in CORE_GEMMS:
             bwd[g.name] = FLASH_BACKWARD_CORE_FACTOR * fwd[g.name]
@@ -156,14 +206,17 @@ def block_work(ctx, curve: GemmCurve, tp: int, share: int) -> BlockWork:
     local = s / cp      # the GPU's tokens of each sequence (context parallelism)
     tokens_h = share * local * m.hidden_size
     elems = BLOCK_ACTIVATION_PASSES * tokens_h / (tp if ctx.sequence_parallel else 1)
-    elems += (3 if m.mlp == "swiglu" else 2) * share * local * m.ffn_size / tp
+    ffn = moe_active_ffn(m) if moe else m.ffn_size
+    elems += (3 if m.mlp == "swiglu" else 2) * share * local * ffn / tp
+    if moe:
+        elems += MOE_PERMUTE_PASSES * m.moe_top_k * tokens_h
     scores = 0.0 if ctx.flash_attention else m.num_attention_heads * local * s * share / tp
     fallback = SOFTMAX_FALLBACK_PASSES * scores if eb >= 4 else 0.0
     work = BlockWork(fwd, bwd, wgrad, elems * eb / curve.memory_Bps,
                      ATTENTION_CORE_PASSES * scores * eb / curve.memory_Bps, fallback * eb / curve.memory_Bps)
     if ctx.recompute != "op":
         return work
-    redo = work.elementwise_forward_s + sum(f * fwd[g] for g, f in op_recomputed_fractions(m).items())
+    redo = work.elementwise_forward_s + sum(f * fwd.get(g, 0.0) for g, f in op_recomputed_fractions(m).items())
     if not ctx.flash_attention:
         redo += work.core_forward_s
     return replace(work, op_recompute_forward_s=redo)
@@ -173,7 +226,7 @@ def op_recomputed_fractions(model) -> dict[str, float]:
     """Of each forward GEMM, the part torchtitan's op policy recomputes (module docstring)."""
     kv = kv_width(model)
     swiglu = model.mlp == "swiglu"
-    return {"qkv": kv / (model.hidden_size + 2 * kv), "attn.out": 1.0,
+    return {"qkv": kv / (model.q_width + 2 * kv), "attn.out": 1.0,
             "mlp.up": 0.5 if swiglu else 0.0, "mlp.down": 0.0 if swiglu else 1.0}
 
 

@@ -91,6 +91,8 @@ class StageTiming:
     pair_sync_s: float = 0.0
     # context parallelism: the exposed K/V ring sends inside forward_s + backward_s
     cp_comm_s: float = 0.0
+    # MoE expert parallelism: the token all-to-alls inside forward_s + backward_s (cost/moe.py)
+    ep_comm_s: float = 0.0
 
     @property
     def busy_s(self) -> float:
@@ -166,9 +168,15 @@ def iteration_time_s(stages: list[StageTiming], num_micro_batches: int, schedule
 
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "pp_comm", "bubble", "dp_sync_exposed", "optimizer")
 # Terms only some plans have, in the order they are listed with the seven: "cp_comm" only with
-# context parallelism, so that every other plan's breakdown keeps its keys.
-ALL_BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "bubble",
+# context parallelism, "ep_comm" only with expert parallelism, so that every other plan's
+# breakdown keeps its seven keys.
+ALL_BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble",
                       "dp_sync_exposed", "optimizer")
+
+
+def breakdown_keys(breakdown: dict) -> tuple[str, ...]:
+    """The terms ``breakdown`` has, in their order."""
+    return tuple(k for k in ALL_BREAKDOWN_KEYS if k in breakdown)
 
 
 def with_cp_comm(breakdown: dict[str, float], stages: list[StageTiming], num_micro_batches: int,
@@ -178,7 +186,7 @@ def with_cp_comm(breakdown: dict[str, float], stages: list[StageTiming], num_mic
     are part of the stage's forward and backward but of none of its compute terms)."""
     cp = num_micro_batches * stages[bottleneck].cp_comm_s
     out = dict(breakdown, cp_comm=cp, bubble=max(0.0, breakdown["bubble"] - cp))
-    return {key: out[key] for key in ALL_BREAKDOWN_KEYS}
+    return {key: out[key] for key in breakdown_keys(out)}
 
 
 def pipeline_breakdown(stages: list[StageTiming], num_micro_batches: int, schedule: str = "1f1b",
@@ -200,9 +208,11 @@ def pipeline_breakdown(stages: list[StageTiming], num_micro_batches: int, schedu
         "tp_comm": m * per_micro_batch("tp_comm_s"),
         "pp_comm": m * v * (s.send_forward_s + s.send_backward_s),
     }
+    if any(st.ep_comm_s for st in stages):
+        out["ep_comm"] = m * per_micro_batch("ep_comm_s")
     if schedule == "bitpipe":  # each micro-batch crosses the rank's links twice (the V)
         out["pp_comm"] *= 2
     out["bubble"] = max(0.0, total - sum(out.values()))
     out["dp_sync_exposed"] = max((st.dp_sync_exposed_s for st in stages), default=0.0)
     out["optimizer"] = max((st.optimizer_s for st in stages), default=0.0)
-    return {key: out[key] for key in BREAKDOWN_KEYS}
+    return {key: out[key] for key in breakdown_keys(out)}

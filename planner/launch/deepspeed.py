@@ -77,6 +77,13 @@ def check(plan: Plan) -> None:
         problems.add(f"context_parallel {plan.context_parallel}: DeepSpeed has no ring-attention context "
                      "parallelism; re-plan with training.context_parallel_degrees [1], or use --format "
                      "megatron or torchtitan")
+    if plan.expert_parallel > 1:
+        # DeepSpeed's expert parallelism is deepspeed.moe.layer.MoE(ep_size=...) built into the
+        # model code; its JSON config has no field for it, and planner writes no model code
+        problems.add(f"expert_parallel {plan.expert_parallel}: DeepSpeed sets expert parallelism in "
+                     "the model code (deepspeed.moe.layer.MoE's ep_size), not in its config, and "
+                     "planner does not map it; re-plan with expert_parallel 1 "
+                     "(training.expert_parallel_degrees), or use --format megatron or torchtitan")
     if plan.recompute in ("selective", "op"):
         problems.add(f"recompute {plan.recompute}: PipelineModule only checkpoints whole layers "
                      "(activation_checkpoint_interval); re-plan with recompute none or full")

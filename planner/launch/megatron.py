@@ -10,6 +10,15 @@ against ``megatron/core/transformer/pipeline_parallel_layer_layout.py``: a stage
 ``E`` (embedding), ``t`` (one transformer layer), ``L`` (loss/head), stages split by ``|``,
 ``t*5`` repeats; schedule stages are listed virtual-chunk-major.
 
+Mixture-of-Experts flags (--num-experts, --moe-router-topk, --moe-ffn-hidden-size,
+--moe-shared-expert-intermediate-size, --moe-layer-freq, --moe-token-dispatcher-type,
+--moe-grouped-gemm, --expert-model-parallel-size, --kv-channels) as named in Megatron-LM's
+``_add_moe_args`` / ``_add_network_size_args`` of ``megatron/training/arguments.py`` (names
+confirmed in a copy of that function; not re-read at MEGATRON_COMMIT).  Expert-parallel groups
+are consecutive data-parallel ranks (``ep`` before ``dp`` in both rank orders), i.e. the plan's
+consecutive replicas of a stage, as planner.cost.moe groups them; experts are tensor-parallel
+over the same tp (Megatron's default --expert-tensor-parallel-size).
+
 Megatron-LM builds its process groups from the global rank (``tp-cp-ep-dp-pp`` order, tensor
 parallel fastest, or ``tp-cp-ep-pp-dp`` with ``--use-tp-pp-dp-mapping``); the rank map is
 written in that numbering and CUDA_VISIBLE_DEVICES puts each rank on the plan's device.
@@ -88,7 +97,33 @@ def model_args(plan: Plan) -> list[str]:
              "--max-position-embeddings", str(max(seq, model.max_seq_len or 0))]
     if not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
-    return args + architecture_args(model)
+    return args + architecture_args(model) + moe_args(model)
+
+
+def moe_layer_pattern(model) -> str:
+    """--moe-layer-freq as Megatron's list expression: 1 for a MoE layer, 0 for a dense one."""
+    flags = [int(model.is_moe_layer(i)) for i in range(model.num_layers)]
+    if model.moe_layer_freq == 1:   # k dense layers, then MoE: "([0]*3+[1]*58)"
+        k = model.first_k_dense_layers
+        return f"([0]*{k}+[1]*{model.num_layers - k})"
+    return "[" + ",".join(map(str, flags)) + "]"
+
+
+def moe_args(model) -> list[str]:
+    """Wide heads and Mixture of Experts (module docstring); nothing for dense GPT/Llama models."""
+    args = []
+    if model.attention_head_dim is not None:
+        args += ["--kv-channels", str(model.attention_head_dim)]
+    if not model.is_moe:
+        return args
+    args += ["--num-experts", str(model.num_experts), "--moe-router-topk", str(model.moe_top_k),
+             "--moe-ffn-hidden-size", str(model.moe_ffn_size)]
+    if model.num_shared_experts:
+        args += ["--moe-shared-expert-intermediate-size", str(model.shared_ffn_size)]
+    if model.num_moe_layers != model.num_layers:
+        args += ["--moe-layer-freq", moe_layer_pattern(model)]
+    # the all-to-all dispatcher and batched expert GEMMs are what planner.cost prices
+    return args + ["--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
 
 
 def architecture_args(model) -> list[str]:
@@ -222,6 +257,13 @@ def build_args(plan: Plan) -> tuple[list[str], list[str], object]:
                                "needs a multiple of the pipeline size; re-plan num_micro_batches")]
                  ).raise_if_any()
     tp = plan.stages[0].replicas[0].tp
+    ep = plan.expert_parallel
+    if ep > 1 and tp > 1 and not plan.sequence_parallel:
+        # validate_args: MoE with both expert and tensor parallelism needs sequence parallelism
+        Problems("megatron", [(f"expert_parallel {ep} with tp {tp} and sequence_parallel false: "
+                               "Megatron-LM requires --sequence-parallel when expert and tensor "
+                               "parallelism are combined; re-plan with sequence_parallel true")]
+                 ).raise_if_any()
     layout, mapping_args = megatron_layout(plan)
     # --context-parallel-size: ModelParallelConfig.context_parallel_size (arguments.py builds the
     # flag from it, megatron/training/argument_utils.py); the default --cp-comm-type p2p is the
@@ -230,6 +272,8 @@ def build_args(plan: Plan) -> tuple[list[str], list[str], object]:
     parallel = ["--tensor-model-parallel-size", str(tp), *cp_args,
                 "--pipeline-model-parallel-size", str(plan.num_stages), *pipeline_args(plan),
                 *mapping_args]
+    if ep > 1:
+        parallel += ["--expert-model-parallel-size", str(ep)]
     train, notes = training_args(plan, tp)
     return parallel + model_args(plan) + train, notes, layout
 

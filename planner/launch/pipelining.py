@@ -48,6 +48,9 @@ def _refuse_bitpipe(plan: Plan) -> None:
 def check(plan: Plan, how: Route) -> None:
     check_structure(plan, "pipelining")
     problems = Problems("pipelining")
+    if plan.expert_parallel > 1:
+        problems.add(f"expert_parallel {plan.expert_parallel}: torch.distributed.pipelining has no "
+                     "expert parallelism of its own; use --format megatron or torchtitan")
     ref = plan.stages[0]
     tp = ref.replicas[0].tp
     for stage in plan.stages[1:]:

@@ -107,6 +107,12 @@ def model_shape(plan: Plan, model_override: dict | None = None, seq_len: int | N
     seq = seq_len or plan.inputs.training.get("seq_len")
     if not isinstance(seq, int) or seq < 1:
         raise InputError("the plan's inputs.training has no seq_len; pass --seq-len")
+    if model.is_moe or model.attention_head_dim is not None:
+        # tiny_model.py builds dense blocks with head_dim = hidden / heads; training one for a
+        # Mixture-of-Experts plan would check a different model than the one planned
+        raise InputError(f"the reference runner trains dense models; {model.name} has "
+                         + ("experts" if model.is_moe else f"head_dim {model.attention_head_dim}")
+                         + ": launch it with --format megatron or torchtitan")
     return {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
             "num_heads": model.num_attention_heads, "num_kv_heads": model.kv_heads,
             "ffn_size": model.ffn_size, "vocab_size": model.vocab_size, "seq_len": seq,

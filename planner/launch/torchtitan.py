@@ -22,6 +22,11 @@ commit's ``torchtitan/distributed/pipeline_parallel.py``:
   (torchtitan's decoder names: ``tok_embeddings``, ``layers.<i>``, ``norm``, ``output``).
 - The device mesh is ("pp", "dp_replicate", "dp_shard", "cp", "tp"), pipeline slowest and
   tensor parallel fastest along global ranks (``distributed/parallel_dims.py``).
+- ``expert_parallel_degree`` (MoE) is carved out of ``dp_shard`` x ``cp`` when
+  ``expert_tensor_parallel_degree`` equals the TP degree (ParallelDims' check:
+  ``(dp_shard * cp) % ep == 0``), the inner part of ``dp_shard``: consecutive replicas, as the
+  plan's groups.  A plan without ZeRO has no dp_shard, so its ep replicas are written as an
+  FSDP group inside each EP group (HSDP), noted in the file.
 
 torchtitan builds one pipeline shape for all ranks, so it cannot express per-stage TP or replica
 counts, uneven micro-batch shares, or fp16 (``mixed_precision_param`` is bfloat16 or float32).
@@ -143,6 +148,11 @@ def sections(plan: Plan, how: Route | None) -> dict[str, dict]:
         par |= {"data_parallel_replicate_degree": d, "data_parallel_shard_degree": 1}
     else:
         par |= {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": d}
+    ep = plan.expert_parallel
+    if ep > 1:   # experts tensor-parallel over the same tp, as planner.cost prices them
+        par |= {"expert_parallel_degree": ep, "expert_tensor_parallel_degree": tp}
+        if plan.zero_stage == 0:   # EP needs dp_shard >= ep (module docstring)
+            par |= {"data_parallel_replicate_degree": d // ep, "data_parallel_shard_degree": ep}
     if plan.zero_stage == 3:
         # "always" / "never" apply reshard_after_forward to every FSDP unit; torchtitan's
         # "default" picks by itself (never with a pipeline), which the plan did not price
@@ -209,6 +219,11 @@ def _comments(plan: Plan, how: Route | None) -> list[str]:
             out.append("zero_stage 0 with context parallelism: torchtitan applies FSDP over the cp "
                        "ranks (dp_shard x cp), which shards weights and optimizer state the plan kept "
                        "whole (less memory than planned)")
+    if plan.expert_parallel > 1 and plan.zero_stage == 0:
+        out.append(f"expert_parallel {plan.expert_parallel} without ZeRO: torchtitan takes expert "
+                   "parallelism out of data_parallel_shard_degree, so each expert-parallel group "
+                   "runs as an FSDP group (HSDP across groups): less memory than planned, weight "
+                   "all-gathers inside the group more traffic")
     if plan.recompute == "selective":
         out.append("recompute selective: torchtitan has no attention-core-only recompute; its op policy "
                    "(used here) also redoes every second matmul and the elementwise ops, more time than "

@@ -169,10 +169,32 @@ def _check_stages(plan: Plan, model: ModelSpec | None, report: _Report) -> None:
                                    f"tp={rep.tp} must divide the model's {what} ({heads}); "
                                    f"valid: {', '.join(str(d) for d in _divisors(heads))}")
                         break
+    _check_expert_parallel(plan, model, report)
     if model is not None and plan.stages[-1].blocks[1] != model.num_layers:
         report.add(("stages", p - 1, "blocks"),
                    f"the stages must cover blocks [0, {model.num_layers}) of {model.name}; "
                    f"they end at {plan.stages[-1].blocks[1]}")
+
+
+def _check_expert_parallel(plan: Plan, model: ModelSpec | None, report: _Report) -> None:
+    """ep replicas of a stage split the experts (planner.cost.moe): a MoE model, ep dividing
+    its experts and every stage's replica count."""
+    ep = plan.expert_parallel
+    if ep == 1:
+        return
+    if model is not None and not model.is_moe:
+        report.add(("expert_parallel",), f"expert_parallel={ep} needs a Mixture-of-Experts model; "
+                                         f"{model.name} has no experts (use 1)")
+        return
+    if model is not None and model.num_experts % ep:
+        report.add(("expert_parallel",),
+                   f"expert_parallel={ep} must divide the model's num_experts ({model.num_experts}); "
+                   f"valid: {', '.join(str(d) for d in _divisors(model.num_experts))}")
+    for i, stage in enumerate(plan.stages):
+        if len(stage.replicas) % ep:
+            report.add(("stages", i, "replicas"),
+                       f"expert_parallel={ep} must divide the stage's replica count "
+                       f"({len(stage.replicas)}): its replicas form groups of {ep} that split the experts")
 
 
 def _divisors(n: int) -> list[int]:

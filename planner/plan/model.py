@@ -217,6 +217,10 @@ class Plan(BaseModel):
     # Context parallelism (ring attention, Megatron-Core / torchtitan): each micro-batch's
     # sequences are split over this many GPUs of every replica; 1 (no split) is left out of the JSON.
     context_parallel: PositiveInt = 1
+    expert_parallel: PositiveInt = Field(
+        default=1, description="MoE models: each group of this many consecutive replicas of a "
+                               "stage splits the experts (Megatron --expert-model-parallel-size); "
+                               "it must divide every stage's replica count")
     dynamic_shares: DynamicShares | None = None
     stages: tuple[Stage, ...] = Field(min_length=1)
     predicted: Predicted | None = None
@@ -258,6 +262,8 @@ class Plan(BaseModel):
         data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         if data.get("context_parallel") == 1:  # plans without CP keep their bytes
             del data["context_parallel"]
+        if data.get("expert_parallel") == 1:   # dense plans' bytes stay as before the field
+            del data["expert_parallel"]
         return json.dumps(data, sort_keys=True, indent=2) + "\n"
 
     # -- convenience ---------------------------------------------------------------------

@@ -343,6 +343,12 @@ def measure_profile(model: ModelSpec, device_name: str, micro_batches: list[int]
     """Measure every (tp, layer kind, micro-batch) and return the profile (not yet written).
     ``concurrent`` > 1 (CPU): measure as one of that many processes running the same layers at
     once (planner/profile/cotenants.py)."""
+    if model.is_moe or model.attention_head_dim is not None:
+        # the measured block is dense with head_dim = hidden / heads (Block above): its times
+        # would price another layer than this model's
+        raise InputError(f"planner profile measures dense blocks with head_dim = hidden / heads; "
+                         f"{model.name} has " + ("experts" if model.is_moe else "a head_dim of its own")
+                         + ": its layers are priced by the roofline")
     for tp in tps:
         why = check_tp(model, tp)
         if why:

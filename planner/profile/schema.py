@@ -222,5 +222,16 @@ SHAPE_FIELDS = {
 }
 
 
+# Block fields a model mapping carries only where they apply (ModelSpec.to_mapping): a MoE or
+# wide-head model's block never takes a dense profile's time (planner profile measures dense
+# blocks only), while dense models' keys stay as they were.
+OPTIONAL_BLOCK_FIELDS = ("head_dim", "num_experts", "moe_top_k", "moe_ffn_hidden_size",
+                         "num_shared_experts", "shared_expert_ffn_hidden_size",
+                         "first_k_dense_layers", "moe_layer_freq")
+
+
 def layer_shape(model: dict, layer: str) -> tuple:
-    return tuple(model[f] for f in SHAPE_FIELDS[layer])
+    shape = tuple(model[f] for f in SHAPE_FIELDS[layer])
+    if layer == "block":
+        shape += tuple((f, model[f]) for f in OPTIONAL_BLOCK_FIELDS if f in model)
+    return shape

@@ -61,4 +61,5 @@ def build_plan(cluster, model, training, classes, knobs: Knobs, layout, objectiv
         virtual_stages=knobs.virtual_stages, recompute=knobs.recompute, zero_stage=knobs.zero_stage,
         reshard_after_forward=knobs.reshard_after_forward if knobs.zero_stage == 3 else None,
         sequence_parallel=bool(training.sequence_parallel), context_parallel=knobs.context_parallel,
+        expert_parallel=knobs.expert_parallel,
         stages=tuple(name_stages(classes, knobs, layout)))

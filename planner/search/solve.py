@@ -167,11 +167,13 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         # no cost function reads the schedule from ctx; ZeRO-2/3's per-micro-batch reduce-scatters
         # and ZeRO-3's gathers read m, ZeRO-3's gathers the resharding
         ck = (knobs.recompute, knobs.zero_stage, knobs.reshard_after_forward,
-              knobs.num_micro_batches if knobs.zero_stage >= 2 else 0, knobs.context_parallel)
+              knobs.num_micro_batches if knobs.zero_stage >= 2 else 0, knobs.context_parallel,
+              knobs.expert_parallel)
         ctx = contexts.get(ck) or contexts.setdefault(ck, make_context(model, training, knobs, profiles))
-        keys = usable.get((knobs.micro_batch_size, knobs.context_parallel))
-        if keys is None:    # one list per B (and cp: its keys are tp x cp wide): the bounds cache by it
-            keys = usable[(knobs.micro_batch_size, knobs.context_parallel)] = usable_keys(pricer, knobs, launcher, spec)
+        uk = (knobs.micro_batch_size, knobs.context_parallel, knobs.expert_parallel)
+        keys = usable.get(uk)
+        if keys is None:    # one list per B, cp (keys are tp x cp wide) and EP degree: the bounds cache by it
+            keys = usable[uk] = usable_keys(pricer, knobs, launcher, spec)
             if spec.budget_usd_per_hour is not None:    # for the reason when nothing fits (diagnose.py)
                 kept = {k.cls for k in keys}
                 for k in pricer.option_keys(knobs):

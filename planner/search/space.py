@@ -27,6 +27,7 @@ from planner.cost import (
 )
 from planner.cost.comm import exposed_sync_parts
 from planner.cost.compute import backward_weight_s
+from planner.cost.moe import ep_sync_s, expert_params, optimizer_params, option_ep_comm
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row, Term
 from planner.search.mixed import StandIn, key_of, mixed_keys, mixed_options
@@ -50,6 +51,7 @@ class Knobs:
     num_stages: int
     reshard_after_forward: bool = True     # ZeRO-3 only (FSDP2); True for the other stages
     context_parallel: int = 1              # cp: every replica is tp x cp GPUs (ring attention)
+    expert_parallel: int = 1               # MoE: replicas per expert group (planner.cost.moe)
 
     @property
     def block_unit(self) -> int:
@@ -61,7 +63,8 @@ class Knobs:
         return (f"p={self.num_stages} B={self.micro_batch_size} m={self.num_micro_batches} "
                 f"{self.schedule}{v} rc={self.recompute} zero={self.zero_stage}"
                 + ("" if self.reshard_after_forward else " no-reshard")
-                + (f" cp={self.context_parallel}" if self.context_parallel > 1 else ""))
+                + (f" cp={self.context_parallel}" if self.context_parallel > 1 else "")
+                + (f" ep={self.expert_parallel}" if self.expert_parallel > 1 else ""))
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,9 @@ def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | N
     max_p = min(L, training.max_stages or L, total_units if all(c.shared_node for c in classes) else 10**9)
     max_p = min(max_p, sum(c.node_class.num_gpus for c in classes))
     out = []
+    # EP: MoE models only, a degree dividing the experts; DeepSpeed has no config for it
+    eps = [e for e in training.expert_parallel_degrees
+           if model.is_moe and model.num_experts % e == 0 and (e == 1 or launcher != "deepspeed")] or [1]
     for B in divisors(gbs):
         m = gbs // B
         for entry in schedules_for(training, launcher):
@@ -154,7 +160,9 @@ def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | N
                                     continue
                                 if launcher == "deepspeed" and z >= 2 and p > 1:
                                     continue    # DeepSpeed's PipelineEngine refuses ZeRO-2/3 (launch/deepspeed.py)
-                                out.append(Knobs(B, m, entry.name, v, rc, int(z), p, bool(rs), cp))
+                                # CP and EP are searched apart: one of the two is 1 in a tuple
+                                out += [Knobs(B, m, entry.name, v, rc, int(z), p, bool(rs), cp, e)
+                                        for e in eps if cp == 1 or e == 1]
     return out
 
 
@@ -173,7 +181,7 @@ def make_context(model, training, knobs: Knobs, profiles=None, calibration=None)
                        recompute=knobs.recompute, sequence_parallel=training.sequence_parallel,
                        context_parallel=knobs.context_parallel, zero_stage=knobs.zero_stage, reshard_after_forward=knobs.reshard_after_forward,
                        num_micro_batches=knobs.num_micro_batches, schedule=knobs.schedule,
-                       virtual_stages=knobs.virtual_stages,
+                       virtual_stages=knobs.virtual_stages, expert_parallel=knobs.expert_parallel,
                        calibration=calibration or default_calibration(), profiles=profiles)
 
 
@@ -209,7 +217,7 @@ class Pricer(SendPricing):
         return id(self._contexts.setdefault(id(ctx), ctx))
 
     def option_keys(self, knobs: Knobs) -> list[OptionKey]:
-        ck = (knobs.micro_batch_size, knobs.context_parallel)
+        ck = (knobs.micro_batch_size, knobs.context_parallel, knobs.expert_parallel)
         hit = self._keys.get(ck)
         if hit is None:
             hit = self._keys[ck] = self._option_keys(knobs)
@@ -218,8 +226,8 @@ class Pricer(SendPricing):
     def stand_ins(self, knobs: Knobs) -> list[StandIn]:
         """The mixed stages of the tuple's B (``training.mixed_stages``), as the bounds see
         them (mixed.StandIn); pricing turns them back into mixed core options."""
-        if not self.training.mixed_stages or knobs.context_parallel > 1:
-            return []   # mixed stages are searched without context parallelism
+        if not self.training.mixed_stages or knobs.context_parallel > 1 or knobs.expert_parallel > 1:
+            return []   # mixed stages are searched without context or expert parallelism
         hit = self._stand_ins.get(knobs.micro_batch_size)
         if hit is None:
             hit = self._stand_ins[knobs.micro_batch_size] = [
@@ -247,6 +255,8 @@ class Pricer(SendPricing):
                     continue
                 for n in replica_counts(knobs.micro_batch_size):
                     if n > info.max_replicas(w) or info.units(w, n) > info.capacity_units:
+                        continue
+                    if n % knobs.expert_parallel:   # whole expert groups (cost/moe.py)
                         continue
                     if allowed_q and -(-knobs.micro_batch_size // n) not in allowed_q:
                         continue
@@ -314,8 +324,23 @@ class Pricer(SendPricing):
             return self._stand_in_lines(ctx, knobs, key, unit)
         share = -(-knobs.micro_batch_size // key.replicas)
         shard = key.ranks if knobs.zero_stage >= 1 else 1
-        return (self.kind_lines(ctx, key.cls, key.tp, share, unit),
+        sf, sb, fb = self.kind_lines(ctx, key.cls, key.tp, share, unit)
+        ef, eb = self.ep_lines(ctx, knobs, key, unit)
+        return ((sf + ef, sb + eb, fb) if ef or eb else (sf, sb, fb),
                 self.optimizer_lines(ctx, key.cls, key.tp, shard, unit))
+
+    def ep_lines(self, ctx, knobs, key, unit: int) -> tuple[float, float]:
+        """(forward, backward) slopes per unit of blocks of an option's all-to-alls (cost/moe.py;
+        no intercept: they run per MoE block); 0 without EP."""
+        if ctx.expert_parallel <= 1 or not self.model.is_moe or isinstance(key, StandIn):
+            return 0.0, 0.0
+        ek = ("ep", self.cache_id(ctx), knobs.micro_batch_size, key, unit)
+        hit = self._fb.get(ek)
+        if hit is None:
+            info = self.classes[key.cls]
+            hit = self._fb[ek] = option_ep_comm(ctx, self.topo, info.replica_devices(key.tp, key.replicas),
+                                                shares(knobs.micro_batch_size, key.replicas), key.tp, unit, info.gpu)
+        return hit
 
     def _stand_in_lines(self, ctx, knobs, key: StandIn, unit: int):
         """A mixed stage runs its slowest kind's forward and backward (by their total), so
@@ -337,7 +362,7 @@ class Pricer(SendPricing):
     def kind_lines(self, ctx, cls: int, tp: int, share: int, unit: int):
         """(forward slope, backward slope, [positions, 2] intercepts) of a replica of ``tp``
         GPUs of class ``cls`` on ``share`` sequences, per unit of blocks."""
-        fk = (ctx.recompute, ctx.context_parallel, cls, tp, share, unit)
+        fk = (ctx.recompute, ctx.context_parallel, ctx.expert_parallel, cls, tp, share, unit)
         fb = self._fb.get(fk)
         if fb is None:
             info = self.classes[cls]
@@ -352,7 +377,7 @@ class Pricer(SendPricing):
         """(slope, [positions] intercepts) of the W part of the backward
         (``compute.backward_weight_s``) of a replica of ``tp`` GPUs of class ``cls`` on
         ``share`` sequences, per unit of blocks."""
-        wk = ("w", ctx.recompute, ctx.context_parallel, cls, tp, share, unit)
+        wk = ("w", ctx.recompute, ctx.context_parallel, ctx.expert_parallel, cls, tp, share, unit)
         hit = self._fb.get(wk)
         if hit is None:
             info = self.classes[cls]
@@ -369,7 +394,8 @@ class Pricer(SendPricing):
         if isinstance(key, StandIn):
             lines = [self._input_of(ctx, k.cls, k.tp, k.share, unit) for k in key.key.kinds]
             return min(lines[0][0], lines[1][0]), np.minimum(lines[0][1], lines[1][1])
-        return self._input_of(ctx, key.cls, key.tp, -(-knobs.micro_batch_size // key.replicas), unit)
+        slope, icpt = self._input_of(ctx, key.cls, key.tp, -(-knobs.micro_batch_size // key.replicas), unit)
+        return slope + self.ep_lines(ctx, knobs, key, unit)[1], icpt   # the all-to-alls are I's
 
     def _input_of(self, ctx, cls: int, tp: int, share: int, unit: int):
         _, sb, fb = self.kind_lines(ctx, cls, tp, share, unit)
@@ -379,12 +405,15 @@ class Pricer(SendPricing):
     def optimizer_lines(self, ctx, cls: int, tp: int, shard: int, unit: int):
         """(slope, [positions] intercepts) of the optimizer step over a stage's parameters
         sharded ``shard`` ways (ZeRO-1) on ``tp`` GPUs of class ``cls``."""
-        ok = (shard, cls, tp, unit)
+        ok = (shard, ctx.expert_parallel, cls, tp, unit)
         opt = self._opt.get(ok)
         if opt is None:
             gpu = self.classes[cls].gpu
-            at = [optimizer_time_s(ctx, gpu, stage_params(ctx, unit, emb, head) / tp / shard) for emb, head in POSITIONS]
-            so = optimizer_time_s(ctx, gpu, stage_params(ctx, 2 * unit, False, False) / tp / shard) - at[0]
+
+            def local(nb, emb, head):
+                return optimizer_params(ctx, stage_params(ctx, nb, emb, head), _experts(ctx, nb), tp, shard)
+            at = [optimizer_time_s(ctx, gpu, local(unit, emb, head)) for emb, head in POSITIONS]
+            so = optimizer_time_s(ctx, gpu, local(2 * unit, False, False)) - at[0]
             opt = self._opt[ok] = (so, np.array(at) - so)
         return opt
 
@@ -402,6 +431,10 @@ class Pricer(SendPricing):
                 ring = self.ring(key)
 
                 def dp(nb: int, emb: bool, head: bool) -> float:
+                    if _experts(ctx, nb):     # EP (cp is 1 then): the experts over n/ep (cost/moe.py)
+                        first = [d[0] for d in info.replica_devices(key.tp, key.replicas)]
+                        return ep_sync_s(ctx, self.topo, first, key.tp, stage_params(ctx, nb, emb, head),
+                                         _experts(ctx, nb), info.gpu)
                     return dp_sync_time_s(ctx, stage_params(ctx, nb, emb, head), key.ranks, key.tp,
                                           ring.bandwidth_Bps, ring.latency_s, ring.kind, info.gpu)
 
@@ -424,14 +457,22 @@ class Pricer(SendPricing):
         ring = self.ring(key) if key.ranks > 1 else None
         shard = key.ranks if knobs.zero_stage >= 1 else 1
 
+        devices = info.replica_devices(t, n) if ctx.expert_parallel > 1 else None
+
         def quantities(nb: int) -> tuple[float, ...]:
             rt = replica_compute(ctx, gpu, intra, t, share, nb, emb, head)
-            params = stage_params(ctx, nb, emb, head)
-            dp = (dp_sync_time_s(ctx, params, key.ranks, t, ring.bandwidth_Bps, ring.latency_s, ring.kind, gpu)
-                  if ring else 0.0)
-            rs, ag = exposed_sync_parts(ctx, dp, rt.total_forward_s, rt.total_backward_s)
-            return (rt.total_forward_s, rt.total_backward_s, rs,
-                    optimizer_time_s(ctx, gpu, params / t / shard), ag, 0.0)
+            params, experts = stage_params(ctx, nb, emb, head), _experts(ctx, nb)
+            fwd, bwd = rt.total_forward_s, rt.total_backward_s
+            if experts:   # expert parallelism (cp is 1 then): all-to-alls, experts' sync over n/ep (cost/moe.py)
+                ep_f, ep_b = option_ep_comm(ctx, self.topo, devices, shares(knobs.micro_batch_size, n), t, nb, gpu)
+                fwd, bwd = fwd + ep_f, bwd + ep_b
+                dp = ep_sync_s(ctx, self.topo, [d[0] for d in devices], t, params, experts, gpu)
+            else:
+                dp = (dp_sync_time_s(ctx, params, key.ranks, t, ring.bandwidth_Bps, ring.latency_s, ring.kind, gpu)
+                      if ring else 0.0)
+            rs, ag = exposed_sync_parts(ctx, dp, fwd, bwd)
+            return (fwd, bwd, rs, optimizer_time_s(ctx, gpu, optimizer_params(ctx, params, experts, t, shard)),
+                    ag, 0.0)
 
         if hit is None:
             q1, q2 = quantities(unit), quantities(2 * unit)
@@ -500,6 +541,11 @@ class Pricer(SendPricing):
         return CoreOption(resource=key.cls, units=info.units(key.width, key.replicas), slope=slope, fixed=fixed,
                           max_blocks=max_blocks, price_usd_per_hour=info.option_price(key.width, key.replicas),
                           label=key)
+
+def _experts(ctx, blocks: int) -> float:
+    """Expert weights of ``blocks`` blocks where EP splits them (0 without EP, as evaluate)."""
+    return expert_params(ctx, blocks) if ctx.expert_parallel > 1 and ctx.model.is_moe else 0.0
+
 
 def pipeline_rows(knobs: Knobs) -> tuple[list[Row], list[Term]]:
     """The schedule's core rows and terms (schedules.py: planner.cost.schedule's closed forms,

@@ -49,6 +49,9 @@ class Training(BaseModel):
         "over cp x tp GPUs of a replica, load-balanced for causal attention as 2 cp chunks, so seq_len "
         "must be a multiple of 2 cp); 1 = no split")
     max_tp: PositiveInt = Field(default=8, description="largest tensor-parallel degree")
+    expert_parallel_degrees: tuple[PositiveInt, ...] = Field(
+        default=(1,), description="MoE models: expert-parallel degrees to try (consecutive replicas "
+        "of a stage splitting the experts; planner.cost.moe); dense models take 1 whatever is listed")
     micro_batch_sizes: tuple[PositiveInt, ...] | None = Field(
         default=None, description="per-replica micro-batch sizes to try; default powers of two")
     max_stages: PositiveInt | None = None
@@ -60,7 +63,7 @@ class Training(BaseModel):
     @model_validator(mode="after")
     def _non_empty(self):
         for name in ("schedules", "recompute_modes", "zero_stages", "reshard_after_forward",
-                     "context_parallel_degrees"):
+                     "context_parallel_degrees", "expert_parallel_degrees"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must list at least one choice")
         bad = [cp for cp in self.context_parallel_degrees if cp > 1 and self.seq_len % (2 * cp)]
@@ -80,4 +83,6 @@ class Training(BaseModel):
             out["mixed_stages"] = True
         if self.context_parallel_degrees != (1,):   # likewise; the default leaves plans' bytes alone
             out["context_parallel_degrees"] = list(self.context_parallel_degrees)
+        if self.expert_parallel_degrees != (1,):
+            out["expert_parallel_degrees"] = list(self.expert_parallel_degrees)
         return out
