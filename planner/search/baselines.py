@@ -31,6 +31,7 @@ from planner.cost import in_flight_micro_batches
 from planner.search import clock
 from planner.search.incumbent import Candidate, prepare
 from planner.search.pieces import _max_units
+from planner.search.schedules import SCHEDULES
 from planner.search.space import OptionKey
 
 # Of the time limit, at most, for pricing the baselines once one is found: bench a took 7 ms,
@@ -68,44 +69,47 @@ class BaselineResult:
 
 
 class _Tuple:
-    """One knob tuple's options, priced lazily and cached (memory limits per position)."""
+    """One knob tuple's options and their memory limits per stage, as Pricer._option prices
+    them (the same memory model, in-flight count and end flags), without their timings: the
+    rules try hundreds of options per tuple on c and price few.  ``limits`` is shared by the
+    tuples of one ``seed`` call: tuples differing only in the schedule or stage count meet the
+    same (memory model, in-flight count) pairs again."""
 
-    def __init__(self, pricer, knobs, ctx, keys):
+    def __init__(self, pricer, knobs, ctx, keys, limits: dict | None = None):
         self.pricer, self.knobs, self.ctx = pricer, knobs, ctx
         self.keys = set(pricer.pure_part(keys))
         self.unit = knobs.block_unit
         self.L_units = pricer.model.num_layers // self.unit
-        self._options: dict = {}
+        self._limits = {} if limits is None else limits
         self._fit: dict = {}
         B = knobs.micro_batch_size
         self.replicas = sorted({k.replicas for k in self.keys if B % k.replicas == 0}, reverse=True)
         self.tps = sorted({k.tp for k in self.keys})
+        p, entry = knobs.num_stages, SCHEDULES[knobs.schedule]
+        # per stage: (embedding, head) as the cost model prices it (a V holds both on rank 0)
+        # and its micro-batches in flight
+        self._ends = [entry.stage_ends(p, s) for s in range(p)]
+        self._in_flight = [in_flight_micro_batches(knobs.schedule, p, s, knobs.num_micro_batches,
+                                                   knobs.virtual_stages) for s in range(p)]
 
-    def option(self, key: OptionKey):
-        if key not in self.keys:
-            return None
-        if key not in self._options:
-            self._options[key] = self.pricer._option(self.ctx, self.knobs, key, self.unit, self.L_units)
-        return self._options[key]
-
-    def fits(self, key: OptionKey, stages: list[int], units: int) -> bool:
-        """Whether ``units`` core units of blocks fit the memory of ``key`` at each of ``stages``
-        (the ends first: where a rule's try fails, it mostly fails there).  Per position, as
-        Pricer._option prices it, without pricing the option's other positions."""
-        if key not in self.keys:
-            return False
-        order = sorted(stages, key=lambda s: (s not in (0, self.knobs.num_stages - 1), s))
-        return all(1 <= units <= self._max_units(key, s) for s in order)
+    def fits(self, key: OptionKey, s: int, units: int) -> bool:
+        """Whether ``units`` core units of blocks fit the memory of ``key`` at stage ``s``."""
+        return key in self.keys and 1 <= units <= self._max_units(key, s)
 
     def _max_units(self, key: OptionKey, s: int) -> int:
         hit = self._fit.get((key, s))
         if hit is None:
-            knobs, p = self.knobs, self.knobs.num_stages
-            _, _, (c0, c1, c2, c3), exact, mem = self.pricer._base(self.ctx, knobs, key, self.unit, s == 0, s == p - 1)
-            f = in_flight_micro_batches(knobs.schedule, p, s, knobs.num_micro_batches, knobs.virtual_stages)
-            cap = self.pricer.classes[key.cls].gpu.memory_bytes
-            hit = self._fit[(key, s)] = _max_units(cap, c0 + c2 * f, c1 + c3 * f, exact,
-                                                   lambda u: mem(u, f), self.L_units)
+            model = self.pricer.memory_model(self.ctx, self.knobs, key, self.unit, *self._ends[s])
+            f = self._in_flight[s]
+            # the pricer keeps each memory model for its lifetime, so its id names it
+            lk = (id(model), f, self.L_units)
+            hit = self._limits.get(lk)
+            if hit is None:
+                (c0, c1, c2, c3), exact, mem = model
+                cap = self.pricer.classes[key.cls].gpu.memory_bytes
+                hit = self._limits[lk] = _max_units(cap, c0 + c2 * f, c1 + c3 * f, exact,
+                                                    lambda u: mem(u, f), self.L_units)
+            self._fit[(key, s)] = hit
         return hit
 
 
@@ -152,7 +156,7 @@ def megatron(tup: _Tuple) -> list[Layout]:
                     continue
                 stage_cls = _stage_classes(counts, cs)
                 keys = [OptionKey(c, t, d) for c in stage_cls]
-                if all(tup.fits(k, [s], even) for s, k in enumerate(keys)):
+                if all(tup.fits(k, s, even) for s, k in enumerate(keys)):
                     out.append(Layout("megatron", _where(pricer, stage_cls), keys, None))
                     break       # the most replicas that fit
     return out
@@ -178,7 +182,7 @@ def sailor(tup: _Tuple) -> list[Layout]:
         stage_cls = _stage_classes(counts, use)
         keys = []
         for s, c in enumerate(stage_cls):
-            t = next((t for t in tps if tup.fits(OptionKey(c, t, d), [s], even)), None)
+            t = next((t for t in tps if tup.fits(OptionKey(c, t, d), s, even)), None)
             if t is None:
                 break
             keys.append(OptionKey(c, t, d))
@@ -202,7 +206,7 @@ def metis(tup: _Tuple, layouts: list[Layout]) -> list[Layout]:
         lines = [tup.pricer.kind_lines(tup.ctx, k.cls, k.tp, -(-B // k.replicas), tup.unit) for k in lay.keys]
         speed = [1.0 / max(1e-30, f[0] + f[1]) for f in lines]
         units = _proportional(speed, tup.L_units)
-        if units is not None and all(tup.fits(k, [s], u) for s, (k, u) in enumerate(zip(lay.keys, units))):
+        if units is not None and all(tup.fits(k, s, u) for s, (k, u) in enumerate(zip(lay.keys, units))):
             out.append(Layout("metis", lay.where, lay.keys, units))
     return out
 
@@ -281,6 +285,7 @@ def seed(pricer, ranked, spec, launcher, best, stop_at: float, deadline: float =
     names: dict[str, str] = {}
     priced = 0
     complete = True
+    limits: dict = {}       # memory limits shared by the tuples (_Tuple)
     time_like = spec.kind in ("throughput", "throughput-under-budget")
     floor_s = math.inf
     for bound_s, _, knobs, ctx, keys in ranked:
@@ -294,7 +299,7 @@ def seed(pricer, ranked, spec, launcher, best, stop_at: float, deadline: float =
             # keeps most of its limit
             complete = False
             break
-        tup = _Tuple(pricer, knobs, ctx, keys)
+        tup = _Tuple(pricer, knobs, ctx, keys, limits)
         for lay in layouts_of(tup):
             cand = price_layout(pricer, tup, lay, spec, launcher)
             priced += 1
