@@ -26,8 +26,10 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.cost import in_flight_micro_batches
+from planner.cost.memory import replica_memory
 from planner.search import clock
 from planner.search.incumbent import Candidate, prepare
 from planner.search.pieces import _max_units
@@ -35,8 +37,9 @@ from planner.search.schedules import SCHEDULES
 from planner.search.space import OptionKey
 
 # Of the time limit, at most, for pricing the baselines once one is found: bench a took 7 ms,
-# b 0.9-1.0 s and c 6 s uncapped (the memory-free bounds that skip tuples are weak there), and
-# the search needs that time more (b's 5-s limit); the report says when the cap cut them short.
+# b 0.4 s and c 2.5 s of CPU uncapped (0.6 s and 5.4 s before the memory checks of _Tuple; the
+# memory-free bounds that skip tuples are weak there: c prices 2,443 layouts of 516 tuples),
+# and the search needs that time more (b's 5-s limit); the report says when the cap cut them short.
 BASELINE_SHARE = 0.1
 
 
@@ -82,6 +85,10 @@ class _Tuple:
         self.L_units = pricer.model.num_layers // self.unit
         self._limits = {} if limits is None else limits
         self._fit: dict = {}
+        self._models: dict = {}
+        self._by_group: dict | None = None
+        self._over: dict = {}
+        self._most_replicas = max((k.replicas for k in self.keys), default=1)
         B = knobs.micro_batch_size
         self.replicas = sorted({k.replicas for k in self.keys if B % k.replicas == 0}, reverse=True)
         self.tps = sorted({k.tp for k in self.keys})
@@ -94,12 +101,56 @@ class _Tuple:
 
     def fits(self, key: OptionKey, s: int, units: int) -> bool:
         """Whether ``units`` core units of blocks fit the memory of ``key`` at stage ``s``."""
-        return key in self.keys and 1 <= units <= self._max_units(key, s)
+        return (key in self.keys and 1 <= units and not self._state_over(key, self._ends[s], units)
+                and units <= self._max_units(key, s))
+
+    def fits_range(self, key: OptionKey, first: int, stop: int, units: int) -> bool:
+        """``fits`` at every stage of ``first`` .. ``stop`` - 1."""
+        if key not in self.keys or units < 1:
+            return False
+        if any(self._state_over(key, self._ends[s], units) for s in {first, stop - 1, min(first + 1, stop - 1)}):
+            return False
+        if (key, first) not in self._fit and self._over_at(key, first, units):
+            return False        # without the memory model (five memory evaluations)
+        return all(units <= self._max_units(key, s) for s in range(first, stop))
+
+    def _over_at(self, key: OptionKey, s: int, units: int) -> bool:
+        """Whether ``units`` core units overflow ``key`` at stage ``s`` by more than the
+        margin within which _max_units settles the limit with the memory function itself:
+        then they do not fit (the memory grows with the blocks), one memory evaluation
+        where the model takes five.  A run of stages mostly fails at its first (1F1B keeps
+        the most micro-batches in flight there)."""
+        share = -(-self.knobs.micro_batch_size // key.replicas)
+        gpu = self.pricer.classes[key.cls].gpu
+        need = replica_memory(self.ctx, gpu, key.tp, share, units * self.unit, *self._ends[s], key.replicas,
+                              self._in_flight[s]).total_bytes
+        return need > gpu.memory_bytes * (1 + 1e-6)
+
+    def _state_over(self, key: OptionKey, ends: tuple[bool, bool], units: int) -> bool:
+        """Whether the weights, gradients, optimizer state and workspace alone of ``units``
+        core units at a stage with these ends overflow the GPU for every option of the class
+        and TP degree: those parts shrink as replicas grow (ZeRO shards them over the
+        replicas), so at the tuple's most replicas they bound every option's memory from
+        below, and activations and gathered weights only add.  Exact: no option it rules out
+        fits (the margin covers the memory model's affine reading, pieces._max_units); it
+        saves building the memory model of every replica count of a class and TP degree
+        that cannot hold a stage at all (GPT-3 175B at TP 1 or 2)."""
+        ck = (key.cls, key.tp, ends, units)
+        hit = self._over.get(ck)
+        if hit is None:
+            part = replica_memory(self.ctx, self.pricer.classes[key.cls].gpu, key.tp, 1, units * self.unit, *ends,
+                                  self._most_replicas, 0.0)
+            state = part.weights_bytes + part.grads_bytes + part.optimizer_bytes + part.workspace_bytes
+            hit = self._over[ck] = state > self.pricer.classes[key.cls].gpu.memory_bytes * (1 + 1e-6)
+        return hit
 
     def _max_units(self, key: OptionKey, s: int) -> int:
         hit = self._fit.get((key, s))
         if hit is None:
-            model = self.pricer.memory_model(self.ctx, self.knobs, key, self.unit, *self._ends[s])
+            ends = self._ends[s]
+            model = self._models.get((key, ends))
+            if model is None:
+                model = self._models[(key, ends)] = self.pricer.memory_model(self.ctx, self.knobs, key, self.unit, *ends)
             f = self._in_flight[s]
             # the pricer keeps each memory model for its lifetime, so its id names it
             lk = (id(model), f, self.L_units)
@@ -112,10 +163,20 @@ class _Tuple:
             self._fit[(key, s)] = hit
         return hit
 
+    def replicas_of(self, cls: int, tp: int) -> frozenset:
+        """The replica counts the tuple has options for on class ``cls`` at TP ``tp``."""
+        if self._by_group is None:
+            self._by_group = {}
+            for k in self.keys:
+                self._by_group.setdefault((k.cls, k.tp), set()).add(k.replicas)
+        return self._by_group.get((cls, tp), frozenset())
 
-def _spread(slots: list[int], p: int) -> list[int] | None:
+
+@lru_cache(maxsize=65536)
+def _spread(slots: tuple[int, ...], p: int) -> tuple[int, ...] | None:
     """Stages per class: in proportion to the stages each can hold (largest remainder), at
-    most its slots; None when they hold fewer than p."""
+    most its slots; None when they hold fewer than p (cached: the same slots come back in
+    every knob tuple)."""
     total = sum(slots)
     if total < p:
         return None
@@ -126,7 +187,7 @@ def _spread(slots: list[int], p: int) -> list[int] | None:
         for i in order:
             if sum(out) < p and out[i] < slots[i]:
                 out[i] += 1
-    return out
+    return tuple(out)
 
 
 def _stage_classes(counts: list[int], classes: list[int]) -> list[int]:
@@ -146,18 +207,23 @@ def megatron(tup: _Tuple) -> list[Layout]:
     out = []
     for t in tup.tps:
         for cs in sets:
+            have = [tup.replicas_of(c, t) for c in cs]
             for d in _equal_replicas(tup):
-                ks = [OptionKey(c, t, d) for c in cs]
-                if any(k not in tup.keys for k in ks):
+                if any(d not in h for h in have):
                     continue
-                slots = [pricer.classes[k.cls].capacity_units // k.units_in(pricer.classes) for k in ks]
-                counts = _spread(slots, p)
+                counts = _spread(tuple(pricer.classes[c].capacity_units // pricer.classes[c].units(t, d) for c in cs), p)
                 if counts is None:
                     continue
-                stage_cls = _stage_classes(counts, cs)
-                keys = [OptionKey(c, t, d) for c in stage_cls]
-                if all(tup.fits(k, s, even) for s, k in enumerate(keys)):
-                    out.append(Layout("megatron", _where(pricer, stage_cls), keys, None))
+                # each class's stages are one run: its memory limits checked run by run
+                first, fits = 0, True
+                for c, k in zip(cs, counts):
+                    if k and not tup.fits_range(OptionKey(c, t, d), first, first + k, even):
+                        fits = False
+                        break
+                    first += k
+                if fits:
+                    stage_cls = _stage_classes(counts, cs)
+                    out.append(Layout("megatron", _where(pricer, stage_cls), [OptionKey(c, t, d) for c in stage_cls], None))
                     break       # the most replicas that fit
     return out
 
@@ -176,7 +242,7 @@ def sailor(tup: _Tuple) -> list[Layout]:
         if not use:
             continue
         slots = [pricer.classes[c].capacity_units // OptionKey(c, least[c], d).units_in(pricer.classes) for c in use]
-        counts = _spread(slots, p)
+        counts = _spread(tuple(slots), p)
         if counts is None:
             continue
         stage_cls = _stage_classes(counts, use)
@@ -246,21 +312,30 @@ def layouts_of(tup: _Tuple) -> list[Layout]:
     return out + metis(tup, out)
 
 
-def price_layout(pricer, tup: _Tuple, lay: Layout, spec, launcher) -> Candidate | None:
-    """The layout's candidate under the objective ``spec`` (None: infeasible, over the
-    budget, or under the tokens/s floor)."""
-    keys = list(dict.fromkeys(lay.keys))
-    prob = pricer.price(tup.knobs, tup.ctx, keys)
+def priced_layouts(pricer, tup: _Tuple, spec, launcher) -> list[tuple[Layout, Candidate | None]]:
+    """The tuple's layouts, each with its candidate under the objective ``spec`` (None:
+    infeasible, over the budget, or under the tokens/s floor).  One CoreProblem on all the
+    options they use prices them all: an option's lines and memory limits, and the send
+    between two options, do not depend on the other options of the problem."""
+    layouts = layouts_of(tup)
+    if not layouts:
+        return []
+    prob = pricer.price(tup.knobs, tup.ctx, list(dict.fromkeys(k for lay in layouts for k in lay.keys)))
     prepare(prob, spec, launcher)
     index = {o.label: i for i, o in enumerate(prob.options)}
-    if any(k not in index for k in keys):
-        return None
-    units = lay.units or [tup.L_units // tup.knobs.num_stages] * tup.knobs.num_stages
-    assign = [(index[k], u) for k, u in zip(lay.keys, units)]
-    if not prob.feasible(assign):
-        return None
-    cand = Candidate.of(prob, assign, prob.objective(assign), tup.knobs, spec)
-    return cand if admits(spec, cand, pricer.training) else None
+    even = [tup.L_units // tup.knobs.num_stages] * tup.knobs.num_stages
+    out = []
+    for lay in layouts:
+        if any(k not in index for k in lay.keys):
+            out.append((lay, None))
+            continue
+        assign = [(index[k], u) for k, u in zip(lay.keys, lay.units or even)]
+        if not prob.feasible(assign):
+            out.append((lay, None))
+            continue
+        cand = Candidate.of(prob, assign, prob.objective(assign), tup.knobs, spec)
+        out.append((lay, cand if admits(spec, cand, pricer.training) else None))
+    return out
 
 
 def admits(spec, cand: Candidate, training) -> bool:
@@ -299,9 +374,9 @@ def seed(pricer, ranked, spec, launcher, best, stop_at: float, deadline: float =
             # keeps most of its limit
             complete = False
             break
-        tup = _Tuple(pricer, knobs, ctx, keys, limits)
-        for lay in layouts_of(tup):
-            cand = price_layout(pricer, tup, lay, spec, launcher)
+        if pricer.model.num_layers // knobs.block_unit % knobs.num_stages:
+            continue        # no even split: no baseline (layouts_of)
+        for lay, cand in priced_layouts(pricer, _Tuple(pricer, knobs, ctx, keys, limits), spec, launcher):
             priced += 1
             if cand is None:
                 continue
