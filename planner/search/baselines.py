@@ -88,6 +88,7 @@ class _Tuple:
         self._models: dict = {}
         self._by_group: dict | None = None
         self._over: dict = {}
+        self._run_ends: dict = {}
         self._most_replicas = max((k.replicas for k in self.keys), default=1)
         B = knobs.micro_batch_size
         self.replicas = sorted({k.replicas for k in self.keys if B % k.replicas == 0}, reverse=True)
@@ -101,18 +102,23 @@ class _Tuple:
 
     def fits(self, key: OptionKey, s: int, units: int) -> bool:
         """Whether ``units`` core units of blocks fit the memory of ``key`` at stage ``s``."""
-        return (key in self.keys and 1 <= units and not self._state_over(key, self._ends[s], units)
+        return (key in self.keys and 1 <= units and not self._state_over(key.cls, key.tp, self._ends[s], units)
                 and units <= self._max_units(key, s))
 
     def fits_range(self, key: OptionKey, first: int, stop: int, units: int) -> bool:
         """``fits`` at every stage of ``first`` .. ``stop`` - 1."""
-        if key not in self.keys or units < 1:
-            return False
-        if any(self._state_over(key, self._ends[s], units) for s in {first, stop - 1, min(first + 1, stop - 1)}):
+        if key not in self.keys or units < 1 or self.state_over(key.cls, key.tp, first, stop, units):
             return False
         if (key, first) not in self._fit and self._over_at(key, first, units):
             return False        # without the memory model (five memory evaluations)
         return all(units <= self._max_units(key, s) for s in range(first, stop))
+
+    def state_over(self, cls: int, tp: int, first: int, stop: int, units: int) -> bool:
+        """``_state_over`` at some stage of ``first`` .. ``stop`` - 1 (whatever the replicas)."""
+        ends = self._run_ends.get((first, stop))
+        if ends is None:
+            ends = self._run_ends[(first, stop)] = tuple(set(self._ends[first:stop]))
+        return any(self._state_over(cls, tp, e, units) for e in ends)
 
     def _over_at(self, key: OptionKey, s: int, units: int) -> bool:
         """Whether ``units`` core units overflow ``key`` at stage ``s`` by more than the
@@ -126,7 +132,7 @@ class _Tuple:
                               self._in_flight[s]).total_bytes
         return need > gpu.memory_bytes * (1 + 1e-6)
 
-    def _state_over(self, key: OptionKey, ends: tuple[bool, bool], units: int) -> bool:
+    def _state_over(self, cls: int, tp: int, ends: tuple[bool, bool], units: int) -> bool:
         """Whether the weights, gradients, optimizer state and workspace alone of ``units``
         core units at a stage with these ends overflow the GPU for every option of the class
         and TP degree: those parts shrink as replicas grow (ZeRO shards them over the
@@ -135,13 +141,13 @@ class _Tuple:
         fits (the margin covers the memory model's affine reading, pieces._max_units); it
         saves building the memory model of every replica count of a class and TP degree
         that cannot hold a stage at all (GPT-3 175B at TP 1 or 2)."""
-        ck = (key.cls, key.tp, ends, units)
+        ck = (cls, tp, ends, units)
         hit = self._over.get(ck)
         if hit is None:
-            part = replica_memory(self.ctx, self.pricer.classes[key.cls].gpu, key.tp, 1, units * self.unit, *ends,
-                                  self._most_replicas, 0.0)
+            gpu = self.pricer.classes[cls].gpu
+            part = replica_memory(self.ctx, gpu, tp, 1, units * self.unit, *ends, self._most_replicas, 0.0)
             state = part.weights_bytes + part.grads_bytes + part.optimizer_bytes + part.workspace_bytes
-            hit = self._over[ck] = state > self.pricer.classes[key.cls].gpu.memory_bytes * (1 + 1e-6)
+            hit = self._over[ck] = state > gpu.memory_bytes * (1 + 1e-6)
         return hit
 
     def _max_units(self, key: OptionKey, s: int) -> int:
@@ -207,6 +213,8 @@ def megatron(tup: _Tuple) -> list[Layout]:
     out = []
     for t in tup.tps:
         for cs in sets:
+            if len(cs) == 1 and tup.state_over(cs[0], t, 0, p, even):
+                continue        # no replica count holds the stages: none is tried
             have = [tup.replicas_of(c, t) for c in cs]
             for d in _equal_replicas(tup):
                 if any(d not in h for h in have):
