@@ -206,6 +206,7 @@ def test_max_moved_fraction_is_honoured(four_node_plan, tmp_path, capsys):
                  "--max-moved-fraction", "0.3", "--migration-steps", "100", "--json"])
     summary = json.loads(capsys.readouterr().out)
     assert code == 4 and summary["migration"]["moved_fraction"] == pytest.approx(0.25, rel=1e-6)
+    assert summary["search_kept_old_plan"] is True     # the repaired plan, first incumbent, won
     assert main(["replan", str(tmp_path / "spare.yaml"), str(tmp_path / "plan.json"),
                  "--max-moved-fraction", "1.5"]) == 2
 
