@@ -6,6 +6,8 @@ layout priced on a CoreProblem of its own options."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from planner.search.baselines import (
@@ -14,14 +16,16 @@ from planner.search.baselines import (
     _Tuple,
     _where,
     admits,
+    compute_floor_s,
     metis,
     priced_layouts,
+    seed,
 )
-from planner.search.incumbent import Candidate, prepare
+from planner.search.incumbent import Best, Candidate, prepare
 from planner.search.objectives import ObjectiveSpec
 from planner.search.space import OptionKey
 from planner.spec import Training, cluster_from_dict, load_cluster, load_model
-from tests.test_search_baselines import LAB, MIXED, SPECS, TWO_ZONES, all_baselines
+from tests.test_search_baselines import LAB, MIXED, SPECS, THROUGHPUT, TWO_ZONES, all_baselines
 
 
 class _Reference(_Tuple):
@@ -134,6 +138,8 @@ CASES = {
     "tiny-mixed-zero": (lambda: load_cluster(SPECS / "tiny-mixed.yaml"), "opt-350m",
                         Training(global_batch_size=8, seq_len=512, zero_stages=(0, 1, 2, 3))),
     "big-model": (lambda: cluster_from_dict(MIXED), "gpt-neo-2.7b", Training(global_batch_size=8, seq_len=2048, precision="fp16")),
+    "zb-h1": (lambda: cluster_from_dict(MIXED), "opt-350m",
+              Training(global_batch_size=8, seq_len=1024, precision="fp16", schedules=("1f1b", "zb-h1", "gpipe"))),
 }
 
 
@@ -153,4 +159,30 @@ def test_fast_baselines_equal_the_first_implementation(name, objective):
         slow = _reference(pricer, _Reference(pricer, knobs, ctx, keys), spec, None)
         assert _answers(fast) == _answers(slow), knobs.label()
         compared += sum(c is not None for _, c in fast)
+        # the compute floor that lets seed leave layouts unpriced is below every layout's time
+        tup = _Tuple(pricer, knobs, ctx, keys, limits)
+        for lay, cand in fast:
+            if cand is not None:
+                assert compute_floor_s(pricer, tup, lay) <= cand.time_s * (1 + 1e-12), (knobs.label(), lay)
     assert compared > 0
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_layouts_left_unpriced_change_nothing(name):
+    """seed leaves a layout unpriced when its compute floor reaches its rule's best and the
+    incumbents' threshold: the rules' bests and the incumbents are those of pricing them all."""
+    make, model_name, training = CASES[name]
+    cluster, model = make(), load_model(model_name)
+    _, _, _, pricer, ranked = all_baselines(cluster, model, training)
+    runs = []
+    for skip in (True, False):
+        best = Best(2)
+        res = seed(pricer, ranked, THROUGHPUT, None, best, stop_at=math.inf, skip=skip)
+        runs.append((res, best))
+    (fast, fast_best), (every, every_best) = runs
+    assert fast.priced < every.priced
+    assert {r: (c.time_s, c.knobs, c.layout) for r, c in fast.by_rule.items()} == \
+        {r: (c.time_s, c.knobs, c.layout) for r, c in every.by_rule.items()}
+    assert fast.name == every.name
+    assert [(c.time_s, c.knobs, c.layout) for c in fast_best.items] == \
+        [(c.time_s, c.knobs, c.layout) for c in every_best.items]
