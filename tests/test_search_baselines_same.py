@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from test_search_baselines import LAB, MIXED, SPECS, THROUGHPUT, TWO_ZONES, all_baselines
 
 from planner.search.baselines import (
     Layout,
@@ -25,7 +26,6 @@ from planner.search.incumbent import Best, Candidate, prepare
 from planner.search.objectives import ObjectiveSpec
 from planner.search.space import OptionKey
 from planner.spec import Training, cluster_from_dict, load_cluster, load_model
-from tests.test_search_baselines import LAB, MIXED, SPECS, THROUGHPUT, TWO_ZONES, all_baselines
 
 
 class _Reference(_Tuple):
