@@ -242,3 +242,19 @@ def test_relabel_undoes_a_permutation_of_identical_nodes(four_node_plan):
     back = relabel(shuffled, old.plan, model, topo)
     assert migration(old.plan, back, model, topo).moved_bytes == 0
     assert api.evaluate(cluster, back).iteration_time_s == api.evaluate(cluster, shuffled).iteration_time_s
+
+
+def test_given_plan_is_keyed_under_a_cost_objective(tmp_path):
+    """Under --objective cost the given plan is keyed by its node rent x time, as the search
+    keys its own candidates: with no work to find anything else it is the answer, at its value."""
+    from planner.search import solve
+
+    priced = _named(["n0", "n1"]).replace("network_bandwidth: 100 Gbit/s", "network_bandwidth: 100 Gbit/s, price_per_hour: 8.0")
+    (tmp_path / "priced.yaml").write_text(priced)
+    cluster = api.load_cluster(tmp_path / "priced.yaml")
+    model = api.load_model(DP_MODEL)
+    old = api.plan(cluster, model, DP_TRAINING, objective="cost", time_limit_s=20)
+    res = solve(cluster, model, DP_TRAINING, objective="cost", time_limit_s=60, work_budget=1, incumbents=[old.plan])
+    assert res.report.model_extra["answer_is_given"] and res.plan.devices() == old.plan.devices()
+    ev = res.evaluation
+    assert res.report.objective == pytest.approx(ev.nodes_usd_per_hour * ev.iteration_time_s, rel=1e-12)
