@@ -104,9 +104,18 @@ def replan(cluster: Cluster, old: Plan, time_limit_s: float = 60.0, profiles=Non
     problems, old_ev = old_plan_status(cluster, old, profiles, file)
     topo = topology_for(cluster)
     objective = old.objective
+    # the old plan, or its repair, first: it is the search's first incumbent (search/given.py),
+    # so the search prunes what cannot beat it and answers it when nothing does
+    fixed = old if not problems else repair(cluster, old, topo)
+    fixed_ev = None
+    if fixed is not None:
+        fixed_ev = old_ev if fixed is old else evaluate(cluster, fixed, profiles=profiles, check=False)
+        if fixed_ev is not None and not fixed_ev.fits:
+            fixed_ev = None
     result = api.plan(cluster, model, training, objective=objective.kind, time_limit_s=time_limit_s,
                       budget_usd_per_hour=objective.budget_usd_per_hour,
-                      min_tokens_per_s=objective.min_tokens_per_s, profiles=profiles, **search_options)
+                      min_tokens_per_s=objective.min_tokens_per_s, profiles=profiles,
+                      incumbents=[fixed] if fixed_ev is not None else [], **search_options)
 
     def option(source: str, plan: Plan, ev) -> Option:
         mig = migration(old, plan, model, topo)
@@ -119,11 +128,11 @@ def replan(cluster: Cluster, old: Plan, time_limit_s: float = 60.0, profiles=Non
         fresh_plan, fresh_ev = _finished(cluster, renamed, renamed_ev), renamed_ev
     fresh = option("fresh search", fresh_plan, fresh_ev)
     repaired = None
-    fixed = old if not problems else repair(cluster, old, topo)
-    if fixed is not None:
-        ev = old_ev if fixed is old else evaluate(cluster, fixed, profiles=profiles, check=False)
-        if ev is not None and ev.fits:
-            repaired = option("old plan" if fixed is old else "old plan repaired", _finished(cluster, fixed, ev), ev)
+    if fixed_ev is not None:
+        repaired = option("old plan" if fixed is old else "old plan repaired", _finished(cluster, fixed, fixed_ev),
+                          fixed_ev)
+    # The search's answer is at least as good as the old plan without its migration; with
+    # it (--migration-steps), or over --max-moved-fraction, the old plan may still win.
     # ties go to the old plan: same value, fewer bytes moved
     options = [o for o in (repaired, fresh) if o is not None]
     allowed = [o for o in options if max_moved_fraction is None

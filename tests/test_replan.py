@@ -129,12 +129,45 @@ def test_lost_node_moves_only_its_state_to_a_spare(four_node_plan, tmp_path):
     lost = shards(old.plan, api.load_model(DP_MODEL))
     lost_bytes = sum(s.weights_bytes + s.optimizer_bytes for dev in ("n1:0", "n1:1") for s in lost[dev])
     assert result.migration.moved_bytes == pytest.approx(lost_bytes, rel=1e-12)
-    assert result.migration.moved_bytes < result.fresh_as_named.moved_bytes
+    # the repaired plan was the search's first incumbent and nothing beat it: the search's
+    # answer is that plan, its devices as named (a plan found again would have moved more)
+    assert result.search.report.model_extra["answer_is_given"]
+    assert result.fresh_as_named.moved_bytes == result.migration.moved_bytes
     assert result.migration.from_checkpoint_bytes == 0       # the DP twins still hold everything
     # priced on the new cluster's links: one device's share of 100 Gbit/s NICs
     path = topology_for(cluster).p2p("n0:0", "n4:0")
     per_device = lost_bytes / 2
     assert result.migration.time_s == pytest.approx(path.latency_s + per_device / path.bandwidth_Bps, rel=1e-9)
+
+
+def test_the_old_plan_is_the_searchs_cutoff(four_node_plan):
+    """The old plan enters the search before anything else: with a work budget too small to
+    find or prove anything, the search still answers the old plan, moving nothing."""
+    d, old = four_node_plan
+    cluster = api.load_cluster(d / "old.yaml")
+    tiny = api.replan(cluster, old.plan, time_limit_s=60, work_budget=1)
+    assert tiny.search.report.model_extra["answer_is_given"]
+    assert tiny.search.plan.devices() == old.plan.devices()
+    assert tiny.search.evaluation.iteration_time_s == old.evaluation.iteration_time_s
+    assert tiny.migration.moved_bytes == 0 and tiny.moved_devices == []
+    # with time to search, its cutoff prunes: no tuple is solved that cannot beat the old plan,
+    # and the answer is never slower than it
+    full = api.replan(cluster, old.plan, time_limit_s=20)
+    assert full.search.evaluation.iteration_time_s <= old.evaluation.iteration_time_s
+    plain = api.plan(cluster, api.load_model(DP_MODEL), DP_TRAINING, time_limit_s=20)
+    seeded, fresh = full.search.report.model_extra, plain.report.model_extra
+    assert seeded["knob_tuples_solved"] <= fresh["knob_tuples_solved"]
+    assert seeded["knob_tuples_pruned"] >= fresh["knob_tuples_pruned"]
+
+
+def test_given_plan_of_another_batch_is_bad_input(four_node_plan):
+    from planner.search import solve
+
+    d, old = four_node_plan
+    cluster = api.load_cluster(d / "old.yaml")
+    bad = old.plan.model_copy(update={"micro_batch_size": old.plan.micro_batch_size * 2})
+    with pytest.raises(api.InputError, match="global batch"):
+        solve(cluster, api.load_model(DP_MODEL), DP_TRAINING, time_limit_s=5, incumbents=[bad])
 
 
 def test_max_moved_fraction_is_honoured(four_node_plan, tmp_path, capsys):
@@ -173,6 +206,7 @@ def test_max_moved_fraction_is_honoured(four_node_plan, tmp_path, capsys):
                  "--max-moved-fraction", "0.3", "--migration-steps", "100", "--json"])
     summary = json.loads(capsys.readouterr().out)
     assert code == 4 and summary["migration"]["moved_fraction"] == pytest.approx(0.25, rel=1e-6)
+    assert summary["search_kept_old_plan"] is True     # the repaired plan, first incumbent, won
     assert main(["replan", str(tmp_path / "spare.yaml"), str(tmp_path / "plan.json"),
                  "--max-moved-fraction", "1.5"]) == 2
 
@@ -208,3 +242,19 @@ def test_relabel_undoes_a_permutation_of_identical_nodes(four_node_plan):
     back = relabel(shuffled, old.plan, model, topo)
     assert migration(old.plan, back, model, topo).moved_bytes == 0
     assert api.evaluate(cluster, back).iteration_time_s == api.evaluate(cluster, shuffled).iteration_time_s
+
+
+def test_given_plan_is_keyed_under_a_cost_objective(tmp_path):
+    """Under --objective cost the given plan is keyed by its node rent x time, as the search
+    keys its own candidates: with no work to find anything else it is the answer, at its value."""
+    from planner.search import solve
+
+    priced = _named(["n0", "n1"]).replace("network_bandwidth: 100 Gbit/s", "network_bandwidth: 100 Gbit/s, price_per_hour: 8.0")
+    (tmp_path / "priced.yaml").write_text(priced)
+    cluster = api.load_cluster(tmp_path / "priced.yaml")
+    model = api.load_model(DP_MODEL)
+    old = api.plan(cluster, model, DP_TRAINING, objective="cost", time_limit_s=20)
+    res = solve(cluster, model, DP_TRAINING, objective="cost", time_limit_s=60, work_budget=1, incumbents=[old.plan])
+    assert res.report.model_extra["answer_is_given"] and res.plan.devices() == old.plan.devices()
+    ev = res.evaluation
+    assert res.report.objective == pytest.approx(ev.nodes_usd_per_hour * ev.iteration_time_s, rel=1e-12)

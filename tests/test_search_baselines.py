@@ -105,10 +105,10 @@ def test_rules_keep_their_shapes():
 
 
 def test_spread_and_proportional():
-    assert _spread([4, 4], 4) == [2, 2]
-    assert _spread([6, 2], 4) == [3, 1]
-    assert _spread([1, 1], 3) is None
-    assert sum(_spread([5, 3, 1], 7)) == 7
+    assert _spread((4, 4), 4) == (2, 2)
+    assert _spread((6, 2), 4) == (3, 1)
+    assert _spread((1, 1), 3) is None
+    assert sum(_spread((5, 3, 1), 7)) == 7
     assert _proportional([2.0, 1.0], 6) == [4, 2]
     assert _proportional([1.0, 1.0, 1.0], 2) is None
     assert all(u >= 1 for u in _proportional([100.0, 1.0], 5))

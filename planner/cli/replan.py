@@ -68,6 +68,8 @@ def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json,
         "devices_kept_in_stage": result.kept_devices,
         "devices_moved": result.moved_devices,
         "solver_status": result.search.report.status,
+        # the old plan was the search's first incumbent: nothing beat it when true
+        "search_kept_old_plan": bool((result.search.report.model_extra or {}).get("answer_is_given", False)),
         "gap": result.search.report.gap,
     }
     if as_json:

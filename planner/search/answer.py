@@ -15,6 +15,7 @@ from planner.plan.model import SolverReport
 from planner.search.classes import classes_without_bf16
 from planner.search.core.problem import relative_gap
 from planner.search.diagnose import explain_infeasible
+from planner.search.given import as_answer
 from planner.search.naming import build_plan
 from planner.search.objectives import ObjectiveSpec
 
@@ -55,7 +56,8 @@ def finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pro
     plans, evals = [], []
     objective = spec.to_plan_objective()
     for cand in best.items:
-        plan = build_plan(cluster, model, training, classes, cand.knobs, cand.layout, objective)
+        plan = (as_answer(cand, cluster, model, training, objective) if cand.plan is not None
+                else build_plan(cluster, model, training, classes, cand.knobs, cand.layout, objective))
         ev = evaluate(cluster, plan, profiles=profiles, model=model)
         plans.append(plan)
         evals.append(ev)
@@ -82,6 +84,9 @@ def finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pro
         "objective_unit": OBJECTIVE_UNITS[spec.kind]}
     if stats.get("interrupted"):
         report_fields["interrupted"] = True
+    if stats.get("given"):      # plans given whole (given.py): how many, and whether one is the answer
+        report_fields["given_incumbents"] = stats["given"]
+        report_fields["answer_is_given"] = top.plan is not None
     if "shared_warm_start" in stats:     # the throughput warm start's plans, under a cost objective
         report_fields["shared_warm_start_plans"] = stats["shared_warm_start"]
     report_fields.update(_baseline_fields(stats.get("baseline"), value, top, time_like))

@@ -26,16 +26,18 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
-from planner.cost import in_flight_micro_batches
 from planner.search import clock
+from planner.search.baseline_tuple import _Tuple
 from planner.search.incumbent import Candidate, prepare
-from planner.search.pieces import _max_units
 from planner.search.space import OptionKey
 
 # Of the time limit, at most, for pricing the baselines once one is found: bench a took 7 ms,
-# b 0.9-1.0 s and c 6 s uncapped (the memory-free bounds that skip tuples are weak there), and
-# the search needs that time more (b's 5-s limit); the report says when the cap cut them short.
+# b 0.23 s and c 1.5 s uncapped (0.58 s and 4.6 s before the memory checks of _Tuple and the
+# compute floor; the memory-free bounds that skip tuples are weak there: c's rules propose
+# 2,443 layouts over 516 tuples), and the search needs that time more (b's 5-s limit); the
+# report says when the cap cut them short.
 BASELINE_SHARE = 0.1
 
 
@@ -67,52 +69,11 @@ class BaselineResult:
         return min(found.time_s if found else math.inf, self.skipped_from_s)
 
 
-class _Tuple:
-    """One knob tuple's options, priced lazily and cached (memory limits per position)."""
-
-    def __init__(self, pricer, knobs, ctx, keys):
-        self.pricer, self.knobs, self.ctx = pricer, knobs, ctx
-        self.keys = set(pricer.pure_part(keys))
-        self.unit = knobs.block_unit
-        self.L_units = pricer.model.num_layers // self.unit
-        self._options: dict = {}
-        self._fit: dict = {}
-        B = knobs.micro_batch_size
-        self.replicas = sorted({k.replicas for k in self.keys if B % k.replicas == 0}, reverse=True)
-        self.tps = sorted({k.tp for k in self.keys})
-        self.cp = knobs.context_parallel    # the tuple's keys all carry it
-
-    def option(self, key: OptionKey):
-        if key not in self.keys:
-            return None
-        if key not in self._options:
-            self._options[key] = self.pricer._option(self.ctx, self.knobs, key, self.unit, self.L_units)
-        return self._options[key]
-
-    def fits(self, key: OptionKey, stages: list[int], units: int) -> bool:
-        """Whether ``units`` core units of blocks fit the memory of ``key`` at each of ``stages``
-        (the ends first: where a rule's try fails, it mostly fails there).  Per position, as
-        Pricer._option prices it, without pricing the option's other positions."""
-        if key not in self.keys:
-            return False
-        order = sorted(stages, key=lambda s: (s not in (0, self.knobs.num_stages - 1), s))
-        return all(1 <= units <= self._max_units(key, s) for s in order)
-
-    def _max_units(self, key: OptionKey, s: int) -> int:
-        hit = self._fit.get((key, s))
-        if hit is None:
-            knobs, p = self.knobs, self.knobs.num_stages
-            _, _, (c0, c1, c2, c3), exact, mem = self.pricer._base(self.ctx, knobs, key, self.unit, s == 0, s == p - 1)
-            f = in_flight_micro_batches(knobs.schedule, p, s, knobs.num_micro_batches, knobs.virtual_stages)
-            cap = self.pricer.classes[key.cls].gpu.memory_bytes
-            hit = self._fit[(key, s)] = _max_units(cap, c0 + c2 * f, c1 + c3 * f, exact,
-                                                   lambda u: mem(u, f), self.L_units)
-        return hit
-
-
-def _spread(slots: list[int], p: int) -> list[int] | None:
+@lru_cache(maxsize=65536)
+def _spread(slots: tuple[int, ...], p: int) -> tuple[int, ...] | None:
     """Stages per class: in proportion to the stages each can hold (largest remainder), at
-    most its slots; None when they hold fewer than p."""
+    most its slots; None when they hold fewer than p (cached: the same slots come back in
+    every knob tuple)."""
     total = sum(slots)
     if total < p:
         return None
@@ -123,7 +84,7 @@ def _spread(slots: list[int], p: int) -> list[int] | None:
         for i in order:
             if sum(out) < p and out[i] < slots[i]:
                 out[i] += 1
-    return out
+    return tuple(out)
 
 
 def _stage_classes(counts: list[int], classes: list[int]) -> list[int]:
@@ -143,18 +104,25 @@ def megatron(tup: _Tuple) -> list[Layout]:
     out = []
     for t in tup.tps:
         for cs in sets:
+            if len(cs) == 1 and tup.state_over(cs[0], t, 0, p, even):
+                continue        # no replica count holds the stages: none is tried
+            have = [tup.replicas_of(c, t) for c in cs]
             for d in _equal_replicas(tup):
-                ks = [OptionKey(c, t, d, tup.cp) for c in cs]
-                if any(k not in tup.keys for k in ks):
+                if any(d not in h for h in have):
                     continue
-                slots = [pricer.classes[k.cls].capacity_units // k.units_in(pricer.classes) for k in ks]
-                counts = _spread(slots, p)
+                counts = _spread(tuple(pricer.classes[c].capacity_units // pricer.classes[c].units(t, d) for c in cs), p)
                 if counts is None:
                     continue
-                stage_cls = _stage_classes(counts, cs)
-                keys = [OptionKey(c, t, d, tup.cp) for c in stage_cls]
-                if all(tup.fits(k, [s], even) for s, k in enumerate(keys)):
-                    out.append(Layout("megatron", _where(pricer, stage_cls), keys, None))
+                # each class's stages are one run: its memory limits checked run by run
+                first, fits = 0, True
+                for c, k in zip(cs, counts):
+                    if k and not tup.fits_range(OptionKey(c, t, d, tup.cp), first, first + k, even):
+                        fits = False
+                        break
+                    first += k
+                if fits:
+                    stage_cls = _stage_classes(counts, cs)
+                    out.append(Layout("megatron", _where(pricer, stage_cls), [OptionKey(c, t, d, tup.cp) for c in stage_cls], None))
                     break       # the most replicas that fit
     return out
 
@@ -173,13 +141,13 @@ def sailor(tup: _Tuple) -> list[Layout]:
         if not use:
             continue
         slots = [pricer.classes[c].capacity_units // OptionKey(c, least[c], d, tup.cp).units_in(pricer.classes) for c in use]
-        counts = _spread(slots, p)
+        counts = _spread(tuple(slots), p)
         if counts is None:
             continue
         stage_cls = _stage_classes(counts, use)
         keys = []
         for s, c in enumerate(stage_cls):
-            t = next((t for t in tps if tup.fits(OptionKey(c, t, d, tup.cp), [s], even)), None)
+            t = next((t for t in tps if tup.fits(OptionKey(c, t, d, tup.cp), s, even)), None)
             if t is None:
                 break
             keys.append(OptionKey(c, t, d, tup.cp))
@@ -203,7 +171,7 @@ def metis(tup: _Tuple, layouts: list[Layout]) -> list[Layout]:
         lines = [tup.pricer.kind_lines(tup.ctx, k.cls, k.tp, -(-B // k.replicas), tup.unit) for k in lay.keys]
         speed = [1.0 / max(1e-30, f[0] + f[1]) for f in lines]
         units = _proportional(speed, tup.L_units)
-        if units is not None and all(tup.fits(k, [s], u) for s, (k, u) in enumerate(zip(lay.keys, units))):
+        if units is not None and all(tup.fits(k, s, u) for s, (k, u) in enumerate(zip(lay.keys, units))):
             out.append(Layout("metis", lay.where, lay.keys, units))
     return out
 
@@ -243,21 +211,60 @@ def layouts_of(tup: _Tuple) -> list[Layout]:
     return out + metis(tup, out)
 
 
-def price_layout(pricer, tup: _Tuple, lay: Layout, spec, launcher) -> Candidate | None:
-    """The layout's candidate under the objective ``spec`` (None: infeasible, over the
-    budget, or under the tokens/s floor)."""
-    keys = list(dict.fromkeys(lay.keys))
-    prob = pricer.price(tup.knobs, tup.ctx, keys)
+# Schedules whose iteration time (planner.cost.schedule) is at least m times the busiest stage's
+# forward + backward: 1F1B and interleaved take m x the worst cycle (busy + sends) and more,
+# GPipe m x the worst forward plus m x the worst backward, ZB-H1 m x the worst cycle and a
+# fill at least the q mu it takes back.  Not BitPipe (a rank averages its pair's work), nor
+# the V schedules or latency-aware (no such closed form).
+COMPUTE_FLOOR_SCHEDULES = frozenset({"1f1b", "gpipe", "interleaved-1f1b", "zb-h1"})
+
+
+def compute_floor_s(pricer, tup: _Tuple, lay: Layout) -> float:
+    """A lower bound on the layout's iteration time: m micro-batches of its busiest stage's
+    forward and backward slopes (the stages' fixed parts, sends, DP sync and optimizer only
+    add); 0 where the schedule gives no such bound."""
+    knobs = tup.knobs
+    if knobs.schedule not in COMPUTE_FLOOR_SCHEDULES:
+        return 0.0
+    B = knobs.micro_batch_size
+    units = lay.units or [tup.L_units // knobs.num_stages] * knobs.num_stages
+    busiest = 0.0
+    for k, u in zip(lay.keys, units):
+        f = pricer.kind_lines(tup.ctx, k.cls, k.tp, -(-B // k.replicas), tup.unit)
+        busiest = max(busiest, u * (f[0] + f[1]))
+    return knobs.num_micro_batches * busiest
+
+
+def priced_layouts(pricer, tup: _Tuple, spec, launcher, floor_of=None) -> list[tuple[Layout, Candidate | None]]:
+    """The tuple's layouts, each with its candidate under the objective ``spec`` (None:
+    infeasible, over the budget, or under the tokens/s floor).  One CoreProblem on all the
+    options they use prices them all: an option's lines and memory limits, and the send
+    between two options, do not depend on the other options of the problem.  ``floor_of``
+    (time objectives): rule -> the time a layout of that rule must be under to change
+    anything (its rule's best, the incumbents'); a layout whose ``compute_floor_s`` is not
+    under it is left out unpriced."""
+    layouts = layouts_of(tup)
+    if floor_of is not None:
+        # a hair of slack: a stage's fixed parts, read as intercepts of lines, may round below 0
+        layouts = [lay for lay in layouts if compute_floor_s(pricer, tup, lay) < floor_of(lay.rule) * (1 + 1e-9)]
+    if not layouts:
+        return []
+    prob = pricer.price(tup.knobs, tup.ctx, list(dict.fromkeys(k for lay in layouts for k in lay.keys)))
     prepare(prob, spec, launcher)
     index = {o.label: i for i, o in enumerate(prob.options)}
-    if any(k not in index for k in keys):
-        return None
-    units = lay.units or [tup.L_units // tup.knobs.num_stages] * tup.knobs.num_stages
-    assign = [(index[k], u) for k, u in zip(lay.keys, units)]
-    if not prob.feasible(assign):
-        return None
-    cand = Candidate.of(prob, assign, prob.objective(assign), tup.knobs, spec)
-    return cand if admits(spec, cand, pricer.training) else None
+    even = [tup.L_units // tup.knobs.num_stages] * tup.knobs.num_stages
+    out = []
+    for lay in layouts:
+        if any(k not in index for k in lay.keys):
+            out.append((lay, None))
+            continue
+        assign = [(index[k], u) for k, u in zip(lay.keys, lay.units or even)]
+        if not prob.feasible(assign):
+            out.append((lay, None))
+            continue
+        cand = Candidate.of(prob, assign, prob.objective(assign), tup.knobs, spec)
+        out.append((lay, cand if admits(spec, cand, pricer.training) else None))
+    return out
 
 
 def admits(spec, cand: Candidate, training) -> bool:
@@ -271,19 +278,30 @@ def admits(spec, cand: Candidate, training) -> bool:
     return True
 
 
-def seed(pricer, ranked, spec, launcher, best, stop_at: float, deadline: float = math.inf) -> BaselineResult:
+def seed(pricer, ranked, spec, launcher, best, stop_at: float, deadline: float = math.inf,
+         skip: bool = True) -> BaselineResult:
     """Price every baseline layout of the ranked knob tuples (until ``stop_at``, once one is
     found; until the search's ``deadline`` while none is) and add each to ``best``; the best of them under ``spec``, and each rule's best
     priced.  Under the time objectives the tuples come in the order of their memory-free time
     bound, so the ones from the best baseline's time on are skipped: none of their layouts
-    beats it (each rule's best is then only bounded from below: ``rule_floor_s``)."""
+    beats it (each rule's best is then only bounded from below: ``rule_floor_s``).  There too
+    (``skip``), a layout whose compute alone (``compute_floor_s``) reaches its rule's best and
+    the incumbents' threshold is not priced: it would change neither (c: 1,807 of 2,443)."""
     started = time.monotonic()
     by_rule: dict[str, Candidate] = {}
     names: dict[str, str] = {}
     priced = 0
     complete = True
+    limits: dict = {}       # memory limits shared by the tuples (_Tuple)
     time_like = spec.kind in ("throughput", "throughput-under-budget")
     floor_s = math.inf
+
+    def floor_of(rule: str) -> float:
+        """Under the time objectives a layout at least its rule's best and the incumbents'
+        threshold changes neither (``skip``: such layouts are not priced, ``compute_floor_s``)."""
+        found = by_rule.get(rule)
+        return max(found.time_s if found else math.inf, best.threshold())
+
     for bound_s, _, knobs, ctx, keys in ranked:
         if time_like and by_rule and bound_s >= min(c.time_s for c in by_rule.values()):
             floor_s = bound_s   # ranked by a lower bound on their time: no later layout is faster
@@ -295,9 +313,10 @@ def seed(pricer, ranked, spec, launcher, best, stop_at: float, deadline: float =
             # keeps most of its limit
             complete = False
             break
-        tup = _Tuple(pricer, knobs, ctx, keys)
-        for lay in layouts_of(tup):
-            cand = price_layout(pricer, tup, lay, spec, launcher)
+        if pricer.model.num_layers // knobs.block_unit % knobs.num_stages:
+            continue        # no even split: no baseline (layouts_of)
+        for lay, cand in priced_layouts(pricer, _Tuple(pricer, knobs, ctx, keys, limits), spec, launcher,
+                                        floor_of if time_like and skip else None):
             priced += 1
             if cand is None:
                 continue

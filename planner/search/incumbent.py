@@ -44,6 +44,14 @@ class Candidate:
     price_usd_per_hour: float
     knobs: Knobs
     layout: list            # [(OptionKey, blocks)] per stage
+    # a plan given whole rather than as a layout (the old plan a replan starts from, given.py):
+    # the answer is then that plan itself, its devices as named
+    plan: object = None
+
+    @property
+    def signature(self) -> tuple:
+        """What makes two candidates the same plan (Best keeps distinct ones)."""
+        return (self.knobs, tuple(self.layout), None if self.plan is None else id(self.plan))
 
     @classmethod
     def of(cls, prob, assign, time_s: float, knobs: Knobs, spec) -> Candidate:
@@ -62,8 +70,8 @@ class Best:
         self.k, self.items = k, []
 
     def add(self, cand: Candidate) -> None:
-        sig = (cand.knobs, tuple(cand.layout))
-        if any((c.knobs, tuple(c.layout)) == sig for c in self.items):
+        sig = cand.signature
+        if any(c.signature == sig for c in self.items):
             return
         self.items.append(cand)
         self.items.sort(key=lambda c: c.key)

@@ -29,6 +29,7 @@ from planner.search.classes import class_infos, classes_without_bf16
 from planner.search.core import enum
 from planner.search.core.milp import MilpSettings
 from planner.search.floors import TupleFloors, tuple_floors
+from planner.search.given import given_candidates
 from planner.search.incumbent import (
     WARM_KEYS_ABOVE,
     Best,
@@ -106,7 +107,7 @@ def _guarded(cluster, model, training, objective, time_limit_s, top_k, launcher,
 
 def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, *, state: dict,
             budget_usd_per_hour: float | None = None, min_tokens_per_s: float | None = None, profiles=None,
-            gap_rel: float = 0.0, progress: Callable[[str], None] | None = None) -> SearchResult:
+            gap_rel: float = 0.0, progress: Callable[[str], None] | None = None, incumbents=()) -> SearchResult:
     t0, wall_t0 = clock.now(), time.monotonic()     # t0: work done under a work clock
     check_time_limit(time_limit_s)
     if top_k < 1:
@@ -147,6 +148,11 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     bounds: list[float] = []
     stats = {"knobs": len(knobs_list), "solved": 0, "pruned": 0, "empty": 0, "unexplored": 0,
              "milp_optimal": True}
+    # plans given whole (a replan's old plan) first: their value is the cutoff from the start
+    for cand in given_candidates(cluster, model, training, spec, incumbents, profiles,
+                                 lambda c: admits(spec, c, training)):
+        best.add(cand)
+        stats["given"] = stats.get("given", 0) + 1
     state.update(cluster=cluster, model=model, training=training, spec=spec, classes=classes, best=best,
                  bounds=bounds, stats=stats, t0=wall_t0, profiles=profiles, launcher=launcher)
     contexts: dict = {}

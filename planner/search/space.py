@@ -529,8 +529,13 @@ class Pricer(SendPricing):
         fixed: list[tuple[float, ...] | None] = []
         max_blocks: list[int] = []
         entry = SCHEDULES[knobs.schedule]
+        bases: dict = {}        # per (embedding, head): at most four however long the pipeline
         for s in range(p):
-            sl, fx, (c0, c1, c2, c3), exact, mem = self._base(ctx, knobs, key, unit, *entry.stage_ends(p, s))
+            ends = entry.stage_ends(p, s)
+            base = bases.get(ends)
+            if base is None:
+                base = bases[ends] = self._base(ctx, knobs, key, unit, *ends)
+            sl, fx, (c0, c1, c2, c3), exact, mem = base
             slope = slope or sl
             f = in_flight_micro_batches(knobs.schedule, p, s, m, v)
             hi = _max_units(cap, c0 + c2 * f, c1 + c3 * f, exact, lambda u, f=f, mem=mem: mem(u, f), L_units)
