@@ -56,3 +56,24 @@ def test_held_bytes_follow_the_zero_formula(zero_run):
             assert held["weights"] == 0  # released between steps: only the shard's copy stays
         else:
             assert held["weights"] == pytest.approx(w * psi)
+
+
+def test_zero3_with_context_parallelism_matches_the_reference():
+    """ZeRO-3 shards over replicas x cp ranks (the weights are replicated over cp): stage 0 in
+    two replicas of 2 cp ranks (4 shards), stage 1 one replica of 2 (2 shards)."""
+    from tests.test_context_parallel import _runner_plan
+    from tests.test_run_slow import SWIGLU_GQA
+    plan = _runner_plan(SWIGLU_GQA, [
+        ((0, 2), [rep(1, 1, ["c:0", "c:1"]), rep(1, 1, ["c:2", "c:3"])]),
+        ((2, 4), [rep(1, 2, ["c:4", "c:5"])]),
+    ], mbs=2, nmb=2, cp=2)
+    plan = Plan.from_json({**plan.to_json(), "zero_stage": 3})
+    result = runner.run_plan(plan, steps=STEPS, dtype="float64", return_params=True)
+    assert_matches_reference(result, _reference(plan))
+    for r in result.ranks:
+        held = result.zero_state_bytes[r.rank]
+        shards = 4 if r.stage == 0 else 2
+        _, g, o = zero_state_bytes(ELEMENT_BYTES, ELEMENT_BYTES, 3 * ELEMENT_BYTES, 3, shards)
+        assert held["weights"] == 0
+        assert held["grads"] == pytest.approx(g * held["parameters"], abs=shards * ELEMENT_BYTES)
+        assert held["optimizer"] == pytest.approx(o * held["parameters"], abs=3 * shards * ELEMENT_BYTES)
