@@ -32,7 +32,7 @@ from planner.cost.compute import (
 )
 from planner.cost.context import CostContext
 from planner.cost.flops import model_flops_per_iteration
-from planner.cost.hsdp import hsdp_sync, is_hsdp
+from planner.cost.hsdp import hsdp_details, hsdp_sync, is_hsdp
 from planner.cost.memory import in_flight_micro_batches, replica_memory, stage_params
 from planner.cost.moe import ep_comm_per_micro_batch, expert_params, expert_rings, optimizer_params
 from planner.cost.money import plan_money
@@ -336,7 +336,7 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
         breakdown = with_cp_comm(breakdown, stage_timings, m,
                                  bottleneck_stage(stage_timings, plan.schedule, v))
     details = _details(ctx, plan, nodes, stage_timings, bottleneck_stage(stage_timings, plan.schedule, v))
-    details += _hsdp_details(ctx, stage_timings)
+    details += hsdp_details(ctx, stage_timings)
     shares = core_shares(cluster, plan)
     if shares:  # only then: plans on nodes without (enough) sharing keep the closed form exactly
         sharing = price_core_sharing(ctx, plan, nodes, stage_timings, shares, breakdown["optimizer"])
@@ -415,20 +415,6 @@ def _details(ctx, plan, nodes, timings, k) -> list[tuple[str, float, str]]:
         ("microbatch_overhead_s", cal.microbatch_overhead_s, "fixed time per micro-batch per stage"),
     ]
     return rows
-
-
-def _hsdp_details(ctx, timings) -> list[tuple[str, float, str]]:
-    """Explain rows for HSDP: the stage with the most data-parallel traffic, in its two parts."""
-    if not any(t.dp_replicate_s for t in timings):
-        return []
-    k = max(range(len(timings)), key=lambda i: timings[i].dp_sync_s)
-    t = timings[k]
-    return [("hsdp_shard_sync_s", t.dp_sync_s - t.dp_replicate_s,
-             f"stage {k}: ZeRO-{ctx.zero_stage} collectives inside each group of "
-             f"{ctx.zero_shard_degree} replicas (x cp {ctx.context_parallel}), per iteration"),
-            ("hsdp_replicate_sync_s", t.dp_replicate_s,
-             f"stage {k}: all-reduce of the gradient shard across the shard groups, "
-             f"{ctx.gradient_reductions} per iteration")]
 
 
 def _gb(x: float) -> str:

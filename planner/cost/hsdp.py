@@ -91,3 +91,17 @@ def hsdp_sync(ctx: CostContext, paths, replicas, params: float, gpu_of, crossing
             for key in ring_crossings:
                 crossings[key] = crossings.get(key, 0.0) + hop_bytes * both_ways
     return HsdpSync(shard_s, replicate_s)
+
+
+def hsdp_details(ctx: CostContext, timings) -> list[tuple[str, float, str]]:
+    """Explain rows for HSDP: the stage with the most data-parallel traffic, in its two parts."""
+    if not any(t.dp_replicate_s for t in timings):
+        return []
+    k = max(range(len(timings)), key=lambda i: timings[i].dp_sync_s)
+    t = timings[k]
+    inside = (f"stage {k}: ZeRO-{ctx.zero_stage} collectives inside each group of "
+              f"{ctx.zero_shard_degree} replicas (x cp {ctx.context_parallel}), per iteration")
+    across = (f"stage {k}: all-reduce of the gradient shard across the shard groups, "
+              f"{ctx.gradient_reductions} per iteration")
+    return [("hsdp_shard_sync_s", t.dp_sync_s - t.dp_replicate_s, inside),
+            ("hsdp_replicate_sync_s", t.dp_replicate_s, across)]
