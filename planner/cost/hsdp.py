@@ -105,3 +105,27 @@ def hsdp_details(ctx: CostContext, timings) -> list[tuple[str, float, str]]:
               f"{ctx.gradient_reductions} per iteration")
     return [("hsdp_shard_sync_s", t.dp_sync_s - t.dp_replicate_s, inside),
             ("hsdp_replicate_sync_s", t.dp_replicate_s, across)]
+
+
+def hsdp_option_sync(ctx: CostContext, topo, replica_devices: list[tuple[str, ...]], tp: int,
+                     params: float, gpu=None) -> HsdpSync:
+    """``hsdp_sync`` for the search: a stage of replicas of one ``tp`` on ``replica_devices``
+    (each tp x cp devices), priced on the same rings as evaluate prices the plan naming builds
+    (every group's and every shard position's; the slowest sets the time)."""
+    from planner.cost.comm import dp_sync_time_s
+    n, cp = len(replica_devices), ctx.context_parallel
+    d = ctx.shard_group(n)
+    groups = [replica_devices[g * d:(g + 1) * d] for g in range(n // d)]
+    shard_s = 0.0
+    if d * cp > 1:
+        for group in groups:
+            ring = topo.ring(tuple(r[c * tp] for r in group for c in range(cp)), concurrent_rings=tp)
+            shard_s = max(shard_s, dp_sync_time_s(ctx, params, d * cp, tp, ring.bandwidth_Bps, ring.latency_s,
+                                                  ring.kind, gpu))
+    replicate_s = 0.0
+    for pos in range(d):
+        for c in range(cp):
+            ring = topo.ring(tuple(g[pos][c * tp] for g in groups), concurrent_rings=tp * d * cp)
+            replicate_s = max(replicate_s, replicate_allreduce_s(
+                ctx, params, d * cp, len(groups), tp, ring.bandwidth_Bps, ring.latency_s, ring.kind, gpu))
+    return HsdpSync(shard_s, replicate_s)
