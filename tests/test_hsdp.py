@@ -246,3 +246,12 @@ def test_solver_equals_oracle_with_shard_degrees(seed):
     from test_oracle import check_case, make_case
     cluster, model, training = make_case(seed, max_plans=500)
     check_case(cluster, model, training.model_copy(update={"zero_stages": (1, 3), "zero_shard_degrees": ("all", 1, 2)}))
+
+
+def test_cli_flag_sets_the_degrees():
+    from planner.cli.freedoms import with_freedoms
+    from planner.spec import Training
+    t = with_freedoms(Training(global_batch_size=8, seq_len=256), {"--zero-shard-degree": "all, 4"}, None)
+    assert t.zero_shard_degrees == ("all", 4) and t.shard_degrees == (None, 4)
+    with pytest.raises(InputError, match="--zero-shard-degree 'node'"):
+        with_freedoms(Training(global_batch_size=8, seq_len=256), {"--zero-shard-degree": "node"}, None)
