@@ -255,3 +255,19 @@ def test_cli_flag_sets_the_degrees():
     assert t.zero_shard_degrees == ("all", 4) and t.shard_degrees == (None, 4)
     with pytest.raises(InputError, match="--zero-shard-degree 'node'"):
         with_freedoms(Training(global_batch_size=8, seq_len=256), {"--zero-shard-degree": "node"}, None)
+
+
+def test_migration_and_diff_know_the_groups():
+    """Each group holds a whole copy: replica r holds shard r mod d of d; diff lists the field."""
+    from test_launch_formats import MODEL
+
+    from planner.diff import diff_plans
+    from planner.migrate import shards
+    model = load_model(MODEL)
+    held = shards(_four_replicas(zero_stage=3, zero_shard_degree=2), model)
+    spans = [held[f"a:{i}"][0].optimizer_range for i in range(4)]
+    assert spans == [(0.0, 0.5), (0.5, 1.0), (0.0, 0.5), (0.5, 1.0)]
+    full = shards(_four_replicas(zero_stage=3), model)
+    assert [full[f"a:{i}"][0].optimizer_range for i in range(4)] == [(0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.0)]
+    d = diff_plans(_four_replicas(zero_stage=3), _four_replicas(zero_stage=3, zero_shard_degree=2))
+    assert {"field": "zero_shard_degree", "a": None, "b": 2} in d.settings
