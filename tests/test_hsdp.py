@@ -194,7 +194,7 @@ def test_training_knob_defaults_and_knobs():
     from planner.search.space import enumerate_knobs
     from planner.spec import Training
     t = Training(global_batch_size=8, seq_len=256)
-    assert t.zero_shard_degrees == ("all",) and t.shard_degrees == (None,)
+    assert t.zero_shard_degrees == ("all",) and t.shard_degrees() == (None,)
     assert "zero_shard_degrees" not in t.io_mapping()
     with pytest.raises(ValueError, match="zero_shard_degrees must list at least one"):
         Training(global_batch_size=8, seq_len=256, zero_shard_degrees=())
@@ -252,9 +252,11 @@ def test_cli_flag_sets_the_degrees():
     from planner.cli.freedoms import with_freedoms
     from planner.spec import Training
     t = with_freedoms(Training(global_batch_size=8, seq_len=256), {"--zero-shard-degree": "all, 4"}, None)
-    assert t.zero_shard_degrees == ("all", 4) and t.shard_degrees == (None, 4)
-    with pytest.raises(InputError, match="--zero-shard-degree 'node'"):
-        with_freedoms(Training(global_batch_size=8, seq_len=256), {"--zero-shard-degree": "node"}, None)
+    assert t.zero_shard_degrees == ("all", 4) and t.shard_degrees() == (None, 4)
+    t = with_freedoms(Training(global_batch_size=8, seq_len=256), {"--zero-shard-degree": "node,2"}, None)
+    assert t.shard_degrees((1, 2, 4)) == (1, 2, 4)
+    with pytest.raises(InputError, match="--zero-shard-degree 'zone'"):
+        with_freedoms(Training(global_batch_size=8, seq_len=256), {"--zero-shard-degree": "zone"}, None)
 
 
 def test_migration_and_diff_know_the_groups():
@@ -271,3 +273,18 @@ def test_migration_and_diff_know_the_groups():
     assert [full[f"a:{i}"][0].optimizer_range for i in range(4)] == [(0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.0)]
     d = diff_plans(_four_replicas(zero_stage=3), _four_replicas(zero_stage=3, zero_shard_degree=2))
     assert {"field": "zero_shard_degree", "a": None, "b": 2} in d.settings
+
+
+def test_node_means_the_replicas_one_node_holds():
+    """On the two 4-GPU nodes with tp 1 or 2: groups of 4 or 2 replicas; the search's best is
+    the groups of four (one node's replicas) found above."""
+    from test_oracle import check_case
+
+    from planner.search.classes import class_infos
+    from planner.search.space import enumerate_knobs
+    cluster, model, training = _slow_network_case()
+    node = training.model_copy(update={"zero_shard_degrees": ("node",), "max_tp": 2})
+    knobs = enumerate_knobs(model, node, class_infos(topology_for(cluster)))
+    assert {k.zero_shard_degree for k in knobs} == {2, 4}
+    res, _ = check_case(cluster, model, training.model_copy(update={"zero_shard_degrees": ("all", "node")}))
+    assert res.plan.zero_shard_degree == 4

@@ -25,9 +25,10 @@ def _choices(flag: str, text: str) -> tuple:
             raise InputError(f"{flag} {text!r}: give ZeRO stages 0 to 3, e.g. 1 or 0,1,3")
         return tuple(int(v) for v in values)
     if flag == "--zero-shard-degree":   # HSDP group sizes, or "all" (shard over every replica)
-        if not all(v == "all" or (v.isdigit() and int(v) >= 1) for v in values):
-            raise InputError(f"{flag} {text!r}: give shard-group sizes of 1 or more replicas, or all, e.g. all,4")
-        return tuple(v if v == "all" else int(v) for v in values)
+        if not all(v in ("all", "node") or (v.isdigit() and int(v) >= 1) for v in values):
+            raise InputError(f"{flag} {text!r}: give shard-group sizes of 1 or more replicas, all or node, "
+                             "e.g. all,node,4")
+        return tuple(v if v in ("all", "node") else int(v) for v in values)
     if flag in ("--context-parallel", "--expert-parallel"):
         kind = flag.removeprefix("--")
         if not all(v.isdigit() and int(v) >= 1 for v in values):

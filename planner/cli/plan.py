@@ -201,8 +201,8 @@ def _summary(out, result, cluster) -> None:
 @click.option("--zero-stage", "zero_stages", default=None, metavar="Z[,Z...]",
               help="ZeRO stages to search: 0, 1, 2, 3 (training: zero_stages)")
 @click.option("--zero-shard-degree", "zero_shard_degrees", default=None, metavar="D[,D...]",
-              help="HSDP: ZeRO shard-group sizes to search, in replicas of a stage, e.g. all,4 (all: shard "
-                   "over every replica; training: zero_shard_degrees)")
+              help="HSDP: ZeRO shard-group sizes to search, in replicas of a stage, e.g. all,node,4 (all: "
+                   "shard over every replica; node: the replicas one node holds; training: zero_shard_degrees)")
 @click.option("--context-parallel", "context_parallel_degrees", default=None, metavar="C[,C...]",
               help="context-parallel degrees to search, e.g. 1,2,4: each sequence split over C x tp GPUs "
                    "of a replica (ring attention; training: context_parallel_degrees)")

@@ -166,17 +166,26 @@ def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | N
                                 # CP and EP are searched apart: one of the two is 1 in a tuple
                                 out += [Knobs(B, m, entry.name, v, rc, int(z), p, bool(rs), cp, e, d)
                                         for e in eps if cp == 1 or e == 1
-                                        for d in shard_degrees(training, z, e, launcher)]
+                                        for d in shard_degrees(training, z, e, launcher,
+                                                               per_node(model, training, classes, cp))]
     return out
 
 
-def shard_degrees(training, zero_stage: int, ep: int, launcher: str | None = None) -> tuple[int | None, ...]:
-    """HSDP's shard-group sizes to try (``training.zero_shard_degrees``, None for "all"): only
-    with ZeRO, without expert parallelism (the plan refuses the pair), and not for DeepSpeed
-    (launch/deepspeed.py refuses HSDP)."""
-    if zero_stage == 0 or ep > 1 or launcher == "deepspeed":
+def shard_degrees(training, zero_stage: int, ep: int, launcher: str | None = None,
+                  node_counts: tuple[int, ...] = ()) -> tuple[int | None, ...]:
+    """HSDP's shard-group sizes to try (``training.zero_shard_degrees``, None for "all",
+    "node" as ``node_counts``): only with ZeRO, without expert parallelism (the plan refuses
+    the pair), and not for DeepSpeed (launch/deepspeed.py refuses HSDP)."""
+    if zero_stage == 0 or ep > 1 or launcher == "deepspeed" or not hasattr(training, "shard_degrees"):
         return (None,)
-    return getattr(training, "shard_degrees", (None,)) or (None,)
+    return training.shard_degrees(node_counts) or (None,)
+
+
+def per_node(model, training, classes, cp: int) -> tuple[int, ...]:
+    """Replicas of tp x cp GPUs one node holds, for each node class and tp degree of the space
+    (what ``zero_shard_degrees: [node]`` tries), ascending."""
+    return tuple(sorted({c.gpus_per_node // (t * cp) for c in classes
+                         for t in tp_degrees(model, c, training.max_tp) if t * cp <= c.gpus_per_node}))
 
 
 def context_degrees(training, launcher: str | None = None) -> tuple[int, ...]:

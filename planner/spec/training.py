@@ -44,10 +44,11 @@ class Training(BaseModel):
         default=(True,), description="ZeRO-3 only: the values of FSDP2's reshard_after_forward to try "
         "(true: free the gathered parameters after each forward and gather them again in backward; "
         "false: keep them gathered from the first forward to the last backward)")
-    zero_shard_degrees: tuple[PositiveInt | Literal["all"], ...] = Field(
+    zero_shard_degrees: tuple[PositiveInt | Literal["all", "node"], ...] = Field(
         default=("all",), description="ZeRO stages 1-3: the HSDP shard-group sizes to try, in replicas of "
         "a stage (each must divide a stage's replica count; the groups replicate each other); "
-        "\"all\": shard over all of a stage's replicas (plain ZeRO / FSDP)")
+        "\"all\": shard over all of a stage's replicas (plain ZeRO / FSDP); \"node\": the replicas "
+        "one node holds (GPUs per node / (tp x cp), for each node class and tp)")
     context_parallel_degrees: tuple[PositiveInt, ...] = Field(
         default=(1,), description="context-parallel degrees to try (ring attention: each sequence split "
         "over cp x tp GPUs of a replica, load-balanced for causal attention as 2 cp chunks, so seq_len "
@@ -79,10 +80,13 @@ class Training(BaseModel):
             raise ValueError("micro_batch_sizes must list at least one size (or be left out: any share)")
         return self
 
-    @property
-    def shard_degrees(self) -> tuple[int | None, ...]:
-        """``zero_shard_degrees`` with "all" as None (the plan field's absent value)."""
-        return tuple(dict.fromkeys(None if d == "all" else d for d in self.zero_shard_degrees))
+    def shard_degrees(self, per_node: tuple[int, ...] = ()) -> tuple[int | None, ...]:
+        """``zero_shard_degrees`` with "all" as None (the plan field's absent value) and "node"
+        as ``per_node``, the replica counts one node holds."""
+        out: list[int | None] = []
+        for d in self.zero_shard_degrees:
+            out += [None] if d == "all" else list(per_node) if d == "node" else [d]
+        return tuple(dict.fromkeys(out))
 
     def io_mapping(self) -> dict:
         """The part of the training spec a plan carries in ``inputs.training``."""
