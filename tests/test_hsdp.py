@@ -288,3 +288,15 @@ def test_node_means_the_replicas_one_node_holds():
     assert {k.zero_shard_degree for k in knobs} == {2, 4}
     res, _ = check_case(cluster, model, training.model_copy(update={"zero_shard_degrees": ("all", "node")}))
     assert res.plan.zero_shard_degree == 4
+
+
+def test_baselines_keep_whole_shard_groups():
+    """The baseline rules draw only on the tuple's options (baseline_tuple.py), which hold
+    whole shard groups of 3: the answer and the baseline it names are valid HSDP layouts."""
+    from planner import api
+    cluster, model, training = _slow_network_case()
+    t = training.model_copy(update={"global_batch_size": 12, "zero_shard_degrees": (3,), "zero_stages": (1,),
+                                    "micro_batch_sizes": None, "max_stages": 2})
+    plan = api.plan(cluster, model, t, time_limit_s=30).plan
+    assert plan.zero_shard_degree == 3 and all(len(s.replicas) % 3 == 0 for s in plan.stages)
+    assert plan.solver.baseline is not None and "d=3" in plan.solver.baseline
