@@ -300,3 +300,9 @@ def test_baselines_keep_whole_shard_groups():
     plan = api.plan(cluster, model, t, time_limit_s=30).plan
     assert plan.zero_shard_degree == 3 and all(len(s.replicas) % 3 == 0 for s in plan.stages)
     assert plan.solver.baseline is not None and "d=3" in plan.solver.baseline
+
+
+def test_pipelining_notes_the_mesh():
+    notes = json.loads(render(_four_replicas(zero_stage=3, zero_shard_degree=2), "pipelining",
+                              master_addr="h")["pipelining.json"])["notes"]
+    assert any("2-D ('replicate', 'shard') mesh of shape (2, 2)" in n for n in notes)
