@@ -306,3 +306,15 @@ def test_pipelining_notes_the_mesh():
     notes = json.loads(render(_four_replicas(zero_stage=3, zero_shard_degree=2), "pipelining",
                               master_addr="h")["pipelining.json"])["notes"]
     assert any("2-D ('replicate', 'shard') mesh of shape (2, 2)" in n for n in notes)
+
+
+@pytest.mark.parametrize("degree", [1, 2])
+def test_solver_equals_oracle_with_context_parallel(degree):
+    """Shard groups of d replicas x cp 2 ranks, and the all-reduce on every (position, cp
+    rank) ring: the search prices them as evaluate does."""
+    from test_oracle import check_case
+    cluster, model, training = _slow_network_case()
+    res, _ = check_case(cluster, model, training.model_copy(update={
+        "context_parallel_degrees": (2,), "zero_shard_degrees": (degree,), "zero_stages": (1, 3),
+        "max_stages": 2, "schedules": ("1f1b", "gpipe")}))
+    assert res.plan.context_parallel == 2 and res.plan.zero_shard_degree == degree
