@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from planner.plan import Plan
 
 SETTINGS = ("micro_batch_size", "num_micro_batches", "schedule", "virtual_stages", "recompute",
-            "zero_stage", "reshard_after_forward", "sequence_parallel", "context_parallel")
+            "zero_stage", "reshard_after_forward", "zero_shard_degree", "sequence_parallel", "context_parallel")
 PREDICTED = ("iteration_time_s", "tokens_per_s", "samples_per_s", "mfu", "usd_per_hour", "usd_per_million_tokens")
 
 

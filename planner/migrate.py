@@ -84,7 +84,8 @@ def shards(plan: Plan, model) -> dict[str, list[Shard]]:
     out: dict[str, list[Shard]] = defaultdict(list)
     cp = plan.context_parallel
     for stage in plan.stages:
-        n_rep = len(stage.replicas) * cp     # ZeRO shards over replicas x cp ranks
+        d = plan.shard_replicas(len(stage.replicas))   # HSDP: shard groups of d replicas
+        n_rep = d * cp     # ZeRO shards over replicas x cp ranks (of the replica's group)
         units = _units(model, stage)
         for r_i, rep in enumerate(stage.replicas):
             sharded = plan.zero_stage >= 3
@@ -92,7 +93,7 @@ def shards(plan: Plan, model) -> dict[str, list[Shard]]:
                 # device slot = cp rank x tp + tp rank; ZeRO-1/2 shard the optimizer state over
                 # the replicas' cp ranks, ZeRO-3 the weights too (gradients are not moved: they
                 # are rebuilt by the next step)
-                k = r_i * cp + slot // rep.tp
+                k = (r_i % d) * cp + slot // rep.tp
                 span = (k / n_rep, (k + 1) / n_rep) if plan.zero_stage >= 1 else (0.0, 1.0)
                 rank = slot % rep.tp
                 for unit, params in units:

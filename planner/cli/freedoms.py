@@ -12,7 +12,8 @@ from planner.errors import InputError
 
 # flag -> the training field it sets
 FLAGS = {"--schedule": "schedules", "--recompute": "recompute_modes", "--zero-stage": "zero_stages",
-         "--context-parallel": "context_parallel_degrees", "--expert-parallel": "expert_parallel_degrees"}
+         "--context-parallel": "context_parallel_degrees", "--expert-parallel": "expert_parallel_degrees",
+         "--zero-shard-degree": "zero_shard_degrees"}
 
 
 def _choices(flag: str, text: str) -> tuple:
@@ -23,6 +24,11 @@ def _choices(flag: str, text: str) -> tuple:
         if not all(v.isdigit() for v in values):
             raise InputError(f"{flag} {text!r}: give ZeRO stages 0 to 3, e.g. 1 or 0,1,3")
         return tuple(int(v) for v in values)
+    if flag == "--zero-shard-degree":   # HSDP group sizes, or "all" (shard over every replica)
+        if not all(v in ("all", "node") or (v.isdigit() and int(v) >= 1) for v in values):
+            raise InputError(f"{flag} {text!r}: give shard-group sizes of 1 or more replicas, all or node, "
+                             "e.g. all,node,4")
+        return tuple(v if v in ("all", "node") else int(v) for v in values)
     if flag in ("--context-parallel", "--expert-parallel"):
         kind = flag.removeprefix("--")
         if not all(v.isdigit() and int(v) >= 1 for v in values):

@@ -139,6 +139,7 @@ def _summary(out, result, cluster) -> None:
               f"{plan.num_micro_batches}, {plan.schedule}"
               + (f" (v={plan.virtual_stages})" if plan.virtual_stages > 1 else "")
               + f", recompute {plan.recompute}, ZeRO-{plan.zero_stage}"
+              + (f" (HSDP: shard groups of {plan.zero_shard_degree} replicas)" if plan.zero_shard_degree else "")
               + (f", context parallel {plan.context_parallel}" if plan.context_parallel > 1 else "")
               + (", sequence parallel" if plan.sequence_parallel and any(
                   r.tp > 1 for st in plan.stages for r in st.replicas) else "")
@@ -199,6 +200,9 @@ def _summary(out, result, cluster) -> None:
               help="activation recompute modes to search: none, selective, full, op (training: recompute_modes)")
 @click.option("--zero-stage", "zero_stages", default=None, metavar="Z[,Z...]",
               help="ZeRO stages to search: 0, 1, 2, 3 (training: zero_stages)")
+@click.option("--zero-shard-degree", "zero_shard_degrees", default=None, metavar="D[,D...]",
+              help="HSDP: ZeRO shard-group sizes to search, in replicas of a stage, e.g. all,node,4 (all: "
+                   "shard over every replica; node: the replicas one node holds; training: zero_shard_degrees)")
 @click.option("--context-parallel", "context_parallel_degrees", default=None, metavar="C[,C...]",
               help="context-parallel degrees to search, e.g. 1,2,4: each sequence split over C x tp GPUs "
                    "of a replica (ring attention; training: context_parallel_degrees)")
@@ -221,7 +225,7 @@ def _summary(out, result, cluster) -> None:
               help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
 def plan(cluster, model_name, training_path, global_batch_size, seq_len, precision, objective,
          budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, deterministic, work_budget, schedules, recompute_modes, zero_stages,
-         context_parallel_degrees, expert_parallel_degrees, launcher, mixed_stages, output, report_path, as_json, quiet, profiles_path, calibration_path):
+         zero_shard_degrees, context_parallel_degrees, expert_parallel_degrees, launcher, mixed_stages, output, report_path, as_json, quiet, profiles_path, calibration_path):
     """Find the fastest (or cheapest) layout of MODEL on CLUSTER, with a proof of how close it is.
 
     Ctrl-C stops the search and keeps the best plan found so far: it is written (-o) with
@@ -241,7 +245,7 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     model = api.load_model(model_name)
     training = _training(training_path, global_batch_size, seq_len, precision)
     training = with_freedoms(training, {"--schedule": schedules, "--recompute": recompute_modes,
-                                        "--zero-stage": zero_stages,
+                                        "--zero-stage": zero_stages, "--zero-shard-degree": zero_shard_degrees,
                                         "--context-parallel": context_parallel_degrees,
                                         "--expert-parallel": expert_parallel_degrees}, training_path)
     if mixed_stages:

@@ -244,22 +244,26 @@ def dp_sync_split(ctx: CostContext) -> tuple[float, float, int, int]:
     return (g + b * p) / total, f * p / total, f, max(1, b, k)
 
 
-def exposed_sync_parts(ctx: CostContext, dp_s, forward_s, backward_s) -> tuple:
+def exposed_sync_parts(ctx: CostContext, dp_s, forward_s, backward_s, replicate_s=0.0) -> tuple:
     """The two hinge arguments of the exposed data-parallel sync, exposed = max(0, first) +
     max(0, second) (``dp_exposed_s``): the backward-side traffic less the backwards it hides
     behind, the forward-side traffic less the forwards (``dp_sync_split``).  Linear in the
     three times, so the search's slopes and intercepts (floats or arrays) go through it as
-    the evaluator's seconds do: one definition for both."""
+    the evaluator's seconds do: one definition for both.  ``replicate_s``: the part of
+    ``dp_s`` that is HSDP's all-reduce across the shard groups (planner.cost.hsdp), which
+    follows each gradient reduce-scatter and so is backward-side whole."""
     if not ctx.grad_reduce_overlap:
         return dp_s, 0.0 * dp_s
     if ctx.zero_stage >= 1:
         back, fwd, forwards, backwards = dp_sync_split(ctx)
-        return dp_s * back - backwards * backward_s, dp_s * fwd - forwards * forward_s
+        shard_s = dp_s - replicate_s
+        return (shard_s * back + replicate_s - backwards * backward_s,
+                shard_s * fwd - forwards * forward_s)
     return dp_s - backward_s, -forward_s
 
 
 def dp_exposed_s(ctx: CostContext, dp_sync_s: float, last_backward_s: float,
-                 first_forward_s: float = 0.0) -> float:
+                 first_forward_s: float = 0.0, replicate_s: float = 0.0) -> float:
     """The part of the data-parallel traffic not hidden behind compute.
 
     Without ZeRO (Megatron ``--overlap-grad-reduce``): bucketed all-reduces start during the
@@ -272,6 +276,8 @@ def dp_exposed_s(ctx: CostContext, dp_sync_s: float, last_backward_s: float,
     behind its backward.  What does not hide is added to the iteration once
     (``dp_sync_exposed_s``): on the pipeline's slowest stage that is what stretching each of
     its micro-batches costs, elsewhere an overestimate.  Without overlap all is exposed.
+    HSDP's all-reduce across the shard groups (``replicate_s``, part of ``dp_sync_s``) follows
+    each reduce-scatter and hides behind the same backwards.
     """
-    first, second = exposed_sync_parts(ctx, dp_sync_s, first_forward_s, last_backward_s)
+    first, second = exposed_sync_parts(ctx, dp_sync_s, first_forward_s, last_backward_s, replicate_s)
     return max(0.0, first) + max(0.0, second)

@@ -70,6 +70,9 @@ class CostContext:
     zero_stage: int = 0
     # ZeRO-3 only (FSDP2): free the gathered parameters after each forward (planner.cost.comm.zero_gathers)
     reshard_after_forward: bool = True
+    # HSDP: the ZeRO shards span groups of this many consecutive replicas of a stage (x cp), the
+    # groups replicate each other (planner.cost.hsdp); None: one group of all the replicas
+    zero_shard_degree: int | None = None
     # micro-batches per iteration: ZeRO-2/3 reduce-scatter the gradients after each one (and
     # ZeRO-3 gathers the parameters again for each)
     num_micro_batches: int = 1
@@ -92,6 +95,7 @@ class CostContext:
                    sequence_parallel=plan.sequence_parallel,
                    context_parallel=getattr(plan, "context_parallel", 1), zero_stage=plan.zero_stage,
                    reshard_after_forward=plan.reshards_after_forward,
+                   zero_shard_degree=getattr(plan, "zero_shard_degree", None),
                    num_micro_batches=plan.num_micro_batches,
                    schedule=plan.schedule, virtual_stages=plan.virtual_stages,
                    expert_parallel=getattr(plan, "expert_parallel", 1),
@@ -101,6 +105,12 @@ class CostContext:
     def local_seq_len(self) -> float:
         """Tokens of each sequence one GPU of a replica holds: s / cp (context parallelism)."""
         return self.seq_len / self.context_parallel
+
+    def shard_group(self, num_replicas: int) -> int:
+        """Replicas per ZeRO shard group in a stage of ``num_replicas`` (HSDP's
+        ``zero_shard_degree``, at most all of them); the shards span that many x cp GPUs."""
+        d = self.zero_shard_degree
+        return num_replicas if d is None else max(1, min(d, num_replicas))
 
     @property
     def gradient_reductions(self) -> int:

@@ -32,6 +32,7 @@ from planner.cost.compute import (
 )
 from planner.cost.context import CostContext
 from planner.cost.flops import model_flops_per_iteration
+from planner.cost.hsdp import hsdp_details, hsdp_sync, is_hsdp
 from planner.cost.memory import in_flight_micro_batches, replica_memory, stage_params
 from planner.cost.moe import ep_comm_per_micro_batch, expert_params, expert_rings, optimizer_params
 from planner.cost.money import plan_money
@@ -257,7 +258,12 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
         n = len(st.replicas)
         ep = ctx.expert_parallel if model.is_moe else 1
         experts = expert_params(ctx, st.num_blocks) if ep > 1 else 0.0
-        dp = _ring_sync(ctx, paths, st.replicas, params - experts, gpu_of, crossings)
+        replicate = 0.0   # HSDP: the all-reduces across shard groups (cost/hsdp.py)
+        if is_hsdp(ctx, n):
+            hs = hsdp_sync(ctx, paths, st.replicas, params - experts, gpu_of, crossings, _ring_sync)
+            dp, replicate = hs.total_s, hs.replicate_s
+        else:
+            dp = _ring_sync(ctx, paths, st.replicas, params - experts, gpu_of, crossings)
         if experts:   # each EP rank's E/ep experts over the replicas holding them (cost/moe.py)
             dp += max(_ring_sync(ctx, paths, [st.replicas[j] for j in ring], experts / ep, gpu_of, crossings)
                       for ring in expert_rings(n, ep))
@@ -265,8 +271,9 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
         ep_fwd, ep_bwd, ep_zones = ep_comm_per_micro_batch(ctx, _topo, st, gpu_of)
         for key, nbytes in ep_zones.items():
             crossings[key] = crossings.get(key, 0.0) + m * nbytes
-        exposed = dp_exposed_s(ctx, dp, rt.total_backward_s + ep_bwd, rt.total_forward_s + ep_fwd)
-        shard = max(1, n * ctx.context_parallel) if ctx.zero_stage >= 1 else 1   # ZeRO over dp x cp
+        exposed = dp_exposed_s(ctx, dp, rt.total_backward_s + ep_bwd, rt.total_forward_s + ep_fwd, replicate)
+        # ZeRO over dp x cp (HSDP: over the shard group's replicas x cp)
+        shard = max(1, ctx.shard_group(n) * ctx.context_parallel) if ctx.zero_stage >= 1 else 1
         opt = max(optimizer_time_s(ctx, nodes[r.node].gpu, optimizer_params(ctx, params, experts, r.tp, shard))
                   for r in st.replicas)
         stage_timings.append(StageTiming(
@@ -278,7 +285,7 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
             backward_weight_s=(_backward_weight_s(ctx, nodes, st, timings[i]["slowest"])
                                if plan.schedule in (*SPLIT_BACKWARD_SCHEDULES, "latency-aware") else 0.0),
             pair_sync_s=pair_sync_s(ctx, paths, plan, i, gpu_of) if bitpipe else 0.0,
-            cp_comm_s=rt.cp_comm_s))
+            cp_comm_s=rt.cp_comm_s, dp_replicate_s=replicate))
 
     latency_aware = None
     if plan.schedule == "latency-aware":   # priced from its own action lists (cost/latency_aware.py)
@@ -329,6 +336,7 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
         breakdown = with_cp_comm(breakdown, stage_timings, m,
                                  bottleneck_stage(stage_timings, plan.schedule, v))
     details = _details(ctx, plan, nodes, stage_timings, bottleneck_stage(stage_timings, plan.schedule, v))
+    details += hsdp_details(ctx, stage_timings)
     shares = core_shares(cluster, plan)
     if shares:  # only then: plans on nodes without (enough) sharing keep the closed form exactly
         sharing = price_core_sharing(ctx, plan, nodes, stage_timings, shares, breakdown["optimizer"])

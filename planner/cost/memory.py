@@ -58,6 +58,10 @@ Sources:
   over the cp ranks, which join the data-parallel ranks in ZeRO's sharding (N = replicas x cp:
   Megatron's distributed optimizer shards over its data-parallel-with-CP group, torchtitan's
   FSDP over dp_shard x cp).
+- HSDP (``zero_shard_degree`` d): the ZeRO shards span only a group of d replicas x cp, the
+  n/d groups each holding a whole copy (FSDP2 on a 2-D (replicate, shard) mesh, torchtitan's
+  data_parallel_shard_degree; Megatron's --num-distributed-optimizer-instances n/d): every
+  divisor N above becomes d x cp.
 - Mixture of Experts (planner.cost.moe): each GPU holds its E/ep share of the routed experts
   (split by tp too) and the rest of the stage's weights whole / tp; the experts' ZeRO shards
   are over the n/ep replicas holding the same experts, the rest over all n.  A MoE block's
@@ -220,7 +224,8 @@ def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: 
     """Peak memory of each GPU of a replica (all its tp GPUs hold the same amount)."""
     experts = blocks * block_expert_params(ctx.model)       # 0 for dense models
     params = (stage_params(ctx, blocks, embedding, head) - experts) / tp
-    ranks = num_replicas_in_stage * ctx.context_parallel   # ZeRO shards over dp x cp (docstring)
+    # ZeRO shards over dp x cp (docstring); with HSDP over the shard group's d replicas x cp
+    ranks = ctx.shard_group(num_replicas_in_stage) * ctx.context_parallel
     w, g, o = zero_state_bytes(*bytes_per_param(ctx.precision), ctx.zero_stage, ranks)
     weights, grads, optimizer = params * w, params * g, params * o
     if experts:   # E/ep experts per GPU, their ZeRO shards over the n/ep replicas (x cp) holding them

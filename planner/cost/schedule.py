@@ -93,6 +93,8 @@ class StageTiming:
     cp_comm_s: float = 0.0
     # MoE expert parallelism: the token all-to-alls inside forward_s + backward_s (cost/moe.py)
     ep_comm_s: float = 0.0
+    # HSDP: the part of dp_sync_s that all-reduces the gradient shard across the shard groups
+    dp_replicate_s: float = 0.0
 
     @property
     def busy_s(self) -> float:

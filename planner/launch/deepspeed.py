@@ -87,6 +87,14 @@ def check(plan: Plan) -> None:
     if plan.recompute in ("selective", "op"):
         problems.add(f"recompute {plan.recompute}: PipelineModule only checkpoints whole layers "
                      "(activation_checkpoint_interval); re-plan with recompute none or full")
+    if plan.zero_shard_degree is not None:
+        # ZeRO++'s hpZ (zero_hpz_partition_size) keeps the optimizer state and gradients sharded
+        # over all data-parallel ranks and adds a second copy of the weights per node for the
+        # backward gathers (deepspeed.ai/tutorials/zeropp): not HSDP's replicated groups
+        problems.add(f"zero_shard_degree {plan.zero_shard_degree}: DeepSpeed has no hybrid sharding "
+                     "(ZeRO++'s zero_hpz_partition_size still shards the optimizer state over all "
+                     "replicas and adds a weight copy per node); re-plan without it "
+                     "(training.zero_shard_degrees), or use --format torchtitan or megatron")
     if plan.zero_stage >= 2 and plan.num_stages > 1:
         # deepspeed/runtime/pipe/engine.py (PipelineEngine.__init__) asserts
         # zero_optimization_stage() < 2: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"

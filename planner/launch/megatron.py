@@ -175,6 +175,12 @@ def training_args(plan: Plan, tp: int) -> tuple[list[str], list[str]]:
                  "--data-parallel-sharding-strategy", strategy, "--ckpt-format", "fsdp_dtensor"]
         notes.append(f"zero_stage {plan.zero_stage}: Megatron FSDP ({strategy}); it asserts "
                      "CUDA_DEVICE_MAX_CONNECTIONS is not 1, so the node scripts leave it unset")
+    if plan.zero_shard_degree is not None:
+        n = len(plan.stages[0].replicas)
+        # HSDP (parallel_state.py at MEGATRON_COMMIT): k instances split each dp x cp group into
+        # k consecutive chunks, the distributed optimizer (or Megatron FSDP, whose outer group is
+        # then the inter-instance one) shards inside a chunk and all-reduces across the chunks
+        args += ["--num-distributed-optimizer-instances", str(n // plan.shard_replicas(n))]
     prec = precision(plan)
     if prec in ("bf16", "fp16"):
         args.append(f"--{prec}")

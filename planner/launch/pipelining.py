@@ -144,6 +144,11 @@ def _notes(plan: Plan, d: int, how: Route) -> list[str]:
     elif plan.zero_stage == 3 and d > 1:
         notes.append("zero_stage 3: fully_shard each block and the stage module over the dp group "
                      f"(FSDP2, reshard_after_forward={plan.reshards_after_forward})")
+    if plan.zero_shard_degree is not None and d > 1:
+        shard = plan.shard_replicas(d)
+        notes.append(f"zero_shard_degree {shard} (HSDP): shard over groups of {shard} consecutive "
+                     f"replicas of the dp group and replicate across the {d // shard} groups (FSDP2: "
+                     f"fully_shard on a 2-D ('replicate', 'shard') mesh of shape ({d // shard}, {shard}))")
     prec = precision(plan)
     if prec in ("fp32", "tf32"):
         notes.append(f"precision {prec}: build the stage modules and their inputs in torch.float32 "

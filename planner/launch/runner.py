@@ -172,6 +172,9 @@ def check_plan(plan: Plan, shape: dict, schedule=None):
                 if n % r.tp:
                     problems.append(f"stage {s.index} replica {j}: tp={r.tp} does not divide the "
                                     f"model's {n} {what} (after any --tiny/model override)")
+    if plan.zero_shard_degree is not None:   # zero_shards shards over a stage's whole dp group
+        problems.append(f"zero_shard_degree: {plan.zero_shard_degree} (HSDP): the runner shards ZeRO "
+                        "state over all of a stage's replicas only")
     if plan.zero_stage >= 1:  # planner.launch.zero_shards shards shard-by-shard over equal tp
         if sched is not None and sched.stage_map == "bitpipe":
             problems.append(f"zero_stage: {plan.zero_stage} with the bitpipe schedule (its mirrored "

@@ -88,6 +88,8 @@ def rank_map(plan: Plan, layout: Layout, opts: LaunchOptions, extra: dict | None
         "sequence_parallel": plan.sequence_parallel,
         "precision": precision(plan),
     }
+    if plan.zero_shard_degree is not None:   # HSDP: ZeRO groups of this many consecutive replicas
+        data["zero_shard_degree"] = plan.zero_shard_degree
     if plan.zero_stage == 3:   # FSDP2's reshard_after_forward (only ZeRO-3 plans carry it)
         data["reshard_after_forward"] = plan.reshards_after_forward
     if plan.context_parallel > 1:

@@ -147,7 +147,10 @@ def sections(plan: Plan, how: Route | None) -> dict[str, dict]:
         # replicated over cp need their gradients reduced): noted in _comments
         par |= {"data_parallel_replicate_degree": d, "data_parallel_shard_degree": 1}
     else:
-        par |= {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": d}
+        # HSDP (zero_shard_degree): the mesh's dp_shard is inside dp_replicate, so FSDP shards
+        # over consecutive replicas, the plan's groups
+        shard = plan.shard_replicas(d)
+        par |= {"data_parallel_replicate_degree": d // shard, "data_parallel_shard_degree": shard}
     ep = plan.expert_parallel
     if ep > 1:   # experts tensor-parallel over the same tp, as planner.cost prices them
         par |= {"expert_parallel_degree": ep, "expert_tensor_parallel_degree": tp}

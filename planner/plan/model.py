@@ -213,6 +213,11 @@ class Plan(BaseModel):
         default=None, description="ZeRO-3 only (FSDP2's reshard_after_forward): true frees the "
                                   "gathered parameters after each forward (gathered again in "
                                   "backward); false keeps them to the last backward; absent: true")
+    zero_shard_degree: PositiveInt | None = Field(
+        default=None, description="HSDP (zero_stage >= 1): the ZeRO shards span groups of this many "
+                                  "consecutive replicas of a stage (and their context_parallel ranks), "
+                                  "the groups replicate each other; it divides every stage's replica "
+                                  "count; absent: one group of all the stage's replicas")
     sequence_parallel: bool = False
     # Context parallelism (ring attention, Megatron-Core / torchtitan): each micro-batch's
     # sequences are split over this many GPUs of every replica; 1 (no split) is left out of the JSON.
@@ -233,6 +238,25 @@ class Plan(BaseModel):
         if self.reshard_after_forward is not None and self.zero_stage != 3:
             raise ValueError(f"reshard_after_forward applies only to zero_stage 3 (FSDP2), "
                              f"this plan has zero_stage {self.zero_stage}: remove it")
+        return self
+
+    @model_validator(mode="after")
+    def _shard_degree_fits(self):
+        d = self.zero_shard_degree
+        if d is None:
+            return self
+        if self.zero_stage == 0:
+            raise ValueError(f"zero_shard_degree {d} needs zero_stage 1, 2 or 3 (it sizes the ZeRO "
+                             "shard groups); this plan has zero_stage 0: remove it")
+        if self.expert_parallel > 1:
+            # the experts' shards span n/ep replicas (planner.cost.moe); HSDP's groups of those
+            # are not modelled
+            raise ValueError(f"zero_shard_degree {d} with expert_parallel {self.expert_parallel}: "
+                             "HSDP is modelled for dense stages only; remove zero_shard_degree")
+        for i, st in enumerate(self.stages):
+            if len(st.replicas) % d:
+                raise ValueError(f"zero_shard_degree {d} must divide every stage's replica count: "
+                                 f"stage {i} has {len(st.replicas)} replicas")
         return self
 
     @model_validator(mode="after")
@@ -275,6 +299,11 @@ class Plan(BaseModel):
     def reshards_after_forward(self) -> bool:
         """ZeRO-3's reshard_after_forward, absent meaning FSDP2's default (true)."""
         return self.reshard_after_forward is not False
+
+    def shard_replicas(self, num_replicas: int) -> int:
+        """Replicas per ZeRO shard group in a stage of ``num_replicas``: ``zero_shard_degree``
+        (HSDP), absent meaning all of them."""
+        return num_replicas if self.zero_shard_degree is None else self.zero_shard_degree
 
     def devices(self) -> list[str]:
         return [d for s in self.stages for r in s.replicas for d in r.devices]

@@ -22,7 +22,7 @@ def knobs_of(plan) -> Knobs:
     return Knobs(micro_batch_size=plan.micro_batch_size, num_micro_batches=plan.num_micro_batches,
                  schedule=plan.schedule, virtual_stages=plan.virtual_stages, recompute=plan.recompute,
                  zero_stage=plan.zero_stage, num_stages=plan.num_stages,
-                 reshard_after_forward=plan.reshards_after_forward,
+                 reshard_after_forward=plan.reshards_after_forward, zero_shard_degree=plan.zero_shard_degree,
                  context_parallel=plan.context_parallel, expert_parallel=plan.expert_parallel)
 
 

@@ -60,6 +60,7 @@ def build_plan(cluster, model, training, classes, knobs: Knobs, layout, objectiv
         num_micro_batches=knobs.num_micro_batches, schedule=knobs.schedule,
         virtual_stages=knobs.virtual_stages, recompute=knobs.recompute, zero_stage=knobs.zero_stage,
         reshard_after_forward=knobs.reshard_after_forward if knobs.zero_stage == 3 else None,
+        zero_shard_degree=knobs.zero_shard_degree if knobs.zero_stage >= 1 else None,
         sequence_parallel=bool(training.sequence_parallel), context_parallel=knobs.context_parallel,
         expert_parallel=knobs.expert_parallel,
         stages=tuple(name_stages(classes, knobs, layout)))

@@ -28,7 +28,7 @@ class OracleResult:
     plans_unfit: int = 0          # evaluated plans that do not fit in memory
 
 
-def _stage_keys(model, training, classes, B, cp: int = 1, ep: int = 1):
+def _stage_keys(model, training, classes, B, cp: int = 1, ep: int = 1, shard: int | None = None):
     keys = []
     for info in classes:
         for t in tp_degrees(model, info, training.max_tp):
@@ -36,7 +36,8 @@ def _stage_keys(model, training, classes, B, cp: int = 1, ep: int = 1):
             if w > info.gpus_per_node:
                 continue
             for n in replica_counts(B):
-                if n <= info.max_replicas(w) and info.units(w, n) <= info.capacity_units and n % ep == 0:
+                if n <= info.max_replicas(w) and info.units(w, n) <= info.capacity_units and n % ep == 0 \
+                        and (shard is None or n % shard == 0):
                     if training.micro_batch_sizes and -(-B // n) not in training.micro_batch_sizes:
                         continue
                     keys.append(OptionKey(info.index, t, n, cp))
@@ -60,10 +61,11 @@ def oracle(cluster, model, training, objective: str | ObjectiveSpec = "throughpu
     training.global_batch_size * training.seq_len
     for knobs in enumerate_knobs(model, training, classes, launcher):
         keys = _stage_keys(model, training, classes, knobs.micro_batch_size, knobs.context_parallel,
-                           knobs.expert_parallel)
+                           knobs.expert_parallel, knobs.zero_shard_degree)
         if launcher:
             keys = [k for k in keys if knobs.micro_batch_size % k.replicas == 0]
-        elif training.mixed_stages and knobs.context_parallel == 1 and knobs.expert_parallel == 1:
+        elif (training.mixed_stages and knobs.context_parallel == 1 and knobs.expert_parallel == 1
+              and knobs.zero_shard_degree is None):
             keys += mixed_keys(model, training, classes, knobs.micro_batch_size, tp_degrees)
         p = knobs.num_stages
         for combo in itertools.product(keys, repeat=p):

@@ -171,8 +171,13 @@ class PackedBound:
         d_slope = np.array([s[0] for s in sync])
         d_icpt = np.array([s[1] for s in sync]).reshape(len(keys), len(POSITIONS))
         d_icpt = d_icpt[:, list(SCHEDULES[knobs.schedule].role_positions())]   # as arrays.icpt (bound.py)
-        slope[:, 2], slope[:, 4] = exposed_sync_parts(ctx, d_slope, slope[:, 0], slope[:, 1])
-        at[:, :, 2], at[:, :, 4] = exposed_sync_parts(ctx, d_icpt, at[:, :, 0], at[:, :, 1])
+        # HSDP's all-reduce across the shard groups: backward-side whole (cost/hsdp.py)
+        rep = [self.pricer.replicate_lines(ctx, k, unit) for k in keys]
+        rep_slope = np.array([r[0] for r in rep])
+        rep_icpt = np.array([r[1] for r in rep]).reshape(len(keys), len(POSITIONS))
+        rep_icpt = rep_icpt[:, list(SCHEDULES[knobs.schedule].role_positions())]
+        slope[:, 2], slope[:, 4] = exposed_sync_parts(ctx, d_slope, slope[:, 0], slope[:, 1], rep_slope)
+        at[:, :, 2], at[:, :, 4] = exposed_sync_parts(ctx, d_icpt, at[:, :, 0], at[:, :, 1], rep_icpt)
         nbs = np.arange(1, L + 1, dtype=float)
         Q = slope[:, None, None, :] * nbs[None, None, :, None] + at[:, :, None, :]    # [K, positions, L, quantities]
         rows, terms = pipeline_rows(knobs)

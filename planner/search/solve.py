@@ -172,11 +172,11 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             continue
         # no cost function reads the schedule from ctx; ZeRO-2/3's per-micro-batch reduce-scatters
         # and ZeRO-3's gathers read m, ZeRO-3's gathers the resharding
-        ck = (knobs.recompute, knobs.zero_stage, knobs.reshard_after_forward,
+        ck = (knobs.recompute, knobs.zero_stage, knobs.reshard_after_forward, knobs.zero_shard_degree,
               knobs.num_micro_batches if knobs.zero_stage >= 2 else 0, knobs.context_parallel,
               knobs.expert_parallel)
         ctx = contexts.get(ck) or contexts.setdefault(ck, make_context(model, training, knobs, profiles))
-        uk = (knobs.micro_batch_size, knobs.context_parallel, knobs.expert_parallel)
+        uk = (knobs.micro_batch_size, knobs.context_parallel, knobs.expert_parallel, knobs.zero_shard_degree)
         keys = usable.get(uk)
         if keys is None:    # one list per B, cp (keys are tp x cp wide) and EP degree: the bounds cache by it
             keys = usable[uk] = usable_keys(pricer, knobs, launcher, spec)

@@ -27,6 +27,7 @@ from planner.cost import (
 )
 from planner.cost.comm import exposed_sync_parts
 from planner.cost.compute import backward_weight_s
+from planner.cost.hsdp import hsdp_option_sync, is_hsdp
 from planner.cost.moe import ep_sync_s, expert_params, optimizer_params, option_ep_comm
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row, Term
@@ -52,6 +53,7 @@ class Knobs:
     reshard_after_forward: bool = True     # ZeRO-3 only (FSDP2); True for the other stages
     context_parallel: int = 1              # cp: every replica is tp x cp GPUs (ring attention)
     expert_parallel: int = 1               # MoE: replicas per expert group (planner.cost.moe)
+    zero_shard_degree: int | None = None   # HSDP: replicas per ZeRO shard group (cost/hsdp.py); None: all
 
     @property
     def block_unit(self) -> int:
@@ -64,7 +66,8 @@ class Knobs:
                 f"{self.schedule}{v} rc={self.recompute} zero={self.zero_stage}"
                 + ("" if self.reshard_after_forward else " no-reshard")
                 + (f" cp={self.context_parallel}" if self.context_parallel > 1 else "")
-                + (f" ep={self.expert_parallel}" if self.expert_parallel > 1 else ""))
+                + (f" ep={self.expert_parallel}" if self.expert_parallel > 1 else "")
+                + (f" hsdp={self.zero_shard_degree}" if self.zero_shard_degree is not None else ""))
 
 
 @dataclass(frozen=True)
@@ -161,9 +164,28 @@ def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | N
                                 if launcher == "deepspeed" and z >= 2 and p > 1:
                                     continue    # DeepSpeed's PipelineEngine refuses ZeRO-2/3 (launch/deepspeed.py)
                                 # CP and EP are searched apart: one of the two is 1 in a tuple
-                                out += [Knobs(B, m, entry.name, v, rc, int(z), p, bool(rs), cp, e)
-                                        for e in eps if cp == 1 or e == 1]
+                                out += [Knobs(B, m, entry.name, v, rc, int(z), p, bool(rs), cp, e, d)
+                                        for e in eps if cp == 1 or e == 1
+                                        for d in shard_degrees(training, z, e, launcher,
+                                                               per_node(model, training, classes, cp))]
     return out
+
+
+def shard_degrees(training, zero_stage: int, ep: int, launcher: str | None = None,
+                  node_counts: tuple[int, ...] = ()) -> tuple[int | None, ...]:
+    """HSDP's shard-group sizes to try (``training.zero_shard_degrees``, None for "all",
+    "node" as ``node_counts``): only with ZeRO, without expert parallelism (the plan refuses
+    the pair), and not for DeepSpeed (launch/deepspeed.py refuses HSDP)."""
+    if zero_stage == 0 or ep > 1 or launcher == "deepspeed" or not hasattr(training, "shard_degrees"):
+        return (None,)
+    return training.shard_degrees(node_counts) or (None,)
+
+
+def per_node(model, training, classes, cp: int) -> tuple[int, ...]:
+    """Replicas of tp x cp GPUs one node holds, for each node class and tp degree of the space
+    (what ``zero_shard_degrees: [node]`` tries), ascending."""
+    return tuple(sorted({c.gpus_per_node // (t * cp) for c in classes
+                         for t in tp_degrees(model, c, training.max_tp) if t * cp <= c.gpus_per_node}))
 
 
 def context_degrees(training, launcher: str | None = None) -> tuple[int, ...]:
@@ -182,6 +204,7 @@ def make_context(model, training, knobs: Knobs, profiles=None, calibration=None)
                        context_parallel=knobs.context_parallel, zero_stage=knobs.zero_stage, reshard_after_forward=knobs.reshard_after_forward,
                        num_micro_batches=knobs.num_micro_batches, schedule=knobs.schedule,
                        virtual_stages=knobs.virtual_stages, expert_parallel=knobs.expert_parallel,
+                       zero_shard_degree=knobs.zero_shard_degree,
                        calibration=calibration or default_calibration(), profiles=profiles)
 
 
@@ -217,7 +240,7 @@ class Pricer(SendPricing):
         return id(self._contexts.setdefault(id(ctx), ctx))
 
     def option_keys(self, knobs: Knobs) -> list[OptionKey]:
-        ck = (knobs.micro_batch_size, knobs.context_parallel, knobs.expert_parallel)
+        ck = (knobs.micro_batch_size, knobs.context_parallel, knobs.expert_parallel, knobs.zero_shard_degree)
         hit = self._keys.get(ck)
         if hit is None:
             hit = self._keys[ck] = self._option_keys(knobs)
@@ -226,8 +249,9 @@ class Pricer(SendPricing):
     def stand_ins(self, knobs: Knobs) -> list[StandIn]:
         """The mixed stages of the tuple's B (``training.mixed_stages``), as the bounds see
         them (mixed.StandIn); pricing turns them back into mixed core options."""
-        if not self.training.mixed_stages or knobs.context_parallel > 1 or knobs.expert_parallel > 1:
-            return []   # mixed stages are searched without context or expert parallelism
+        if (not self.training.mixed_stages or knobs.context_parallel > 1 or knobs.expert_parallel > 1
+                or knobs.zero_shard_degree is not None):
+            return []   # mixed stages are searched without context or expert parallelism, or HSDP
         hit = self._stand_ins.get(knobs.micro_batch_size)
         if hit is None:
             hit = self._stand_ins[knobs.micro_batch_size] = [
@@ -258,6 +282,8 @@ class Pricer(SendPricing):
                         continue
                     if n % knobs.expert_parallel:   # whole expert groups (cost/moe.py)
                         continue
+                    if knobs.zero_shard_degree is not None and n % knobs.zero_shard_degree:
+                        continue    # whole HSDP shard groups (the plan's zero_shard_degree divides n)
                     if allowed_q and -(-knobs.micro_batch_size // n) not in allowed_q:
                         continue
                     keys.append(OptionKey(info.index, t, n, cp))
@@ -323,7 +349,7 @@ class Pricer(SendPricing):
         if isinstance(key, StandIn):
             return self._stand_in_lines(ctx, knobs, key, unit)
         share = -(-knobs.micro_batch_size // key.replicas)
-        shard = key.ranks if knobs.zero_stage >= 1 else 1
+        shard = zero_shard(ctx, key)
         sf, sb, fb = self.kind_lines(ctx, key.cls, key.tp, share, unit)
         ef, eb = self.ep_lines(ctx, knobs, key, unit)
         return ((sf + ef, sb + eb, fb) if ef or eb else (sf, sb, fb),
@@ -421,27 +447,47 @@ class Pricer(SendPricing):
         """The stage's gradient sync (``dp_sync_time_s``) as a line in the block count: the
         slope per unit of blocks and each position's intercept (the embedding / head add
         parameters); 0 for one replica."""
+        return self._sync_lines(ctx, key, unit)[:2]
+
+    def replicate_lines(self, ctx, key: OptionKey, unit: int) -> tuple[float, np.ndarray]:
+        """The HSDP all-reduce part of ``sync_lines`` (cost/hsdp.py), a line the same way;
+        0 without HSDP."""
+        return self._sync_lines(ctx, key, unit)[2:]
+
+    def _sync_lines(self, ctx, key: OptionKey, unit: int) -> tuple:
         ck = (self.cache_id(ctx), key, unit)
         hit = self._syncs.get(ck)
         if hit is None:
             info = self.classes[key.cls]
+            zeros = (0.0, np.zeros(len(POSITIONS)))
             if isinstance(key, StandIn) or key.ranks <= 1:   # a stand-in's sync: 0 (mixed.py)
-                hit = (0.0, np.zeros(len(POSITIONS)))
+                hit = zeros + zeros
             else:
                 ring = self.ring(key)
 
-                def dp(nb: int, emb: bool, head: bool) -> float:
+                def dp(nb: int, emb: bool, head: bool) -> tuple[float, float]:
+                    params = stage_params(ctx, nb, emb, head)
                     if _experts(ctx, nb):     # EP (cp is 1 then): the experts over n/ep (cost/moe.py)
                         first = [d[0] for d in info.replica_devices(key.tp, key.replicas)]
-                        return ep_sync_s(ctx, self.topo, first, key.tp, stage_params(ctx, nb, emb, head),
-                                         _experts(ctx, nb), info.gpu)
-                    return dp_sync_time_s(ctx, stage_params(ctx, nb, emb, head), key.ranks, key.tp,
-                                          ring.bandwidth_Bps, ring.latency_s, ring.kind, info.gpu)
+                        return ep_sync_s(ctx, self.topo, first, key.tp, params, _experts(ctx, nb), info.gpu), 0.0
+                    if is_hsdp(ctx, key.replicas):
+                        hs = self.hsdp(ctx, key, params)
+                        return hs.total_s, hs.replicate_s
+                    return dp_sync_time_s(ctx, params, key.ranks, key.tp, ring.bandwidth_Bps, ring.latency_s,
+                                          ring.kind, info.gpu), 0.0
 
-                slope = dp(2 * unit, False, False) - dp(unit, False, False)
-                hit = (slope, np.array([dp(unit, emb, head) - slope for emb, head in POSITIONS]))
+                one, two = dp(unit, False, False), dp(2 * unit, False, False)
+                at = [dp(unit, emb, head) for emb, head in POSITIONS]
+                hit = tuple(x for i in (0, 1) for x in (two[i] - one[i], np.array([a[i] - (two[i] - one[i])
+                                                                                  for a in at])))
             self._syncs[ck] = hit
         return hit
+
+    def hsdp(self, ctx, key: OptionKey, params: float):
+        """The option's HSDP traffic on its representative devices (cost/hsdp.py)."""
+        info = self.classes[key.cls]
+        return hsdp_option_sync(ctx, self.topo, info.replica_devices(key.width, key.replicas), key.tp,
+                                params, info.gpu)
 
     def _base(self, ctx, knobs, key: OptionKey, unit: int, emb: bool, head: bool, timing_only: bool = False):
         """Per (knobs without p, option, end flags): quantity slopes/intercepts per core unit and
@@ -455,7 +501,8 @@ class Pricer(SendPricing):
         gpu, intra, t, n = info.gpu, info.node_class.intra_Bps, key.tp, key.replicas
         share = -(-knobs.micro_batch_size // n)
         ring = self.ring(key) if key.ranks > 1 else None
-        shard = key.ranks if knobs.zero_stage >= 1 else 1
+        shard = zero_shard(ctx, key)
+        hsdp = is_hsdp(ctx, n)
 
         devices = info.replica_devices(t, n) if ctx.expert_parallel > 1 else None
 
@@ -463,14 +510,18 @@ class Pricer(SendPricing):
             rt = replica_compute(ctx, gpu, intra, t, share, nb, emb, head)
             params, experts = stage_params(ctx, nb, emb, head), _experts(ctx, nb)
             fwd, bwd = rt.total_forward_s, rt.total_backward_s
+            replicate = 0.0
             if experts:   # expert parallelism (cp is 1 then): all-to-alls, experts' sync over n/ep (cost/moe.py)
                 ep_f, ep_b = option_ep_comm(ctx, self.topo, devices, shares(knobs.micro_batch_size, n), t, nb, gpu)
                 fwd, bwd = fwd + ep_f, bwd + ep_b
                 dp = ep_sync_s(ctx, self.topo, [d[0] for d in devices], t, params, experts, gpu)
+            elif hsdp:   # shard groups' collectives and the all-reduce across them (cost/hsdp.py)
+                hs = self.hsdp(ctx, key, params)
+                dp, replicate = hs.total_s, hs.replicate_s   # the all-reduce is backward-side whole
             else:
                 dp = (dp_sync_time_s(ctx, params, key.ranks, t, ring.bandwidth_Bps, ring.latency_s, ring.kind, gpu)
                       if ring else 0.0)
-            rs, ag = exposed_sync_parts(ctx, dp, fwd, bwd)
+            rs, ag = exposed_sync_parts(ctx, dp, fwd, bwd, replicate)
             return (fwd, bwd, rs, optimizer_time_s(ctx, gpu, optimizer_params(ctx, params, experts, t, shard)),
                     ag, 0.0)
 
@@ -546,6 +597,11 @@ class Pricer(SendPricing):
         return CoreOption(resource=key.cls, units=info.units(key.width, key.replicas), slope=slope, fixed=fixed,
                           max_blocks=max_blocks, price_usd_per_hour=info.option_price(key.width, key.replicas),
                           label=key)
+
+def zero_shard(ctx, key) -> int:
+    """Ranks ZeRO shards a stage's state over: its replicas x cp (HSDP: the shard group's)."""
+    return ctx.shard_group(key.replicas) * key.cp if ctx.zero_stage >= 1 else 1
+
 
 def _experts(ctx, blocks: int) -> float:
     """Expert weights of ``blocks`` blocks where EP splits them (0 without EP, as evaluate)."""

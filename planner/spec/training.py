@@ -44,6 +44,11 @@ class Training(BaseModel):
         default=(True,), description="ZeRO-3 only: the values of FSDP2's reshard_after_forward to try "
         "(true: free the gathered parameters after each forward and gather them again in backward; "
         "false: keep them gathered from the first forward to the last backward)")
+    zero_shard_degrees: tuple[PositiveInt | Literal["all", "node"], ...] = Field(
+        default=("all",), description="ZeRO stages 1-3: the HSDP shard-group sizes to try, in replicas of "
+        "a stage (each must divide a stage's replica count; the groups replicate each other); "
+        "\"all\": shard over all of a stage's replicas (plain ZeRO / FSDP); \"node\": the replicas "
+        "one node holds (GPUs per node / (tp x cp), for each node class and tp)")
     context_parallel_degrees: tuple[PositiveInt, ...] = Field(
         default=(1,), description="context-parallel degrees to try (ring attention: each sequence split "
         "over cp x tp GPUs of a replica, load-balanced for causal attention as 2 cp chunks, so seq_len "
@@ -62,7 +67,7 @@ class Training(BaseModel):
 
     @model_validator(mode="after")
     def _non_empty(self):
-        for name in ("schedules", "recompute_modes", "zero_stages", "reshard_after_forward",
+        for name in ("schedules", "recompute_modes", "zero_stages", "reshard_after_forward", "zero_shard_degrees",
                      "context_parallel_degrees", "expert_parallel_degrees"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must list at least one choice")
@@ -75,6 +80,14 @@ class Training(BaseModel):
             raise ValueError("micro_batch_sizes must list at least one size (or be left out: any share)")
         return self
 
+    def shard_degrees(self, per_node: tuple[int, ...] = ()) -> tuple[int | None, ...]:
+        """``zero_shard_degrees`` with "all" as None (the plan field's absent value) and "node"
+        as ``per_node``, the replica counts one node holds."""
+        out: list[int | None] = []
+        for d in self.zero_shard_degrees:
+            out += [None] if d == "all" else list(per_node) if d == "node" else [d]
+        return tuple(dict.fromkeys(out))
+
     def io_mapping(self) -> dict:
         """The part of the training spec a plan carries in ``inputs.training``."""
         out = {"global_batch_size": self.global_batch_size, "seq_len": self.seq_len,
@@ -83,6 +96,8 @@ class Training(BaseModel):
             out["mixed_stages"] = True
         if self.context_parallel_degrees != (1,):   # likewise; the default leaves plans' bytes alone
             out["context_parallel_degrees"] = list(self.context_parallel_degrees)
+        if self.zero_shard_degrees != ("all",):
+            out["zero_shard_degrees"] = list(self.zero_shard_degrees)
         if self.expert_parallel_degrees != (1,):
             out["expert_parallel_degrees"] = list(self.expert_parallel_degrees)
         return out
