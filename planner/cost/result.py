@@ -14,7 +14,8 @@ TERM_FORMULAS = {
                "2MNK / (peak x eff(MN, K)) + elementwise and attention-core bytes / mem BW, "
                "at least the launch floor (eff: saturating in output size and depth through "
                "the GPU's published max achievable matmul; FLOPs: Narayanan et al. SC21)",
-    "recompute": "m x recomputed forward (selective: attention core; full: whole block) "
+    "recompute": "m x recomputed forward (selective: attention core; full: whole block; op: every "
+                 "second matmul and the elementwise ops, torchtitan) "
                  "(Korthikanti et al. 2022)",
     "tp_comm": "m x TP collectives, 2 fwd + 2 bwd per block of b s h bytes, ring "
                "2(t-1)/t S/B + 2(t-1) alpha on the intra-node link at NCCL's published bus "
