@@ -334,7 +334,7 @@ class _Packing:
         if self.U_pos is None:
             return True
         model = self._model()
-        return model is not None and model.most_blocks(self._most_at_positions(M)) >= L
+        return model is not None and model.reaches(self._most_at_positions(M), L)
 
     def bottleneck(self, need: float) -> float:
         """The least M that ``holds`` (its infeasible end, by bisection); inf when none does.
