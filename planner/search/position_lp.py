@@ -132,11 +132,19 @@ class PositionModel:
 
     def __init__(self, lp, v, o, s, top, units, cls, capacity, cross, slope, icpt, extra):
         self.lp, self.v, self.o, self.s, self.top = lp, v, o, s, top
-        self.units, self.cls, self.capacity, self.cross, self.extra = units, cls, capacity, cross, extra
+        self.cls, self.cross = cls, cross
         self.slope, self.icpt = slope, icpt          # icpt [slots] at each slot's variant and position
         self.p = int(s.max()) + 1
         self.primary = np.unique(cls[o])
-        self.cap_rows: dict = {}
+        # every slot's rows, built once: a run gathers the columns it allows (_load)
+        rows, self.lower, self.upper, self.cap_rows = _rows(v, o, s, units, cls, capacity, cross, self.p, extra)
+        rows.append((np.full(len(o), len(self.lower)), np.arange(len(o)), np.ones(len(o))))   # blocks, last
+        self.lower.append(-math.inf)
+        self.upper.append(math.inf)
+        r, c, val = (np.concatenate(x) for x in zip(*rows))
+        order = np.lexsort((r, c))
+        self._r, self._val = r[order].astype(np.int32), val[order].astype(float)
+        self._start = np.searchsorted(c[order], np.arange(len(o) + 1))
         self._weights = None        # the last optimal solution, per slot (reaches)
 
     @classmethod
@@ -198,15 +206,9 @@ class PositionModel:
             return math.inf                     # some position takes no column
         if self.cross is not None and len(np.unique(self.cls[self.o[slot]])) < len(self.primary):
             return math.inf                     # a class of the plan can hold no stage
-        v, o, s = self.v[slot], self.o[slot], self.s[slot]
-        cost = -nb if mode == "blocks" else self.slope[o] * nb + self.icpt[slot]
-        rows, lower, upper, self.cap_rows = _rows(v, o, s, self.units, self.cls, self.capacity, self.cross,
-                                                  self.p, self.extra)
-        rows.append((np.full(len(o), len(lower)), np.arange(len(o)), nb))      # the blocks row, last
-        lower.append(-math.inf if L is None else float(L))
-        upper.append(math.inf if L is None else float(L))
+        cost = -nb if mode == "blocks" else self.slope[self.o[slot]] * nb + self.icpt[slot]
         h, hs = self.lp._h, self.lp._hs
-        _load(h, hs, cost, rows, lower, upper)
+        self._load(h, hs, slot, nb, cost, L)
         self.lp.loaded = self
         # HiGHS checks its time limit against all the time this instance has run (clearModel
         # does not reset it): the limit is that total plus the time left
@@ -225,26 +227,30 @@ class PositionModel:
         self._weights = np.bincount(slot, weights=x, minlength=len(self.v))
         return float(h.getInfo().objective_function_value)
 
-
-def _load(h, hs, cost: np.ndarray, rows: list, lower: list, upper: list) -> None:
-    """Pass HiGHS the LP: columns in [0, 1] at ``cost``, the (row, column, value) triples."""
-    r, c, val = (np.concatenate(x) for x in zip(*rows))
-    order = np.lexsort((r, c))
-    r, c, val = r[order], c[order], val[order]
-    n = len(cost)
-    lower, upper = np.array(lower, dtype=float), np.array(upper, dtype=float)
-    lp = hs.HighsLp()
-    lp.num_col_, lp.num_row_ = n, len(lower)
-    lp.col_cost_ = np.asarray(cost, dtype=float)
-    lp.col_lower_, lp.col_upper_ = np.zeros(n), np.ones(n)
-    lp.row_lower_ = np.where(np.isfinite(lower), lower, -hs.kHighsInf)
-    lp.row_upper_ = np.where(np.isfinite(upper), upper, hs.kHighsInf)
-    lp.a_matrix_.format_ = hs.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = np.searchsorted(c, np.arange(n + 1)).astype(np.int32)
-    lp.a_matrix_.index_ = r.astype(np.int32)
-    lp.a_matrix_.value_ = val.astype(float)
-    h.clearModel()
-    h.passModel(lp)
+    def _load(self, h, hs, slot: np.ndarray, nb: np.ndarray, cost: np.ndarray, L: int | None) -> None:
+        """Pass HiGHS the LP of the columns ``slot`` (a slot twice in the fill: its one block
+        and its most), each in [0, 1] at ``cost``, holding ``nb`` blocks."""
+        count = np.diff(self._start)[slot]
+        ends = np.cumsum(count)
+        at = np.arange(int(ends[-1])) - np.repeat(ends - count - self._start[slot], count)
+        value = self._val[at]
+        value[ends - 1] = nb                    # the blocks row, last in each column
+        n = len(slot)
+        lower, upper = np.array(self.lower, dtype=float), np.array(self.upper, dtype=float)
+        if L is not None:
+            lower[-1] = upper[-1] = float(L)
+        lp = hs.HighsLp()
+        lp.num_col_, lp.num_row_ = n, len(lower)
+        lp.col_cost_ = np.asarray(cost, dtype=float)
+        lp.col_lower_, lp.col_upper_ = np.zeros(n), np.ones(n)
+        lp.row_lower_ = np.where(np.isfinite(lower), lower, -hs.kHighsInf)
+        lp.row_upper_ = np.where(np.isfinite(upper), upper, hs.kHighsInf)
+        lp.a_matrix_.format_ = hs.MatrixFormat.kColwise
+        lp.a_matrix_.start_ = np.concatenate([[0], ends]).astype(np.int32)
+        lp.a_matrix_.index_ = self._r[at]
+        lp.a_matrix_.value_ = value
+        h.clearModel()
+        h.passModel(lp)
 
 
 def _rows(v, o, s, units, cls, capacity, cross: Cross | None, p: int, extra=None) -> tuple:
