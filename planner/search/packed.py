@@ -108,6 +108,7 @@ class PackedBound:
     def __init__(self, pricer):
         self.pricer, self.classes = pricer, pricer.classes
         self._tables: dict = {}
+        self._syncs: dict = {}
         self._lp = PositionLP()
         # the search's deadline (clock.now()): past it the bisection and the fill's grid
         # stop where they are, with the bound they have proved (one tuple's LPs can take
@@ -166,10 +167,8 @@ class PackedBound:
         schedule wraps)."""
         p = knobs.num_stages
         unit = knobs.block_unit
-        sync = [self.pricer.sync_lines(ctx, k, unit) for k in keys]
+        d_slope, d_icpt = self._sync_arrays(ctx, keys, unit)
         slope, at = arrays.slopes.copy(), arrays.icpt.copy()           # at: per position
-        d_slope = np.array([s[0] for s in sync])
-        d_icpt = np.array([s[1] for s in sync]).reshape(len(keys), len(POSITIONS))
         d_icpt = d_icpt[:, list(SCHEDULES[knobs.schedule].role_positions())]   # as arrays.icpt (bound.py)
         # HSDP's all-reduce across the shard groups: backward-side whole (cost/hsdp.py)
         rep = [self.pricer.replicate_lines(ctx, k, unit) for k in keys]
@@ -210,6 +209,20 @@ class PackedBound:
         if p == 2:
             return _Tables(end, first, None, last, r_slope, r_icpt, bare)
         return _Tables(np.minimum(mid, end), first, mid, last, r_slope, r_icpt, bare)
+
+    def _sync_arrays(self, ctx: CostContext, keys: list[OptionKey], unit: int) -> tuple[np.ndarray, np.ndarray]:
+        """([K] slope, [K, positions] intercepts) of the options' gradient syncs
+        (Pricer.sync_lines), once per (context, options, unit): the tables of every schedule,
+        m and p on them share it (a third of the knapsack level's time on scenario e was
+        these lines asked again)."""
+        ck = (self.pricer.cache_id(ctx), id(keys), len(keys), unit)
+        hit = self._syncs.get(ck)
+        if hit is None:
+            sync = [self.pricer.sync_lines(ctx, k, unit) for k in keys]
+            d_slope = np.array([s[0] for s in sync])
+            d_icpt = np.array([s[1] for s in sync]).reshape(len(keys), len(POSITIONS))
+            hit = self._syncs[ck] = (d_slope, d_icpt, keys)     # keys kept alive: id() stays unique
+        return hit[0], hit[1]
 
     def _position_limits(self, knobs: Knobs, arrays, L: int) -> np.ndarray:
         """[K, p] blocks each option can hold at each position: the middle stage's memory model
@@ -339,7 +352,7 @@ class _Packing:
         if self.U_pos is None:
             return True
         model = self._model()
-        return model is not None and model.most_blocks(self._most_at_positions(M)) >= L
+        return model is not None and model.reaches(self._most_at_positions(M), L)
 
     def bottleneck(self, need: float) -> float:
         """The least M that ``holds`` (its infeasible end, by bisection); inf when none does.

@@ -61,6 +61,9 @@ class PositionLP:
         # HiGHS's thread pool is process-wide and fixed by its first run: the MILPs run with
         # one thread (core/milp.py), and a pool started with more makes them fail
         self._h.setOptionValue("threads", 1)
+        # each run is a new LP of a few thousand columns and a few rows (PositionModel):
+        # presolve cost more than it saved there (scenario e's LPs took 1.6x as long with it)
+        self._h.setOptionValue("presolve", "off")
         self._hs = highspy
         self.loaded: PositionModel | None = None
         self.deadline = math.inf                 # time.monotonic() past which a run stops unsure
@@ -120,17 +123,29 @@ class PositionLP:
 
 
 class PositionModel:
-    """One column per (variant, option, position, block count): choosing it puts that many
-    blocks there.  Its rows are few (positions, classes, the crossing rows, the blocks), so
-    a call that only allows fewer columns (a smaller bottleneck) is a bound change that
-    HiGHS takes from the last basis.  Per position, the columns of one (variant, option)
-    span exactly the choices z <= y <= most z of the aggregated LP, so the bound is the same."""
+    """One slot per (variant, option, position) the largest bottleneck allows.  Each run puts
+    in the LP only the columns the run's ``most`` allows: per slot, its choices z <= y <=
+    most z of the aggregated LP are the mixes of two columns, one block and ``most`` blocks
+    (the same units and rows; each stage's cost and blocks are affine in its block count), and
+    only the latter for the most blocks.  An LP holding the disallowed columns at zero bounds
+    (five in six of them on scenario e) had the same optimum and took twice as long."""
 
-    def __init__(self, lp: PositionLP, v, o, s, nb, fill_cost, rows, lower, upper, cap_rows):
-        self.lp, self.v, self.o, self.s, self.nb = lp, v, o, s, nb
-        self.fill_cost, self.rows, self.lower, self.upper, self.cap_rows = fill_cost, rows, lower, upper, cap_rows
+    def __init__(self, lp, v, o, s, top, units, cls, capacity, cross, slope, icpt, extra):
+        self.lp, self.v, self.o, self.s, self.top = lp, v, o, s, top
+        self.cls, self.cross = cls, cross
+        self.slope, self.icpt = slope, icpt          # icpt [slots] at each slot's variant and position
         self.p = int(s.max()) + 1
-        self._mode = None
+        self.primary = np.unique(cls[o])
+        # every slot's rows, built once: a run gathers the columns it allows (_load)
+        rows, self.lower, self.upper, self.cap_rows = _rows(v, o, s, units, cls, capacity, cross, self.p, extra)
+        rows.append((np.full(len(o), len(self.lower)), np.arange(len(o)), np.ones(len(o))))   # blocks, last
+        self.lower.append(-math.inf)
+        self.upper.append(math.inf)
+        r, c, val = (np.concatenate(x) for x in zip(*rows))
+        order = np.lexsort((r, c))
+        self._r, self._val = r[order].astype(np.int32), val[order].astype(float)
+        self._start = np.searchsorted(c[order], np.arange(len(o) + 1))
+        self._weights = None        # the last optimal solution, per slot (reaches)
 
     @classmethod
     def build(cls_, lp, most, units, cls, capacity, cross, slope, icpt, extra=None) -> PositionModel | None:
@@ -139,18 +154,8 @@ class PositionModel:
         v, o, s = np.nonzero(most3 >= 1)
         if len(np.unique(s)) < p:
             return None
-        width = most3[v, o, s]
-        rep = np.repeat(np.arange(len(o)), width)
-        nb = (np.arange(len(rep)) - np.repeat(np.cumsum(width) - width, width) + 1).astype(float)
-        v, o, s = v[rep], o[rep], s[rep]
-        fill_cost = None
-        if slope is not None:
-            fill_cost = slope[o] * nb + icpt.reshape(-1, *icpt.shape[-2:])[v, o, s]
-        rows, lower, upper, cap_rows = _rows(v, o, s, units, cls, capacity, cross, p, extra)
-        rows.append((np.full(len(o), len(lower)), np.arange(len(o)), nb))      # the blocks row, last
-        lower.append(-math.inf)
-        upper.append(math.inf)
-        return cls_(lp, v, o, s, nb, fill_cost, rows, lower, upper, cap_rows)
+        at = None if icpt is None else icpt.reshape(-1, *icpt.shape[-2:])[v, o, s]
+        return cls_(lp, v, o, s, most3[v, o, s], units, cls, capacity, cross, slope, at, extra)
 
     def most_blocks(self, most: np.ndarray) -> float:
         """max blocks over the columns ``most`` allows (-inf when no choice fits)."""
@@ -160,6 +165,19 @@ class PositionModel:
         if not math.isfinite(value_):
             return -math.inf                    # infeasible: no choice fits
         return -value_ + 1e-6 * max(1.0, float(np.max(most)))
+
+    def reaches(self, most: np.ndarray, L: float) -> bool:
+        """Whether ``most_blocks(most) >= L``, without the LP when the last solution still
+        shows it: its choices satisfy every row but the blocks (none depends on ``most``), so
+        where each still has a column they hold ``sum w most`` blocks, at most the LP's
+        optimum.  A bisection on the bottleneck (packed.py) lowers M mostly by such steps."""
+        w = self._weights
+        if w is not None:
+            m = np.minimum(most.reshape(-1, *most.shape[-2:])[self.v, self.o, self.s], self.top)
+            used = w > 0
+            if (m[used] >= 1).all() and float(w @ m) + 1e-6 * max(1.0, float(np.max(most))) >= L:
+                return True
+        return self.most_blocks(most) >= L
 
     def least_fill(self, most: np.ndarray, L: int) -> float:
         """min summed row over the allowed columns holding exactly L blocks (inf: none can)."""
@@ -175,28 +193,23 @@ class PositionModel:
     def _run(self, most: np.ndarray, mode: str, L: int | None) -> float | None:
         """Minimise (-blocks or the fill) over the columns ``most`` allows; the optimum's
         value, inf when infeasible, None when HiGHS is unsure."""
-        # Each stage's cost and blocks are affine in its block count, so in the LP a column of
-        # nb blocks is the mix of the ones of 1 and of the most blocks (same units, same rows):
-        # only those two are allowed (only the most, for the most blocks), with the same optimum
-        most = most.reshape(-1, *most.shape[-2:])[self.v, self.o, self.s]
-        allowed = (self.nb == most) | ((self.nb == 1) & (most >= 1) & (mode == "fill"))
-        if len(np.unique(self.s[allowed])) < self.p:
+        m = np.minimum(most.reshape(-1, *most.shape[-2:])[self.v, self.o, self.s], self.top)
+        ok = m >= 1
+        if mode == "blocks":
+            slot = np.flatnonzero(ok)
+            nb = m[slot].astype(float)
+        else:
+            more = np.flatnonzero(ok & (m > 1))
+            slot = np.concatenate([np.flatnonzero(ok), more])
+            nb = np.concatenate([np.ones(int(ok.sum())), m[more].astype(float)])
+        if len(np.unique(self.s[slot])) < self.p:
             return math.inf                     # some position takes no column
+        if self.cross is not None and len(np.unique(self.cls[self.o[slot]])) < len(self.primary):
+            return math.inf                     # a class of the plan can hold no stage
+        cost = -nb if mode == "blocks" else self.slope[self.o[slot]] * nb + self.icpt[slot]
         h, hs = self.lp._h, self.lp._hs
-        if self.lp.loaded is not self:
-            self._load()
-        n = len(self.o)
-        idx = np.arange(n, dtype=np.int32)
-        if mode != self._mode:
-            h.changeColsCost(n, idx, -self.nb if mode == "blocks" else self.fill_cost)
-            self._mode = mode
-        last = len(self.lower) - 1
-        h.changeRowBounds(last, -hs.kHighsInf if L is None else float(L), hs.kHighsInf if L is None else float(L))
-        changed = np.flatnonzero(allowed != self._allowed)
-        if len(changed):
-            h.changeColsBounds(len(changed), changed.astype(np.int32), np.zeros(len(changed)),
-                               allowed[changed].astype(float))
-            self._allowed = allowed
+        self._load(h, hs, slot, nb, cost, L)
+        self.lp.loaded = self
         # HiGHS checks its time limit against all the time this instance has run (clearModel
         # does not reset it): the limit is that total plus the time left
         # (a deterministic search: its LPs run to the end, their iterations counted as work,
@@ -210,28 +223,34 @@ class PositionModel:
             return math.inf
         if status != hs.HighsModelStatus.kOptimal:
             return None
+        x = np.clip(np.asarray(h.getSolution().col_value), 0.0, None)
+        self._weights = np.bincount(slot, weights=x, minlength=len(self.v))
         return float(h.getInfo().objective_function_value)
 
-    def _load(self) -> None:
-        h, hs = self.lp._h, self.lp._hs
-        r, c, val = (np.concatenate(x) for x in zip(*self.rows))
-        order = np.lexsort((r, c))
-        r, c, val = r[order], c[order], val[order]
-        n = len(self.o)
+    def _load(self, h, hs, slot: np.ndarray, nb: np.ndarray, cost: np.ndarray, L: int | None) -> None:
+        """Pass HiGHS the LP of the columns ``slot`` (a slot twice in the fill: its one block
+        and its most), each in [0, 1] at ``cost``, holding ``nb`` blocks."""
+        count = np.diff(self._start)[slot]
+        ends = np.cumsum(count)
+        at = np.arange(int(ends[-1])) - np.repeat(ends - count - self._start[slot], count)
+        value = self._val[at]
+        value[ends - 1] = nb                    # the blocks row, last in each column
+        n = len(slot)
         lower, upper = np.array(self.lower, dtype=float), np.array(self.upper, dtype=float)
+        if L is not None:
+            lower[-1] = upper[-1] = float(L)
         lp = hs.HighsLp()
         lp.num_col_, lp.num_row_ = n, len(lower)
-        lp.col_cost_ = np.zeros(n)
+        lp.col_cost_ = np.asarray(cost, dtype=float)
         lp.col_lower_, lp.col_upper_ = np.zeros(n), np.ones(n)
         lp.row_lower_ = np.where(np.isfinite(lower), lower, -hs.kHighsInf)
         lp.row_upper_ = np.where(np.isfinite(upper), upper, hs.kHighsInf)
         lp.a_matrix_.format_ = hs.MatrixFormat.kColwise
-        lp.a_matrix_.start_ = np.searchsorted(c, np.arange(n + 1)).astype(np.int32)
-        lp.a_matrix_.index_ = r.astype(np.int32)
-        lp.a_matrix_.value_ = val.astype(float)
+        lp.a_matrix_.start_ = np.concatenate([[0], ends]).astype(np.int32)
+        lp.a_matrix_.index_ = self._r[at]
+        lp.a_matrix_.value_ = value
         h.clearModel()
         h.passModel(lp)
-        self.lp.loaded, self._mode, self._allowed = self, None, np.ones(n, dtype=bool)
 
 
 def _rows(v, o, s, units, cls, capacity, cross: Cross | None, p: int, extra=None) -> tuple:
