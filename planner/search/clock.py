@@ -12,7 +12,7 @@ Work counted (``charge``), in units:
 
 - each read of the clock: 1 (every loop that checks its deadline makes progress);
 - pricing a knob tuple: options x stages (solve.py, incumbent.py: ``priced``);
-- ranking a knob tuple by its bound: its options (solve.py);
+- ranking a knob tuple by its bound: its options / ``RANK_PER_UNIT`` (solve.py);
 - a MILP: ``MILP_NODE_UNITS`` per branch-and-bound node plus its simplex iterations, the
   node limit set from the budget left so HiGHS stops inside it (core/milp.py);
 - an LP of the packed bound: its simplex iterations (position_lp.py);
@@ -34,6 +34,10 @@ from dataclasses import dataclass
 UNITS_PER_S = 20_000      # the default budget: this many units per second of the time limit
 MILP_NODE_UNITS = 50      # one branch-and-bound node (an LP re-solve and its bookkeeping)
 ENUM_PER_UNIT = 10_000    # assignments priced by the vectorised enumeration per unit
+# options ranked per unit: ranking bench c's 571,896 options took 1.35 s here (2.4 us each),
+# a unit stands for 1 / UNITS_PER_S = 50 us; charged one unit each, ranking alone spent
+# 95% of c's default 30 s budget and --deterministic found no plan
+RANK_PER_UNIT = 20
 
 
 @dataclass

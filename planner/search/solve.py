@@ -188,7 +188,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
                         stats.setdefault("over_budget", {})[info.name] = info.least_rent(k.width, 1)
         if not keys:        # no replica count gives an allowed share (training.micro_batch_sizes)
             stats["no_options"] = stats.get("no_options", 0) + 1
-        clock.charge(len(keys))         # the bound's work, for a deterministic search
+        clock.charge(len(keys) / clock.RANK_PER_UNIT)   # the bound's work, for a deterministic search
         ranked.append(Ranked(knob_bound(knobs, ctx, keys, memory=False), i, knobs, ctx, keys))
     ranked.sort(key=lambda t: (t.bound_s, t.index))
     say(f"{len(ranked)} knob tuples ranked by their lower bound"
