@@ -99,7 +99,7 @@ def profile_here(out: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def clusters_here(tmp_path_factory) -> Path:
-    _quiet_enough()
+    require_quiet_machine()
     return profile_here(tmp_path_factory.mktemp("e2e"))
 
 
@@ -124,10 +124,6 @@ def predict_and_run(name: str, steps: int = 8, clusters: Path | None = None) -> 
 
 
 
-def _quiet_enough() -> None:
-    require_quiet_machine()
-
-
 def _measure_and_compare(name: str, clusters: Path, again: Path) -> None:
     # Profile and run are each a few seconds of wall clock on a shared machine; either can be
     # disturbed by another process (seen: a profile's entries 10-20% apart three times in a
@@ -150,7 +146,7 @@ def _measure_and_compare(name: str, clusters: Path, again: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["pp2", "dp2"])
 def test_two_process_prediction_within_25_percent(name, clusters_here, tmp_path):
-    _quiet_enough()
+    require_quiet_machine()
     _measure_and_compare(name, clusters_here, tmp_path)
 
 
@@ -159,5 +155,5 @@ def test_four_processes_on_two_cores_within_25_percent(clusters_here, tmp_path):
     """Four processes share the two cores (cpu-local-4: `cores: 2`). The prediction runs the
     1F1B schedule under processor sharing, so the fill and drain, where fewer than four
     compute, are not slowed as much as the steady state (docs/profiles.md)."""
-    _quiet_enough()
+    require_quiet_machine()
     _measure_and_compare("pp4", clusters_here, tmp_path)

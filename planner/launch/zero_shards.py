@@ -39,17 +39,28 @@ class ZeroShards:
         if stage >= 3:
             self.release()
 
-    def _flat_weights(self) -> torch.Tensor:
-        flat = torch.cat([self.params[n].detach().reshape(-1) for n in self.names])
+    def _flat(self, tensors) -> torch.Tensor:
+        """``tensors`` (one per name, None as zeros) as one vector padded to whole shards."""
+        flat = torch.cat([(t if t is not None else torch.zeros(s, dtype=self.shard.dtype)).reshape(-1)
+                          for t, s in zip(tensors, self.shapes)])
         return torch.nn.functional.pad(flat, (0, self.shard_numel * self.replicas - self.numel))
 
+    def _split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The inverse of ``_flat``: each name's view of ``flat``."""
+        out, off = {}, 0
+        for n, shape in zip(self.names, self.shapes):
+            k = int(torch.Size(shape).numel())
+            out[n] = flat[off:off + k].view(shape)
+            off += k
+        return out
+
+    def _flat_weights(self) -> torch.Tensor:
+        return self._flat([self.params[n].detach() for n in self.names])
+
     def _write_full(self, flat: torch.Tensor) -> None:
-        off = 0
         with torch.no_grad():
-            for n, shape in zip(self.names, self.shapes):
-                k = int(torch.Size(shape).numel())
-                self.params[n].data = flat[off:off + k].view(shape).clone()
-                off += k
+            for n, view in self._split(flat).items():
+                self.params[n].data = view.clone()
 
     def gather(self) -> None:
         """All-gather the updated shards into every replica's full weights."""
@@ -66,10 +77,7 @@ class ZeroShards:
         """Sum the full gradients over the replicas and hand this replica its slice as the shard's
         gradient. Stage 1 keeps the full reduced gradients (views into one buffer, as Megatron's
         grad buffer); from stage 2 on only the shard's slice is kept."""
-        grads = [self.params[n].grad for n in self.names]
-        flat = torch.cat([(g if g is not None else torch.zeros(s, dtype=self.shard.dtype)).reshape(-1)
-                          for g, s in zip(grads, self.shapes)])
-        flat = torch.nn.functional.pad(flat, (0, self.shard_numel * self.replicas - self.numel))
+        flat = self._flat([self.params[n].grad for n in self.names])
         dist.all_reduce(flat, group=self.group)
         lo = self.index * self.shard_numel
         if self.stage >= 2:
@@ -78,11 +86,8 @@ class ZeroShards:
                 self.params[n].grad = None
         else:
             self.shard.grad = flat[lo:lo + self.shard_numel]
-            off = 0
-            for n, shape in zip(self.names, self.shapes):
-                k = int(torch.Size(shape).numel())
-                self.params[n].grad = flat[off:off + k].view(shape)
-                off += k
+            for n, view in self._split(flat).items():
+                self.params[n].grad = view
         self.grad_bytes = _storage_bytes([self.params[n].grad for n in self.names] + [self.shard.grad])
 
     def after_update(self) -> None:
