@@ -423,7 +423,7 @@ def gen_torchtitan():
         clusters.setdefault(cname, torchtitan_cluster(nodes))
         local = r["local_batch"]
         t = local * r["seq_len"] / r["tps_per_gpu"]   # each GPU's tokens per step / its TPS
-        dp = r["fsdp"] * r.get("replicate", 1)
+        dp = r["fsdp"]   # FSDP degree = replicas (the source has no replicate dimension)
         tech = "-".join(r["techniques"]) or "plain"
         if "schedule" in r:
             tech = f"{r['schedule']}-{tech}"
