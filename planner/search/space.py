@@ -147,6 +147,14 @@ def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | N
     # EP: MoE models only, a degree dividing the experts; DeepSpeed has no config for it
     eps = [e for e in training.expert_parallel_degrees
            if model.is_moe and model.num_experts % e == 0 and (e == 1 or launcher != "deepspeed")] or [1]
+    cps = context_degrees(training, launcher)
+    node_counts = {cp: per_node(model, training, classes, cp) for cp in cps}
+    # a tuple's parallel degrees (cp, then ep and HSDP's shard degree) depend on its ZeRO stage
+    # alone: built once per stage.  CP and EP are searched apart: one of the two is 1 in a tuple
+    degrees = {z: [(cp, [(e, d) for e in eps if cp == 1 or e == 1
+                         for d in shard_degrees(training, z, e, launcher, node_counts[cp])])
+                   for cp in cps]
+               for z in training.zero_stages}
     for B in divisors(gbs):
         m = gbs // B
         for entry in schedules_for(training, launcher):
@@ -157,19 +165,15 @@ def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | N
                     for rs in (training.reshard_after_forward if z == 3 else (True,)):
                         if launcher == "megatron" and z == 3 and not rs:
                             continue    # Megatron FSDP cannot keep gathered weights (launch/megatron.py)
-                        for cp in context_degrees(training, launcher):
+                        for cp, combos in degrees[z]:
                             for p in range(1, max_p + 1):
                                 if not entry.admits(p, m, L):
                                     continue
                                 if launcher == "deepspeed" and z >= 2 and p > 1:
                                     continue    # DeepSpeed's PipelineEngine refuses ZeRO-2/3 (launch/deepspeed.py)
-                                # CP and EP are searched apart: one of the two is 1 in a tuple
                                 out += [Knobs(B, m, entry.name, v, rc, int(z), p, bool(rs), cp, e, d)
-                                        for e in eps if cp == 1 or e == 1
-                                        for d in shard_degrees(training, z, e, launcher,
-                                                               per_node(model, training, classes, cp))]
+                                        for e, d in combos]
     return out
-
 
 def shard_degrees(training, zero_stage: int, ep: int, launcher: str | None = None,
                   node_counts: tuple[int, ...] = ()) -> tuple[int | None, ...]:
