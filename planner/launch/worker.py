@@ -163,17 +163,19 @@ class Worker:
         plist = list(self.params.values())
         self.zero = None
         zero_stage, shard_degree = cfg.get("zero_stage", 0), cfg.get("zero_shard_degree")
-        # shards in the group's rank order (torch orders a group's members by global rank),
-        # which is the order all_gather returns them in
-        members = sorted(rep["ranks"][self.tp_rank] for rep in self.stage["replicas"])
-        shard_group, replicate_group = self.dp_group, None
+        hsdp = None
         if zero_stage >= 1 and shard_degree is not None:   # HSDP (planner.launch.hsdp_groups)
             from planner.launch.hsdp_groups import make_zero_groups
-            members, shard_group, replicate_group = make_zero_groups(
-                self.plan_replica_ranks, self.cp, shard_degree, self.rank)
+            hsdp = make_zero_groups(self.plan_replica_ranks, self.cp, shard_degree, self.rank)
         if zero_stage >= 1 and len(self.stage["replicas"]) > 1 and plist:
             from planner.launch.zero_shards import ZeroShards
             names = [n for n in self.params if not (self.tied and n == "embed.weight")]
+            # shards in the group's rank order (torch orders a group's members by global rank),
+            # which is the order all_gather returns them in (the runner refuses ZeRO on mixed tp)
+            members = sorted(rep["ranks"][self.tp_rank] for rep in self.stage["replicas"])
+            shard_group, replicate_group = self.dp_group, None
+            if hsdp is not None:
+                members, shard_group, replicate_group = hsdp
             self.zero = ZeroShards(self.params, names, zero_stage, shard_group, len(members),
                                    members.index(self.rank), replicate_group)
             # the optimizer sees the shard (and a tied embedding, summed apart by _sync_tied)
