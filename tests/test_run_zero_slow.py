@@ -77,3 +77,54 @@ def test_zero3_with_context_parallelism_matches_the_reference():
         assert held["weights"] == 0
         assert held["grads"] == pytest.approx(g * held["parameters"], abs=shards * ELEMENT_BYTES)
         assert held["optimizer"] == pytest.approx(o * held["parameters"], abs=3 * shards * ELEMENT_BYTES)
+
+
+# -- HSDP (zero_shard_degree): ZeRO inside groups of replicas, all-reduce across them --------
+def hsdp_plan(stage: int) -> Plan:
+    """One stage in four replicas (uneven shares 2, 1, 1, 1) on 4 ranks, ZeRO in two groups of
+    two consecutive replicas (planner.launch.hsdp_groups): shards over 2 ranks, not 4."""
+    plan = make_plan(GELU, [((0, 4), [rep(1, 2, ["h:0"]), rep(1, 1, ["h:1"]), rep(1, 1, ["h:2"]),
+                                      rep(1, 1, ["h:3"])])], mbs=5, nmb=2, schedule="1f1b")
+    return Plan.from_json({**plan.to_json(), "zero_stage": stage, "zero_shard_degree": 2})
+
+
+@pytest.fixture(scope="module", params=[1, 3])
+def hsdp_run(request):
+    plan = hsdp_plan(request.param)
+    result = runner.run_plan(plan, steps=STEPS, dtype="float64", return_params=True)
+    return request.param, plan, result, _reference(plan)
+
+
+def test_hsdp_plans_match_the_single_process_reference(hsdp_run):
+    _, _, result, reference = hsdp_run
+    assert_matches_reference(result, reference)
+
+
+def test_hsdp_held_bytes_follow_the_zero_formula_over_the_shard_group(hsdp_run):
+    stage, plan, result, _ = hsdp_run
+    d_shard = plan.zero_shard_degree
+    assert result.zero_state_bytes and len(result.zero_state_bytes) == 4
+    for r in result.ranks:
+        held = result.zero_state_bytes[r.rank]
+        psi = held["parameters"]
+        w, g, o = zero_state_bytes(ELEMENT_BYTES, ELEMENT_BYTES, 3 * ELEMENT_BYTES, stage, d_shard)
+        pad = d_shard * ELEMENT_BYTES * 3   # shards padded to equal size: under d_shard elements each
+        assert held["grads"] == pytest.approx(g * psi, abs=pad)
+        assert held["optimizer"] == pytest.approx(o * psi, abs=pad)
+        assert held["weights"] == (0 if stage >= 3 else pytest.approx(w * psi))
+
+
+def test_hsdp_with_context_parallelism_matches_the_reference():
+    """ZeRO-2 HSDP with cp 2 and shard degree 1: each replica's two cp ranks are a shard group
+    (2 shards), the two replicas replicate each other (the d = 1 and cp paths of hsdp_groups)."""
+    from tests.test_context_parallel import _runner_plan
+    from tests.test_run_slow import SWIGLU_GQA
+    plan = _runner_plan(SWIGLU_GQA, [((0, 4), [rep(1, 1, ["c:0", "c:1"]), rep(1, 1, ["c:2", "c:3"])])],
+                        mbs=2, nmb=2, cp=2)
+    plan = Plan.from_json({**plan.to_json(), "zero_stage": 2, "zero_shard_degree": 1})
+    result = runner.run_plan(plan, steps=STEPS, dtype="float64", return_params=True)
+    assert_matches_reference(result, _reference(plan))
+    _, g, o = zero_state_bytes(ELEMENT_BYTES, ELEMENT_BYTES, 3 * ELEMENT_BYTES, 2, 2)
+    for held in result.zero_state_bytes.values():
+        assert held["grads"] == pytest.approx(g * held["parameters"], abs=2 * ELEMENT_BYTES)
+        assert held["optimizer"] == pytest.approx(o * held["parameters"], abs=6 * ELEMENT_BYTES)

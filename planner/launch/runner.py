@@ -139,6 +139,14 @@ def rank_map(plan: Plan) -> list[RankInfo]:
     return [RankInfo(r.rank, r.device, r.stage, r.replica, r.tp_rank) for r in plan_rank_map(plan).ranks]
 
 
+def replica_ranks(plan: Plan, ranks: list[RankInfo]) -> list[list[list[int]]]:
+    """``[stage][replica]``: the ranks of each plan replica, its tp x cp devices in order (tp
+    innermost), as the workers get them."""
+    slot_rank = {(r.stage, r.replica, r.tp_rank): r.rank for r in ranks}
+    return [[[slot_rank[(s.index, j, t)] for t in range(len(rep.devices))]
+             for j, rep in enumerate(s.replicas)] for s in plan.stages]
+
+
 def check_plan(plan: Plan, shape: dict, schedule=None):
     """Everything the runner cannot run, as one InputError, before anything starts. Returns the
     action lists the workers will follow (``run_schedule.plan_schedule``; ``schedule``, an
@@ -172,10 +180,8 @@ def check_plan(plan: Plan, shape: dict, schedule=None):
                 if n % r.tp:
                     problems.append(f"stage {s.index} replica {j}: tp={r.tp} does not divide the "
                                     f"model's {n} {what} (after any --tiny/model override)")
-    if plan.zero_shard_degree is not None:   # zero_shards shards over a stage's whole dp group
-        problems.append(f"zero_shard_degree: {plan.zero_shard_degree} (HSDP): the runner shards ZeRO "
-                        "state over all of a stage's replicas only")
     if plan.zero_stage >= 1:  # planner.launch.zero_shards shards shard-by-shard over equal tp
+        # (HSDP's shard and replicate groups too: planner.launch.hsdp_groups)
         if sched is not None and sched.stage_map == "bitpipe":
             problems.append(f"zero_stage: {plan.zero_stage} with the bitpipe schedule (its mirrored "
                             "weight copies are summed apart): the runner shards only other schedules")
@@ -468,13 +474,10 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
     check_dynamic(plan, dynamic, slowdown, len(ranks))
 
     heads = head_stages(sched)  # the plan stages computing the loss
-    stages = []
-    slot_rank = {(r.stage, r.replica, r.tp_rank): r.rank for r in ranks}
-    for s in plan.stages:
-        stages.append({"blocks": list(s.blocks), "embedding": s.embedding, "head": s.head,
-                       "replicas": [{"share": rep.micro_batch_share,   # tp x cp ranks, tp innermost
-                                     "ranks": [slot_rank[(s.index, j, t)] for t in range(len(rep.devices))]}
-                                    for j, rep in enumerate(s.replicas)]})
+    stages = [{"blocks": list(s.blocks), "embedding": s.embedding, "head": s.head,
+               "replicas": [{"share": rep.micro_batch_share, "ranks": rr}
+                            for rep, rr in zip(s.replicas, reps)]}
+              for s, reps in zip(plan.stages, replica_ranks(plan, ranks))]
     cfg = {"shape": shape, "stages": stages, "chunks": model_chunks(plan, sched),
            "schedule": schedule_to_json(sched), "steps": steps,
            "seed": seed, "dtype": dtype, "optimizer": optimizer, "lr": lr, "backend": backend,
@@ -482,6 +485,7 @@ def run_plan(plan: Plan, steps: int = 3, backend: str = "gloo", seed: int = 0,
            "global_batch": plan.micro_batch_size * plan.num_micro_batches,
            "context_parallel": plan.context_parallel,
            "world_size": len(ranks), "port": _free_port(), "zero_stage": plan.zero_stage,
+           "zero_shard_degree": plan.zero_shard_degree,
            "collective_timeout_s": collective_timeout_s,
            # The runner computes in ``dtype`` (float32 by default) whatever the plan's precision
            # (bf16/fp16 plans too); a tf32 plan also gets TF32 matmuls on a GPU.

@@ -29,7 +29,9 @@ Communication, all on torch.distributed (point-to-point always over gloo, see ``
   the leaders all-reduce, and each leader broadcasts back to its tp group, which keeps its
   shard.
 - ZeRO stages 1-3 (``zero_stage`` in the config): a stage's replicas shard the optimizer state,
-  then the gradients, then the weights (``planner.launch.zero_shards``).
+  then the gradients, then the weights (``planner.launch.zero_shards``); with HSDP
+  (``zero_shard_degree``) inside groups of replicas, each shard's gradient then all-reduced
+  across the groups (``planner.launch.hsdp_groups``).
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class Worker:
             for rep in s["replicas"]:
                 rep["offset"], off = off, off + rep["share"]
         self.cp = int(cfg.get("context_parallel", 1))
+        # each stage's plan replicas as their tp x cp ranks, before the cp split (HSDP's groups)
+        self.plan_replica_ranks = [[list(rep["ranks"]) for rep in s["replicas"]] for s in self.stages]
         if self.cp > 1:
             expand_cp(self.stages, self.cp)
         for si, s in enumerate(self.stages):
@@ -158,14 +162,22 @@ class Worker:
         self.params = {k: v.detach().to(self.device).requires_grad_(True) for k, v in params.items()}
         plist = list(self.params.values())
         self.zero = None
-        if cfg.get("zero_stage", 0) >= 1 and len(self.stage["replicas"]) > 1 and plist:
+        zero_stage, shard_degree = cfg.get("zero_stage", 0), cfg.get("zero_shard_degree")
+        hsdp = None
+        if zero_stage >= 1 and shard_degree is not None:   # HSDP (planner.launch.hsdp_groups)
+            from planner.launch.hsdp_groups import make_zero_groups
+            hsdp = make_zero_groups(self.plan_replica_ranks, self.cp, shard_degree, self.rank)
+        if zero_stage >= 1 and len(self.stage["replicas"]) > 1 and plist:
             from planner.launch.zero_shards import ZeroShards
             names = [n for n in self.params if not (self.tied and n == "embed.weight")]
             # shards in the group's rank order (torch orders a group's members by global rank),
-            # which is the order all_gather returns them in
+            # which is the order all_gather returns them in (the runner refuses ZeRO on mixed tp)
             members = sorted(rep["ranks"][self.tp_rank] for rep in self.stage["replicas"])
-            self.zero = ZeroShards(self.params, names, cfg["zero_stage"], self.dp_group,
-                                   len(members), members.index(self.rank))
+            shard_group, replicate_group = self.dp_group, None
+            if hsdp is not None:
+                members, shard_group, replicate_group = hsdp
+            self.zero = ZeroShards(self.params, names, zero_stage, shard_group, len(members),
+                                   members.index(self.rank), replicate_group)
             # the optimizer sees the shard (and a tied embedding, summed apart by _sync_tied)
             plist = [self.zero.shard] + [self.params[n] for n in self.params if n not in names]
         # A stage may hold nothing but a pass-through (no blocks, no embedding, no head).

@@ -9,6 +9,11 @@ one contiguous shard per data-parallel replica (Rajbhandari et al. 2020, ZeRO §
   are gathered for the step (FSDP's unit is the whole stage here: the runner checks the
   training, not the prefetch overlap the cost model prices) and freed after it.
 
+HSDP (``zero_shard_degree``): the replicas are the members of one shard group
+(``planner.launch.hsdp_groups``) and, after the reduction inside it, each shard's gradient is
+all-reduced over its ``replicate_group`` (the holders of the same shard in the other groups),
+as FSDP2's HSDP does.
+
 The sums are the same as the unsharded runner's, so the loss and every parameter still match
 the single-process reference. gloo has no reduce-scatter, so the gradients are all-reduced and
 each replica keeps its slice: the same sums, not ZeRO's traffic (the cost model prices that).
@@ -26,9 +31,10 @@ class ZeroShards:
     """The shard of ``names`` (in ``params``) that this replica owns, and the collectives."""
 
     def __init__(self, params: dict[str, torch.Tensor], names: list[str], stage: int,
-                 group, replicas: int, index: int):
+                 group, replicas: int, index: int, replicate_group=None):
         self.params, self.names, self.stage = params, names, stage
         self.group, self.replicas, self.index = group, replicas, index
+        self.replicate_group = replicate_group  # HSDP: None when this shard has no other holder
         self.shapes = [params[n].shape for n in names]
         self.numel = sum(params[n].numel() for n in names)
         self.shard_numel = -(-self.numel // replicas)  # padded so every shard is the same size
@@ -65,7 +71,10 @@ class ZeroShards:
     def gather(self) -> None:
         """All-gather the updated shards into every replica's full weights."""
         parts = [torch.empty_like(self.shard) for _ in range(self.replicas)]
-        dist.all_gather(parts, self.shard.detach(), group=self.group)
+        if self.replicas > 1:   # a group of one (HSDP with d x cp = 1) holds every shard itself
+            dist.all_gather(parts, self.shard.detach(), group=self.group)
+        else:
+            parts = [self.shard.detach()]
         self._write_full(torch.cat(parts))
 
     def release(self) -> None:
@@ -75,11 +84,17 @@ class ZeroShards:
 
     def reduce(self) -> None:
         """Sum the full gradients over the replicas and hand this replica its slice as the shard's
-        gradient. Stage 1 keeps the full reduced gradients (views into one buffer, as Megatron's
-        grad buffer); from stage 2 on only the shard's slice is kept."""
+        gradient; under HSDP that slice is then summed over the replicate group. Stage 1 keeps
+        the full reduced gradients (views into one buffer, as Megatron's grad buffer; under HSDP
+        only the shard's slice of it holds the sum over every group, the only part the update
+        reads); from stage 2 on only the shard's slice is kept. Sums, not FSDP2's averages: each
+        rank's loss piece is already divided by the global batch's token count."""
         flat = self._flat([self.params[n].grad for n in self.names])
-        dist.all_reduce(flat, group=self.group)
+        if self.replicas > 1:
+            dist.all_reduce(flat, group=self.group)
         lo = self.index * self.shard_numel
+        if self.replicate_group is not None:  # in place: the slice is a contiguous view of flat
+            dist.all_reduce(flat[lo:lo + self.shard_numel], group=self.replicate_group)
         if self.stage >= 2:
             self.shard.grad = flat[lo:lo + self.shard_numel].clone()
             for n in self.names:
