@@ -262,3 +262,22 @@ def test_one_stage_zb_h1_is_its_1f1b_twin():
         assert a.ok == b.ok and (not a.ok or math.isclose(a.objective, b.objective, rel_tol=1e-12))
     res = solve(cluster, model, training, time_limit_s=60.0)
     assert res.report.knob_tuples_gpipe_twins >= len(twins)     # counted with the twins left out
+
+
+def test_reads_input_flag_matches_the_rows_of_every_schedule():
+    """The knob bound prices the backward's input part only for schedules flagged
+    ``reads_input`` (bound._light); a schedule whose rows weigh that quantity without the
+    flag would be bounded with it at 0, too low for zero-bubble and silently loose."""
+    from planner.search.schedules import SCHEDULES
+    from planner.search.space import QUANTITIES
+
+    col = QUANTITIES.index("backward_input")
+    for name, entry in SCHEDULES.items():
+        reads = False
+        for p in (2, 3, 4, 8):
+            for m in (2, 4, 8, 16):
+                if not entry.admits(p, m, 96):
+                    continue
+                rows, _ = entry.rows(p, m, entry.virtual_stages)
+                reads |= any(r.stage[col] or any(h[col] for h in r.hinges) for r in rows)
+        assert reads == entry.reads_input, name

@@ -157,11 +157,20 @@ def gathered_param_bytes(ctx: CostContext, tp: int, blocks: int, embedding: bool
 
 
 def block_activation_bytes(ctx: CostContext, tp: int, b: float, recompute: str | None = None) -> float:
-    """Activations one block keeps for one micro-batch of ``b`` sequences (Korthikanti Table 2)."""
+    """Activations one block keeps for one micro-batch of ``b`` sequences (Korthikanti Table 2).
+    Memoised in ``ctx.cache``: the search's memory models read it for every option, five
+    times each (space.Pricer.memory_model)."""
+    key = ("block_activation_bytes", tp, b, recompute or ctx.recompute)
+    hit = ctx.cache.get(key)
+    if hit is None:
+        hit = ctx.cache[key] = _block_activation_bytes(ctx, tp, b, key[3])
+    return hit
+
+
+def _block_activation_bytes(ctx: CostContext, tp: int, b: float, recompute: str) -> float:
     m, s = ctx.model, ctx.seq_len
     h, a = m.hidden_size, m.num_attention_heads
     sbh = ctx.local_seq_len * b * h   # s / cp tokens per GPU with context parallelism
-    recompute = recompute or ctx.recompute
     sp = ctx.sequence_parallel and tp > 1
     k = ctx.activation_bytes / 2   # 1 in bf16/fp16 (the paper's 2-byte tensors), 2 in fp32/tf32
     if recompute == "full":
@@ -210,7 +219,10 @@ def in_flight_micro_batches(schedule: str, num_stages: int, stage: int, num_micr
 def stage_params(ctx: CostContext, blocks: int, embedding: bool, head: bool) -> float:
     """Parameters of a stage (whole, before TP sharding)."""
     m = ctx.model
-    n = blocks * block_params(m)
+    per_block = ctx.cache.get("block_params")   # memoised: read for every option the search prices
+    if per_block is None:
+        per_block = ctx.cache["block_params"] = block_params(m)
+    n = blocks * per_block
     if embedding:
         n += embedding_params(m)
     if head:

@@ -218,7 +218,8 @@ class KnobBound:
         # a stand-in's lines depend on whether the schedule reads forward and backward apart
         # (GPipe: Pricer._stand_in_lines); an option's do not, but the key stays one form
         entry = SCHEDULES[knobs.schedule]
-        sk = (self.pricer.cache_id(ctx), knobs.micro_batch_size, (unit, entry.reads_apart, entry.head_on_first),
+        sk = (self.pricer.cache_id(ctx), knobs.micro_batch_size,
+              (unit, entry.reads_apart, entry.head_on_first, entry.reads_input),
               id(keys), len(keys), memory)
         hit = self._slopes.get(sk) or self._slope_arrays(sk, knobs, ctx, keys, memory)
         if not len(hit.slopes):
@@ -380,9 +381,12 @@ class KnobBound:
 
     def _light(self, ctx, knobs, key: OptionKey, unit: int) -> tuple[float, ...]:
         """Middle-stage slopes of the quantities a knob bound reads (forward, backward,
-        optimizer; the sync columns only feed hinge rows, which it skips: 0 here)."""
+        optimizer; the sync columns only feed hinge rows, which it skips: 0 here).  The
+        backward's input part only where the schedule's rows read it (zero-bubble): pricing its
+        W apart is a second backward per option (bench b: 1.6 of 9 s), and other rows weigh it 0."""
         (sf, sb, _), (so, _) = self.pricer.lines(ctx, knobs, key, unit)
-        return (sf, sb, 0.0, so, 0.0, self.pricer.input_line(ctx, knobs, key, unit)[0])
+        reads = SCHEDULES[knobs.schedule].reads_input
+        return (sf, sb, 0.0, so, 0.0, self.pricer.input_line(ctx, knobs, key, unit)[0] if reads else 0.0)
 
     def _intercepts(self, ctx, knobs, key: OptionKey, unit: int) -> np.ndarray:
         """Per stage position (middle, first, last, only) the intercepts of the same
@@ -392,7 +396,8 @@ class KnobBound:
         (_, _, fb), (_, opt) = self.pricer.lines(ctx, knobs, key, unit)
         out = np.zeros((len(POSITIONS), len(QUANTITIES)))
         out[:, 0], out[:, 1], out[:, 3] = fb[:, 0], fb[:, 1], opt
-        out[:, 5] = self.pricer.input_line(ctx, knobs, key, unit)[1]
+        if SCHEDULES[knobs.schedule].reads_input:    # else weighed 0 by every row (_light)
+            out[:, 5] = self.pricer.input_line(ctx, knobs, key, unit)[1]
         # a V (zb-v, dualpipev): the first stage carries the embedding and the head, the last neither
         return out[list(SCHEDULES[knobs.schedule].role_positions())]
 

@@ -48,6 +48,7 @@ class SearchSchedule:
     virtual_stages: int = 1
     wraps: bool = False          # a send from the last stage back to the first (p > 1)
     reads_apart: bool = False    # rows read forward / backward / input apart, not only f + b
+    reads_input: bool = False    # rows read the backward's input part (zero-bubble): the bound prices W apart
     launchers: tuple[str, ...] = LAUNCHERS
     min_stages: int = 1
     divides_m: bool = False      # p must divide m (Megatron's interleaving assert)
@@ -125,12 +126,12 @@ SCHEDULES: dict[str, SearchSchedule] = {
     "interleaved-1f1b": SearchSchedule("interleaved-1f1b", _interleaved, exact=True, virtual_stages=2,
                                        wraps=True, min_stages=2, divides_m=True, launchers=("megatron",)),
     # Megatron-LM and DeepSpeed have no zero-bubble schedule (planner launch refuses it)
-    "zb-h1": SearchSchedule("zb-h1", _zb_h1, exact=False, reads_apart=True, launchers=()),
+    "zb-h1": SearchSchedule("zb-h1", _zb_h1, exact=False, reads_apart=True, reads_input=True, launchers=()),
     # two chunks per rank in a V (even blocks per stage), the head on rank 0; torch's
     # ScheduleZBVZeroBubble / ScheduleDualPipeV, neither in Megatron-LM nor DeepSpeed
-    "zb-v": SearchSchedule("zb-v", v_rows, exact=False, virtual_stages=2, reads_apart=True, launchers=(),
+    "zb-v": SearchSchedule("zb-v", v_rows, exact=False, virtual_stages=2, reads_apart=True, reads_input=True, launchers=(),
                            min_stages=2, head_on_first=True),
-    "dualpipev": SearchSchedule("dualpipev", v_rows, exact=False, virtual_stages=2, reads_apart=True,
+    "dualpipev": SearchSchedule("dualpipev", v_rows, exact=False, virtual_stages=2, reads_apart=True, reads_input=True,
                                 launchers=(), min_stages=2, min_m_per_stage=2, head_on_first=True),
 }
 
