@@ -53,6 +53,13 @@ class SearchSchedule:
     divides_m: bool = False      # p must divide m (Megatron's interleaving assert)
     min_m_per_stage: int = 0     # m >= this x p (torch's ScheduleDualPipeV: m >= 2p)
     head_on_first: bool = False  # a V: rank 0 holds the embedding and the head, the last rank neither
+    # rows for the knob bounds (bound.py, packed.py) where ``rows`` hold a term they do not
+    # read (a min term): every plan's value on them is at most its value on ``rows``
+    knob_rows: Callable[[int, int, int], tuple[list[Row], list[Term]]] | None = None
+
+    def bound_rows(self, p: int, m: int, v: int) -> tuple[list[Row], list[Term]]:
+        """The rows the knob bounds read: ``knob_rows``, else the core's own."""
+        return (self.knob_rows or self.rows)(p, m, v)
 
     def block_unit(self) -> int:
         return self.virtual_stages
@@ -102,20 +109,41 @@ def _interleaved(p: int, m: int, v: int):
     return rows, [Term("max", 0, m - 1.0 / v), Term("sum", 0, 1.0 / v), Term("max", 1), Term("max", 2)]
 
 
-def zb_h1_weight(p: int, m: int) -> float:
-    """alpha of ZB-H1's bound (docs/search-space.md, "ZB-H1's bound"):
-    T >= (m - alpha) max_s c_s + alpha sum_s (c_s - w_s), alpha = 1 - q / (2 (p - 1)),
-    q = min(m, p) - 1 (1/2 once m >= p)."""
-    q = min(m, p) - 1
-    return 1.0 - q / (2.0 * (p - 1))
+W = (0, 1, 0, 0, 0, -1)                # w = b - i, the weight-gradient part of the backward
+
+
+def zb_h1_mu_weight(p: int, m: int) -> int:
+    """q - 1 of ZB-H1's bound (docs/search-space.md, "ZB-H1's bound"), q = min(m, p) - 1: the
+    least stage's W counts q - 1 times against the 1F1B-like rows (0 for q <= 1)."""
+    return max(0, min(m, p) - 2)
 
 
 def _zb_h1(p: int, m: int, v: int):
+    """T >= (m - 1) max_s c_s + sum_s (c_s - w_s) - (q - 1) min_s w_s (core rows: a min term)."""
     if p == 1:      # one stage: ZB-H1 is 1F1B, m c (planner.cost.schedule), exactly these rows
         return _one_f_one_b(p, m, v)
-    a = zb_h1_weight(p, m)
-    rows = [Row(stage=CYCLE, out=(1,), inn=(1,)), Row(stage=CYCLE_LESS_W, out=(1,), inn=(1,)), DPX, OPT]
-    return rows, [Term("max", 0, m - a), Term("sum", 1, a), Term("max", 2), Term("max", 3)]
+    rows = [Row(stage=CYCLE, out=(1,), inn=(1,)), Row(stage=CYCLE_LESS_W, out=(1,), inn=(1,)), DPX, OPT,
+            Row(stage=W)]
+    terms = [Term("max", 0, m - 1), Term("sum", 1), Term("max", 2), Term("max", 3)]
+    k = zb_h1_mu_weight(p, m)
+    return rows, terms + ([Term("min", 4, -float(k))] if k else [])
+
+
+def zb_h1_beta(p: int, m: int) -> float:
+    """beta of the knob bounds' ZB-H1 rows: (q - 1) / (m - 1), 0 for m = 1."""
+    return zb_h1_mu_weight(p, m) / (m - 1) if m > 1 else 0.0
+
+
+def _zb_h1_knob(p: int, m: int, v: int):
+    """The knob bounds' rows: (m - 1) max_s (c_s - beta w_s) + sum_s (c_s - w_s), at most the
+    core rows on every plan (the least W is at most the W of the stage where c - beta w is
+    largest); no min term, and every coefficient on f, b, i and the sends >= 0."""
+    if p == 1:
+        return _one_f_one_b(p, m, v)
+    beta = zb_h1_beta(p, m)
+    top = (1, 1 - beta, 0, 0, 0, beta)      # f + b - beta (b - i)
+    rows = [Row(stage=top, out=(1,), inn=(1,)), Row(stage=CYCLE_LESS_W, out=(1,), inn=(1,)), DPX, OPT]
+    return rows, [Term("max", 0, m - 1), Term("sum", 1), Term("max", 2), Term("max", 3)]
 
 
 SCHEDULES: dict[str, SearchSchedule] = {
@@ -125,7 +153,7 @@ SCHEDULES: dict[str, SearchSchedule] = {
     "interleaved-1f1b": SearchSchedule("interleaved-1f1b", _interleaved, exact=True, virtual_stages=2,
                                        wraps=True, min_stages=2, divides_m=True, launchers=("megatron",)),
     # Megatron-LM and DeepSpeed have no zero-bubble schedule (planner launch refuses it)
-    "zb-h1": SearchSchedule("zb-h1", _zb_h1, exact=False, reads_apart=True, launchers=()),
+    "zb-h1": SearchSchedule("zb-h1", _zb_h1, exact=False, reads_apart=True, launchers=(), knob_rows=_zb_h1_knob),
     # two chunks per rank in a V (even blocks per stage), the head on rank 0; torch's
     # ScheduleZBVZeroBubble / ScheduleDualPipeV, neither in Megatron-LM nor DeepSpeed
     "zb-v": SearchSchedule("zb-v", v_rows, exact=False, virtual_stages=2, reads_apart=True, launchers=(),
