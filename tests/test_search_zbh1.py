@@ -29,12 +29,17 @@ def _bound_s(stages: list[StageTiming], m: int, mu_weight: float | None = None) 
     return (m - 1) * max(cycles) + sum(c - x for c, x in zip(cycles, w)) - k * min(w)
 
 
-def _knob_rows_s(stages: list[StageTiming], m: int) -> float:
-    """The knob bounds' rows: (m - 1) max_s (c_s - beta w_s) + sum_s (c_s - w_s)."""
-    beta = zb_h1_beta(len(stages), m)
+def _knob_rows_s(stages: list[StageTiming], m: int, stand_ins: bool = False) -> float:
+    """The knob bounds' rows: (m - 1) max_s c_s + sum_s (c_s - w_s - k/p w_s), with stand-ins
+    (m - 1) max_s (c_s - beta w_s) + sum_s (c_s - w_s)."""
+    p = len(stages)
     cycles = [s.cycle_s() for s in stages]
     w = [s.backward_weight_s for s in stages]
-    return (m - 1) * max(c - beta * x for c, x in zip(cycles, w)) + sum(c - x for c, x in zip(cycles, w))
+    if stand_ins:
+        beta = zb_h1_beta(p, m)
+        return (m - 1) * max(c - beta * x for c, x in zip(cycles, w)) + sum(c - x for c, x in zip(cycles, w))
+    kappa = zb_h1_mu_weight(p, m) / p
+    return (m - 1) * max(cycles) + sum(c - (1 + kappa) * x for c, x in zip(cycles, w))
 
 
 def _random_stages(rng: random.Random, p: int) -> list[StageTiming]:
@@ -63,6 +68,7 @@ def test_bound_is_below_the_closed_form_and_tight_on_equal_stages():
         exact = pipeline_time_s(stages, m, "zb-h1")
         bound, knob = _bound_s(stages, m), _knob_rows_s(stages, m)
         assert knob <= bound * (1 + 1e-12) + 1e-12, (p, m, stages)
+        assert _knob_rows_s(stages, m, True) <= bound * (1 + 1e-12) + 1e-12, (p, m, stages)
         assert bound <= exact * (1 + 1e-12), (p, m, stages)
         worst, worst_knob = max(worst, bound / exact), max(worst_knob, knob / exact)
         k = zb_h1_mu_weight(p, m)
@@ -75,6 +81,7 @@ def test_bound_is_below_the_closed_form_and_tight_on_equal_stages():
         assert pipeline_time_s(stages, m, "zb-h1") == pytest.approx(3 * m + p - 1)
         assert _bound_s(stages, m) == pytest.approx(3 * m + p - 1)
         assert _knob_rows_s(stages, m) == pytest.approx(3 * m + p - 1)
+        assert _knob_rows_s(stages, m, True) == pytest.approx(3 * m + p - 1)
 
 
 def test_registry_rows_are_the_bound_and_one_stage_is_exact():
@@ -83,8 +90,11 @@ def test_registry_rows_are_the_bound_and_one_stage_is_exact():
     assert rows[1].stage == (1, 0, 0, 0, 0, 1)          # f + i: the cycle less W
     assert rows[4].stage == (0, 1, 0, 0, 0, -1)         # w = b - i, the min term's row
     knob, knob_terms = SCHEDULES["zb-h1"].bound_rows(4, 8, 1)
-    assert knob[0].stage == pytest.approx((1, 1 - 2 / 7, 0, 0, 0, 2 / 7))     # c - beta w, beta = 2/7
-    assert all(t.kind != "min" for t in knob_terms)
+    assert knob[0].stage == rows[0].stage                                     # 1F1B's max row
+    assert knob[1].stage == pytest.approx((1, -0.5, 0, 0, 0, 1.5))            # f + i - (2/4) w
+    mixed, mixed_terms = SCHEDULES["zb-h1"].bound_rows(4, 8, 1, True)
+    assert mixed[0].stage == pytest.approx((1, 1 - 2 / 7, 0, 0, 0, 2 / 7))    # c - beta w, beta = 2/7
+    assert all(t.kind != "min" for t in knob_terms + mixed_terms)
     one, _ = SCHEDULES["zb-h1"].rows(1, 8, 1)
     assert one == SCHEDULES["1f1b"].rows(1, 8, 1)[0]    # p = 1: ZB-H1 is 1F1B (exact)
     assert not SCHEDULES["zb-h1"].exact and SCHEDULES["1f1b"].exact

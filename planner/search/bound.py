@@ -22,6 +22,7 @@ from planner.cost import CostContext, in_flight_micro_batches
 from planner.search import clock
 from planner.search.core.problem import max_row_bound
 from planner.search.fill import class_slots, joint_row_bound, slot_blocks, sum_bound
+from planner.search.mixed import StandIn
 from planner.search.packed import KNAPSACK_STAGES, PackedBound, partner_sends
 from planner.search.pieces import block_limits, most_speed
 from planner.search.schedules import SCHEDULES
@@ -315,7 +316,7 @@ class KnobBound:
         block limit U at ``f_min`` micro-batches in flight (0: it cannot hold one block).  A
         row's max and sum terms share their pieces; only the max term reads ``m_cap``."""
         _, units, cls, _, coef, exact, caps, _, _ = arrays
-        rows, terms = knob_rows(knobs)
+        rows, terms = knob_rows(knobs, any(isinstance(k, StandIn) for k in arrays.keys))
         U = block_limits(coef, exact, caps, [f_min], L)[:, 0]
         usable = U >= 1
         capacity = [c.capacity_units for c in self.classes]

@@ -54,12 +54,14 @@ class SearchSchedule:
     min_m_per_stage: int = 0     # m >= this x p (torch's ScheduleDualPipeV: m >= 2p)
     head_on_first: bool = False  # a V: rank 0 holds the embedding and the head, the last rank neither
     # rows for the knob bounds (bound.py, packed.py) where ``rows`` hold a term they do not
-    # read (a min term): every plan's value on them is at most its value on ``rows``
-    knob_rows: Callable[[int, int, int], tuple[list[Row], list[Term]]] | None = None
+    # read (a min term): every plan's value on them is at most its value on ``rows``;
+    # (p, m, v, stand_ins) -> rows, terms, ``stand_ins``: the options include mixed stages'
+    # stand-ins, whose lines are only each quantity's least (then every coefficient >= 0)
+    knob_rows: Callable[[int, int, int, bool], tuple[list[Row], list[Term]]] | None = None
 
-    def bound_rows(self, p: int, m: int, v: int) -> tuple[list[Row], list[Term]]:
+    def bound_rows(self, p: int, m: int, v: int, stand_ins: bool = False) -> tuple[list[Row], list[Term]]:
         """The rows the knob bounds read: ``knob_rows``, else the core's own."""
-        return (self.knob_rows or self.rows)(p, m, v)
+        return self.knob_rows(p, m, v, stand_ins) if self.knob_rows else self.rows(p, m, v)
 
     def block_unit(self) -> int:
         return self.virtual_stages
@@ -134,15 +136,24 @@ def zb_h1_beta(p: int, m: int) -> float:
     return zb_h1_mu_weight(p, m) / (m - 1) if m > 1 else 0.0
 
 
-def _zb_h1_knob(p: int, m: int, v: int):
-    """The knob bounds' rows: (m - 1) max_s (c_s - beta w_s) + sum_s (c_s - w_s), at most the
-    core rows on every plan (the least W is at most the W of the stage where c - beta w is
-    largest); no min term, and every coefficient on f, b, i and the sends >= 0."""
+def _zb_h1_knob(p: int, m: int, v: int, stand_ins: bool = False):
+    """The knob bounds' rows, at most the core rows on every plan, without the min term:
+    1F1B's max row and ``sum_s (c_s - w_s - k/p w_s)``, k = q - 1 (the least W is at most the
+    mean W), so the bottleneck's bounds are 1F1B's; with mixed stages' stand-ins (whose
+    lines are each quantity's least, so a negative coefficient, here on b, would not stay
+    below the stage) ``(m - 1) max_s (c_s - beta w_s) + sum_s (c_s - w_s)`` instead (the
+    least W is at most the W of the stage where c - beta w is largest), every coefficient
+    on f, b, i and the sends >= 0."""
     if p == 1:
         return _one_f_one_b(p, m, v)
-    beta = zb_h1_beta(p, m)
-    top = (1, 1 - beta, 0, 0, 0, beta)      # f + b - beta (b - i)
-    rows = [Row(stage=top, out=(1,), inn=(1,)), Row(stage=CYCLE_LESS_W, out=(1,), inn=(1,)), DPX, OPT]
+    if stand_ins:
+        beta = zb_h1_beta(p, m)
+        top = (1, 1 - beta, 0, 0, 0, beta)      # f + b - beta (b - i)
+        rows = [Row(stage=top, out=(1,), inn=(1,)), Row(stage=CYCLE_LESS_W, out=(1,), inn=(1,)), DPX, OPT]
+    else:
+        kappa = zb_h1_mu_weight(p, m) / p
+        fill = (1, -kappa, 0, 0, 0, 1 + kappa)   # f + i - kappa (b - i)
+        rows = [Row(stage=CYCLE, out=(1,), inn=(1,)), Row(stage=fill, out=(1,), inn=(1,)), DPX, OPT]
     return rows, [Term("max", 0, m - 1), Term("sum", 1), Term("max", 2), Term("max", 3)]
 
 
