@@ -286,8 +286,8 @@ class KnobBound:
     def _joint_gain(rows: dict, L: int, p: int) -> float:
         """What bounding each summed row together with a max row adds to their separate
         bounds (``joint_row_bound``): a row's sum term with its own max term (1F1B's
-        ``(m - 1) max c + sum c``), else with another row's max term (ZB-H1's
-        ``(m - a) max (F + B) + a sum (F + I)``, docs/search-space.md "ZB-H1's bound"): every
+        ``(m - 1) max c + sum c``), else with another row's max term (ZB-H1's knob rows,
+        ``(m - 1) max c + sum (c - w - k/p w)``, docs/search-space.md "ZB-H1's bound"): every
         option's slope on the summed row is at least ``rho`` times its slope on the max row
         (``_TermPart.ratios``), so the summed row's blocks cost at least ``rho`` times the max
         row's fill ``T(M)`` at the plan's bottleneck M.  Each max term joins one sum term at
