@@ -22,6 +22,7 @@ from planner.cost import CostContext, in_flight_micro_batches
 from planner.search import clock
 from planner.search.core.problem import max_row_bound
 from planner.search.fill import class_slots, joint_row_bound, slot_blocks, sum_bound
+from planner.search.mixed import StandIn
 from planner.search.packed import KNAPSACK_STAGES, PackedBound, partner_sends
 from planner.search.pieces import block_limits, most_speed
 from planner.search.schedules import SCHEDULES
@@ -31,7 +32,7 @@ from planner.search.space import (
     Knobs,
     OptionKey,
     Pricer,
-    pipeline_rows,
+    knob_rows,
 )
 
 SUBSET_CLASSES = 4          # classes up to which the knob bound goes over every set of them (2^4 - 1)
@@ -267,7 +268,7 @@ class KnobBound:
                 fill = max(fill, sum_bound(L, p, part.a_min, speed))
                 total += part.weight * (fill + c_sum)
                 sums += part.weight * (fill + c_sum)
-                rows.setdefault(part.row, {})["sum"] = (part.weight, fill, c_sum)
+                rows.setdefault(part.row, {})["sum"] = (part.weight, fill, c_sum, part.ratios)
                 continue
             if not math.isfinite(part.m_cap):
                 return math.inf
@@ -276,17 +277,39 @@ class KnobBound:
             m_lb = max(L * part.a_min / p, L / speed if speed > 0 else 0.0, part.m_cap, m_p)
             total += part.weight * max(m_lb + c_stage, (fill + c_sum) / p)
             rows.setdefault(part.row, {})["max"] = (part.weight, m_lb, c_stage, (fill + c_sum) / p, rates)
-        for row in rows.values():
-            if "max" not in row or "sum" not in row or row["max"][4] is None:
-                continue
-            (w_max, m_lb, c_stage, mean, rates), (w_sum, fill, c_sum) = row["max"], row["sum"]
-            separate = w_max * max(m_lb + c_stage, mean) + w_sum * (fill + c_sum)
-            joint = joint_row_bound(L, rates[:p], m_lb, fill, w_max, w_sum) + w_max * c_stage + w_sum * c_sum
-            total += max(0.0, joint - separate)
+        total += self._joint_gain(rows, L, p)
         if memory and packed and total < enough:
             total = max(total, self._packed(knobs, ctx, keys, (tk, hit, U), L, enough, sums, lp=packed >= 2,
                                                 num_classes=num_classes))
         return total
+
+    @staticmethod
+    def _joint_gain(rows: dict, L: int, p: int) -> float:
+        """What bounding each summed row together with a max row adds to their separate
+        bounds (``joint_row_bound``): a row's sum term with its own max term (1F1B's
+        ``(m - 1) max c + sum c``), else with another row's max term (ZB-H1's knob rows,
+        ``(m - 1) max c + sum (c - w - k/p w)``, docs/search-space.md "ZB-H1's bound"): every
+        option's slope on the summed row is at least ``rho`` times its slope on the max row
+        (``_TermPart.ratios``), so the summed row's blocks cost at least ``rho`` times the max
+        row's fill ``T(M)`` at the plan's bottleneck M.  Each max term joins one sum term at
+        most, so the gains add."""
+        gain, used_max, used_sum = 0.0, set(), set()
+        pairs = [(r, r, 1.0) for r, row in rows.items() if "max" in row and "sum" in row]
+        pairs += [(r2, r1, rho) for r2, row in rows.items() if "sum" in row and "max" not in row
+                  for r1, rho in row["sum"][3]]
+        for r2, r1, rho in pairs:
+            if r1 in used_max or r2 in used_sum or "max" not in rows.get(r1, {}) or rows[r1]["max"][4] is None:
+                continue
+            (w_max, m_lb, c_stage, mean, rates), (w_sum, fill, c_sum, _) = rows[r1]["max"], rows[r2]["sum"]
+            separate = w_max * max(m_lb + c_stage, mean) + w_sum * (fill + c_sum)
+            # w_sum max(fill, rho T(M)) = (w_sum rho) max(fill / rho, T(M))
+            joint = (joint_row_bound(L, rates[:p], m_lb, fill / rho, w_max, w_sum * rho)
+                     + w_max * c_stage + w_sum * c_sum)
+            if joint > separate:
+                gain += joint - separate
+                used_max.add(r1)
+                used_sum.add(r2)
+        return gain
 
     def _parts(self, knobs: Knobs, arrays: tuple, L: int, f_min: float, memory: bool) -> tuple[list, np.ndarray]:
         """(parts, U): per objective term (pipeline rows only; hinge rows are skipped) what
@@ -294,7 +317,7 @@ class KnobBound:
         block limit U at ``f_min`` micro-batches in flight (0: it cannot hold one block).  A
         row's max and sum terms share their pieces; only the max term reads ``m_cap``."""
         _, units, cls, _, coef, exact, caps, _, _ = arrays
-        rows, terms = pipeline_rows(knobs)
+        rows, terms = knob_rows(knobs, any(isinstance(k, StandIn) for k in arrays.keys))
         U = block_limits(coef, exact, caps, [f_min], L)[:, 0]
         usable = U >= 1
         capacity = [c.capacity_units for c in self.classes]
@@ -318,7 +341,29 @@ class KnobBound:
                 m_cap = max_row_bound(L, *_both_classes(vals, U[usable], units[usable], cls[usable],
                                                         arrays.extra[usable]), capacity, [L], rel_tol=1e-5)
             parts.append(replace(base, kind=t.kind, row=t.row, weight=t.weight, m_cap=m_cap))
+        max_rows = {t.row for t in terms if t.kind == "max" and not rows[t.row].hinges}
+        for i, part in enumerate(parts):
+            if part is not None and part.kind == "sum" and part.row not in max_rows and memory:
+                parts[i] = replace(part, ratios=self._ratios(rows, part.row, max_rows, arrays.slopes[usable]))
         return parts, U
+
+    @staticmethod
+    def _ratios(rows, summed: int, max_rows: set, slopes: np.ndarray) -> tuple[tuple[int, float], ...]:
+        """Per max row r (of options with positive slopes on it), the least ratio over the
+        usable options of their slope on row ``summed`` to their slope on r: each stage's
+        blocks then cost on the summed row at least that times what they cost on r
+        (``_joint_gain``).  Slopes, not intercepts: the intercepts are bounded apart."""
+        if not len(slopes):
+            return ()
+        mine = slopes @ np.array(rows[summed].stage, dtype=float)
+        out = []
+        for r in sorted(max_rows):
+            theirs = slopes @ np.array(rows[r].stage, dtype=float)
+            if (theirs > 0).all():
+                rho = float((mine / theirs).min())
+                if rho > 0:
+                    out.append((r, rho))
+        return tuple(out)
 
     def _row_part(self, row, arrays: tuple, U: np.ndarray, usable: np.ndarray, L: int,
                   memory: bool, most_p: int) -> _TermPart | None:
@@ -442,3 +487,4 @@ class _TermPart:
     u_desc: np.ndarray | None = None
     a_prefix: np.ndarray | None = None
     slots: tuple[np.ndarray, np.ndarray] | None = None   # see fill.class_slots
+    ratios: tuple[tuple[int, float], ...] = ()  # a summed row's least slope ratio to each max row (_ratios)

@@ -30,10 +30,11 @@ import numpy as np
 from planner.cost import CostContext, in_flight_micro_batches
 from planner.cost.comm import exposed_sync_parts
 from planner.search import clock
+from planner.search.mixed import StandIn
 from planner.search.pieces import block_limits, most_speed
 from planner.search.position_lp import VARIANTS, Cross, PositionLP, PositionModel
 from planner.search.schedules import SCHEDULES
-from planner.search.space import POSITIONS, Knobs, OptionKey, pipeline_rows
+from planner.search.space import POSITIONS, Knobs, OptionKey, knob_rows
 
 KNAPSACK_STAGES = 128       # stage counts up to which the knob bound packs whole options (all, for the models we know)
 STAGE_COST_ENTRIES = 256    # [options x blocks] tables kept (~0.25 MB each on c)
@@ -179,7 +180,7 @@ class PackedBound:
         at[:, :, 2], at[:, :, 4] = exposed_sync_parts(ctx, d_icpt, at[:, :, 0], at[:, :, 1], rep_icpt)
         nbs = np.arange(1, L + 1, dtype=float)
         Q = slope[:, None, None, :] * nbs[None, None, :, None] + at[:, :, None, :]    # [K, positions, L, quantities]
-        rows, terms = pipeline_rows(knobs)
+        rows, terms = knob_rows(knobs, any(isinstance(k, StandIn) for k in keys))
         g = np.zeros(Q.shape[:3])
         r_slope, r_at = np.zeros(len(keys)), np.zeros((len(keys), len(POSITIONS)))
         sends = {"max": [0.0, 0.0], "sum": [0.0, 0.0]}      # weighted send coefficients, out / in

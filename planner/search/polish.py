@@ -102,6 +102,8 @@ class Evaluator:
             if t.kind == "max":
                 total += t.weight * np.maximum(0.0, v.max(axis=1))
                 spread += t.weight * (np.maximum(0.0, v) ** 2).sum(axis=1)
+            elif t.kind == "min":
+                total += t.weight * v.min(axis=1)
             else:
                 total += t.weight * v.sum(axis=1)
         return total, spread

@@ -54,6 +54,15 @@ class SearchSchedule:
     divides_m: bool = False      # p must divide m (Megatron's interleaving assert)
     min_m_per_stage: int = 0     # m >= this x p (torch's ScheduleDualPipeV: m >= 2p)
     head_on_first: bool = False  # a V: rank 0 holds the embedding and the head, the last rank neither
+    # rows for the knob bounds (bound.py, packed.py) where ``rows`` hold a term they do not
+    # read (a min term): every plan's value on them is at most its value on ``rows``;
+    # (p, m, v, stand_ins) -> rows, terms, ``stand_ins``: the options include mixed stages'
+    # stand-ins, whose lines are only each quantity's least (then every coefficient >= 0)
+    knob_rows: Callable[[int, int, int, bool], tuple[list[Row], list[Term]]] | None = None
+
+    def bound_rows(self, p: int, m: int, v: int, stand_ins: bool = False) -> tuple[list[Row], list[Term]]:
+        """The rows the knob bounds read: ``knob_rows``, else the core's own."""
+        return self.knob_rows(p, m, v, stand_ins) if self.knob_rows else self.rows(p, m, v)
 
     def block_unit(self) -> int:
         return self.virtual_stages
@@ -103,20 +112,50 @@ def _interleaved(p: int, m: int, v: int):
     return rows, [Term("max", 0, m - 1.0 / v), Term("sum", 0, 1.0 / v), Term("max", 1), Term("max", 2)]
 
 
-def zb_h1_weight(p: int, m: int) -> float:
-    """alpha of ZB-H1's bound (docs/search-space.md, "ZB-H1's bound"):
-    T >= (m - alpha) max_s c_s + alpha sum_s (c_s - w_s), alpha = 1 - q / (2 (p - 1)),
-    q = min(m, p) - 1 (1/2 once m >= p)."""
-    q = min(m, p) - 1
-    return 1.0 - q / (2.0 * (p - 1))
+W = (0, 1, 0, 0, 0, -1)                # w = b - i, the weight-gradient part of the backward
+
+
+def zb_h1_mu_weight(p: int, m: int) -> int:
+    """q - 1 of ZB-H1's bound (docs/search-space.md, "ZB-H1's bound"), q = min(m, p) - 1: the
+    least stage's W counts q - 1 times against the 1F1B-like rows (0 for q <= 1)."""
+    return max(0, min(m, p) - 2)
 
 
 def _zb_h1(p: int, m: int, v: int):
+    """T >= (m - 1) max_s c_s + sum_s (c_s - w_s) - (q - 1) min_s w_s (core rows: a min term)."""
     if p == 1:      # one stage: ZB-H1 is 1F1B, m c (planner.cost.schedule), exactly these rows
         return _one_f_one_b(p, m, v)
-    a = zb_h1_weight(p, m)
-    rows = [Row(stage=CYCLE, out=(1,), inn=(1,)), Row(stage=CYCLE_LESS_W, out=(1,), inn=(1,)), DPX, OPT]
-    return rows, [Term("max", 0, m - a), Term("sum", 1, a), Term("max", 2), Term("max", 3)]
+    rows = [Row(stage=CYCLE, out=(1,), inn=(1,)), Row(stage=CYCLE_LESS_W, out=(1,), inn=(1,)), DPX, OPT,
+            Row(stage=W)]
+    terms = [Term("max", 0, m - 1), Term("sum", 1), Term("max", 2), Term("max", 3)]
+    k = zb_h1_mu_weight(p, m)
+    return rows, terms + ([Term("min", 4, -float(k))] if k else [])
+
+
+def zb_h1_beta(p: int, m: int) -> float:
+    """beta of the knob bounds' ZB-H1 rows: (q - 1) / (m - 1), 0 for m = 1."""
+    return zb_h1_mu_weight(p, m) / (m - 1) if m > 1 else 0.0
+
+
+def _zb_h1_knob(p: int, m: int, v: int, stand_ins: bool = False):
+    """The knob bounds' rows, at most the core rows on every plan, without the min term:
+    1F1B's max row and ``sum_s (c_s - w_s - k/p w_s)``, k = q - 1 (the least W is at most the
+    mean W), so the bottleneck's bounds are 1F1B's; with mixed stages' stand-ins (whose
+    lines are each quantity's least, so a negative coefficient, here on b, would not stay
+    below the stage) ``(m - 1) max_s (c_s - beta w_s) + sum_s (c_s - w_s)`` instead (the
+    least W is at most the W of the stage where c - beta w is largest), every coefficient
+    on f, b, i and the sends >= 0."""
+    if p == 1:
+        return _one_f_one_b(p, m, v)
+    if stand_ins:
+        beta = zb_h1_beta(p, m)
+        top = (1, 1 - beta, 0, 0, 0, beta)      # f + b - beta (b - i)
+        rows = [Row(stage=top, out=(1,), inn=(1,)), Row(stage=CYCLE_LESS_W, out=(1,), inn=(1,)), DPX, OPT]
+    else:
+        kappa = zb_h1_mu_weight(p, m) / p
+        fill = (1, -kappa, 0, 0, 0, 1 + kappa)   # f + i - kappa (b - i)
+        rows = [Row(stage=CYCLE, out=(1,), inn=(1,)), Row(stage=fill, out=(1,), inn=(1,)), DPX, OPT]
+    return rows, [Term("max", 0, m - 1), Term("sum", 1), Term("max", 2), Term("max", 3)]
 
 
 SCHEDULES: dict[str, SearchSchedule] = {
@@ -126,7 +165,8 @@ SCHEDULES: dict[str, SearchSchedule] = {
     "interleaved-1f1b": SearchSchedule("interleaved-1f1b", _interleaved, exact=True, virtual_stages=2,
                                        wraps=True, min_stages=2, divides_m=True, launchers=("megatron",)),
     # Megatron-LM and DeepSpeed have no zero-bubble schedule (planner launch refuses it)
-    "zb-h1": SearchSchedule("zb-h1", _zb_h1, exact=False, reads_apart=True, reads_input=True, launchers=()),
+    "zb-h1": SearchSchedule("zb-h1", _zb_h1, exact=False, reads_apart=True, reads_input=True, launchers=(),
+                            knob_rows=_zb_h1_knob),
     # two chunks per rank in a V (even blocks per stage), the head on rank 0; torch's
     # ScheduleZBVZeroBubble / ScheduleDualPipeV, neither in Megatron-LM nor DeepSpeed
     "zb-v": SearchSchedule("zb-v", v_rows, exact=False, virtual_stages=2, reads_apart=True, reads_input=True, launchers=(),

@@ -616,3 +616,11 @@ def pipeline_rows(knobs: Knobs) -> tuple[list[Row], list[Term]]:
     """The schedule's core rows and terms (schedules.py: planner.cost.schedule's closed forms,
     or a lower bound on one)."""
     return SCHEDULES[knobs.schedule].rows(knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages)
+
+
+def knob_rows(knobs: Knobs, stand_ins: bool = False) -> tuple[list[Row], list[Term]]:
+    """The rows the knob bounds read (SearchSchedule.bound_rows): the core's, or rows at most
+    them where the core's hold a term the knob bounds do not read (``stand_ins``: the
+    options include mixed stages' stand-ins)."""
+    return SCHEDULES[knobs.schedule].bound_rows(knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages,
+                                                stand_ins)

@@ -79,6 +79,8 @@ def dp_fixed_options(prob: CoreProblem, options: list[int]) -> CoreSolution:
     options fixed the boundary quantities are constants and fold into the stage costs.
     """
     maxes = [t for t in prob.terms if t.kind == "max"]
+    if any(t.kind == "min" for t in prob.terms):
+        raise ValueError("the DP handles no min term; use the MILP")
     if len(maxes) > 1:
         raise ValueError("the DP handles one max term; use the MILP")
     if prob.boundary is not None and prob.boundary.any():

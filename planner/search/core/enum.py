@@ -147,7 +147,10 @@ class CoreEnum:
             vals.append((v0, v1))
         for t in prob.terms:
             v0, v1 = vals[t.row]
-            obj = obj + t.weight * (np.maximum(0.0, np.maximum(v0, v1)) if t.kind == "max" else v0 + v1)
+            if t.kind == "min":
+                obj = obj + t.weight * np.minimum(v0, v1)
+            else:
+                obj = obj + t.weight * (np.maximum(0.0, np.maximum(v0, v1)) if t.kind == "max" else v0 + v1)
         ok = ok0[idx][:, None, n1] & ok1[:, L - n1][None, :, :]
         cap_ok = np.ones((len(idx), self._K), dtype=bool)
         price = self.option_price[idx][:, None] + self.option_price[None, :]
@@ -173,7 +176,7 @@ class CoreEnum:
         obj = np.zeros(self._K)
         for t in prob.terms:
             v = rows[t.row][:, L]
-            obj = obj + t.weight * (np.maximum(0.0, v) if t.kind == "max" else v)
+            obj = obj + t.weight * (np.maximum(0.0, v) if t.kind == "max" else v)    # one stage: min = sum
         good = ok[:, L] & (self.units <= self.capacity).all(axis=1)
         price = self.option_price + (self.units > 0) @ self.resource_price[:self.units.shape[1]]
         if prob.budget_usd_per_hour is not None:

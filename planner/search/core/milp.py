@@ -282,6 +282,13 @@ class CoreMilp:
                         terms += self._hinge_terms(t.row, s)
                     self._at_most(terms, m)
                 parts.append((m, t.weight))
+            elif t.kind == "min":
+                # weight <= 0: the least row is maximised, so z at most every stage's row is it
+                z = pulp.LpVariable(f"Z_{t_i}")
+                for s in range(p):
+                    expr = _affine([(z, 1.0)] + [(v, -c) for v, c in self._row_terms(t.row, s)])
+                    self.lp.addConstraint(pulp.LpConstraint(expr, pulp.LpConstraintLE, rhs=0.0))
+                parts.append((z, t.weight))
             else:
                 parts += [(v, t.weight * c) for s in range(p) for v, c in self._row_terms(t.row, s)]
         return _affine(parts)

@@ -48,9 +48,15 @@ class Row:
 
 @dataclass(frozen=True)
 class Term:
-    kind: str        # "max" (floored at 0) or "sum"
+    kind: str        # "max" (floored at 0), "sum", or "min" (the least stage's row; weight <= 0)
     row: int
     weight: float = 1.0
+
+    def __post_init__(self):
+        # a min term lowers the objective by its least stage: convex (a max of the negated
+        # rows) only with a weight <= 0, which the MILP needs (it maximises that least value)
+        if self.kind == "min" and self.weight > 0:
+            raise ValueError(f"a min term needs a weight <= 0, got {self.weight}")
 
 
 @dataclass
@@ -138,7 +144,10 @@ class CoreProblem:
         total = 0.0
         for t in self.terms:
             row = vals[t.row]
-            total += t.weight * (max(0.0, float(row.max())) if t.kind == "max" else float(row.sum()))
+            if t.kind == "min":
+                total += t.weight * float(row.min())
+            else:
+                total += t.weight * (max(0.0, float(row.max())) if t.kind == "max" else float(row.sum()))
         return total
 
     def units_by_resource(self) -> np.ndarray:
@@ -215,6 +224,12 @@ def quick_bound(prob: CoreProblem) -> float | None:
     total = 0.0
     for t in prob.terms:
         row = prob.rows[t.row]
+        if t.kind == "min":
+            least = least_stage_most(prob, row)
+            if least is None:
+                return None
+            total += t.weight * least
+            continue
         if row.hinges:
             continue                                # >= 0; nothing cheaper to say
         slopes = [float(np.dot(row.stage, o.slope)) for o in prob.options]
@@ -261,6 +276,26 @@ def quick_bound(prob: CoreProblem) -> float | None:
             best = max(best, mb)
         total += t.weight * best
     return total
+
+
+def least_stage_most(prob: CoreProblem, row: Row) -> float | None:
+    """An upper bound on ``min_s row(s)`` over the assignments (a min term's weight is <= 0,
+    so this bounds it from below): some stage holds at most ``floor(L / p)`` blocks, and its
+    row (sends left out: the core's boundary quantities are >= 0, so rows with sends on
+    them are not for min terms) is at most the largest of any option's at 1 or that many
+    blocks (affine in the blocks) at any position.  None: some stage has no option."""
+    p, L = prob.num_stages, prob.num_blocks
+    if row.out or row.inn or row.hinges:
+        raise ValueError("a min term's row reads the stage quantities only")
+    k = max(1, L // p)
+    most = -math.inf
+    for s in range(p):
+        vals = [float(np.dot(row.stage, o.fixed[s])) + float(np.dot(row.stage, o.slope)) * nb
+                for o in prob.options if o.allowed(s) for nb in (1, k)]
+        if not vals:
+            return None
+        most = max(most, max(vals))
+    return most
 
 
 def _capacity_ok(M: float, L: int, A: np.ndarray, U: np.ndarray, F: np.ndarray, per_unit: np.ndarray,
