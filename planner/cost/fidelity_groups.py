@@ -59,7 +59,7 @@ def format_groups(fields: list[str], groups: list[Group]) -> str:
     width = max(len(head), *(len(str(g.key)) for g in groups)) if groups else len(head)
     lines = [f"{head:<{width}}  {'rows':>5}  {'mean signed':>11}  {'spread':>7}  {'MAPE':>6}", "-" * (width + 39)]
     for g in groups:
-        lines.append(f"{str(g.key):<{width}}  {g.rows:>5}  {100 * g.mean_signed:>+10.1f}%  {100 * g.spread:>6.1f}%"
+        lines.append(f"{g.key!s:<{width}}  {g.rows:>5}  {100 * g.mean_signed:>+10.1f}%  {100 * g.spread:>6.1f}%"
                      f"  {100 * g.mape:>5.1f}%")
     return "\n".join(lines)
 
