@@ -41,21 +41,24 @@ def test_zero_plans_match_the_single_process_reference(zero_run):
     assert_matches_reference(result, reference)
 
 
+def assert_held_bytes(held: dict, stage: int, shards: int) -> None:
+    """A rank's held bytes against the ZeRO paper's formula over ``shards`` ranks (Adam: 3
+    optimizer copies). The parameters are counted from the rank's full tensors when sharding
+    began; shards are padded to equal size, at most shards - 1 elements each; ZeRO-3 releases
+    the gathered weights between steps, so only the shard's copy stays."""
+    psi = held["parameters"]
+    w, g, o = zero_state_bytes(ELEMENT_BYTES, ELEMENT_BYTES, 3 * ELEMENT_BYTES, stage, shards)
+    pad = shards * ELEMENT_BYTES * 3
+    assert held["grads"] == pytest.approx(g * psi, abs=pad)
+    assert held["optimizer"] == pytest.approx(o * psi, abs=pad)
+    assert held["weights"] == (0 if stage >= 3 else pytest.approx(w * psi))
+
+
 def test_held_bytes_follow_the_zero_formula(zero_run):
     stage, plan, result, _ = zero_run
     assert result.zero_state_bytes and len(result.zero_state_bytes) == 7
     for r in result.ranks:
-        held = result.zero_state_bytes[r.rank]
-        n = len(plan.stages[r.stage].replicas)
-        psi = held["parameters"]  # counted from the rank's full tensors when sharding began
-        w, g, o = zero_state_bytes(ELEMENT_BYTES, ELEMENT_BYTES, 3 * ELEMENT_BYTES, stage, n)
-        pad = n * ELEMENT_BYTES * 3  # shards are padded to equal size: at most n - 1 elements each
-        assert held["grads"] == pytest.approx(g * psi, abs=pad)
-        assert held["optimizer"] == pytest.approx(o * psi, abs=pad)
-        if stage >= 3:
-            assert held["weights"] == 0  # released between steps: only the shard's copy stays
-        else:
-            assert held["weights"] == pytest.approx(w * psi)
+        assert_held_bytes(result.zero_state_bytes[r.rank], stage, len(plan.stages[r.stage].replicas))
 
 
 def test_zero3_with_context_parallelism_matches_the_reference():
@@ -71,12 +74,7 @@ def test_zero3_with_context_parallelism_matches_the_reference():
     result = runner.run_plan(plan, steps=STEPS, dtype="float64", return_params=True)
     assert_matches_reference(result, _reference(plan))
     for r in result.ranks:
-        held = result.zero_state_bytes[r.rank]
-        shards = 4 if r.stage == 0 else 2
-        _, g, o = zero_state_bytes(ELEMENT_BYTES, ELEMENT_BYTES, 3 * ELEMENT_BYTES, 3, shards)
-        assert held["weights"] == 0
-        assert held["grads"] == pytest.approx(g * held["parameters"], abs=shards * ELEMENT_BYTES)
-        assert held["optimizer"] == pytest.approx(o * held["parameters"], abs=3 * shards * ELEMENT_BYTES)
+        assert_held_bytes(result.zero_state_bytes[r.rank], 3, 4 if r.stage == 0 else 2)
 
 
 # -- HSDP (zero_shard_degree): ZeRO inside groups of replicas, all-reduce across them --------
@@ -102,16 +100,9 @@ def test_hsdp_plans_match_the_single_process_reference(hsdp_run):
 
 def test_hsdp_held_bytes_follow_the_zero_formula_over_the_shard_group(hsdp_run):
     stage, plan, result, _ = hsdp_run
-    d_shard = plan.zero_shard_degree
     assert result.zero_state_bytes and len(result.zero_state_bytes) == 4
     for r in result.ranks:
-        held = result.zero_state_bytes[r.rank]
-        psi = held["parameters"]
-        w, g, o = zero_state_bytes(ELEMENT_BYTES, ELEMENT_BYTES, 3 * ELEMENT_BYTES, stage, d_shard)
-        pad = d_shard * ELEMENT_BYTES * 3   # shards padded to equal size: under d_shard elements each
-        assert held["grads"] == pytest.approx(g * psi, abs=pad)
-        assert held["optimizer"] == pytest.approx(o * psi, abs=pad)
-        assert held["weights"] == (0 if stage >= 3 else pytest.approx(w * psi))
+        assert_held_bytes(result.zero_state_bytes[r.rank], stage, plan.zero_shard_degree)
 
 
 def test_hsdp_with_context_parallelism_matches_the_reference():
@@ -124,7 +115,5 @@ def test_hsdp_with_context_parallelism_matches_the_reference():
     plan = Plan.from_json({**plan.to_json(), "zero_stage": 2, "zero_shard_degree": 1})
     result = runner.run_plan(plan, steps=STEPS, dtype="float64", return_params=True)
     assert_matches_reference(result, _reference(plan))
-    _, g, o = zero_state_bytes(ELEMENT_BYTES, ELEMENT_BYTES, 3 * ELEMENT_BYTES, 2, 2)
     for held in result.zero_state_bytes.values():
-        assert held["grads"] == pytest.approx(g * held["parameters"], abs=2 * ELEMENT_BYTES)
-        assert held["optimizer"] == pytest.approx(o * held["parameters"], abs=6 * ELEMENT_BYTES)
+        assert_held_bytes(held, 2, 2)
