@@ -117,3 +117,17 @@ def test_hsdp_with_context_parallelism_matches_the_reference():
     assert_matches_reference(result, _reference(plan))
     for held in result.zero_state_bytes.values():
         assert_held_bytes(held, 2, 2)
+
+
+def test_hsdp_with_tensor_parallelism_matches_the_reference():
+    """ZeRO-1 HSDP on tp 2: four replicas of two ranks, shard groups of two replicas per tp
+    position (planner.launch.hsdp_groups), so each tp slice of the weights is sharded 2 ways
+    and replicated across the two groups: 8 gloo ranks."""
+    plan = make_plan(GELU, [((0, 4), [rep(2, 1, ["t:0", "t:1"]), rep(2, 1, ["t:2", "t:3"]),
+                                      rep(2, 1, ["t:4", "t:5"]), rep(2, 1, ["t:6", "t:7"])])],
+                     mbs=4, nmb=2, schedule="1f1b")
+    plan = Plan.from_json({**plan.to_json(), "zero_stage": 1, "zero_shard_degree": 2})
+    result = runner.run_plan(plan, steps=STEPS, dtype="float64", return_params=True)
+    assert_matches_reference(result, _reference(plan))
+    for held in result.zero_state_bytes.values():
+        assert_held_bytes(held, 1, 2)
