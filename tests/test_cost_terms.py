@@ -204,6 +204,30 @@ def test_replica_memory_zero1_shards_optimizer_state():
     assert plain.weights_bytes == pytest.approx(2 * (8 * block_params(m) + 2 * 50257 * 1024 + 2 * 1024) / 2)
 
 
+@pytest.mark.parametrize("tp, in_flight", [(1, 1), (2, 3)])
+def test_plain_cross_entropy_holds_two_more_fp32_logit_tensors(tp, in_flight):
+    """torchtitan's F.cross_entropy on an fp32 copy (Training.cross_entropy plain): beside the
+    4-byte log-probabilities kept per micro-batch in flight, the backward of one micro-batch holds
+    8 more bytes per logit; the head stage only, and nothing else moves."""
+    gpu = catalog.gpu("A100-SXM4-80GB")
+    m = gpt(num_layers=8)
+    args = (gpu, tp, 2, 4, False, True, 4, in_flight)
+    fused = replica_memory(_ctx(m), *args)
+    plain = replica_memory(_ctx(m, cross_entropy="plain"), *args)
+    logits = 2 * 1024 * 50257 / tp            # share 2 x seq 1024 x vocab over tp
+    assert plain.activations_bytes - fused.activations_bytes == pytest.approx(8 * logits)
+    assert plain.weights_bytes == fused.weights_bytes
+    middle = (gpu, tp, 2, 4, False, False, 4, in_flight)
+    assert replica_memory(_ctx(m, cross_entropy="plain"), *middle) == replica_memory(_ctx(m), *middle)
+
+
+def test_the_cross_entropy_choice_travels_with_the_plan():
+    from planner.spec import Training
+    t = Training(global_batch_size=8, seq_len=1024, cross_entropy="plain")
+    assert t.io_mapping()["cross_entropy"] == "plain"
+    assert "cross_entropy" not in Training(global_batch_size=8, seq_len=1024).io_mapping()   # bytes kept
+
+
 # -- compute ----------------------------------------------------------------------------------
 
 def test_efficiency_saturates_and_replica_time_scales_with_blocks():

@@ -150,3 +150,12 @@ def test_cli(tmp_path, capsys):
     assert tomllib.loads((tmp_path / "out" / CONFIG_FILE).read_text())["parallelism"]
     assert main(["launch", str(bad), "--format", "torchtitan", "--master-addr", "h"]) == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_plan_priced_with_the_fused_loss_is_told_torchtitans_is_plain():
+    _, files = config(make_plan())
+    assert "re-plan with training cross_entropy: plain" in files[CONFIG_FILE]
+    plain = make_plan(inputs={"cluster": "t", "model": make_plan().inputs.model,
+                              "training": {"global_batch_size": 64, "seq_len": 2048, "cross_entropy": "plain"}})
+    _, files = config(plain)
+    assert "cross_entropy: plain" not in files[CONFIG_FILE]

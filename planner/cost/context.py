@@ -85,6 +85,8 @@ class CostContext:
     grad_reduce_overlap: bool = True
     flash_attention: bool = False
     tp_comm_overlap: bool = False
+    # the loss kernel (Training.cross_entropy): "plain" keeps more fp32 logit-sized tensors
+    cross_entropy: str = "fused"
     cache: dict = field(default_factory=dict, repr=False)
     sources: dict = field(default_factory=dict, repr=False)  # cost entry -> measured|estimated
 

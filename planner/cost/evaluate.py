@@ -83,6 +83,7 @@ def context_for_plan(plan, calibration: Calibration | None = None, profiles=None
     from planner.spec import load_model
     model = model or load_model(plan.inputs.model)
     seq_len, _, precision = _training(plan)
+    extra.setdefault("cross_entropy", str((plan.inputs.training or {}).get("cross_entropy", "fused")))
     return CostContext.from_plan(plan, model, seq_len, precision, calibration, profiles, **extra)
 
 

@@ -156,6 +156,16 @@ def gathered_param_bytes(ctx: CostContext, tp: int, blocks: int, embedding: bool
     return 2 * max(units, default=0.0) / tp * ctx.activation_bytes
 
 
+# torch.nn.functional.cross_entropy(logits.float(), labels) (torchtitan's loss, components/loss.py
+# at b5bcd76): the log-softmax it saves is the 4 bytes per logit counted for every loss; its
+# backward then holds the dense fp32 gradient of the log-probabilities (nll_loss's backward) and
+# the fp32 gradient of the logits it computes from them, beside the saved log-probabilities:
+# 8 more bytes per logit of the micro-batch being differentiated (its forward's bf16 logits and
+# fp32 copy, 6 more, peak lower).  Megatron's vocab-parallel kernel reuses one fp32 buffer in
+# place for the softmax and its gradient, so "fused" adds nothing.
+PLAIN_CROSS_ENTROPY_TRANSIENT_BYTES = 8.0
+
+
 def block_activation_bytes(ctx: CostContext, tp: int, b: float, recompute: str | None = None) -> float:
     """Activations one block keeps for one micro-batch of ``b`` sequences (Korthikanti Table 2).
     Memoised in ``ctx.cache``: the search's memory models read it for every option, five
@@ -252,7 +262,10 @@ def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: 
     if embedding:  # embedding dropout mask (Korthikanti: s b h p / t, 1 byte per element)
         act += s * share * h / (tp if ctx.sequence_parallel and tp > 1 else 1) * in_flight_micro_batches
     if head:  # fp32 logits for the cross-entropy
-        act += 4 * s * share * ctx.model.vocab_size / tp * in_flight_micro_batches
+        logits = s * share * ctx.model.vocab_size / tp
+        act += 4 * logits * in_flight_micro_batches
+        if ctx.cross_entropy == "plain":
+            act += PLAIN_CROSS_ENTROPY_TRANSIENT_BYTES * logits
     # one replica shards nothing, so it gathers nothing (FSDP over one rank keeps whole weights)
     gathered = gathered_param_bytes(ctx, tp, blocks, embedding, head) if ranks > 1 else 0.0
     return MemoryBreakdown(weights, grads, optimizer, act, WORKSPACE_BYTES, gathered)

@@ -208,7 +208,7 @@ def make_context(model, training, knobs: Knobs, profiles=None, calibration=None)
                        context_parallel=knobs.context_parallel, zero_stage=knobs.zero_stage, reshard_after_forward=knobs.reshard_after_forward,
                        num_micro_batches=knobs.num_micro_batches, schedule=knobs.schedule,
                        virtual_stages=knobs.virtual_stages, expert_parallel=knobs.expert_parallel,
-                       zero_shard_degree=knobs.zero_shard_degree,
+                       zero_shard_degree=knobs.zero_shard_degree, cross_entropy=training.cross_entropy,
                        calibration=calibration or default_calibration(), profiles=profiles)
 
 

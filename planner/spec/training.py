@@ -34,6 +34,12 @@ class Training(BaseModel):
         "fp32 (4-byte weights, grads and activations, matmuls at the FP32 CUDA-core peak); "
         "tf32 (fp32 storage, matmuls on TF32 tensor cores; fp32 speed where a GPU has none)")
     optimizer: Literal["adam"] = "adam"
+    cross_entropy: Literal["fused", "plain"] = Field(
+        default="fused", description="how the loss is computed, which sets the head's peak memory: "
+        "fused (Megatron's vocab-parallel cross-entropy: the fp32 logits buffer is reused in place "
+        "for the softmax and its gradient); plain (torch.nn.functional.cross_entropy on an fp32 "
+        "copy of the logits, as torchtitan and Hugging Face Trainer do: the log-probabilities it "
+        "keeps, and in backward two more fp32 tensors of the logits' size)")
     # The search's freedoms.
     schedules: tuple[Schedule, ...] = ("1f1b", "gpipe", "interleaved-1f1b")
     recompute_modes: tuple[Recompute, ...] = ("none", "selective", "full")
@@ -92,6 +98,8 @@ class Training(BaseModel):
         """The part of the training spec a plan carries in ``inputs.training``."""
         out = {"global_batch_size": self.global_batch_size, "seq_len": self.seq_len,
                "precision": self.precision}
+        if self.cross_entropy != "fused":   # the default leaves plans' bytes alone
+            out["cross_entropy"] = self.cross_entropy
         if self.mixed_stages:   # replan searches the same space again
             out["mixed_stages"] = True
         if self.context_parallel_degrees != (1,):   # likewise; the default leaves plans' bytes alone

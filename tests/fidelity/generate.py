@@ -397,8 +397,9 @@ TORCHTITAN_META = {
     "gpu_type": "H100-HBM2e-96GB-500W",
     # FSDP2 = ZeRO-3; torchtitan reshards after forward all blocks but the last (as one knob: true);
     # selective = its per-op policy (recompute op)
+    # and F.cross_entropy on an fp32 copy of the logits (components/loss.py): the plain loss
     "plan_defaults": {"precision": "bf16", "schedule": "1f1b", "recompute": "op", "zero_stage": 3,
-                      "reshard_after_forward": True, "sequence_parallel": False},
+                      "reshard_after_forward": True, "sequence_parallel": False, "cross_entropy": "plain"},
 }
 
 
