@@ -20,10 +20,14 @@ class _Tuple:
 
     def __init__(self, pricer, knobs, ctx, keys, limits: dict | None = None):
         self.pricer, self.knobs, self.ctx = pricer, knobs, ctx
+        self.key_list = keys    # ranked's list, one per B (solve.usable_keys): it names the options
         self.keys = set(pricer.pure_part(keys))
         self.unit = knobs.block_unit
         self.L_units = pricer.model.num_layers // self.unit
-        self._limits = {} if limits is None else limits
+        self._limits = self.shared = {} if limits is None else limits
+        # the rules cache by the list's id (baselines.py): kept alive with the cache, no other
+        # list takes its id
+        self.shared.setdefault(("alive", id(keys)), keys)
         self._fit: dict = {}
         self._models: dict = {}
         self._by_group: dict | None = None

@@ -29,6 +29,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.search import clock
+from planner.search.baseline_floor import (
+    Floors,
+    Unpriced,
+    compute_floor_s,
+    kept,
+    stage_work_s,
+)
 from planner.search.baseline_tuple import _Tuple
 from planner.search.incumbent import Candidate, prepare
 from planner.search.space import OptionKey
@@ -96,7 +103,59 @@ def _equal_replicas(tup: _Tuple) -> list[int]:
     return tup.replicas
 
 
-def megatron(tup: _Tuple) -> list[Layout]:
+def _megatron_candidates(tup: _Tuple, cs: list[int], t: int) -> list[tuple[int, tuple[int, ...]]]:
+    """(replicas d, stages per class of ``cs``) at TP ``t``, for each d with equal shares
+    whose options all classes have and whose stages they hold, largest first: the order
+    ``megatron`` tries them (memory aside, they depend on the tuple's options and p alone:
+    shared by the tuples of one seed call)."""
+    key = ("megatron", id(tup.key_list), tup.knobs.micro_batch_size, tup.knobs.num_stages, t, tuple(cs))
+    hit = tup.shared.get(key)
+    if hit is None:
+        classes = tup.pricer.classes
+        have = [tup.replicas_of(c, t) for c in cs]
+        hit = tup.shared[key] = []
+        for d in _equal_replicas(tup):
+            if all(d in h for h in have):
+                counts = _spread(tuple(classes[c].capacity_units // classes[c].units(t, d) for c in cs),
+                                 tup.knobs.num_stages)
+                if counts is not None:
+                    hit.append((d, counts))
+    return hit
+
+
+def _slopes(tup: _Tuple, cls: int, t: int) -> dict[int, float]:
+    """Replicas d -> forward + backward slope of class ``cls`` at TP ``t`` on the share of B
+    over d, for the tuple's replica counts with equal shares that the class has options for
+    (shared by the tuples with the same options and what Pricer.kind_lines reads)."""
+    ctx = tup.ctx
+    key = ("slopes", id(tup.key_list), tup.knobs.micro_batch_size, tup.unit, ctx.recompute, ctx.context_parallel,
+           ctx.expert_parallel, cls, t)
+    hit = tup.shared.get(key)
+    if hit is None:
+        have = tup.replicas_of(cls, t)
+        hit = tup.shared[key] = {d: stage_work_s(tup.pricer, tup, cls, t, d) for d in _equal_replicas(tup) if d in have}
+    return hit
+
+
+def _floors_key(tup: _Tuple) -> tuple:
+    """What a rule's floors read of the tuple: its options, B, p, and what the slopes read."""
+    ctx = tup.ctx
+    return (id(tup.key_list), tup.knobs.micro_batch_size, tup.knobs.num_stages, tup.unit, ctx.recompute,
+            ctx.context_parallel, ctx.expert_parallel)
+
+
+def _megatron_floors(tup: _Tuple, cs: list[int], t: int, cands) -> Floors:
+    key = ("megatron floors", t, tuple(cs)) + _floors_key(tup)
+    hit = tup.shared.get(key)
+    if hit is None:
+        slopes = [_slopes(tup, c, t) for c in cs]
+        hit = tup.shared[key] = Floors(tup, [[(k, w[d]) for k, w in zip(counts, slopes)] for d, counts in cands])
+    return hit
+
+
+def megatron(tup: _Tuple, unpriced: Unpriced | None = None) -> list[Layout]:
+    """``unpriced``: candidates are not checked against memory once seed would price none of
+    those left (the first replica count that fits is taken)."""
     pricer, p = tup.pricer, tup.knobs.num_stages
     even = tup.L_units // p
     n_cls = len(pricer.classes)
@@ -104,15 +163,15 @@ def megatron(tup: _Tuple) -> list[Layout]:
     out = []
     for t in tup.tps:
         for cs in sets:
+            cands = _megatron_candidates(tup, cs, t)
+            floors = _megatron_floors(tup, cs, t, cands) if unpriced is not None and cands else None
+            if floors is not None and unpriced.rest_dropped("megatron", floors, 0):
+                continue        # whichever replica count fits, seed would not price it
             if len(cs) == 1 and tup.state_over(cs[0], t, 0, p, even):
                 continue        # no replica count holds the stages: none is tried
-            have = [tup.replicas_of(c, t) for c in cs]
-            for d in _equal_replicas(tup):
-                if any(d not in h for h in have):
-                    continue
-                counts = _spread(tuple(pricer.classes[c].capacity_units // pricer.classes[c].units(t, d) for c in cs), p)
-                if counts is None:
-                    continue
+            for i, (d, counts) in enumerate(cands):
+                if i and floors is not None and unpriced.rest_dropped("megatron", floors, i):
+                    break
                 # each class's stages are one run: its memory limits checked run by run
                 first, fits = 0, True
                 for c, k in zip(cs, counts):
@@ -127,23 +186,51 @@ def megatron(tup: _Tuple) -> list[Layout]:
     return out
 
 
-def sailor(tup: _Tuple) -> list[Layout]:
+def _sailor_candidates(tup: _Tuple) -> list[tuple[int, list[int], tuple[int, ...]]]:
+    """(replicas d, classes used, their stages) for each d with equal shares: the classes'
+    shares of the stages at their least TP degree (the most stages fit), largest d first
+    (shared as ``_megatron_candidates``)."""
+    key = ("sailor", id(tup.key_list), tup.knobs.micro_batch_size, tup.knobs.num_stages)
+    hit = tup.shared.get(key)
+    if hit is None:
+        classes, tps = tup.pricer.classes, tup.tps
+        hit = tup.shared[key] = []
+        for d in _equal_replicas(tup):
+            least = {c: next((t for t in tps if OptionKey(c, t, d, tup.cp) in tup.keys), None)
+                     for c in range(len(classes))}
+            use = [c for c, t in least.items() if t is not None]
+            if not use:
+                continue
+            slots = [classes[c].capacity_units // OptionKey(c, least[c], d, tup.cp).units_in(classes) for c in use]
+            counts = _spread(tuple(slots), tup.knobs.num_stages)
+            if counts is not None:
+                hit.append((d, use, counts))
+    return hit
+
+
+def _sailor_floors(tup: _Tuple, cands) -> Floors:
+    """Each stage's slope bounded by its class's least over the TP degrees it has options
+    for (the stage's own TP is chosen by memory)."""
+    key = ("sailor floors",) + _floors_key(tup)
+    hit = tup.shared.get(key)
+    if hit is None:
+        slopes = [[_slopes(tup, c, t) for t in tup.tps] for c in range(len(tup.pricer.classes))]
+        hit = tup.shared[key] = Floors(tup, [[(k, min(w[d] for w in slopes[c] if d in w)) for c, k in zip(use, counts)]
+                                             for d, use, counts in cands])
+    return hit
+
+
+def sailor(tup: _Tuple, unpriced: Unpriced | None = None) -> list[Layout]:
+    """``unpriced`` as for ``megatron``."""
     pricer, p = tup.pricer, tup.knobs.num_stages
     even = tup.L_units // p
-    n_cls = len(pricer.classes)
     tps = tup.tps
-    cs = list(range(n_cls))
-    for d in _equal_replicas(tup):
-        # the classes' shares of the stages, at their least TP degree (the most stages fit);
-        # then each stage at the least TP that fits its memory where it sits
-        least = {c: next((t for t in tps if OptionKey(c, t, d, tup.cp) in tup.keys), None) for c in cs}
-        use = [c for c in cs if least[c] is not None]
-        if not use:
-            continue
-        slots = [pricer.classes[c].capacity_units // OptionKey(c, least[c], d, tup.cp).units_in(pricer.classes) for c in use]
-        counts = _spread(tuple(slots), p)
-        if counts is None:
-            continue
+    cands = _sailor_candidates(tup)
+    floors = _sailor_floors(tup, cands) if unpriced is not None and cands else None
+    for i, (d, use, counts) in enumerate(cands):
+        if floors is not None and unpriced.rest_dropped("sailor", floors, i):
+            return []           # whichever fits, seed would not price it
+        # each stage at the least TP that fits its memory where it sits
         stage_cls = _stage_classes(counts, use)
         keys = []
         for s, c in enumerate(stage_cls):
@@ -201,38 +288,16 @@ def _where(pricer, stage_cls: list[int]) -> str:
 
 # The rules that propose layouts from a tuple's options (a registry: one entry per published
 # planner's rule); metis re-splits the layouts the others propose.
-RULES: dict[str, Callable[[_Tuple], list[Layout]]] = {"megatron": megatron, "sailor": sailor}
+RULES: dict[str, Callable[[_Tuple, Unpriced | None], list[Layout]]] = {"megatron": megatron, "sailor": sailor}
 
 
-def layouts_of(tup: _Tuple) -> list[Layout]:
+def layouts_of(tup: _Tuple, unpriced: Unpriced | None = None) -> list[Layout]:
+    """The rules' layouts; with ``unpriced``, less some that seed would not price (those
+    whose candidates it rules out before their memory checks)."""
     if tup.L_units % tup.knobs.num_stages:
         return []           # no even split
-    out = [lay for rule in RULES.values() for lay in rule(tup)]
+    out = [lay for rule in RULES.values() for lay in rule(tup, unpriced)]
     return out + metis(tup, out)
-
-
-# Schedules whose iteration time (planner.cost.schedule) is at least m times the busiest stage's
-# forward + backward: 1F1B and interleaved take m x the worst cycle (busy + sends) and more,
-# GPipe m x the worst forward plus m x the worst backward, ZB-H1 m x the worst cycle and a
-# fill at least the q mu it takes back.  Not BitPipe (a rank averages its pair's work), nor
-# the V schedules or latency-aware (no such closed form).
-COMPUTE_FLOOR_SCHEDULES = frozenset({"1f1b", "gpipe", "interleaved-1f1b", "zb-h1"})
-
-
-def compute_floor_s(pricer, tup: _Tuple, lay: Layout) -> float:
-    """A lower bound on the layout's iteration time: m micro-batches of its busiest stage's
-    forward and backward slopes (the stages' fixed parts, sends, DP sync and optimizer only
-    add); 0 where the schedule gives no such bound."""
-    knobs = tup.knobs
-    if knobs.schedule not in COMPUTE_FLOOR_SCHEDULES:
-        return 0.0
-    B = knobs.micro_batch_size
-    units = lay.units or [tup.L_units // knobs.num_stages] * knobs.num_stages
-    busiest = 0.0
-    for k, u in zip(lay.keys, units):
-        f = pricer.kind_lines(tup.ctx, k.cls, k.tp, -(-B // k.replicas), tup.unit)
-        busiest = max(busiest, u * (f[0] + f[1]))
-    return knobs.num_micro_batches * busiest
 
 
 def priced_layouts(pricer, tup: _Tuple, spec, launcher, floor_of=None) -> list[tuple[Layout, Candidate | None]]:
@@ -243,10 +308,12 @@ def priced_layouts(pricer, tup: _Tuple, spec, launcher, floor_of=None) -> list[t
     (time objectives): rule -> the time a layout of that rule must be under to change
     anything (its rule's best, the incumbents'); a layout whose ``compute_floor_s`` is not
     under it is left out unpriced."""
-    layouts = layouts_of(tup)
-    if floor_of is not None:
-        # a hair of slack: a stage's fixed parts, read as intercepts of lines, may round below 0
-        layouts = [lay for lay in layouts if compute_floor_s(pricer, tup, lay) < floor_of(lay.rule) * (1 + 1e-9)]
+    if floor_of is None:
+        layouts = layouts_of(tup)
+    else:
+        unpriced = Unpriced(tup, floor_of)
+        layouts = [lay for lay in layouts_of(tup, unpriced)
+                   if kept(compute_floor_s(pricer, tup, lay), unpriced.threshold[lay.rule])]
     if not layouts:
         return []
     prob = pricer.price(tup.knobs, tup.ctx, list(dict.fromkeys(k for lay in layouts for k in lay.keys)))
