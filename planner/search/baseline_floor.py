@@ -75,24 +75,31 @@ def kept(floor_s: float, threshold_s: float) -> bool:
 class Floors:
     """A rule's candidates in the order it tries them, each with lower bounds on the busiest
     stage's and all stages' forward + backward per micro-batch, for its even split and for
-    any split of its stages (the Metis re-split's), and their minima from each position on.
+    its Metis re-split, and their minima from each position on.
 
     ``stages``: per candidate, the stages' slopes (or lower bounds on them) as (count,
     slope) pairs.  An even split's busiest is the largest slope's stage (a product's rounding
-    keeps the order); any split with u_s blocks on stage s has some u_s w_s >= L / sum(1 / w)
-    (the u_s sum to L) and all stages at least L min w.  Spanning one class, a candidate has
-    no re-split (inf)."""
+    keeps the order).  Any split with u_s blocks on stage s has some u_s w_s >= H = L /
+    sum(1 / w) (the u_s sum to L), and all stages at least L min w.  With the slopes ``exact``
+    (not lower bounds), the re-split is Metis' own (baselines._proportional on the speeds 1 /
+    w): u_s > L w_s^-1 / sum w^-1 - 1, so u_s w_s > H - w_s, and u_s >= 1.  Spanning one
+    class, a candidate has no re-split (inf)."""
 
-    def __init__(self, tup, stages: list[list[tuple[int, float]]]):
+    def __init__(self, tup, stages: list[list[tuple[int, float]]], exact: bool):
         L, even = tup.L_units, tup.L_units // tup.knobs.num_stages
         rows = []
         for pairs in stages:
             used = [(k, w) for k, w in pairs if k]
             ws = [w for _, w in used]
-            spread = len(used) >= 2
-            rows.append((even * max(ws), even * sum(k * w for k, w in used),
-                         L / sum(k / max(1e-30, w) for k, w in used) if spread else math.inf,
-                         L * min(ws) if spread else math.inf))
+            busiest, total = even * max(ws), even * sum(k * w for k, w in used)
+            if len(used) < 2:
+                rows.append((busiest, total, math.inf, math.inf))
+                continue
+            harmonic = L / sum(k / max(1e-30, w) for k, w in used)
+            any_total = L * min(ws)
+            if exact:
+                any_total = max(any_total, sum(k * max(w, harmonic - w) for k, w in used))
+            rows.append((busiest, total, harmonic, any_total))
         n = len(rows)
         self.rest = [(math.inf,) * 4] * (n + 1)     # per position: the minima from there on
         for i in range(n - 1, -1, -1):
@@ -106,10 +113,13 @@ class Unpriced:
 
     def __init__(self, tup, floor_of: Callable[[str], float]):
         self.m, self.a = tup.knobs.num_micro_batches, fill_weight(tup.knobs)
+        self.p, self.L_units = tup.knobs.num_stages, tup.L_units
         self.active = tup.knobs.schedule in COMPUTE_FLOOR_SCHEDULES
         self.threshold = {r: floor_of(r) for r in ("megatron", "sailor", "metis")}
 
     def _out(self, busiest: float, total: float, rule: str) -> bool:
+        if math.isinf(busiest):
+            return True         # no such layout (and 0 x inf would be nan)
         floor = (self.m - self.a) * busiest + self.a * total
         return floor * (1 - BOUND_ROOM) >= self.threshold[rule] * (1 + FLOOR_SLACK)
 
@@ -121,3 +131,11 @@ class Unpriced:
             return False
         busiest, total, any_busiest, any_total = floors.rest[i]
         return self._out(busiest, total, rule) and self._out(any_busiest, any_total, "metis")
+
+    def one_class_dropped(self, rule: str, least_slope: float) -> bool:
+        """Whether every even split on one class whose stages' slopes are at least
+        ``least_slope`` is left unpriced (such a layout has no re-split)."""
+        if not self.active:
+            return False
+        L = self.L_units
+        return self._out(L // self.p * least_slope, L * least_slope, rule)

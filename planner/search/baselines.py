@@ -134,6 +134,19 @@ def _slopes(tup: _Tuple, cls: int, t: int) -> dict[int, float]:
     if hit is None:
         have = tup.replicas_of(cls, t)
         hit = tup.shared[key] = {d: stage_work_s(tup.pricer, tup, cls, t, d) for d in _equal_replicas(tup) if d in have}
+        tup.shared[("least",) + key] = min(hit.values(), default=math.inf)
+    return hit
+
+
+def _least_slope(tup: _Tuple, cls: int, t: int) -> float:
+    """The least of ``_slopes`` (inf: none)."""
+    ctx = tup.ctx
+    key = ("least", "slopes", id(tup.key_list), tup.knobs.micro_batch_size, tup.unit, ctx.recompute,
+           ctx.context_parallel, ctx.expert_parallel, cls, t)
+    hit = tup.shared.get(key)
+    if hit is None:
+        _slopes(tup, cls, t)
+        hit = tup.shared[key]
     return hit
 
 
@@ -149,7 +162,8 @@ def _megatron_floors(tup: _Tuple, cs: list[int], t: int, cands) -> Floors:
     hit = tup.shared.get(key)
     if hit is None:
         slopes = [_slopes(tup, c, t) for c in cs]
-        hit = tup.shared[key] = Floors(tup, [[(k, w[d]) for k, w in zip(counts, slopes)] for d, counts in cands])
+        hit = tup.shared[key] = Floors(tup, [[(k, w[d]) for k, w in zip(counts, slopes)] for d, counts in cands],
+                                       exact=True)
     return hit
 
 
@@ -163,6 +177,9 @@ def megatron(tup: _Tuple, unpriced: Unpriced | None = None) -> list[Layout]:
     out = []
     for t in tup.tps:
         for cs in sets:
+            if unpriced is not None and len(cs) == 1 and unpriced.one_class_dropped(
+                    "megatron", _least_slope(tup, cs[0], t)):
+                continue        # every replica count's layout is left unpriced
             cands = _megatron_candidates(tup, cs, t)
             floors = _megatron_floors(tup, cs, t, cands) if unpriced is not None and cands else None
             if floors is not None and unpriced.rest_dropped("megatron", floors, 0):
@@ -216,7 +233,7 @@ def _sailor_floors(tup: _Tuple, cands) -> Floors:
     if hit is None:
         slopes = [[_slopes(tup, c, t) for t in tup.tps] for c in range(len(tup.pricer.classes))]
         hit = tup.shared[key] = Floors(tup, [[(k, min(w[d] for w in slopes[c] if d in w)) for c, k in zip(use, counts)]
-                                             for d, use, counts in cands])
+                                             for d, use, counts in cands], exact=False)
     return hit
 
 
