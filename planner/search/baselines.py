@@ -16,7 +16,10 @@ splits evenly over p, the rules of ``RULES`` each propose stage layouts:
 
 Each layout is priced as a CoreProblem on just the options it uses (the tuple's options are
 priced again, and the same way, by the search: the lines are cached in the Pricer), so its
-time is the cost model's.  ``seed`` adds every feasible one to the search's ``Best`` and
+time is the cost model's.  Under the time objectives a layout whose compute floor (its
+stages' forward + backward slopes under the schedule's closed form, baseline_floor.py) cannot
+beat its rule's best is not priced, and a rule stops trying candidates (before their memory
+checks) once none left, nor its Metis re-split, could be (baseline_candidates.py).  ``seed`` adds every feasible one to the search's ``Best`` and
 returns the best of them, which the plan's solver report names with the answer's ratio to it.
 """
 
@@ -41,10 +44,10 @@ from planner.search.baseline_tuple import _Tuple
 from planner.search.incumbent import Candidate, prepare
 from planner.search.space import OptionKey
 
-# Of the time limit, at most, for pricing the baselines once one is found: bench a took 7 ms,
-# b 0.23 s and c 1.5 s uncapped (0.58 s and 4.6 s before the memory checks of _Tuple and the
-# compute floor; the memory-free bounds that skip tuples are weak there: c's rules propose
-# 2,443 layouts over 516 tuples), and the search needs that time more (b's 5-s limit); the
+# Of the time limit, at most, for pricing the baselines once one is found: bench a took 8 ms,
+# b 0.11 s, c 0.46 s, d 0.32 s and e 0.68 s uncapped (median of 3, scripts/time_baselines.py;
+# b 0.26 s, c 1.74 s, d 0.79 s, e 2.24 s before the rules stopped at candidates that could not
+# be priced, baseline_floor.py), and the search needs that time more (b's 5-s limit); the
 # report says when the cap cut them short.
 BASELINE_SHARE = 0.1
 
@@ -250,7 +253,8 @@ def seed(pricer, ranked, spec, launcher, best, stop_at: float, deadline: float =
     bound, so the ones from the best baseline's time on are skipped: none of their layouts
     beats it (each rule's best is then only bounded from below: ``rule_floor_s``).  There too
     (``skip``), a layout whose compute alone (``compute_floor_s``) reaches its rule's best and
-    the incumbents' threshold is not priced: it would change neither (c: 1,807 of 2,443)."""
+    the incumbents' threshold is not priced: it would change neither; the rules stop trying
+    candidates once none left could be priced (``Unpriced``: c prices 70 layouts, 636 before)."""
     started = time.monotonic()
     by_rule: dict[str, Candidate] = {}
     names: dict[str, str] = {}
