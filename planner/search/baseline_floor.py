@@ -90,20 +90,23 @@ class Floors:
         rows = []
         for pairs in stages:
             used = [(k, w) for k, w in pairs if k]
+            if len(used) < 2:
+                k, w = used[0]
+                rows.append((even * w, even * (k * w), math.inf, math.inf))
+                continue
             ws = [w for _, w in used]
             busiest, total = even * max(ws), even * sum(k * w for k, w in used)
-            if len(used) < 2:
-                rows.append((busiest, total, math.inf, math.inf))
-                continue
             harmonic = L / sum(k / max(1e-30, w) for k, w in used)
             any_total = L * min(ws)
             if exact:
                 any_total = max(any_total, sum(k * max(w, harmonic - w) for k, w in used))
             rows.append((busiest, total, harmonic, any_total))
-        n = len(rows)
-        self.rest = [(math.inf,) * 4] * (n + 1)     # per position: the minima from there on
-        for i in range(n - 1, -1, -1):
-            self.rest[i] = tuple(min(x, y) for x, y in zip(rows[i], self.rest[i + 1]))
+        self.rest = [(math.inf,) * 4] * (len(rows) + 1)     # per position: the minima from there on
+        b0 = t0 = b1 = t1 = math.inf
+        for i in range(len(rows) - 1, -1, -1):
+            b, t, ab, at = rows[i]
+            b0, t0, b1, t1 = min(b, b0), min(t, t0), min(ab, b1), min(at, t1)
+            self.rest[i] = (b0, t0, b1, t1)
 
 
 class Unpriced:
