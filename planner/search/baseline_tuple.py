@@ -20,19 +20,23 @@ class _Tuple:
 
     def __init__(self, pricer, knobs, ctx, keys, limits: dict | None = None):
         self.pricer, self.knobs, self.ctx = pricer, knobs, ctx
-        self.keys = set(pricer.pure_part(keys))
+        self.key_list = keys    # ranked's list, one per B (solve.usable_keys): it names the options
         self.unit = knobs.block_unit
         self.L_units = pricer.model.num_layers // self.unit
-        self._limits = {} if limits is None else limits
+        self._limits = self.shared = {} if limits is None else limits
+        B = knobs.micro_batch_size
+        # what the tuple's options are depends on the list and B alone: read once per seed call
+        # (c: 368 options a tuple, 516 tuples); the rules cache by the list's id too
+        # (baselines.py): kept alive with the cache, no other list takes its id
+        opts = self.shared.get(("options", id(keys), B))
+        if opts is None:
+            opts = self.shared[("options", id(keys), B)] = _Options(keys, set(pricer.pure_part(keys)), B)
+        self.keys, self.replicas, self.tps = opts.keys, opts.replicas, opts.tps
+        self._most_replicas, self._by_group = opts.most_replicas, opts.by_group
         self._fit: dict = {}
         self._models: dict = {}
-        self._by_group: dict | None = None
         self._over: dict = {}
         self._run_ends: dict = {}
-        self._most_replicas = max((k.replicas for k in self.keys), default=1)
-        B = knobs.micro_batch_size
-        self.replicas = sorted({k.replicas for k in self.keys if B % k.replicas == 0}, reverse=True)
-        self.tps = sorted({k.tp for k in self.keys})
         self.cp = knobs.context_parallel    # the tuple's keys all carry it
         p, entry = knobs.num_stages, SCHEDULES[knobs.schedule]
         # per stage: (embedding, head) as the cost model prices it (a V holds both on rank 0)
@@ -112,8 +116,19 @@ class _Tuple:
 
     def replicas_of(self, cls: int, tp: int) -> frozenset:
         """The replica counts the tuple has options for on class ``cls`` at TP ``tp``."""
-        if self._by_group is None:
-            self._by_group = {}
-            for k in self.keys:
-                self._by_group.setdefault((k.cls, k.tp), set()).add(k.replicas)
         return self._by_group.get((cls, tp), frozenset())
+
+
+class _Options:
+    """A tuple's options as the rules read them: the set, the replica counts with equal
+    shares of B (largest first), the TP degrees, and the replica counts per (class, TP)."""
+
+    def __init__(self, key_list: list, keys: set, micro_batch_size: int):
+        self.key_list = key_list        # holds the list alive while its id names it
+        self.keys = keys
+        self.most_replicas = max((k.replicas for k in keys), default=1)
+        self.replicas = sorted({k.replicas for k in keys if micro_batch_size % k.replicas == 0}, reverse=True)
+        self.tps = sorted({k.tp for k in keys})
+        self.by_group: dict = {}
+        for k in keys:
+            self.by_group.setdefault((k.cls, k.tp), set()).add(k.replicas)

@@ -16,7 +16,10 @@ splits evenly over p, the rules of ``RULES`` each propose stage layouts:
 
 Each layout is priced as a CoreProblem on just the options it uses (the tuple's options are
 priced again, and the same way, by the search: the lines are cached in the Pricer), so its
-time is the cost model's.  ``seed`` adds every feasible one to the search's ``Best`` and
+time is the cost model's.  Under the time objectives a layout whose compute floor (its
+stages' forward + backward slopes under the schedule's closed form, baseline_floor.py) cannot
+beat its rule's best is not priced, and a rule stops trying candidates (before their memory
+checks) once none left, nor its Metis re-split, could be (baseline_candidates.py).  ``seed`` adds every feasible one to the search's ``Best`` and
 returns the best of them, which the plan's solver report names with the answer's ratio to it.
 """
 
@@ -26,17 +29,25 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 
 from planner.search import clock
+from planner.search.baseline_candidates import (  # _spread: the tests read the rules' split here
+    _spread,  # noqa: F401
+    least_slope,
+    megatron_candidates,
+    megatron_floors,
+    sailor_candidates,
+    sailor_floors,
+)
+from planner.search.baseline_floor import Unpriced, compute_floor_s, kept
 from planner.search.baseline_tuple import _Tuple
 from planner.search.incumbent import Candidate, prepare
 from planner.search.space import OptionKey
 
-# Of the time limit, at most, for pricing the baselines once one is found: bench a took 7 ms,
-# b 0.23 s and c 1.5 s uncapped (0.58 s and 4.6 s before the memory checks of _Tuple and the
-# compute floor; the memory-free bounds that skip tuples are weak there: c's rules propose
-# 2,443 layouts over 516 tuples), and the search needs that time more (b's 5-s limit); the
+# Of the time limit, at most, for pricing the baselines once one is found: bench a took 8 ms,
+# b 0.11 s, c 0.46 s, d 0.32 s and e 0.68 s uncapped (median of 3, scripts/time_baselines.py;
+# b 0.26 s, c 1.74 s, d 0.79 s, e 2.24 s before the rules stopped at candidates that could not
+# be priced, baseline_floor.py), and the search needs that time more (b's 5-s limit); the
 # report says when the cap cut them short.
 BASELINE_SHARE = 0.1
 
@@ -69,34 +80,13 @@ class BaselineResult:
         return min(found.time_s if found else math.inf, self.skipped_from_s)
 
 
-@lru_cache(maxsize=65536)
-def _spread(slots: tuple[int, ...], p: int) -> tuple[int, ...] | None:
-    """Stages per class: in proportion to the stages each can hold (largest remainder), at
-    most its slots; None when they hold fewer than p (cached: the same slots come back in
-    every knob tuple)."""
-    total = sum(slots)
-    if total < p:
-        return None
-    raw = [p * s / total for s in slots]
-    out = [min(s, math.floor(r)) for s, r in zip(slots, raw)]
-    order = sorted(range(len(slots)), key=lambda i: (out[i] - raw[i], i))
-    while sum(out) < p:
-        for i in order:
-            if sum(out) < p and out[i] < slots[i]:
-                out[i] += 1
-    return tuple(out)
-
-
 def _stage_classes(counts: list[int], classes: list[int]) -> list[int]:
     return [c for c, k in zip(classes, counts) for _ in range(k)]
 
 
-def _equal_replicas(tup: _Tuple) -> list[int]:
-    """Data-parallel degrees with equal shares, largest first."""
-    return tup.replicas
-
-
-def megatron(tup: _Tuple) -> list[Layout]:
+def megatron(tup: _Tuple, unpriced: Unpriced | None = None) -> list[Layout]:
+    """``unpriced``: candidates are not checked against memory once seed would price none of
+    those left (the first replica count that fits is taken)."""
     pricer, p = tup.pricer, tup.knobs.num_stages
     even = tup.L_units // p
     n_cls = len(pricer.classes)
@@ -104,15 +94,18 @@ def megatron(tup: _Tuple) -> list[Layout]:
     out = []
     for t in tup.tps:
         for cs in sets:
+            if unpriced is not None and len(cs) == 1 and unpriced.one_class_dropped(
+                    "megatron", least_slope(tup, cs[0], t)):
+                continue        # every replica count's layout is left unpriced
+            cands = megatron_candidates(tup, cs, t)
+            floors = megatron_floors(tup, cs, t, cands) if unpriced is not None and cands else None
+            if floors is not None and unpriced.rest_dropped("megatron", floors, 0):
+                continue        # whichever replica count fits, seed would not price it
             if len(cs) == 1 and tup.state_over(cs[0], t, 0, p, even):
                 continue        # no replica count holds the stages: none is tried
-            have = [tup.replicas_of(c, t) for c in cs]
-            for d in _equal_replicas(tup):
-                if any(d not in h for h in have):
-                    continue
-                counts = _spread(tuple(pricer.classes[c].capacity_units // pricer.classes[c].units(t, d) for c in cs), p)
-                if counts is None:
-                    continue
+            for i, (d, counts) in enumerate(cands):
+                if i and floors is not None and unpriced.rest_dropped("megatron", floors, i):
+                    break
                 # each class's stages are one run: its memory limits checked run by run
                 first, fits = 0, True
                 for c, k in zip(cs, counts):
@@ -127,23 +120,17 @@ def megatron(tup: _Tuple) -> list[Layout]:
     return out
 
 
-def sailor(tup: _Tuple) -> list[Layout]:
+def sailor(tup: _Tuple, unpriced: Unpriced | None = None) -> list[Layout]:
+    """``unpriced`` as for ``megatron``."""
     pricer, p = tup.pricer, tup.knobs.num_stages
     even = tup.L_units // p
-    n_cls = len(pricer.classes)
     tps = tup.tps
-    cs = list(range(n_cls))
-    for d in _equal_replicas(tup):
-        # the classes' shares of the stages, at their least TP degree (the most stages fit);
-        # then each stage at the least TP that fits its memory where it sits
-        least = {c: next((t for t in tps if OptionKey(c, t, d, tup.cp) in tup.keys), None) for c in cs}
-        use = [c for c in cs if least[c] is not None]
-        if not use:
-            continue
-        slots = [pricer.classes[c].capacity_units // OptionKey(c, least[c], d, tup.cp).units_in(pricer.classes) for c in use]
-        counts = _spread(tuple(slots), p)
-        if counts is None:
-            continue
+    cands = sailor_candidates(tup)
+    floors = sailor_floors(tup, cands) if unpriced is not None and cands else None
+    for i, (d, use, counts) in enumerate(cands):
+        if floors is not None and unpriced.rest_dropped("sailor", floors, i):
+            return []           # whichever fits, seed would not price it
+        # each stage at the least TP that fits its memory where it sits
         stage_cls = _stage_classes(counts, use)
         keys = []
         for s, c in enumerate(stage_cls):
@@ -201,38 +188,16 @@ def _where(pricer, stage_cls: list[int]) -> str:
 
 # The rules that propose layouts from a tuple's options (a registry: one entry per published
 # planner's rule); metis re-splits the layouts the others propose.
-RULES: dict[str, Callable[[_Tuple], list[Layout]]] = {"megatron": megatron, "sailor": sailor}
+RULES: dict[str, Callable[[_Tuple, Unpriced | None], list[Layout]]] = {"megatron": megatron, "sailor": sailor}
 
 
-def layouts_of(tup: _Tuple) -> list[Layout]:
+def layouts_of(tup: _Tuple, unpriced: Unpriced | None = None) -> list[Layout]:
+    """The rules' layouts; with ``unpriced``, less some that seed would not price (those
+    whose candidates it rules out before their memory checks)."""
     if tup.L_units % tup.knobs.num_stages:
         return []           # no even split
-    out = [lay for rule in RULES.values() for lay in rule(tup)]
+    out = [lay for rule in RULES.values() for lay in rule(tup, unpriced)]
     return out + metis(tup, out)
-
-
-# Schedules whose iteration time (planner.cost.schedule) is at least m times the busiest stage's
-# forward + backward: 1F1B and interleaved take m x the worst cycle (busy + sends) and more,
-# GPipe m x the worst forward plus m x the worst backward, ZB-H1 m x the worst cycle and a
-# fill at least the q mu it takes back.  Not BitPipe (a rank averages its pair's work), nor
-# the V schedules or latency-aware (no such closed form).
-COMPUTE_FLOOR_SCHEDULES = frozenset({"1f1b", "gpipe", "interleaved-1f1b", "zb-h1"})
-
-
-def compute_floor_s(pricer, tup: _Tuple, lay: Layout) -> float:
-    """A lower bound on the layout's iteration time: m micro-batches of its busiest stage's
-    forward and backward slopes (the stages' fixed parts, sends, DP sync and optimizer only
-    add); 0 where the schedule gives no such bound."""
-    knobs = tup.knobs
-    if knobs.schedule not in COMPUTE_FLOOR_SCHEDULES:
-        return 0.0
-    B = knobs.micro_batch_size
-    units = lay.units or [tup.L_units // knobs.num_stages] * knobs.num_stages
-    busiest = 0.0
-    for k, u in zip(lay.keys, units):
-        f = pricer.kind_lines(tup.ctx, k.cls, k.tp, -(-B // k.replicas), tup.unit)
-        busiest = max(busiest, u * (f[0] + f[1]))
-    return knobs.num_micro_batches * busiest
 
 
 def priced_layouts(pricer, tup: _Tuple, spec, launcher, floor_of=None) -> list[tuple[Layout, Candidate | None]]:
@@ -243,10 +208,12 @@ def priced_layouts(pricer, tup: _Tuple, spec, launcher, floor_of=None) -> list[t
     (time objectives): rule -> the time a layout of that rule must be under to change
     anything (its rule's best, the incumbents'); a layout whose ``compute_floor_s`` is not
     under it is left out unpriced."""
-    layouts = layouts_of(tup)
-    if floor_of is not None:
-        # a hair of slack: a stage's fixed parts, read as intercepts of lines, may round below 0
-        layouts = [lay for lay in layouts if compute_floor_s(pricer, tup, lay) < floor_of(lay.rule) * (1 + 1e-9)]
+    if floor_of is None:
+        layouts = layouts_of(tup)
+    else:
+        unpriced = Unpriced(tup, floor_of)
+        layouts = [lay for lay in layouts_of(tup, unpriced)
+                   if kept(compute_floor_s(pricer, tup, lay), unpriced.threshold[lay.rule])]
     if not layouts:
         return []
     prob = pricer.price(tup.knobs, tup.ctx, list(dict.fromkeys(k for lay in layouts for k in lay.keys)))
@@ -286,7 +253,8 @@ def seed(pricer, ranked, spec, launcher, best, stop_at: float, deadline: float =
     bound, so the ones from the best baseline's time on are skipped: none of their layouts
     beats it (each rule's best is then only bounded from below: ``rule_floor_s``).  There too
     (``skip``), a layout whose compute alone (``compute_floor_s``) reaches its rule's best and
-    the incumbents' threshold is not priced: it would change neither (c: 1,807 of 2,443)."""
+    the incumbents' threshold is not priced: it would change neither; the rules stop trying
+    candidates once none left could be priced (``Unpriced``: c prices 70 layouts, 636 before)."""
     started = time.monotonic()
     by_rule: dict[str, Candidate] = {}
     names: dict[str, str] = {}
