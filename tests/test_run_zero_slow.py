@@ -29,11 +29,14 @@ def zero_plan(stage: int) -> Plan:
     return Plan.from_json({**plan.to_json(), "zero_stage": stage})
 
 
+def trained(plan: Plan) -> tuple:
+    """(plan, the runner's result, the single-process reference) after STEPS steps in float64."""
+    return plan, runner.run_plan(plan, steps=STEPS, dtype="float64", return_params=True), _reference(plan)
+
+
 @pytest.fixture(scope="module", params=[1, 2, 3])
 def zero_run(request):
-    plan = zero_plan(request.param)
-    result = runner.run_plan(plan, steps=STEPS, dtype="float64", return_params=True)
-    return request.param, plan, result, _reference(plan)
+    return (request.param, *trained(zero_plan(request.param)))
 
 
 def test_zero_plans_match_the_single_process_reference(zero_run):
@@ -71,8 +74,8 @@ def test_zero3_with_context_parallelism_matches_the_reference():
         ((2, 4), [rep(1, 2, ["c:4", "c:5"])]),
     ], mbs=2, nmb=2, cp=2)
     plan = Plan.from_json({**plan.to_json(), "zero_stage": 3})
-    result = runner.run_plan(plan, steps=STEPS, dtype="float64", return_params=True)
-    assert_matches_reference(result, _reference(plan))
+    _, result, reference = trained(plan)
+    assert_matches_reference(result, reference)
     for r in result.ranks:
         assert_held_bytes(result.zero_state_bytes[r.rank], 3, 4 if r.stage == 0 else 2)
 
@@ -88,9 +91,7 @@ def hsdp_plan(stage: int) -> Plan:
 
 @pytest.fixture(scope="module", params=[1, 3])
 def hsdp_run(request):
-    plan = hsdp_plan(request.param)
-    result = runner.run_plan(plan, steps=STEPS, dtype="float64", return_params=True)
-    return request.param, plan, result, _reference(plan)
+    return (request.param, *trained(hsdp_plan(request.param)))
 
 
 def test_hsdp_plans_match_the_single_process_reference(hsdp_run):
@@ -113,8 +114,8 @@ def test_hsdp_with_context_parallelism_matches_the_reference():
     plan = _runner_plan(SWIGLU_GQA, [((0, 4), [rep(1, 1, ["c:0", "c:1"]), rep(1, 1, ["c:2", "c:3"])])],
                         mbs=2, nmb=2, cp=2)
     plan = Plan.from_json({**plan.to_json(), "zero_stage": 2, "zero_shard_degree": 1})
-    result = runner.run_plan(plan, steps=STEPS, dtype="float64", return_params=True)
-    assert_matches_reference(result, _reference(plan))
+    _, result, reference = trained(plan)
+    assert_matches_reference(result, reference)
     for held in result.zero_state_bytes.values():
         assert_held_bytes(held, 2, 2)
 
@@ -127,7 +128,7 @@ def test_hsdp_with_tensor_parallelism_matches_the_reference():
                                       rep(2, 1, ["t:4", "t:5"]), rep(2, 1, ["t:6", "t:7"])])],
                      mbs=4, nmb=2, schedule="1f1b")
     plan = Plan.from_json({**plan.to_json(), "zero_stage": 1, "zero_shard_degree": 2})
-    result = runner.run_plan(plan, steps=STEPS, dtype="float64", return_params=True)
-    assert_matches_reference(result, _reference(plan))
+    _, result, reference = trained(plan)
+    assert_matches_reference(result, reference)
     for held in result.zero_state_bytes.values():
         assert_held_bytes(held, 1, 2)
