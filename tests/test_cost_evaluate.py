@@ -177,3 +177,21 @@ def test_measured_profiles_replace_the_roofline(tmp_path):
     ppath.write_text(plan.dumps())
     res = CliRunner().invoke(cli, ["evaluate", str(spec), str(ppath)])
     assert res.exit_code == 0 and "3 measured" in res.output
+
+
+def test_the_plans_attention_kernel_and_loss_are_priced(cluster):
+    """inputs.training's attention and cross_entropy reach the evaluation: flash drops the s x s
+    scores the unfused core keeps (recompute none), plain adds the loss's fp32 tensors."""
+    def plan_with(**training):
+        t = {"global_batch_size": 64, "seq_len": 1024, "precision": "fp16", **training}
+        return make_plan(recompute="none", inputs={"cluster": "two-zones", "model": MODEL, "training": t})
+
+    def peak(**training):
+        return evaluate(cluster, plan_with(**training)).peak_memory_bytes
+
+    unfused, flash, plain = peak(), peak(attention="flash"), peak(cross_entropy="plain")
+    assert peak(attention="unfused") == unfused                      # the default, stated
+    assert all(flash[d] < unfused[d] for d in unfused)               # every stage holds scores
+    head_devices = {d for r in plan_with().stages[1].replicas for d in r.devices}
+    assert {d for d in unfused if plain[d] > unfused[d]} == head_devices
+    assert all(plain[d] == unfused[d] for d in unfused if d not in head_devices)

@@ -83,7 +83,9 @@ def context_for_plan(plan, calibration: Calibration | None = None, profiles=None
     from planner.spec import load_model
     model = model or load_model(plan.inputs.model)
     seq_len, _, precision = _training(plan)
-    extra.setdefault("cross_entropy", str((plan.inputs.training or {}).get("cross_entropy", "fused")))
+    training = plan.inputs.training or {}
+    extra.setdefault("cross_entropy", str(training.get("cross_entropy", "fused")))
+    extra.setdefault("flash_attention", str(training.get("attention", "unfused")) == "flash")
     return CostContext.from_plan(plan, model, seq_len, precision, calibration, profiles, **extra)
 
 

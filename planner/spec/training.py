@@ -34,6 +34,12 @@ class Training(BaseModel):
         "fp32 (4-byte weights, grads and activations, matmuls at the FP32 CUDA-core peak); "
         "tf32 (fp32 storage, matmuls on TF32 tensor cores; fp32 speed where a GPU has none)")
     optimizer: Literal["adam"] = "adam"
+    attention: Literal["flash", "unfused"] = Field(
+        default="unfused", description="the attention core's kernel: unfused (QK^T, softmax, dropout "
+        "and the context GEMM as kernels of their own, the s x s scores kept for backward: Megatron-LM "
+        "/ Megatron-DeepSpeed without --use-flash-attn; the model's pricing before this field) or flash "
+        "(one fused kernel: no s x s scores in memory, recomputed in its backward; FlashAttention / "
+        "cuDNN / SDPA, what Megatron-Core with Transformer Engine, torchtitan and Hugging Face run)")
     cross_entropy: Literal["fused", "plain"] = Field(
         default="fused", description="how the loss is computed, which sets the head's peak memory: "
         "fused (Megatron's vocab-parallel cross-entropy: the fp32 logits buffer is reused in place "
@@ -98,6 +104,8 @@ class Training(BaseModel):
         """The part of the training spec a plan carries in ``inputs.training``."""
         out = {"global_batch_size": self.global_batch_size, "seq_len": self.seq_len,
                "precision": self.precision}
+        if self.attention != "unfused":   # likewise
+            out["attention"] = self.attention
         if self.cross_entropy != "fused":   # the default leaves plans' bytes alone
             out["cross_entropy"] = self.cross_entropy
         if self.mixed_stages:   # replan searches the same space again

@@ -399,7 +399,8 @@ TORCHTITAN_META = {
     # selective = its per-op policy (recompute op)
     # and F.cross_entropy on an fp32 copy of the logits (components/loss.py): the plain loss
     "plan_defaults": {"precision": "bf16", "schedule": "1f1b", "recompute": "op", "zero_stage": 3,
-                      "reshard_after_forward": True, "sequence_parallel": False, "cross_entropy": "plain"},
+                      "reshard_after_forward": True, "sequence_parallel": False, "cross_entropy": "plain",
+                      "attention": "flash"},
 }
 
 

@@ -188,7 +188,7 @@ def build_plan(kind: str, cfg: dict, set_meta: dict, cluster: Cluster) -> Plan:
         "inputs": {"cluster": cluster.name, "cluster_sha256": cluster.sha256(), "model": model,
                    "training": {"global_batch_size": gbs, "seq_len": cfg["seq_len"],
                                 "precision": knobs["precision"],
-                                **({"cross_entropy": knobs["cross_entropy"]} if "cross_entropy" in knobs else {})}},
+                                **{k: knobs[k] for k in ("cross_entropy", "attention") if k in knobs}}},
         "objective": {"kind": "throughput"},
         "micro_batch_size": micro_batch_size,
         "num_micro_batches": gbs // micro_batch_size,
