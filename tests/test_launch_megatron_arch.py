@@ -86,3 +86,17 @@ def test_rotary_base_without_rope_is_refused():
     with pytest.raises(InputError, match="rotary_base"):
         load_model({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 128,
                     "rotary_base": 10000})
+
+
+def test_the_attention_kernel_priced_is_the_one_launched():
+    """A plan priced with flash attention asks Megatron for it; one priced unfused (the default)
+    says that Megatron's auto backend runs a fused kernel instead."""
+    def rendered(**training):
+        t = {"global_batch_size": 64, "seq_len": 2048, "precision": "bf16", **training}
+        plan = make_plan(inputs={"cluster": "t", "model": make_plan().inputs.model, "training": t})
+        return json.loads(render(plan, "megatron", master_addr="h")["megatron_args.json"])
+    flash = rendered(attention="flash")
+    assert value(flash["args"], "--attention-backend") == "flash"
+    default = rendered()
+    assert "--attention-backend" not in default["args"]
+    assert any("re-plan with training attention: flash" in n for n in default["notes"])

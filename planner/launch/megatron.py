@@ -196,6 +196,13 @@ def training_args(plan: Plan, tp: int) -> tuple[list[str], list[str]]:
                          "fp32 GEMMs on TF32 tensor cores whatever PyTorch's setting (CUBLAS_COMPUTE_32F_FAST_TF32 "
                          "in its cublaslt_gemm.cu), faster than the plan's FP32 CUDA-core pricing; add "
                          "--transformer-impl local for plain fp32 matmuls")
+    # --attention-backend (flash, fused, unfused, local, auto; auto by default) picks the kernel
+    if (plan.inputs.training or {}).get("attention", "unfused") == "flash":
+        args += ["--attention-backend", "flash"]
+    else:
+        notes.append("attention: the plan priced the unfused core (training attention: unfused, the "
+                     "default); Megatron-Core's --attention-backend auto picks a fused kernel, faster and "
+                     "without the s x s scores in memory: re-plan with training attention: flash to price it")
     if plan.schedule == "gpipe" and plan.num_stages > 1:
         notes.append("schedule gpipe runs as Megatron-LM's 1F1B: the same bubble with fewer "
                      "micro-batches in flight, so it fits wherever the GPipe plan fits")
