@@ -28,15 +28,18 @@ from planner.cli.tables import Table
 from planner.errors import INTERRUPTED_EXIT, InputError
 
 
-def _training(training_path, global_batch_size, seq_len, precision):
+def _training(training_path, global_batch_size, seq_len, precision, attention=None, cross_entropy=None):
     from planner.api import load_training, training_from_mapping
     if training_path and (global_batch_size is not None or seq_len is not None):
         raise InputError("give either --training T.yaml or --global-batch-size/--seq-len, not both")
+    kernels = {"precision": precision, "attention": attention, "cross_entropy": cross_entropy}
     if training_path:
         training = load_training(training_path)
-        if precision is not None and precision != training.precision:
-            raise InputError(f"--precision {precision} contradicts precision: {training.precision} in "
-                             f"{training_path}; set it in the file (or drop --precision)")
+        for field, flag in kernels.items():
+            if flag is not None and flag != getattr(training, field):
+                option = "--" + field.replace("_", "-")
+                raise InputError(f"{option} {flag} contradicts {field}: {getattr(training, field)} in "
+                                 f"{training_path}; set it in the file (or drop {option})")
         return training
     if global_batch_size is None or seq_len is None:
         raise InputError("give --training T.yaml, or both --global-batch-size and --seq-len")
@@ -44,7 +47,8 @@ def _training(training_path, global_batch_size, seq_len, precision):
         raise InputError(f"--global-batch-size and --seq-len must be positive, got {global_batch_size} "
                          f"and {seq_len}")
     # Training's own limits (the batch's cap, ...) become input errors, as they do for a file
-    flags = {"global_batch_size": global_batch_size, "seq_len": seq_len, "precision": precision or "bf16"}
+    flags = {"global_batch_size": global_batch_size, "seq_len": seq_len, "precision": precision or "bf16",
+             **{k: v for k, v in kernels.items() if k != "precision" and v is not None}}
     return training_from_mapping(flags, file="--global-batch-size/--seq-len")
 
 
@@ -223,7 +227,7 @@ def _summary(out, result, cluster) -> None:
               help="folder or file of measured per-layer profiles (default: the cluster spec's profiles:)")
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False), default=None,
               help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
-def plan(cluster, model_name, training_path, global_batch_size, seq_len, precision, objective,
+def plan(cluster, model_name, training_path, global_batch_size, seq_len, precision, attention, cross_entropy, objective,
          budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, deterministic, work_budget, schedules, recompute_modes, zero_stages,
          zero_shard_degrees, context_parallel_degrees, expert_parallel_degrees, launcher, mixed_stages, output, report_path, as_json, quiet, profiles_path, calibration_path):
     """Find the fastest (or cheapest) layout of MODEL on CLUSTER, with a proof of how close it is.
@@ -243,7 +247,7 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
             check_writable(path)
     spec = api.load_cluster(cluster)
     model = api.load_model(model_name)
-    training = _training(training_path, global_batch_size, seq_len, precision)
+    training = _training(training_path, global_batch_size, seq_len, precision, attention, cross_entropy)
     training = with_freedoms(training, {"--schedule": schedules, "--recompute": recompute_modes,
                                         "--zero-stage": zero_stages, "--zero-shard-degree": zero_shard_degrees,
                                         "--context-parallel": context_parallel_degrees,
