@@ -75,6 +75,22 @@ def test_precision_that_contradicts_the_training_file_exits_2(tmp_path, capsys):
     assert main(args + ["--precision", "bf16"]) == 0       # the same as the file's: no contradiction
 
 
+def test_kernel_flags_reach_the_plan_and_may_not_contradict_the_file(tmp_path, capsys):
+    """--attention and --cross-entropy go into the plan's inputs.training (evaluate prices what
+    they say); against a training file they follow --precision's rule."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", CLUSTER, "--model", "opt-350m", "--global-batch-size", "4", "--seq-len", "256",
+                 "--attention", "flash", "--cross-entropy", "plain", "--time-limit", "60", "--quiet",
+                 "-o", str(out)]) == 0
+    training = json.loads(out.read_text())["inputs"]["training"]
+    assert training["attention"] == "flash" and training["cross_entropy"] == "plain"
+    t = tmp_path / "t.yaml"
+    t.write_text("global_batch_size: 4\nseq_len: 256\n")
+    args = ["plan", CLUSTER, "--model", "opt-350m", "--training", str(t), "--time-limit", "60", "--quiet"]
+    assert main(args + ["--attention", "flash"]) == 2
+    assert "--attention flash contradicts attention: unfused" in capsys.readouterr().err
+    assert main(args + ["--cross-entropy", "fused"]) == 0      # the file's own (default) value
+
 def test_budget_below_every_plan_exits_1_at_once_with_the_price(capsys):
     """In bf16 tiny-mixed's V100 node sits out and its A100 node rents at 13.7236 USD/hour (4 x
     the catalog's 3.4309): a budget of 10 is out of reach, said from the price floors (no tuple solved; before, the search ran to its limit and
