@@ -84,6 +84,10 @@ def test_kernel_flags_reach_the_plan_and_may_not_contradict_the_file(tmp_path, c
                  "-o", str(out)]) == 0
     training = json.loads(out.read_text())["inputs"]["training"]
     assert training["attention"] == "flash" and training["cross_entropy"] == "plain"
+    assert "attention priced unfused" not in capsys.readouterr().err     # stated: no note
+    assert main(["plan", CLUSTER, "--model", "opt-350m", "--global-batch-size", "4", "--seq-len", "256",
+                 "--time-limit", "60", "--quiet"]) == 0
+    assert "pass --attention flash" in capsys.readouterr().err          # the default, said
     t = tmp_path / "t.yaml"
     t.write_text("global_batch_size: 4\nseq_len: 256\n")
     args = ["plan", CLUSTER, "--model", "opt-350m", "--training", str(t), "--time-limit", "60", "--quiet"]
