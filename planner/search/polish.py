@@ -99,13 +99,9 @@ class Evaluator:
             vals.append(v)
         for t in prob.terms:
             v = vals[t.row]
+            total += t.weight * t.over_stages(v, axis=1)
             if t.kind == "max":
-                total += t.weight * np.maximum(0.0, v.max(axis=1))
                 spread += t.weight * (np.maximum(0.0, v) ** 2).sum(axis=1)
-            elif t.kind == "min":
-                total += t.weight * v.min(axis=1)
-            else:
-                total += t.weight * v.sum(axis=1)
         return total, spread
 
     def feasible(self, opts: np.ndarray, blocks: np.ndarray) -> np.ndarray:

@@ -58,6 +58,13 @@ class Term:
         if self.kind == "min" and self.weight > 0:
             raise ValueError(f"a min term needs a weight <= 0, got {self.weight}")
 
+    def over_stages(self, values: np.ndarray, axis: int = -1):
+        """The term's value, before its weight, from its row's value at each stage along
+        ``axis``: the largest floored at 0, the least, or the sum."""
+        if self.kind == "max":
+            return np.maximum(0.0, values.max(axis=axis))
+        return values.min(axis=axis) if self.kind == "min" else values.sum(axis=axis)
+
 
 @dataclass
 class CoreOption:
@@ -143,11 +150,7 @@ class CoreProblem:
         vals = self.stage_values(assign)
         total = 0.0
         for t in self.terms:
-            row = vals[t.row]
-            if t.kind == "min":
-                total += t.weight * float(row.min())
-            else:
-                total += t.weight * (max(0.0, float(row.max())) if t.kind == "max" else float(row.sum()))
+            total += t.weight * float(t.over_stages(vals[t.row]))
         return total
 
     def units_by_resource(self) -> np.ndarray:
