@@ -170,12 +170,13 @@ class Worker:
         if zero_stage >= 1 and len(self.stage["replicas"]) > 1 and plist:
             from planner.launch.zero_shards import ZeroShards
             names = [n for n in self.params if not (self.tied and n == "embed.weight")]
-            # shards in the group's rank order (torch orders a group's members by global rank),
-            # which is the order all_gather returns them in (the runner refuses ZeRO on mixed tp)
-            members = sorted(rep["ranks"][self.tp_rank] for rep in self.stage["replicas"])
-            shard_group, replicate_group = self.dp_group, None
             if hsdp is not None:
                 members, shard_group, replicate_group = hsdp
+            else:
+                # shards in the group's rank order (torch orders a group's members by global rank),
+                # which is the order all_gather returns them in (the runner refuses ZeRO on mixed tp)
+                members = sorted(rep["ranks"][self.tp_rank] for rep in self.stage["replicas"])
+                shard_group, replicate_group = self.dp_group, None
             self.zero = ZeroShards(self.params, names, zero_stage, shard_group, len(members),
                                    members.index(self.rank), replicate_group)
             # the optimizer sees the shard (and a tied embedding, summed apart by _sync_tied)
