@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -66,6 +66,7 @@ class RowResult:
     # (tests/fidelity/generate.py: a gradient reduction as long as the whole iteration, or all
     # three measured values copied from another row)
     suspect: bool = False
+    config: dict = field(default_factory=dict, compare=False)   # the row's compact config (rows.yaml)
 
     @property
     def ape(self) -> float:
@@ -136,7 +137,7 @@ def predict_set(name: str, calibration=None) -> list[RowResult]:
         out.append(RowResult(row.id, name, group_of(name, row.id), row.measured_iteration_time_s,
                              ev.iteration_time_s, mem, max(ev.peak_memory_bytes.values()) if mem else None,
                              model.hidden_size, _gpu_types(cluster, p), str(p.inputs.training.get("precision", "bf16")),
-                             any("suspect" in n for n in row.notes)))
+                             any("suspect" in n for n in row.notes), row.config))
     return out
 
 

@@ -19,7 +19,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 
-from planner.cost.fidelity import SETS, _rows_module, predict_set
+from planner.cost.fidelity import SETS, predict_set
 
 DERIVED = {"micro_batches": lambda c: c["global_batch_size"] // c["dp"] // c["micro_batch_per_replica"]}
 
@@ -42,14 +42,14 @@ def group_errors(set_name: str, fields: list[str], calibration=None) -> list[Gro
     fields that exist."""
     if set_name not in SETS:
         raise ValueError(f"unknown set {set_name!r}; sets: {', '.join(SETS)}")
-    configs = {r.id: r.config for r in _rows_module().load_set(set_name, expressible_only=True)}
-    known = set().union(*(c.keys() for c in configs.values())) | set(DERIVED)
+    results = predict_set(set_name, calibration)
+    known = set().union(*(r.config.keys() for r in results)) | set(DERIVED)
     missing = [f for f in fields if f not in known]
     if missing:
         raise ValueError(f"{set_name} rows have no field {missing[0]!r}; fields: {', '.join(sorted(known))}")
     errors: dict[tuple, list[float]] = defaultdict(list)
-    for r in predict_set(set_name, calibration):
-        errors[tuple(_value(configs[r.id], f) for f in fields)].append(r.signed_error)
+    for r in results:
+        errors[tuple(_value(r.config, f) for f in fields)].append(r.signed_error)
     return [Group(k, len(e), statistics.fmean(e), statistics.pstdev(e), statistics.fmean(abs(x) for x in e))
             for k, e in sorted(errors.items())]
 
