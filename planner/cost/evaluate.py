@@ -83,9 +83,8 @@ def context_for_plan(plan, calibration: Calibration | None = None, profiles=None
     from planner.spec import load_model
     model = model or load_model(plan.inputs.model)
     seq_len, _, precision = _training(plan)
-    training = plan.inputs.training or {}
-    extra.setdefault("cross_entropy", str(training.get("cross_entropy", "fused")))
-    extra.setdefault("flash_attention", str(training.get("attention", "unfused")) == "flash")
+    extra.setdefault("cross_entropy", plan.training_choice("cross_entropy"))
+    extra.setdefault("flash_attention", plan.training_choice("attention") == "flash")
     return CostContext.from_plan(plan, model, seq_len, precision, calibration, profiles, **extra)
 
 

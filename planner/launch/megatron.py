@@ -197,7 +197,7 @@ def training_args(plan: Plan, tp: int) -> tuple[list[str], list[str]]:
                          "in its cublaslt_gemm.cu), faster than the plan's FP32 CUDA-core pricing; add "
                          "--transformer-impl local for plain fp32 matmuls")
     # --attention-backend (flash, fused, unfused, local, auto; auto by default) picks the kernel
-    if (plan.inputs.training or {}).get("attention", "unfused") == "flash":
+    if plan.training_choice("attention") == "flash":
         args += ["--attention-backend", "flash"]
     else:
         notes.append("attention: the plan priced the unfused core (training attention: unfused, the "

@@ -233,7 +233,7 @@ def _comments(plan: Plan, how: Route | None) -> list[str]:
                    "the plan priced: re-plan with recompute op to price what torchtitan runs")
     elif plan.recompute == "op":
         out.append("recompute op: torchtitan's per-op selective activation checkpointing, as priced")
-    if (plan.inputs.training or {}).get("cross_entropy", "fused") != "plain":
+    if plan.training_choice("cross_entropy") != "plain":
         out.append("loss: torchtitan computes F.cross_entropy on an fp32 copy of the logits; the plan "
                    "priced Megatron's fused kernel, so the head stage needs 8 more bytes per logit of a "
                    "micro-batch than planned: re-plan with training cross_entropy: plain")

@@ -305,5 +305,11 @@ class Plan(BaseModel):
         (HSDP), absent meaning all of them."""
         return num_replicas if self.zero_shard_degree is None else self.zero_shard_degree
 
+    def training_choice(self, name: str):
+        """A kernel choice of the training spec (``attention``, ``cross_entropy``) as the plan
+        was priced with it: ``inputs.training`` carries only choices off the spec's default."""
+        from planner.spec.training import Training
+        return (self.inputs.training or {}).get(name, Training.model_fields[name].default)
+
     def devices(self) -> list[str]:
         return [d for s in self.stages for r in s.replicas for d in r.devices]
