@@ -22,6 +22,10 @@ Precision = Literal["bf16", "fp16", "fp32", "tf32"]
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32", "tf32")
 
 
+# the kernels a job runs, which change its price; plans carry them (Plan.training_choice)
+KERNEL_CHOICES = ("attention", "cross_entropy")
+
+
 class Training(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -104,10 +108,9 @@ class Training(BaseModel):
         """The part of the training spec a plan carries in ``inputs.training``."""
         out = {"global_batch_size": self.global_batch_size, "seq_len": self.seq_len,
                "precision": self.precision}
-        if self.attention != "unfused":   # likewise
-            out["attention"] = self.attention
-        if self.cross_entropy != "fused":   # the default leaves plans' bytes alone
-            out["cross_entropy"] = self.cross_entropy
+        for name in KERNEL_CHOICES:   # off the default only: plans keep their bytes (Plan.training_choice)
+            if getattr(self, name) != type(self).model_fields[name].default:
+                out[name] = getattr(self, name)
         if self.mixed_stages:   # replan searches the same space again
             out["mixed_stages"] = True
         if self.context_parallel_degrees != (1,):   # likewise; the default leaves plans' bytes alone
