@@ -25,6 +25,7 @@ bench-smoke:
 fidelity:
 	$(PY) -m planner.cost.fidelity
 	$(PY) -m planner.cost.fidelity_moe
+	$(PY) -m planner.cost.layer_check
 	$(PY) -m planner.cost.device_report
 
 lint:

@@ -12,6 +12,7 @@ from planner.cost.calibration import (
     load_calibration,
     save_calibration,
 )
+from planner.cost.gemm import gemm_curve
 
 
 def test_shipped_calibration_has_fitted_entries_with_provenance():
@@ -32,9 +33,13 @@ def test_lookup_order_name_then_architecture_then_derived():
     assert cal.for_gpu(catalog.gpu("H100-SXM5-80GB")).mem_eff == 0.5
     assert cal.for_gpu(catalog.gpu("H200-SXM-141GB")).mem_eff == 0.8
     assert cal.for_gpu(catalog.gpu("A100-SXM4-40GB")).mem_eff == 0.7
-    v100 = cal.for_gpu(catalog.gpu("V100-SXM2-32GB"))  # volta: derived from ampere (Little's law)
-    assert v100.mem_eff == 0.7 and v100.gemm_outputs_half == pytest.approx(100.0 * 125 / 312)
-    assert "derived" in v100.source
+    v100 = cal.for_gpu(catalog.gpu("V100-SXM2-32GB"))  # volta: ampere's, carried over from the A100
+    assert v100.mem_eff == 0.7 and v100.fitted_on == "A100-SXM4-80GB" and "derived" in v100.source
+    curve = gemm_curve(catalog.gpu("V100-SXM2-32GB"), "fp16", v100, 2)   # Little's law: by the peak
+    assert curve.outputs_half == pytest.approx(100.0 * 125 / 312)
+    # an entry for the GPU itself (a profile fit) is that GPU's: nothing to carry over
+    h100 = cal.for_gpu(catalog.gpu("H100-SXM5-80GB"))
+    assert h100.fitted_on == "H100-SXM5-80GB"
 
 
 def test_yaml_round_trip(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from planner import catalog
@@ -69,6 +71,43 @@ def test_precision_sets_the_peak_but_not_the_fill_size():
     assert tf32.efficiency(g) == pytest.approx(half.efficiency(g))
     big = Gemm("g", 8192, 8192, 8192)
     assert fp32.time_s(big) > tf32.time_s(big) > half.time_s(big)
+
+
+def test_the_fitted_gpus_keep_their_half_sizes():
+    cal = default_calibration()
+    for name, arch in (("A100-SXM4-80GB", "ampere"), ("H100-SXM5-80GB", "hopper")):
+        gpu = catalog.gpu(name)
+        entry = cal.architectures[arch]
+        assert entry.fitted_on == name
+        for precision, nbytes in (("bf16", 2), ("fp16", 2), ("tf32", 4)):   # tf32: half the peak, twice the bytes
+            curve = gemm_curve(gpu, precision, cal.for_gpu(gpu), nbytes)
+            assert (curve.outputs_half, curve.depth_half) == pytest.approx((entry.gemm_outputs_half, entry.gemm_depth_half))
+
+
+def test_a_slower_gpu_of_the_architecture_fills_sooner():
+    """The RTX 3090 is ampere but has 71 of the A100's 312 TFLOP/s: it fills with a quarter of
+    the output tiles in flight (Little's law), not with the A100's fitted size."""
+    cal = default_calibration()
+    rtx = catalog.gpu("RTX3090-24GB")
+    a100 = cal.architectures["ampere"]
+    curve = gemm_curve(rtx, "tf32", cal.for_gpu(rtx), 4)
+    assert curve.outputs_half == pytest.approx(a100.gemm_outputs_half * 71 / 312)
+    # its TF32 rate is (about) half its FP16 one, on operands twice as wide
+    assert curve.depth_half == pytest.approx(a100.gemm_depth_half * 35.6 * 4 / (71 * 2))
+    g = Gemm("qkv", 2048, 3072, 1024)
+    assert curve.efficiency(g) > gemm_curve(rtx, "tf32", replace(a100, fitted_on=rtx.name), 4).efficiency(g)
+
+
+def test_cuda_core_matmuls_amortise_their_k_loop_sooner():
+    """FP32 on CUDA cores computes a K step 8-16x slower on operands twice as wide: the per-tile
+    memory work is worth 4-8x fewer K steps (gemm.py)."""
+    cal = default_calibration()
+    k_half = cal.architectures["ampere"].gemm_depth_half
+    a100, v100 = catalog.gpu("A100-SXM4-80GB"), catalog.gpu("V100-SXM2-16GB")
+    assert gemm_curve(a100, "fp32", cal.for_gpu(a100), 4).depth_half == pytest.approx(k_half * 19.5 * 4 / (312 * 2))
+    # the V100 has no TF32 tensor cores: tf32 runs at its FP32 rate
+    assert gemm_curve(v100, "tf32", cal.for_gpu(v100), 4).depth_half == pytest.approx(k_half * 15.7 * 4 / (125 * 2))
+    assert gemm_curve(v100, "fp16", cal.for_gpu(v100), 2).depth_half == pytest.approx(k_half)
 
 
 def test_the_h200_sweep_backs_a_precision_independent_fill():

@@ -11,10 +11,12 @@ GPU types without fitted values get defaults by architecture (``Calibration.for_
 1. an entry for the exact GPU name, else
 2. an entry for its architecture (``ampere``: fitted on A100; ``hopper``: fitted on H100, used
    for H100 PCIe / H200 / GH200), else
-3. ``fallback``: the ampere entry with the GEMM fill size scaled by the GPU's peak over the
-   A100's (Little's law: a faster GPU needs more work in flight to fill; a slower one fills
-   earlier).
-   Volta, Turing, Ada and AMD parts land here; their predictions are unfitted.
+3. ``fallback``: the ampere entry.  Volta, Turing, Ada and AMD parts land here; their
+   predictions are unfitted.
+In every case the GEMM half-sizes are those of the GPU the entry was fitted on
+(``fitted_on``), carried to the GPU and precision priced by its peak and its ridge
+(gemm.py ``transferred_halves``): an RTX 3090 under ``ampere`` or an H200 under ``hopper`` is
+not priced with the A100's or H100's fill and depth.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import yaml
 from planner.spec.gpu import GpuType
 
 CALIBRATION_FILE = Path(__file__).with_name("calibration.yaml")
-A100_PEAK_FLOPS = 312e12  # the GPU the ampere entry was fitted on (A100 datasheet)
+A100_NAME = "A100-SXM4-80GB"  # the GPU the ampere entry was fitted on (vtrain-single's)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,9 @@ class GpuCalibration:
     microbatch_overhead_s: float = 0.0  # fixed time per micro-batch per stage (scheduling, launches)
     collective_overhead_s: float = 0.0  # fixed time per TP collective: its launch and the ranks' skew
     matmul_ceiling: float | None = None  # None: the catalog's published MAMF fraction
+    # the catalog GPU the half-sizes were fitted on; other GPUs and precisions get them
+    # transferred (gemm.transferred_halves); None: used as they are
+    fitted_on: str | None = None
     source: str = "default guess (unfitted)"
 
 
@@ -77,16 +82,16 @@ class Calibration:
 
     def _for_gpu(self, gpu: GpuType) -> GpuCalibration:
         found = self.gpus.get(gpu.name)
-        if found is not None:
-            return found
+        if found is not None:   # fitted on this GPU (planner profile --calibrate)
+            return found if found.fitted_on else replace(found, fitted_on=gpu.name)
         arch = (gpu.architecture or "").lower()
         if arch in self.architectures:
             return self.architectures[arch]
         base = self.architectures.get("ampere", GpuCalibration())
-        scale = gpu.peak_flops / A100_PEAK_FLOPS
-        # Little's law: the GEMM work in flight needed to fill a GPU grows with its throughput.
-        return replace(base, gemm_outputs_half=base.gemm_outputs_half * scale,
-                       source=f"derived from ampere, GEMM fill size scaled by peak ratio {scale:.2f} (unfitted)")
+        # the GEMM half-sizes are carried over from the A100 (gemm.transferred_halves)
+        return replace(base, fitted_on=base.fitted_on or A100_NAME,
+                       source=f"derived from ampere ({base.source}), GEMM half-sizes transferred "
+                              "by peak and ridge (unfitted)")
 
     # -- yaml ---------------------------------------------------------------------------
     def with_entry(self, key: str, entry: GpuCalibration, by: str = "architectures") -> Calibration:

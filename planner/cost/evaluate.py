@@ -402,6 +402,10 @@ def _details(ctx, plan, nodes, timings, k) -> list[tuple[str, float, str]]:
     where = f"stage {k} replica {timings[k].slowest_replica} ({gpu.name}, tp={r.tp}, share={r.micro_batch_share})"
     bench = matmul_ceiling(gpu.name)
     ceiling_src = "profile fit" if cal.matmul_ceiling is not None else bench.source
+    half_src = cal.source
+    if cal.fitted_on and (cal.fitted_on != gpu.name or ctx.activation_bytes != 2):
+        half_src += (f"; on {cal.fitted_on} in 2-byte precision, carried to {gpu.name} {ctx.precision} by "
+                     "peak (fill) and operand rate (depth), gemm.transferred_halves")
     rows = []
     for g in block_gemms(ctx.model, r.micro_batch_share, ctx.seq_len, r.tp, ctx.context_parallel,
                          ctx.expert_parallel):
@@ -410,8 +414,8 @@ def _details(ctx, plan, nodes, timings, k) -> list[tuple[str, float, str]]:
                      f"{where}: {shape}, {curve.time_s(g) * 1e3:.3f} ms forward"))
     rows += [
         ("gemm_ceiling", curve.ceiling, f"{ctx.precision} peak {curve.peak_flops / 1e12:.4g} TFLOP/s; {ceiling_src}"),
-        ("gemm_fill_half_outputs", curve.outputs_half, f"x/(x+x_half) wave fill, x = M N; {cal.source}"),
-        ("gemm_depth_half", curve.depth_half, f"K/(K+k_half) K-loop amortisation; {cal.source}"),
+        ("gemm_fill_half_outputs", curve.outputs_half, f"x/(x+x_half) wave fill, x = M N; {half_src}"),
+        ("gemm_depth_half", curve.depth_half, f"K/(K+k_half) K-loop amortisation; {half_src}"),
         ("block_launch_floor_s", cal.layer_overhead_s, ("per block forward (backward 2x): block time = "
          "max(GPU work, floor), launches overlap GPU work")),
         ("microbatch_overhead_s", cal.microbatch_overhead_s, "fixed time per micro-batch per stage"),

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from planner import catalog
 from planner.cost.calibration import (
-    A100_PEAK_FLOPS,
+    A100_NAME,
     CALIBRATION_FILE,
     Calibration,
     GpuCalibration,
@@ -27,6 +27,7 @@ from planner.cost.calibration import (
     save_calibration,
 )
 from planner.cost.fidelity import CALIBRATION_SETS, predict_set
+from planner.cost.gemm import FITTED_ELEMENT_BYTES, transferred_halves
 
 # (parameter, lower bound, upper bound).  The matmul ceiling and the NCCL bus bandwidths are
 # not here: they come from published micro-benchmarks (catalog benchmarks.yaml).
@@ -39,6 +40,7 @@ HOPPER_PARAMS = [("gemm_outputs_half", 1e3, 1e8), ("layer_overhead_s", 1e-6, 5e-
 # (collective_overhead_s is ampere's: with --tp-comm-overlap Megatron-Core hides TP collectives,
 # so nine H100 rows cannot pin it.)
 # (architecture, set, parameters, rounds): nine rows are cheap, so hopper gets more rounds
+H100_NAME = "H100-SXM5-80GB"  # megatron-core-h100's GPU
 FITS = [("ampere", "vtrain-single", AMPERE_PARAMS, 5), ("hopper", "megatron-core-h100", HOPPER_PARAMS, 9)]
 
 
@@ -83,12 +85,16 @@ def fit_calibration(base: Calibration | None = None, log=print, only: str | None
         assert set_name in CALIBRATION_SETS
         if only is not None and arch != only:
             continue
+        if arch == "ampere":
+            cal = cal.with_entry(arch, replace(cal.architectures.get(arch) or GpuCalibration(), fitted_on=A100_NAME))
         if arch == "hopper" and "ampere" in cal.architectures:
+            # start from ampere's half-sizes carried to the H100 (gemm.transferred_halves: the
+            # fill size by the peak ratio); the depth stays ampere's (nine rows do not pin it)
             a = cal.architectures["ampere"]
-            # start from ampere's fill size scaled by the peak ratio (Little's law, gemm.py)
-            ratio = catalog.gpu("H100-SXM5-80GB").peak_flops / A100_PEAK_FLOPS
-            start = replace(a, gemm_outputs_half=a.gemm_outputs_half * ratio)
-            cal = cal.with_entry("hopper", start)
+            a = replace(a, fitted_on=a.fitted_on or A100_NAME)
+            x_half, k_half = transferred_halves(catalog.gpu(H100_NAME), "bf16", a, FITTED_ELEMENT_BYTES)
+            cal = cal.with_entry("hopper", replace(a, gemm_outputs_half=x_half, gemm_depth_half=k_half,
+                                                   fitted_on=H100_NAME))
         log(f"fitting {arch} on {set_name}")
         cal, err = fit_entry(cal, arch, set_name, params, rounds=rounds, log=log)
         n = len(predict_set(set_name, cal))

@@ -20,6 +20,24 @@ The efficiency has two factors, each from how a GEMM library runs on the GPU:
 - K-loop amortisation, ``K / (K + k_half)``: every output tile pays a fixed prologue and
   epilogue (loading the pipeline, writing C) worth ``k_half`` steps of its K loop.
 
+Both half-sizes are fitted on one GPU in a 2-byte precision (the calibration entry's
+``fitted_on``: the A100 for ampere, the H100 for hopper) and carried to the GPU and precision
+priced by what sets them (``transferred_halves``), not copied:
+
+- ``x_half`` by the dense FP16/BF16 peak over the fitted GPU's (Little's law: the work in
+  flight that keeps a GPU busy is its throughput times the latency to hide; libraries pick
+  larger tiles on faster SMs), the same in every precision (the H200 measurement above).  An
+  RTX 3090 (71 TFLOP/s) under the ampere entry fills at a quarter of the A100's size.
+- ``k_half`` by the precision's matmul peak times its operand bytes over the 2-byte peak's:
+  the per-tile fixed work is moving operand tiles and C through memory (bytes), one K step is
+  compute (1 / peak).  TF32 on tensor cores has half the BF16 peak and twice the bytes, so
+  the same ``k_half`` (as measured on the H200); FP32 on CUDA cores (V100, Turing, any GPU in
+  ``fp32``) has an eighth to a sixteenth of the peak, so a K loop amortised 4-8x sooner.
+  Across GPUs ``k_half`` is kept: what changes it there (memory latency and bandwidth per SM
+  against the tensor rate) is not measured on more than the two fitted GPUs.
+  Check (not fitted): Sailor's per-layer profiles of OPT-350M and GPT-Neo-2.7B on seven GPU
+  types (``python -m planner.cost.layer_check``).
+
 The product is normalised to equal the GPU's published *maximum achievable matmul* fraction
 (catalog ``benchmarks.yaml``) at the shape where that was measured, and never exceeds it:
 ``eff = ceiling * min(1, f(M N, K) / f(M* N*, K*))``.  So the ceiling comes from a
@@ -94,13 +112,28 @@ class GemmCurve:
         return max(compute, memory)
 
 
+# the precision the calibration sets ran in (vtrain-single fp16, megatron-core bf16)
+FITTED_ELEMENT_BYTES = 2
+
+
+def transferred_halves(gpu: GpuType, precision: str, cal, element_bytes: int) -> tuple[float, float]:
+    """(``x_half``, ``k_half``) of ``gpu`` in ``precision`` from the entry's values, fitted in a
+    2-byte precision on ``cal.fitted_on`` (module docstring); the fill size unchanged where
+    that GPU is not named (a calibration file that does not say)."""
+    from planner.catalog import find_gpu
+    ref = find_gpu(cal.fitted_on) if cal.fitted_on else None
+    outputs_half = cal.gemm_outputs_half * (gpu.peak_flops / ref.peak_flops if ref is not None else 1.0)
+    operand_rate = gpu.peak_flops_for(precision) * element_bytes / (gpu.peak_flops * FITTED_ELEMENT_BYTES)
+    return outputs_half, cal.gemm_depth_half * operand_rate
+
+
 def gemm_curve(gpu: GpuType, precision: str, cal, element_bytes: int) -> GemmCurve:
-    """``cal``: the GPU's ``GpuCalibration`` (half-sizes fitted at its bf16/fp16 peak)."""
+    """``cal``: the GPU's ``GpuCalibration`` (half-sizes fitted on ``cal.fitted_on``)."""
     bench = matmul_ceiling(gpu.name)
     ceiling = cal.matmul_ceiling if cal.matmul_ceiling is not None else bench.fraction
     peak = gpu.peak_flops_for(precision)  # tensor cores, or the CUDA cores for fp32
-    outputs_half = cal.gemm_outputs_half  # output elements: the same in every precision (docstring)
+    outputs_half, depth_half = transferred_halves(gpu, precision, cal, element_bytes)
     m, n, k = bench.shape
-    reference = _shape_factor(m * n, k, outputs_half, cal.gemm_depth_half)
-    return GemmCurve(ceiling, outputs_half, cal.gemm_depth_half, reference, peak,
+    reference = _shape_factor(m * n, k, outputs_half, depth_half)
+    return GemmCurve(ceiling, outputs_half, depth_half, reference, peak,
                      gpu.memory_bandwidth_Bps * cal.mem_eff, element_bytes)

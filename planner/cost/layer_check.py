@@ -1,0 +1,96 @@
+"""The roofline's block time against published per-layer measurements on many GPU types:
+``python -m planner.cost.layer_check`` (also run by ``make fidelity``).
+
+The calibration is fitted on two GPUs only (A100, H100: calibration.py); every other GPU type,
+and every precision but the 2-byte one, is priced by carrying the fitted GEMM half-sizes over
+(gemm.py ``transferred_halves``).  Sailor's profiler timed one transformer block alone on seven
+GPU types, in fp32 with TF32 matmuls where the GPU has them (tests/fidelity/sources/
+sailor_layer_profiles.yaml, with its source): a check of that transfer, block by block, before
+any pipeline or network enters.  Nothing is fitted to these rows.
+
+Each row prices the block as Sailor's Megatron-DeepSpeed ran it: tf32, unfused attention (no
+flash kernel there), no recompute, tp 1, seq 2048, micro-batch as measured.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+SOURCE = Path(__file__).resolve().parents[2] / "tests" / "fidelity" / "sources" / "sailor_layer_profiles.yaml"
+
+
+@dataclass(frozen=True)
+class LayerCheckRow:
+    model: str
+    gpu: str
+    micro_batch: int
+    measured_s: float      # forward + backward of one block
+    predicted_s: float
+
+    @property
+    def ratio(self) -> float:
+        """Predicted over measured: above 1, the model is too slow."""
+        return self.predicted_s / self.measured_s
+
+
+@cache
+def _source() -> dict:
+    return yaml.safe_load(SOURCE.read_text())
+
+
+def check_rows(calibration=None) -> list[LayerCheckRow]:
+    from planner import catalog
+    from planner.cost.compute import block_timing
+    from planner.cost.context import CostContext
+    from planner.spec import load_model
+    data = _source()
+    models = {key: load_model(spec) for key, spec in data["models"].items()}
+    extra = {"calibration": calibration} if calibration is not None else {}
+    contexts = {key: CostContext(model=m, seq_len=int(data["seq_len"]), precision=data["precision"],
+                                 flash_attention=False, **extra) for key, m in models.items()}
+    out = []
+    for row in data["rows"]:
+        gpu = catalog.gpu(row["gpu"])
+        # tp 1: no collective, so the link figure is never read
+        t = block_timing(contexts[row["model"]], gpu, gpu.intra_node_bandwidth_Bps, 1, int(row["micro_batch"]))
+        out.append(LayerCheckRow(row["model"], gpu.name, int(row["micro_batch"]),
+                                 row["forward_s"] + row["backward_s"], t.forward_s + t.backward_s))
+    return out
+
+
+def mean_abs_log_ratio(rows: list[LayerCheckRow]) -> float:
+    """exp of it - 1 is the typical factor off, either way (a 1.2x slow and a 1.2x fast row
+    count the same)."""
+    return statistics.fmean(abs(math.log(r.ratio)) for r in rows)
+
+
+def format_rows(rows: list[LayerCheckRow]) -> str:
+    lines = [("Sailor's per-layer profiles (one block, tf32, tp 1, seq 2048; tests/fidelity/sources/"
+              "sailor_layer_profiles.yaml): predicted / measured block time, not fitted"),
+             f"{'model':14s} {'gpu':16s} " + "  ".join(f"mb{mb:<4d}" for mb in (1, 2, 4, 8, 16, 32))]
+    groups: dict[tuple[str, str], dict[int, float]] = {}
+    for r in rows:
+        groups.setdefault((r.model, r.gpu), {})[r.micro_batch] = r.ratio
+    for (model, gpu), by_mb in groups.items():
+        cells = "  ".join(f"{by_mb[mb]:6.2f}" if mb in by_mb else f"{'':6s}" for mb in (1, 2, 4, 8, 16, 32))
+        lines.append(f"{model:14s} {gpu:16s} {cells}")
+    lines.append(f"mean |log(predicted / measured)| over {len(rows)} rows: {mean_abs_log_ratio(rows):.3f} "
+                 f"(a typical factor of {math.exp(mean_abs_log_ratio(rows)):.2f})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    del argv
+    print(format_rows(check_rows()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
