@@ -8,7 +8,8 @@ predictions in the same sense as vtrain-multi's and Sailor's.
 
 Three kinds of rows:
 - blocks (and heads) of a ``planner profile`` file, priced as the profile measured them: its
-  dtype as the precision, flash attention for measure.py's fused SDPA core (calibrate.Measured);
+  dtype as the precision, flash attention for measure.py's fused SDPA core, the plain loss for
+  its head's ``F.cross_entropy(logits.float(), ...)`` (calibrate.Measured);
 - single GEMMs of ``planner.profile.gemm_sweep`` (each re-predicted by the model in use, not the
   figure stored at measuring time), by FLOPs decade: median signed error and count;
 - a plan trained with the reference runner: ``planner evaluate``'s iteration time against the
@@ -98,7 +99,7 @@ def profile_rows(path: Path, calibration=None) -> list[LayerRow]:
     how = Measured.of(prof)
     extra = {"calibration": calibration} if calibration is not None else {}
     ctx = CostContext(model=model, seq_len=prof.seq_len, precision=how.precision,
-                      flash_attention=how.flash_attention, **extra)
+                      flash_attention=how.flash_attention, cross_entropy=how.cross_entropy, **extra)
     timing = {"block": block_timing, "head": head_timing}
     out = []
     for e in prof.entries:
