@@ -3,7 +3,10 @@
 The head's output projection writes the logits (``b s V / tp`` of them per GPU) in the
 activation dtype; the loss then streams them through HBM several times.  A vocabulary row is
 32k-256k elements (128 KB-1 MB in fp32): larger than a thread block's 48 KB of shared memory,
-so no pass keeps a row on chip, and every pass below is a full read or write of the tensor.
+so no pass keeps a row on chip, and every pass below is a full read or write of the tensor
+(PyTorch's softmax re-reads a row within one thread block, but with a block per row and a
+1024-thread blocks, two per SM, the 264 fp32 rows in flight on an H100 / H200 are 53 MB for a
+50k vocabulary and 135 MB for 128k, over their 50 MB L2).
 ``eb`` is the activation element size (2 in bf16/fp16, 4 in fp32/tf32): ``x.float()`` on an fp32
 tensor returns the tensor itself, so the casts cost nothing there.  Gathers of one logit per
 token (the target's) and per-row scalars (max, sum, loss) are ~1/V of a pass: left out.  The
@@ -12,13 +15,13 @@ operands (gemm.py), not counted here.
 
 plain: ``F.cross_entropy(logits.float(), targets)`` (torchtitan components/loss.py, Hugging
 Face, planner/profile/measure.py ``Head``) = ``log_softmax`` then ``nll_loss``, eager PyTorch
-(aten/src/ATen/native/cuda/SoftMax.cu, Loss.cu):
+(pytorch/pytorch aten/src/ATen/native/cuda/SoftMax.cu at 000cace, Loss.cu at 00e3254):
 
     forward                                           read      write
     logits.float()          (_to_copy)                eb        4       (only when eb < 4)
-    log_softmax: max        cunn_SoftMaxForward       4                 row too long for the
-    log_softmax: sum exp    (ilpReduce, 2 passes)     4                 Smem variant (48 KB)
-    log_softmax: output     (WriteFpropResults)       4         4
+    log_softmax: max        cunn_SoftMaxForward:      4                 (the row is too long
+    log_softmax: sum exp      two ilpReduce passes    4                 for its Smem variant,
+    log_softmax: output       then the epilogue       4         4       sharedMemPerBlock)
     nll_loss                (one logit per row)       ~0
     backward
     nll_loss backward       (grad_input.zero_())                4       then scatters 1/row
@@ -58,8 +61,9 @@ check's heads, reference/device/h200-2026-12-04, were 18-47% too fast at the old
 bytes each way that the shipped calibration was fitted with (vtrain-single and
 megatron-core-h100 are Megatron runs): pricing the derived 38 / 14 takes megatron-core-h100 from
 7.4% to 7.7% MAPE (its 1.7B row, h 2048 with a 131k vocabulary, from 0.0% to +4.2%), past its
-bound, and vtrain-single from 6.6% to 6.7%; the fit has absorbed the under-priced loss, so the
-derived price waits for a refit of those two sets.
+bound in tests/test_fidelity.py, and vtrain-single from 6.6% to 6.7% (vtrain-multi 8.9% -> 8.7%,
+sailor/GH200 17.4% -> 17.2%); the fit has absorbed the under-priced loss, so the derived price
+waits for a refit of those two sets.
 """
 
 from __future__ import annotations
