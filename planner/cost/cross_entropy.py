@@ -4,9 +4,9 @@ The head's output projection writes the logits (``b s V / tp`` of them per GPU) 
 activation dtype; the loss then streams them through HBM several times.  A vocabulary row is
 32k-256k elements (128 KB-1 MB in fp32): larger than a thread block's 48 KB of shared memory,
 so no pass keeps a row on chip, and every pass below is a full read or write of the tensor
-(PyTorch's softmax re-reads a row within one thread block, but with a block per row and a
-1024-thread blocks, two per SM, the 264 fp32 rows in flight on an H100 / H200 are 53 MB for a
-50k vocabulary and 135 MB for 128k, over their 50 MB L2).
+(PyTorch's softmax re-reads a row within one thread block, but with one 1024-thread block per
+row, two per SM, the 264 fp32 rows in flight on an H100 / H200 are 53 MB for a 50k vocabulary
+and 135 MB for 128k, over their 50 MB L2).
 ``eb`` is the activation element size (2 in bf16/fp16, 4 in fp32/tf32): ``x.float()`` on an fp32
 tensor returns the tensor itself, so the casts cost nothing there.  Gathers of one logit per
 token (the target's) and per-row scalars (max, sum, loss) are ~1/V of a pass: left out.  The
