@@ -15,7 +15,8 @@ Three kinds of rows:
 - a plan trained with the reference runner: ``planner evaluate``'s iteration time against the
   median measured step after the first (the first step pays allocation and cuBLAS warm-up).
   The runner's blocks compute attention unfused (planner/launch/tiny_model.py: scores, mask,
-  softmax, context as separate kernels), which is the model's flash_attention=False.
+  softmax, context as separate kernels), which is the model's flash_attention=False, and its
+  loss is ``F.cross_entropy`` on the fp32 logits, the plain kernel.
 """
 
 from __future__ import annotations
@@ -147,7 +148,9 @@ def plan_row(folder: Path, calibration=None) -> PlanRow | None:
     plan = load_plan(plan_file)
     cluster = load_cluster(ROOT / "scripts" / f"{plan.inputs.cluster}.yaml")
     model = load_model(plan.inputs.model)
-    ctx = context_for_plan(plan, calibration, model=model)  # unfused attention, as the runner
+    # as the runner runs it: unfused attention, and F.cross_entropy on its fp32 logits
+    # (tiny_model.head_loss_sum), the plain loss
+    ctx = context_for_plan(plan, calibration, model=model, cross_entropy="plain")
     ev = evaluate(cluster, plan, model=model, check=False, ctx=ctx)
     steps = json.loads(run_file.read_text())["step_time_s"]
     training = plan.inputs.training
