@@ -8,13 +8,15 @@ predictions in the same sense as vtrain-multi's and Sailor's.
 
 Three kinds of rows:
 - blocks (and heads) of a ``planner profile`` file, priced as the profile measured them: its
-  dtype as the precision, flash attention for measure.py's fused SDPA core (calibrate.Measured);
+  dtype as the precision, flash attention for measure.py's fused SDPA core, the plain loss for
+  its head's ``F.cross_entropy(logits.float(), ...)`` (calibrate.Measured);
 - single GEMMs of ``planner.profile.gemm_sweep`` (each re-predicted by the model in use, not the
   figure stored at measuring time), by FLOPs decade: median signed error and count;
 - a plan trained with the reference runner: ``planner evaluate``'s iteration time against the
   median measured step after the first (the first step pays allocation and cuBLAS warm-up).
   The runner's blocks compute attention unfused (planner/launch/tiny_model.py: scores, mask,
-  softmax, context as separate kernels), which is the model's flash_attention=False.
+  softmax, context as separate kernels), which is the model's flash_attention=False, and its
+  loss is ``F.cross_entropy`` on the fp32 logits, the plain kernel.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def profile_rows(path: Path, calibration=None) -> list[LayerRow]:
     how = Measured.of(prof)
     extra = {"calibration": calibration} if calibration is not None else {}
     ctx = CostContext(model=model, seq_len=prof.seq_len, precision=how.precision,
-                      flash_attention=how.flash_attention, **extra)
+                      flash_attention=how.flash_attention, cross_entropy=how.cross_entropy, **extra)
     timing = {"block": block_timing, "head": head_timing}
     out = []
     for e in prof.entries:
@@ -146,7 +148,9 @@ def plan_row(folder: Path, calibration=None) -> PlanRow | None:
     plan = load_plan(plan_file)
     cluster = load_cluster(ROOT / "scripts" / f"{plan.inputs.cluster}.yaml")
     model = load_model(plan.inputs.model)
-    ctx = context_for_plan(plan, calibration, model=model)  # unfused attention, as the runner
+    # as the runner runs it: unfused attention, and F.cross_entropy on its fp32 logits
+    # (tiny_model.head_loss_sum), the plain loss
+    ctx = context_for_plan(plan, calibration, model=model, cross_entropy="plain")
     ev = evaluate(cluster, plan, model=model, check=False, ctx=ctx)
     steps = json.loads(run_file.read_text())["step_time_s"]
     training = plan.inputs.training

@@ -393,6 +393,7 @@ def _details(ctx, plan, nodes, timings, k) -> list[tuple[str, float, str]]:
     launch floors, and where the curve's numbers come from."""
     from planner.catalog.benchmarks import matmul_ceiling
     from planner.cost.compute import gemm_curve_for
+    from planner.cost.cross_entropy import loss_details
     from planner.cost.roofline import block_gemms
     st = plan.stages[k]
     r = st.replicas[timings[k].slowest_replica]
@@ -420,6 +421,10 @@ def _details(ctx, plan, nodes, timings, k) -> list[tuple[str, float, str]]:
          "max(GPU work, floor), launches overlap GPU work")),
         ("microbatch_overhead_s", cal.microbatch_overhead_s, "fixed time per micro-batch per stage"),
     ]
+    last = next((i for i, x in enumerate(plan.stages) if x.head), None)
+    if last is not None:   # the head stage's loss term (its kernel's passes over the logits)
+        r = plan.stages[last].replicas[timings[last].slowest_replica]
+        rows += loss_details(ctx, nodes[r.node].gpu, r.tp, r.micro_batch_share)
     return rows
 
 

@@ -54,7 +54,11 @@ writes each twice as much), with Megatron's fused kernels:
   default), the in-place causal ``masked_fill_`` and the softmax, each a read and a write: 6
   passes where the fused kernel makes 2, so 4 more forward; their autograd backward likewise
   makes 7 (softmax backward 3, mask 2, scale 2) against the fused 3, so 4 more backward.
-Head: the logits through the fp32 cross-entropy, ~3 x 4 ``b s V``/tp bytes each way.
+Head: the final norm (read + write ``b s h``, twice that backward) and the loss kernel's passes
+over the ``b s V``/tp logits (``ctx.cross_entropy``: planner.cost.cross_entropy's tables, e.g. in
+bf16 22 bytes per logit forward and 26 backward for PyTorch's ``F.cross_entropy`` on an fp32
+copy; Megatron's vocab-parallel kernel keeps the ~12 each way the calibration was fitted with,
+its derived 38 and 14 waiting for a refit).
 
 Recompute ``op`` (torchtitan's per-op selective checkpointing, ``selective_ac_option = "op"``,
 torchtitan parallelize_llama.py at 9dec370): inside a block it saves the outputs of the matmuls,
@@ -70,6 +74,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from planner.cost.cross_entropy import priced_bytes_per_logit
 from planner.cost.flops import kv_width, mlp_matrices, moe_active_ffn, moe_fraction
 from planner.cost.gemm import Gemm, GemmCurve
 
@@ -234,8 +239,9 @@ def head_work(ctx, curve: GemmCurve, tp: int, share: int) -> tuple[float, float]
     """(forward, backward) seconds of the final norm, output projection and cross-entropy."""
     m, s = ctx.model, ctx.local_seq_len
     g = head_gemm(m, share, ctx.seq_len, tp, ctx.context_parallel)
-    logits_bytes = 3 * 4 * share * s * m.vocab_size / tp
+    logits = share * s * m.vocab_size / tp
+    loss_fwd, loss_bwd = priced_bytes_per_logit(ctx.cross_entropy, ctx.activation_bytes)
     norm_bytes = 4 * share * s * m.hidden_size * ctx.activation_bytes
-    fwd = curve.time_s(g) + (logits_bytes + norm_bytes) / curve.memory_Bps
-    bwd = curve.time_s(g.dgrad()) + curve.time_s(g.wgrad()) + (logits_bytes + 2 * norm_bytes) / curve.memory_Bps
+    fwd = curve.time_s(g) + (loss_fwd * logits + norm_bytes) / curve.memory_Bps
+    bwd = curve.time_s(g.dgrad()) + curve.time_s(g.wgrad()) + (loss_bwd * logits + 2 * norm_bytes) / curve.memory_Bps
     return fwd, bwd

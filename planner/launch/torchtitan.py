@@ -236,7 +236,8 @@ def _comments(plan: Plan, how: Route | None) -> list[str]:
     if plan.training_choice("cross_entropy") != "plain":
         out.append("loss: torchtitan computes F.cross_entropy on an fp32 copy of the logits; the plan "
                    "priced Megatron's fused kernel, so the head stage needs 8 more bytes per logit of a "
-                   "micro-batch than planned: re-plan with training cross_entropy: plain")
+                   "micro-batch than planned, and its loss moves more bytes per logit than priced "
+                   "(planner.cost.cross_entropy): re-plan with training cross_entropy: plain")
     return out + precision_comment(plan)
 
 

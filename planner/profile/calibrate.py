@@ -100,6 +100,8 @@ class Measured:
 
     precision: str
     flash_attention: bool
+    # measure.py's Head computes F.cross_entropy(logits.float(), targets): the plain loss
+    cross_entropy: str = "plain"
 
     @classmethod
     def of(cls, prof) -> Measured:

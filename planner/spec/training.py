@@ -45,7 +45,8 @@ class Training(BaseModel):
         "(one fused kernel: no s x s scores in memory, recomputed in its backward; FlashAttention / "
         "cuDNN / SDPA, what Megatron-Core with Transformer Engine, torchtitan and Hugging Face run)")
     cross_entropy: Literal["fused", "plain"] = Field(
-        default="fused", description="how the loss is computed, which sets the head's peak memory: "
+        default="fused", description="how the loss is computed, which sets the head's peak memory and "
+        "the bytes its passes move (planner.cost.cross_entropy): "
         "fused (Megatron's vocab-parallel cross-entropy: the fp32 logits buffer is reused in place "
         "for the softmax and its gradient); plain (torch.nn.functional.cross_entropy on an fp32 "
         "copy of the logits, as torchtitan and Hugging Face Trainer do: the log-probabilities it "
