@@ -44,3 +44,14 @@ def test_level_reached_across_gpu_types(rows):
 def test_the_report_names_every_gpu(rows):
     text = format_rows(rows)
     assert "RTX3090-24GB" in text and "mean |log(predicted / measured)|" in text
+
+
+def test_checked_gpu_types_say_so_in_the_trust_line():
+    """A GPU type no fidelity run covers in tf32 but Sailor's profiler timed is 'micro-benchmarked'
+    with that error, not 'datasheet-only' (planner.cost.trust)."""
+    from planner.cost.layer_check import checks_summary
+    from planner.cost.trust import trust_for
+    t = trust_for("V100-SXM2-16GB", "tf32")
+    assert t.level == "micro-benchmarked" and "Sailor" in t.note
+    assert t.mape == checks_summary()["V100-SXM2-16GB"][0]["mape_percent"] / 100
+    assert trust_for("V100-SXM2-16GB", "fp16").level == "datasheet-only"   # the check ran in tf32 only

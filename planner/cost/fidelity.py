@@ -161,7 +161,11 @@ def validation_summary(calibration=None, results_by_set=None) -> dict:
                 "set": group, "precision": precision, "rows": len(rows), "fitted": name in CALIBRATION_SETS,
                 "mape_percent": round(100 * statistics.fmean(r.ape for r in rows), 1)})
     from planner.cost.device_report import device_checks_summary
-    return {"gpu_types": dict(sorted(by_gpu.items())), "device_checks": device_checks_summary(calibration)}
+    from planner.cost.layer_check import checks_summary
+    checks = device_checks_summary(calibration)
+    for gpu, entries in checks_summary(calibration).items():   # Sailor's per-layer profiles
+        checks.setdefault(gpu, []).extend(entries)
+    return {"gpu_types": dict(sorted(by_gpu.items())), "device_checks": dict(sorted(checks.items()))}
 
 
 VALIDATION_HEADER = """\

@@ -71,6 +71,19 @@ def mean_abs_log_ratio(rows: list[LayerCheckRow]) -> float:
     return statistics.fmean(abs(math.log(r.ratio)) for r in rows)
 
 
+def checks_summary(calibration=None) -> dict[str, list[dict]]:
+    """Per GPU type, the check in the shape of validation.yaml's ``device_checks`` (what
+    planner.cost.trust reads): mean |relative error| of the block's forward + backward."""
+    out: dict[str, list[dict]] = {}
+    rows = check_rows(calibration)
+    for gpu in sorted({r.gpu for r in rows}):
+        mine = [r for r in rows if r.gpu == gpu]
+        out[gpu] = [{"folder": SOURCE.relative_to(SOURCE.parents[3]).as_posix(), "gpus": 1,
+                     "precision": _source()["precision"], "kind": "published blocks", "rows": len(mine),
+                     "mape_percent": round(100 * statistics.fmean(abs(r.ratio - 1) for r in mine), 1)}]
+    return out
+
+
 def format_rows(rows: list[LayerCheckRow]) -> str:
     lines = [("Sailor's per-layer profiles (one block, tf32, tp 1, seq 2048; tests/fidelity/sources/"
               "sailor_layer_profiles.yaml): predicted / measured block time, not fitted"),

@@ -10,8 +10,9 @@ whose layer costs came from a measured profile says so first.
 
 Between the two: "micro-benchmarked", a GPU type with no run in a fidelity set but a device
 check (``device_checks`` in validation.yaml, from planner.cost.device_report): its blocks were
-profiled, or one plan trained, on one GPU of that type (reference/device/<folder>), and the
-model predicted them (not fitted) with the error given.  It says nothing about collectives or
+profiled, or one plan trained, on one GPU of that type (reference/device/<folder>), or timed
+by Sailor's profiler (planner.cost.layer_check), and the model predicted them (not fitted)
+with the error given.  It says nothing about collectives or
 multi-GPU schedules, which no such check measures.
 """
 
@@ -58,6 +59,7 @@ def _describe(entries: list[dict]) -> str:
 
 
 _CHECK_KINDS = {"blocks": "profiled block entries (forward + backward)",
+                "published blocks": "published per-layer block timings (forward + backward, Sailor's profiler)",
                 "runner": "training iteration of a plan run by the reference runner"}
 
 
