@@ -84,15 +84,16 @@ def test_kernel_flags_reach_the_plan_and_may_not_contradict_the_file(tmp_path, c
                  "-o", str(out)]) == 0
     training = json.loads(out.read_text())["inputs"]["training"]
     assert training["attention"] == "flash" and training["cross_entropy"] == "plain"
-    assert "attention priced unfused" not in capsys.readouterr().err     # stated: no note
+    assert "attention" not in capsys.readouterr().err     # stated: no note
     assert main(["plan", CLUSTER, "--model", "opt-350m", "--global-batch-size", "4", "--seq-len", "256",
-                 "--time-limit", "60", "--quiet"]) == 0
-    assert "pass --attention flash" in capsys.readouterr().err          # the default, said
+                 "--time-limit", "60", "--quiet", "-o", str(out)]) == 0
+    assert "attention" not in capsys.readouterr().err     # the default (flash): no note either
+    assert json.loads(out.read_text())["inputs"]["training"]["attention"] == "flash"   # written all the same
     t = tmp_path / "t.yaml"
     t.write_text("global_batch_size: 4\nseq_len: 256\n")
     args = ["plan", CLUSTER, "--model", "opt-350m", "--training", str(t), "--time-limit", "60", "--quiet"]
-    assert main(args + ["--attention", "flash"]) == 2
-    assert "--attention flash contradicts attention: unfused" in capsys.readouterr().err
+    assert main(args + ["--attention", "unfused"]) == 2
+    assert "--attention unfused contradicts attention: flash" in capsys.readouterr().err
     assert main(args + ["--cross-entropy", "fused"]) == 0      # the file's own (default) value
 
 def test_budget_below_every_plan_exits_1_at_once_with_the_price(capsys):
