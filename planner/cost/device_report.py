@@ -146,7 +146,9 @@ def plan_row(folder: Path, calibration=None) -> PlanRow | None:
     plan = load_plan(plan_file)
     cluster = load_cluster(ROOT / "scripts" / f"{plan.inputs.cluster}.yaml")
     model = load_model(plan.inputs.model)
-    ctx = context_for_plan(plan, calibration, model=model)  # unfused attention, as the runner
+    # unfused attention, as the runner computes it whatever the plan says (its plan.json, written
+    # before flash became the default, has no attention key, which reads unfused too)
+    ctx = context_for_plan(plan, calibration, model=model, flash_attention=False)
     ev = evaluate(cluster, plan, model=model, check=False, ctx=ctx)
     steps = json.loads(run_file.read_text())["step_time_s"]
     training = plan.inputs.training
