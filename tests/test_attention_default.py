@@ -64,6 +64,18 @@ def test_round_trips_keep_the_key_or_its_absence(planned):
     assert plan_training(old).attention == "unfused" and plan_training(new).attention == "flash"  # replan's job
 
 
+def test_replan_of_an_old_plan_keeps_it_unfused_and_says_so(planned):
+    """Same cluster: the old plan (no key: unfused) is re-searched as priced, the fresh plan
+    states attention: unfused, and the old plan kept is priced unfused, not as flash."""
+    _, new, old = planned
+    cluster = api.load_cluster(CLUSTER)
+    result = api.replan(cluster, old, time_limit_s=30)
+    assert result.fresh.plan.inputs.training["attention"] == "unfused"
+    assert result.old_evaluation.tokens_per_s == pytest.approx(api.evaluate(cluster, old).tokens_per_s, rel=1e-9)
+    assert result.old_evaluation.tokens_per_s < api.evaluate(cluster, new).tokens_per_s
+    assert api.replan(cluster, new, time_limit_s=30).fresh.plan.inputs.training["attention"] == "flash"
+
+
 def test_diff_compares_the_kernels_as_priced(planned):
     data, new, old = planned
     rows = {r["field"]: (r["a"], r["b"]) for r in diff_plans(old, new).settings}
