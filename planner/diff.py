@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.plan import Plan
+from planner.spec.training import KERNEL_CHOICES
 
 SETTINGS = ("micro_batch_size", "num_micro_batches", "schedule", "virtual_stages", "recompute",
             "zero_stage", "reshard_after_forward", "zero_shard_degree", "sequence_parallel", "context_parallel")
@@ -58,6 +59,8 @@ def _stage_of(plan: Plan) -> dict[str, int]:
 def diff_plans(a: Plan, b: Plan) -> PlanDiff:
     out = PlanDiff()
     rows = [(k, getattr(a, k), getattr(b, k)) for k in SETTINGS]
+    # the kernels as each plan was priced (an old plan without the attention key: unfused)
+    rows += [(k, a.training_choice(k), b.training_choice(k)) for k in KERNEL_CHOICES]
     rows.append(("objective", a.objective.model_dump(), b.objective.model_dump()))
     rows += [(k, v, degrees(b)[k]) for k, v in degrees(a).items()]
     out.settings = [{"field": k, "a": va, "b": vb} for k, va, vb in rows if va != vb]

@@ -190,7 +190,7 @@ def test_the_plans_attention_kernel_and_loss_are_priced(cluster):
         return evaluate(cluster, plan_with(**training)).peak_memory_bytes
 
     unfused, flash, plain = peak(), peak(attention="flash"), peak(cross_entropy="plain")
-    assert peak(attention="unfused") == unfused                      # the default, stated
+    assert peak(attention="unfused") == unfused      # an absent key: unfused, as plans before flash's default
     assert all(flash[d] < unfused[d] for d in unfused)               # every stage holds scores
     head_devices = {d for r in plan_with().stages[1].replicas for d in r.devices}
     assert {d for d in unfused if plain[d] > unfused[d]} == head_devices

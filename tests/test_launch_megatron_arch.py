@@ -89,14 +89,15 @@ def test_rotary_base_without_rope_is_refused():
 
 
 def test_the_attention_kernel_priced_is_the_one_launched():
-    """A plan priced with flash attention asks Megatron for it; one priced unfused (the default)
-    says that Megatron's auto backend runs a fused kernel instead."""
+    """A plan priced with flash attention asks Megatron for it; one priced unfused (stated, or a
+    plan without the key, written before flash became the default) says that Megatron's auto
+    backend runs a fused kernel instead."""
     def rendered(**training):
         t = {"global_batch_size": 64, "seq_len": 2048, "precision": "bf16", **training}
         plan = make_plan(inputs={"cluster": "t", "model": make_plan().inputs.model, "training": t})
         return json.loads(render(plan, "megatron", master_addr="h")["megatron_args.json"])
     flash = rendered(attention="flash")
     assert value(flash["args"], "--attention-backend") == "flash"
-    default = rendered()
-    assert "--attention-backend" not in default["args"]
-    assert any("re-plan with training attention: flash" in n for n in default["notes"])
+    for unfused in (rendered(), rendered(attention="unfused")):
+        assert "--attention-backend" not in unfused["args"]
+        assert any("re-plan with training attention: flash" in n for n in unfused["notes"])

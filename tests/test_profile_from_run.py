@@ -119,6 +119,28 @@ def test_layer_ratio_is_the_cost_models(files):
         (4 * PER_SEQ_S["cpu-b"] - overhead) / (4 * PER_SEQ_S["cpu-a"] - overhead))
 
 
+def test_a_flash_plans_run_is_split_and_labelled_as_the_runner_computed_it(tmp_path):
+    """The runner computes attention unfused whatever the plan priced: a flash plan's profiles
+    take the unfused core's layer ratio and say attention: unfused."""
+    base = make_plan(seq_len=512)
+    plan = base.model_copy(update={"inputs": base.inputs.model_copy(update={
+        "training": {**base.inputs.training, "attention": "flash"}})})
+    (tmp_path / "m.json").write_text(json.dumps(measurements(plan)))
+    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+    cluster = api.load_cluster(tmp_path / "cluster.yaml")
+    result = api.profile_from_run(cluster, plan, tmp_path / "m.json")
+    node = cluster.node_by_name["slow"]
+    entries = {e.layer: e for e in result.profiles["cpu-b"].entries}
+    assert result.profiles["cpu-b"].attention == "unfused"
+    ratios = {}
+    for flash in (False, True):
+        ctx = context_for_plan(plan, flash_attention=flash)
+        b, h = (f(ctx, node.gpu, node.group.intra_Bps, 1, 4) for f in (block_timing, head_timing))
+        ratios[flash] = b.forward_s / h.forward_s
+    assert ratios[False] != pytest.approx(ratios[True])      # the kernels price apart at this length
+    assert entries["block"].forward_s / entries["head"].forward_s == pytest.approx(ratios[False])
+
+
 def test_warmup_steps_are_left_out(files):
     tmp, plan = files
     cluster = api.load_cluster(tmp / "cluster.yaml")

@@ -61,3 +61,21 @@ def test_profile_from_a_run_predicts_its_step_time(tmp_path, capsys, plan):
         f"({err_before:+.1%}), with it {after * 1e3:.1f} ms ({err_after:+.1%})")
     print(f"measured {measured * 1e3:.1f} ms; without profile {before * 1e3:.1f} ms ({err_before:+.1%}); "
           f"with it {after * 1e3:.1f} ms ({err_after:+.1%})")
+
+
+def test_a_flash_plans_run_says_it_computed_attention_unfused(tmp_path, capsys):
+    """The runner computes attention unfused whatever the plan priced: a flash plan's
+    ``--measurements`` run says so, and its profiles are labelled attention: unfused."""
+    data = json.loads(make_plan(precision="fp32").dumps())
+    data["inputs"]["training"]["attention"] = "flash"
+    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    m = tmp_path / "m.json"
+    assert main(["run", str(tmp_path / "plan.json"), "--steps", "2", "--measurements", str(m), "--json"]) == 0
+    assert "computes attention unfused" in capsys.readouterr().err
+    assert main(["profile", "--from-run", str(m), "--plan", str(tmp_path / "plan.json"), "--warmup", "1",
+                 "--cluster", str(tmp_path / "cluster.yaml"), "-o", str(tmp_path / "prof"), "--json"]) == 0
+    written = sorted((tmp_path / "prof").glob("*.yaml"))
+    assert written and all("attention: unfused" in f.read_text() for f in written)
+    assert main(["run", str(tmp_path / "plan.json"), "--steps", "1", "--json"]) == 0
+    assert "attention" not in capsys.readouterr().err     # no measurements: the same maths, no note

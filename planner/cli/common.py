@@ -105,9 +105,9 @@ def job_options(command):
         click.option("--seq-len", type=int, default=None, help="tokens per sequence"),
         click.option("--precision", type=click.Choice(list(PRECISIONS)), default=None, help=PRECISION_HELP),
         click.option("--attention", type=click.Choice(["unfused", "flash"]), default=None,
-                     help="the attention core's kernel: unfused keeps the s x s scores (Megatron-LM without "
-                          "flash); flash: Megatron-Core + TE, torchtitan, HF  [default: unfused; with "
-                          "--training, the file's]"),
+                     help="the attention core's kernel: flash (fused: Megatron-Core + TE, torchtitan, HF) "
+                          "or unfused (keeps the s x s scores: Megatron-LM without flash, planner run)  "
+                          "[default: flash; with --training, the file's]"),
         click.option("--cross-entropy", type=click.Choice(["fused", "plain"]), default=None,
                      help="the loss kernel: fused (Megatron's vocab-parallel) or plain (F.cross_entropy on "
                           "an fp32 copy: torchtitan, HF)  [default: fused; with --training, the file's]"),

@@ -258,11 +258,6 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
         click.echo(f"warning: {model.name} is defined for sequences of at most {model.max_seq_len} tokens; "
                    f"planning for {training.seq_len} (a longer context than it was trained with)", err=True)
     warn_precision(spec, training.precision)
-    if attention is None and training_path is None:
-        # the default is the pricing so far; most 2026 stacks run a fused kernel (README, Training)
-        click.echo("note: attention priced unfused (the s x s scores kept for backward, as Megatron-LM "
-                   "without flash attention); Megatron-Core with Transformer Engine, torchtitan and "
-                   "Hugging Face run a fused kernel: pass --attention flash for them", err=True)
     err = console(quiet=True)       # progress always on stderr
     with SearchStatus(err, time_limit_s, quiet) as status:
         result = api.plan(spec, model, training, objective=spec_obj, time_limit_s=time_limit_s, top_k=top_k,

@@ -57,6 +57,10 @@ def run(plan_file: str, steps: int, backend: str, seed: int, tiny: bool, seq_len
     plan = api.load_plan(plan_file)
     if measurements_file:
         check_writable(measurements_file)
+        if plan.training_choice("attention") == "flash":
+            # the same maths, another kernel: times measured here are the unfused core's
+            click.echo("note: the reference runner computes attention unfused (an explicit softmax); the "
+                       "plan priced flash, so the measured times are of the unfused core", err=True)
     dynamic = settings_for(plan) if dynamic_batching else None
     override = dict(TINY_MODEL) if tiny else None
     if tiny and seq_len is None:

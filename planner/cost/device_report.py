@@ -148,9 +148,10 @@ def plan_row(folder: Path, calibration=None) -> PlanRow | None:
     plan = load_plan(plan_file)
     cluster = load_cluster(ROOT / "scripts" / f"{plan.inputs.cluster}.yaml")
     model = load_model(plan.inputs.model)
-    # as the runner runs it: unfused attention, and F.cross_entropy on its fp32 logits
-    # (tiny_model.head_loss_sum), the plain loss
-    ctx = context_for_plan(plan, calibration, model=model, cross_entropy="plain")
+    # as the runner runs it whatever the plan says: unfused attention (its plan.json, written
+    # before flash became the default, has no attention key, which reads unfused too), and
+    # F.cross_entropy on its fp32 logits (tiny_model.head_loss_sum), the plain loss
+    ctx = context_for_plan(plan, calibration, model=model, cross_entropy="plain", flash_attention=False)
     ev = evaluate(cluster, plan, model=model, check=False, ctx=ctx)
     steps = json.loads(run_file.read_text())["step_time_s"]
     training = plan.inputs.training

@@ -200,9 +200,11 @@ def training_args(plan: Plan, tp: int) -> tuple[list[str], list[str]]:
     if plan.training_choice("attention") == "flash":
         args += ["--attention-backend", "flash"]
     else:
-        notes.append("attention: the plan priced the unfused core (training attention: unfused, the "
-                     "default); Megatron-Core's --attention-backend auto picks a fused kernel, faster and "
-                     "without the s x s scores in memory: re-plan with training attention: flash to price it")
+        notes.append("attention: the plan priced the unfused core (training attention: unfused, or a plan "
+                     "written before flash became the default); Megatron-Core's --attention-backend auto "
+                     "picks a fused kernel, faster and without the s x s scores in memory: re-plan with "
+                     "training attention: flash to price it, or pass --attention-backend unfused to run "
+                     "what was priced")
     if plan.schedule == "gpipe" and plan.num_stages > 1:
         notes.append("schedule gpipe runs as Megatron-LM's 1F1B: the same bubble with fewer "
                      "micro-batches in flight, so it fits wherever the GPipe plan fits")

@@ -20,6 +20,11 @@ ranks, load-balanced for causal attention as Megatron-Core and torchtitan do: th
 cut into ``2 cp`` chunks and cp rank ``c`` holds chunks ``c`` and ``2 cp - 1 - c``. Everything
 but attention is per token; attention takes the local queries against every rank's K/V chunk,
 block by block with an online softmax (Liu et al. 2023, ring attention).
+
+Attention is computed unfused (scores, mask, softmax, context as separate ops) whatever the plan's
+``training.attention``: the maths of a flash plan is the same, its kernel is not, so a run's times
+are the unfused core's (``planner run --measurements`` says so for a flash plan, and
+``planner profile --from-run`` labels its profiles ``attention: unfused``).
 """
 
 from __future__ import annotations

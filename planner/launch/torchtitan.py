@@ -233,6 +233,10 @@ def _comments(plan: Plan, how: Route | None) -> list[str]:
                    "the plan priced: re-plan with recompute op to price what torchtitan runs")
     elif plan.recompute == "op":
         out.append("recompute op: torchtitan's per-op selective activation checkpointing, as priced")
+    if plan.training_choice("attention") != "flash":
+        out.append("attention: torchtitan's attention is F.scaled_dot_product_attention (fused); the plan "
+                   "priced the unfused core, whose s x s scores take more memory and time than torchtitan "
+                   "spends: re-plan with training attention: flash")
     if plan.training_choice("cross_entropy") != "plain":
         out.append("loss: torchtitan computes F.cross_entropy on an fp32 copy of the logits; the plan "
                    "priced Megatron's fused kernel, so the head stage needs 8 more bytes per logit of a "

@@ -17,7 +17,7 @@ from planner.plan.model import SCHEMA_ID, V_SCHEDULES, Plan
 from planner.spec.cluster import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.source import PathKey, document_from_data, format_field_path, read_text, validate_model
-from planner.spec.training import Training
+from planner.spec.training import PLAN_ABSENT_KERNELS, Training
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -320,8 +320,11 @@ def _check_actions(plan: Plan, report: _Report) -> None:
 
 
 def plan_training(plan: Plan, file: str = "<plan>") -> Training:
-    """The plan's ``inputs.training`` as a validated ``Training`` (errors name the file)."""
-    return validate_model(Training, document_from_data(plan.inputs.training, file), ("inputs", "training"))
+    """The plan's ``inputs.training`` as a validated ``Training`` (errors name the file), a
+    kernel choice it leaves out read as the plan was priced (PLAN_ABSENT_KERNELS), not as
+    today's default."""
+    data = {**PLAN_ABSENT_KERNELS, **(plan.inputs.training or {})}
+    return validate_model(Training, document_from_data(data, file), ("inputs", "training"))
 
 
 def _check_training(plan: Plan, report: _Report) -> None:

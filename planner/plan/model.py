@@ -307,9 +307,10 @@ class Plan(BaseModel):
 
     def training_choice(self, name: str):
         """A kernel choice of the training spec (``attention``, ``cross_entropy``) as the plan
-        was priced with it: ``inputs.training`` carries only choices off the spec's default."""
-        from planner.spec.training import Training
-        return (self.inputs.training or {}).get(name, Training.model_fields[name].default)
+        was priced with it; an absent key means what it meant when the plan was written
+        (planner.spec.training.plan_kernel_choice: attention unfused, cross_entropy fused)."""
+        from planner.spec.training import plan_kernel_choice
+        return plan_kernel_choice(self.inputs.training or {}, name)
 
     def devices(self) -> list[str]:
         return [d for s in self.stages for r in s.replicas for d in r.devices]

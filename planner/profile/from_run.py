@@ -146,7 +146,9 @@ def profiles_from_run(cluster, plan, path: str, warmup: int = DEFAULT_WARMUP_STE
         raise _fail(path, "steps", f"{len(steps)} measured step(s), none left after {warmup} warm-up "
                     "step(s); run more --steps or lower --warmup")
     seq_len, _, precision = _training(plan)
-    ctx = context_for_plan(plan, calibration, profiles)
+    # the runner computes attention unfused whatever the plan priced (planner/launch/tiny_model.py),
+    # so the layers' proportions are the unfused core's
+    ctx = context_for_plan(plan, calibration, profiles, flash_attention=False)
     nodes = cluster.node_by_name
     m = plan.num_micro_batches
     samples: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
@@ -194,6 +196,7 @@ def profiles_from_run(cluster, plan, path: str, warmup: int = DEFAULT_WARMUP_STE
                        "gpu_type": name, **({"threads": 1} if gloo else {})},
             "torch_version": str(trained.get("torch_version", "unknown")),
             "dtype": dtype,
+            "attention": "unfused",     # the runner's explicit softmax, whatever the plan priced
             # the runner trains any plan in fp32: these times are what the plan's precision got
             "stands_in_for": [precision] if precision != dtype else [],
             "created": created, "seq_len": seq_len, "model": model,

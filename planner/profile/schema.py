@@ -144,7 +144,7 @@ class ProfileFile(BaseModel):
         default="fused", description="how the blocks' attention core ran: 'fused' is "
         "F.scaled_dot_product_attention(is_causal=True) as measure.py runs it (no s x s tensor in "
         "memory; flash kernels on CUDA), so pricing the profile needs the cost model's "
-        "flash_attention=True; every planner.profile/v1 file so far was measured fused")
+        "flash_attention=True; 'unfused' is the reference runner's explicit softmax (profile --from-run)")
     created: str = Field(description="UTC date and time of the measurement, ISO 8601")
     seq_len: PositiveInt
     model: ModelShape

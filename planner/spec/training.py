@@ -24,6 +24,21 @@ PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32", "tf32")
 
 # the kernels a job runs, which change its price; plans carry them (Plan.training_choice)
 KERNEL_CHOICES = ("attention", "cross_entropy")
+# What a plan's inputs.training without the key was priced with, where that differs from the
+# field's default today.  Attention's default was "unfused" until most stacks ran a fused kernel
+# (Megatron-Core with Transformer Engine, torchtitan, Hugging Face: flash / SDPA) and plans then
+# carried only choices off the default, so a plan written before the switch with no "attention"
+# priced the unfused core; an absent key keeps that meaning, and io_mapping writes these keys
+# whatever their value so that no new plan depends on it.
+PLAN_ABSENT_KERNELS = {"attention": "unfused"}
+
+
+def plan_kernel_choice(training: dict, name: str) -> str:
+    """A kernel choice (KERNEL_CHOICES) of a plan's ``inputs.training`` mapping: an absent key
+    is what plans without it were priced with (PLAN_ABSENT_KERNELS), else the field's default."""
+    if name in training:
+        return training[name]
+    return PLAN_ABSENT_KERNELS.get(name, Training.model_fields[name].default)
 
 
 class Training(BaseModel):
@@ -39,11 +54,12 @@ class Training(BaseModel):
         "tf32 (fp32 storage, matmuls on TF32 tensor cores; fp32 speed where a GPU has none)")
     optimizer: Literal["adam"] = "adam"
     attention: Literal["flash", "unfused"] = Field(
-        default="unfused", description="the attention core's kernel: unfused (QK^T, softmax, dropout "
-        "and the context GEMM as kernels of their own, the s x s scores kept for backward: Megatron-LM "
-        "/ Megatron-DeepSpeed without --use-flash-attn; the model's pricing before this field) or flash "
-        "(one fused kernel: no s x s scores in memory, recomputed in its backward; FlashAttention / "
-        "cuDNN / SDPA, what Megatron-Core with Transformer Engine, torchtitan and Hugging Face run)")
+        default="flash", description="the attention core's kernel: flash (the default: one fused kernel, "
+        "no s x s scores in memory, recomputed in its backward; FlashAttention / cuDNN / SDPA, what "
+        "Megatron-Core with Transformer Engine, torchtitan and Hugging Face run) or unfused (QK^T, "
+        "softmax, dropout and the context GEMM as kernels of their own, the s x s scores kept for "
+        "backward: Megatron-LM / Megatron-DeepSpeed without --use-flash-attn, and the reference "
+        "runner; plans without the key were priced unfused)")
     cross_entropy: Literal["fused", "plain"] = Field(
         default="fused", description="how the loss is computed, which sets the head's peak memory and "
         "the bytes its passes move (planner.cost.cross_entropy): "
@@ -109,8 +125,10 @@ class Training(BaseModel):
         """The part of the training spec a plan carries in ``inputs.training``."""
         out = {"global_batch_size": self.global_batch_size, "seq_len": self.seq_len,
                "precision": self.precision}
-        for name in KERNEL_CHOICES:   # off the default only: plans keep their bytes (Plan.training_choice)
-            if getattr(self, name) != type(self).model_fields[name].default:
+        # Off the default only, so plans keep their bytes, except where an absent key means
+        # something else than today's default (PLAN_ABSENT_KERNELS): those are always written.
+        for name in KERNEL_CHOICES:
+            if name in PLAN_ABSENT_KERNELS or getattr(self, name) != type(self).model_fields[name].default:
                 out[name] = getattr(self, name)
         if self.mixed_stages:   # replan searches the same space again
             out["mixed_stages"] = True
