@@ -306,8 +306,9 @@ class Plan(BaseModel):
         return num_replicas if self.zero_shard_degree is None else self.zero_shard_degree
 
     def training_choice(self, name: str):
-        """A kernel choice of the training spec (``attention``, ``cross_entropy``) as the plan
-        was priced with it: ``inputs.training`` carries only choices off the spec's default."""
+        """A kernel choice of the training spec (``attention``, ``cross_entropy``, ``elementwise``)
+        as the plan was priced with it: ``inputs.training`` carries only choices off the spec's
+        default."""
         from planner.spec.training import Training
         return (self.inputs.training or {}).get(name, Training.model_fields[name].default)
 
