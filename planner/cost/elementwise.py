@@ -82,7 +82,10 @@ Per element of its tensor, ``eb`` the activation element size (casts to fp32 cos
 Tensor widths per GPU are those the fused pricing uses: ``b s h`` divided by tp only with
 sequence parallelism (torchtitan's TP plan runs the norms sequence-parallel), ``q``, ``kv`` and
 ``f`` by tp, each over the GPU's ``s / cp`` tokens.  Not counted: Dropout (torchtitan's
-models have none), the biases of models with ``linear_bias`` (in the GEMM), MoE routing ops
+models and Hugging Face's Llama have none; the fused price keeps Megatron's bias-dropout-add
+with its 1-byte mask, so for a LayerNorm / GeLU model eager comes out about even with fused,
+and a Hugging Face GPT-2 / OPT at its default dropout 0.1 pays two dropout passes per block
+more than priced here), the biases of models with ``linear_bias`` (in the GEMM), MoE routing ops
 beyond the token permutation roofline.py prices either way (the expert MLP takes the table on its
 active width: an assumption).  Hugging Face's Llama computes RoPE with rotate_half (cos, sin,
 cat): more passes than torchtitan's complex multiply; priced as torchtitan's.
