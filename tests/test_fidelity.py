@@ -33,10 +33,30 @@ BOUNDS = {
     # without the rows the generator marks suspect from the source's own figures (fidelity.py)
     "sailor/GH200 (no suspect)": 0.11,
     "sailor/MIT-mixed (no suspect)": 0.225,
-    "torchtitan-h100": 0.2,
+    # 18.6% -> 5.0% when the rows without torch.compile were priced eager (planner.cost.elementwise)
+    # and the two compile rows without Float8 became expressible as fused
+    "torchtitan-h100": 0.055,
     # peak memory: torchtitan logs the allocator's max reserved, above the allocated peak priced
     "torchtitan-h100 (peak memory)": 0.09,
 }
+
+# torchtitan's own eager -> torch.compile speed-up (Tables 1 and 3: +15.7% on 8 H100, +16.2% on
+# 128) against the predicted eager / fused ratio: a check of the eager term, which was derived
+# from the ops that run, never tuned to it.  Reached: +17.5% and +17.6%; the bound is in points.
+COMPILE_SPEEDUP_POINTS = 0.025
+
+
+def test_torchtitan_compile_speedup_matches_the_eager_term(capsys):
+    from planner.cost.fidelity import predict_set
+    by_id = {r.id: r for r in predict_set("torchtitan-h100")}
+    pairs = [(i, i.replace("-plain", "-compile")) for i in by_id if i.endswith("-plain")]
+    assert len(pairs) == 2 and all(c in by_id for _, c in pairs)
+    for eager, fused in pairs:
+        e, f = by_id[eager], by_id[fused]
+        measured, predicted = e.measured_s / f.measured_s - 1, e.predicted_s / f.predicted_s - 1
+        with capsys.disabled():
+            print(f"\n{eager}: compile speed-up measured {measured:+.1%}, predicted {predicted:+.1%}")
+        assert abs(predicted - measured) <= COMPILE_SPEEDUP_POINTS, (eager, measured, predicted)
 
 
 @pytest.fixture(scope="module")

@@ -159,3 +159,28 @@ def test_a_plan_priced_with_the_fused_loss_is_told_torchtitans_is_plain():
                               "training": {"global_batch_size": 64, "seq_len": 2048, "cross_entropy": "plain"}})
     _, files = config(plain)
     assert "cross_entropy: plain" not in files[CONFIG_FILE]
+
+
+def _with_training(**choices):
+    return make_plan(inputs={"cluster": "t", "model": make_plan().inputs.model,
+                             "training": {"global_batch_size": 64, "seq_len": 2048, **choices}})
+
+
+def test_compile_follows_the_plans_elementwise_choice():
+    # fused (the default): each block compiled, the loss left eager as priced
+    data, files = config(make_plan())
+    assert data["compile"] == {"enable": True, "components": ["model"]}
+    assert "Re-plan with elementwise: eager" in files[CONFIG_FILE]
+    data, files = config(_with_training(elementwise="eager"))
+    assert data["compile"] == {"enable": False}
+    assert "torch.compile would run faster than priced" in files[CONFIG_FILE]
+
+
+def test_megatron_and_deepspeed_note_an_eager_plan_without_refusing():
+    eager = _with_training(elementwise="eager")
+    for fmt, notes_of in (("megatron", lambda f: f["megatron_args.json"]),
+                          ("deepspeed", lambda f: f["deepspeed_pipeline.json"])):
+        fused_text = notes_of(render(make_plan(), fmt, master_addr="h"))
+        eager_text = notes_of(render(eager, fmt, master_addr="h"))
+        assert "elementwise: fused" in eager_text and "faster than priced" in eager_text, fmt
+        assert "faster than priced" not in fused_text, fmt

@@ -52,3 +52,11 @@ def test_bad_flags_exit_2(extra, needle, capsys, tmp_path):
     extra = [str(tmp_path / e) if e.endswith(".jpg") else e for e in extra]
     assert main([*JOB, *extra]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_pareto_takes_the_elementwise_flag_under_the_training_file_rule(tmp_path, capsys):
+    t = tmp_path / "t.yaml"
+    t.write_text("global_batch_size: 8\nseq_len: 256\n")
+    job = ["pareto", "cluster_specs/tiny-2zone.yaml", "--model", "opt-350m", "--training", str(t)]
+    assert main([*job, "--elementwise", "eager"]) == 2
+    assert "--elementwise eager contradicts elementwise: fused" in capsys.readouterr().err

@@ -361,3 +361,28 @@ def test_idle_gpus_a_mixed_stage_could_use_are_not_claimed_proved_beyond_the_spa
                                                     mixed_stages=mixed), time_limit_s=30)
         assert res.report.status == "optimal" and len(res.idle) == 1
         assert ("--mixed-stages also searches" in res.idle[0]) is not mixed
+
+
+def test_elementwise_flag_reaches_the_plan_off_its_default_and_follows_the_file_rule(tmp_path, capsys):
+    """--elementwise eager goes into the plan's inputs.training and slows it (every op's pass);
+    fused, the default, is left out of the plan; against a training file it follows
+    --precision's rule."""
+    out, base = tmp_path / "eager.json", tmp_path / "fused.json"
+    llama = tmp_path / "llama.yaml"   # a small Llama: RMSNorm, RoPE, GQA, SwiGLU (what eager prices)
+    llama.write_text("name: small-llama\nnum_layers: 4\nhidden_size: 1024\nnum_attention_heads: 16\n"
+                     "num_kv_heads: 4\nffn_hidden_size: 3584\nmlp: swiglu\nvocab_size: 32000\n"
+                     "position_embedding: rope\nnormalization: rmsnorm\nlinear_bias: false\n")
+    job = ["plan", CLUSTER, "--model", str(llama), "--global-batch-size", "4", "--seq-len", "256",
+           "--time-limit", "60", "--quiet", "--deterministic"]
+    assert main(job + ["--elementwise", "eager", "-o", str(out)]) == 0
+    assert main(job + ["-o", str(base)]) == 0
+    eager, fused = json.loads(out.read_text()), json.loads(base.read_text())
+    assert eager["inputs"]["training"]["elementwise"] == "eager"
+    assert "elementwise" not in fused["inputs"]["training"]
+    assert eager["predicted"]["tokens_per_s"] < fused["predicted"]["tokens_per_s"]
+    t = tmp_path / "t.yaml"
+    t.write_text("global_batch_size: 4\nseq_len: 256\nelementwise: eager\n")
+    args = ["plan", CLUSTER, "--model", "opt-350m", "--training", str(t), "--time-limit", "60", "--quiet"]
+    assert main(args + ["--elementwise", "fused"]) == 2
+    assert "--elementwise fused contradicts elementwise: eager" in capsys.readouterr().err
+    assert main(args + ["--elementwise", "eager"]) == 0

@@ -111,6 +111,10 @@ def job_options(command):
         click.option("--cross-entropy", type=click.Choice(["fused", "plain"]), default=None,
                      help="the loss kernel: fused (Megatron's vocab-parallel) or plain (F.cross_entropy on "
                           "an fp32 copy: torchtitan, HF)  [default: fused; with --training, the file's]"),
+        click.option("--elementwise", type=click.Choice(["fused", "eager"]), default=None,
+                     help="a block's norms, rotary embedding, activation and residual adds: fused kernels "
+                          "(Megatron-Core/TE, Apex, torch.compile) or eager PyTorch ops (torchtitan, HF "
+                          "without torch.compile)  [default: fused; with --training, the file's]"),
     ]
     for option in reversed(options):
         command = option(command)

@@ -20,6 +20,7 @@ from planner.cli.tables import Table
               help="draw the front here (.png or .svg; needs matplotlib)")
 @click.option("--json", "as_json", is_flag=True, help="print the front (with each plan) as JSON")
 def pareto(cluster, model_name, training_path, global_batch_size, seq_len, precision, attention, cross_entropy,
+           elementwise,
            floors, time_limit_s,
            plot_path, as_json):
     """The plans no other beats on both USD/hour and tokens/s, from the cheapest per token to
@@ -35,7 +36,8 @@ def pareto(cluster, model_name, training_path, global_batch_size, seq_len, preci
         check_writable(plot_path)
     spec = api.load_cluster(cluster)
     model = api.load_model(model_name)
-    training = _training(training_path, global_batch_size, seq_len, precision, attention, cross_entropy)
+    training = _training(training_path, global_batch_size, seq_len, precision, attention, cross_entropy,
+                         elementwise)
     points = sweep(spec, model, training, floors=floors, time_limit_s=time_limit_s)
     if plot_path:
         plot_front(points, plot_path, f"{model.name} on {spec.name}: USD/hour against tokens/s")

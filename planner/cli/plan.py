@@ -28,11 +28,13 @@ from planner.cli.tables import Table
 from planner.errors import INTERRUPTED_EXIT, InputError
 
 
-def _training(training_path, global_batch_size, seq_len, precision, attention=None, cross_entropy=None):
+def _training(training_path, global_batch_size, seq_len, precision, attention=None, cross_entropy=None,
+              elementwise=None):
     from planner.api import load_training, training_from_mapping
     if training_path and (global_batch_size is not None or seq_len is not None):
         raise InputError("give either --training T.yaml or --global-batch-size/--seq-len, not both")
-    kernels = {"precision": precision, "attention": attention, "cross_entropy": cross_entropy}
+    kernels = {"precision": precision, "attention": attention, "cross_entropy": cross_entropy,
+               "elementwise": elementwise}
     if training_path:
         training = load_training(training_path)
         for field, flag in kernels.items():
@@ -227,7 +229,8 @@ def _summary(out, result, cluster) -> None:
               help="folder or file of measured per-layer profiles (default: the cluster spec's profiles:)")
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False), default=None,
               help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
-def plan(cluster, model_name, training_path, global_batch_size, seq_len, precision, attention, cross_entropy, objective,
+def plan(cluster, model_name, training_path, global_batch_size, seq_len, precision, attention, cross_entropy,
+         elementwise, objective,
          budget_usd_per_hour, min_tokens_per_s, time_limit_s, top_k, deterministic, work_budget, schedules, recompute_modes, zero_stages,
          zero_shard_degrees, context_parallel_degrees, expert_parallel_degrees, launcher, mixed_stages, output, report_path, as_json, quiet, profiles_path, calibration_path):
     """Find the fastest (or cheapest) layout of MODEL on CLUSTER, with a proof of how close it is.
@@ -247,7 +250,8 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
             check_writable(path)
     spec = api.load_cluster(cluster)
     model = api.load_model(model_name)
-    training = _training(training_path, global_batch_size, seq_len, precision, attention, cross_entropy)
+    training = _training(training_path, global_batch_size, seq_len, precision, attention, cross_entropy,
+                         elementwise)
     training = with_freedoms(training, {"--schedule": schedules, "--recompute": recompute_modes,
                                         "--zero-stage": zero_stages, "--zero-shard-degree": zero_shard_degrees,
                                         "--context-parallel": context_parallel_degrees,

@@ -87,6 +87,9 @@ class CostContext:
     tp_comm_overlap: bool = False
     # the loss kernel (Training.cross_entropy): "plain" keeps more fp32 logit-sized tensors
     cross_entropy: str = "fused"
+    # the block's elementwise ops (Training.elementwise): "eager" prices every PyTorch op's pass
+    # (planner.cost.elementwise), "fused" Megatron's fused kernels (planner.cost.roofline)
+    elementwise: str = "fused"
     cache: dict = field(default_factory=dict, repr=False)
     sources: dict = field(default_factory=dict, repr=False)  # cost entry -> measured|estimated
 

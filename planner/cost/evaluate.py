@@ -84,6 +84,7 @@ def context_for_plan(plan, calibration: Calibration | None = None, profiles=None
     model = model or load_model(plan.inputs.model)
     seq_len, _, precision = _training(plan)
     extra.setdefault("cross_entropy", plan.training_choice("cross_entropy"))
+    extra.setdefault("elementwise", plan.training_choice("elementwise"))
     extra.setdefault("flash_attention", plan.training_choice("attention") == "flash")
     return CostContext.from_plan(plan, model, seq_len, precision, calibration, profiles, **extra)
 
@@ -394,6 +395,7 @@ def _details(ctx, plan, nodes, timings, k) -> list[tuple[str, float, str]]:
     from planner.catalog.benchmarks import matmul_ceiling
     from planner.cost.compute import gemm_curve_for
     from planner.cost.cross_entropy import loss_details
+    from planner.cost.elementwise import elementwise_details
     from planner.cost.roofline import block_gemms
     st = plan.stages[k]
     r = st.replicas[timings[k].slowest_replica]
@@ -421,6 +423,8 @@ def _details(ctx, plan, nodes, timings, k) -> list[tuple[str, float, str]]:
          "max(GPU work, floor), launches overlap GPU work")),
         ("microbatch_overhead_s", cal.microbatch_overhead_s, "fixed time per micro-batch per stage"),
     ]
+    if st.num_blocks:   # a block's memory-bound ops, fused or eager (Training.elementwise)
+        rows += elementwise_details(ctx, gpu, r.tp, r.micro_batch_share)
     last = next((i for i, x in enumerate(plan.stages) if x.head), None)
     if last is not None:   # the head stage's loss term (its kernel's passes over the logits)
         r = plan.stages[last].replicas[timings[last].slowest_replica]

@@ -54,7 +54,12 @@ writes each twice as much), with Megatron's fused kernels:
   default), the in-place causal ``masked_fill_`` and the softmax, each a read and a write: 6
   passes where the fused kernel makes 2, so 4 more forward; their autograd backward likewise
   makes 7 (softmax backward 3, mask 2, scale 2) against the fused 3, so 4 more backward.
-Head: the final norm (read + write ``b s h``, twice that backward) and the loss kernel's passes
+Eager PyTorch (``ctx.elementwise == "eager"``: torchtitan, Hugging Face without torch.compile)
+runs each op of the norms, rotary embedding, activation and residual adds as a kernel of its
+own, forward and through autograd backward: planner.cost.elementwise's table (bf16 Llama: 84 B
+per ``b s h`` element forward and 214 backward against the fused 22 and 44), in place of the
+two fused terms above (the MoE permutation stays).
+Head: the final norm (read + write ``b s h``, twice that backward; eager: its RMSNorm passes) and the loss kernel's passes
 over the ``b s V``/tp logits (``ctx.cross_entropy``: planner.cost.cross_entropy's tables, e.g. in
 bf16 22 bytes per logit forward and 26 backward for PyTorch's ``F.cross_entropy`` on an fp32
 copy; Megatron's vocab-parallel kernel keeps the ~12 each way the calibration was fitted with,
@@ -65,7 +70,8 @@ torchtitan parallelize_llama.py at 9dec370): inside a block it saves the outputs
 of SDPA and of a few collectives, except every second matmul in forward order, and recomputes
 the rest.  A Llama block runs q, k, v, o, w1, w3, w2 (a GeLU MLP: q, k, v, o, fc1, fc2), so k, o
 and w3 (fc2) are redone: the k part of the fused qkv GEMM, all of ``attn.out``, half of the fused
-SwiGLU ``mlp.up`` (all of ``mlp.down`` with GeLU), and every elementwise op; the attention core
+SwiGLU ``mlp.up`` (all of ``mlp.down`` with GeLU), and every elementwise op (the eager ops'
+forward passes when they run eager); the attention core
 too unless it is fused (SDPA's output is saved).  In a MoE block only k, o and the elementwise
 ops are counted (the experts' grouped GEMMs are not plain matmuls; an assumption).
 """
@@ -75,6 +81,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from planner.cost.cross_entropy import priced_bytes_per_logit
+from planner.cost.elementwise import eager_block_bytes, final_norm_bytes
 from planner.cost.flops import kv_width, mlp_matrices, moe_active_ffn, moe_fraction
 from planner.cost.gemm import Gemm, GemmCurve
 
@@ -141,6 +148,13 @@ class BlockWork:
 
     # torchtitan's op policy (docstring): the forward work recomputed inside the backward
     op_recompute_forward_s: float = 0.0
+    # the elementwise ops' backward; None: twice the forward, as the fused kernels' backward
+    # reads and writes each tensor twice (eager PyTorch's autograd: planner.cost.elementwise)
+    elementwise_backward_s: float | None = None
+
+    @property
+    def elementwise_backward(self) -> float:
+        return 2 * self.elementwise_forward_s if self.elementwise_backward_s is None else self.elementwise_backward_s
 
     @property
     def core_backward_s(self) -> float:
@@ -167,9 +181,8 @@ class BlockWork:
 
     @property
     def backward_s(self) -> float:
-        return (sum(self.gemm_backward_s.values())
-                + 2 * (self.elementwise_forward_s + self.attention_core_traffic_forward_s)
-                + self.softmax_fallback_s)
+        return (sum(self.gemm_backward_s.values()) + self.elementwise_backward
+                + 2 * self.attention_core_traffic_forward_s + self.softmax_fallback_s)
 
 
 def _mixed(dense: BlockWork, moe: BlockWork, frac: float) -> BlockWork:
@@ -181,7 +194,8 @@ def _mixed(dense: BlockWork, moe: BlockWork, frac: float) -> BlockWork:
                      mix(dense.gemm_wgrad_s, moe.gemm_wgrad_s),
                      (1 - frac) * dense.elementwise_forward_s + frac * moe.elementwise_forward_s,
                      dense.attention_core_traffic_forward_s, dense.softmax_fallback_s,
-                     (1 - frac) * dense.op_recompute_forward_s + frac * moe.op_recompute_forward_s)
+                     (1 - frac) * dense.op_recompute_forward_s + frac * moe.op_recompute_forward_s,
+                     (1 - frac) * dense.elementwise_backward + frac * moe.elementwise_backward)
 
 
 def block_work(ctx, curve: GemmCurve, tp: int, share: int) -> BlockWork:
@@ -210,15 +224,21 @@ def _block_work(ctx, curve: GemmCurve, tp: int, share: int, moe: bool | None) ->
                 wgrad[g.name] = w
     local = s / cp      # the GPU's tokens of each sequence (context parallelism)
     tokens_h = share * local * m.hidden_size
-    elems = BLOCK_ACTIVATION_PASSES * tokens_h / (tp if ctx.sequence_parallel else 1)
     ffn = moe_active_ffn(m) if moe else m.ffn_size
-    elems += (3 if m.mlp == "swiglu" else 2) * share * local * ffn / tp
-    if moe:
-        elems += MOE_PERMUTE_PASSES * m.moe_top_k * tokens_h
+    permute = MOE_PERMUTE_PASSES * m.moe_top_k * tokens_h * eb if moe else 0.0
+    if getattr(ctx, "elementwise", "fused") == "eager":   # every op's pass (planner.cost.elementwise)
+        ew_fwd, ew_bwd = eager_block_bytes(m, eb, share * local, tp, ctx.sequence_parallel, ffn)
+        ew_fwd, ew_bwd = ew_fwd + permute, ew_bwd + 2 * permute
+    else:
+        elems = BLOCK_ACTIVATION_PASSES * tokens_h / (tp if ctx.sequence_parallel else 1)
+        elems += (3 if m.mlp == "swiglu" else 2) * share * local * ffn / tp
+        ew_fwd = elems * eb + permute
+        ew_bwd = 2 * ew_fwd
     scores = 0.0 if ctx.flash_attention else m.num_attention_heads * local * s * share / tp
     fallback = SOFTMAX_FALLBACK_PASSES * scores if eb >= 4 else 0.0
-    work = BlockWork(fwd, bwd, wgrad, elems * eb / curve.memory_Bps,
-                     ATTENTION_CORE_PASSES * scores * eb / curve.memory_Bps, fallback * eb / curve.memory_Bps)
+    work = BlockWork(fwd, bwd, wgrad, ew_fwd / curve.memory_Bps,
+                     ATTENTION_CORE_PASSES * scores * eb / curve.memory_Bps, fallback * eb / curve.memory_Bps,
+                     elementwise_backward_s=ew_bwd / curve.memory_Bps)
     if ctx.recompute != "op":
         return work
     redo = work.elementwise_forward_s + sum(f * fwd.get(g, 0.0) for g, f in op_recomputed_fractions(m).items())
@@ -241,7 +261,10 @@ def head_work(ctx, curve: GemmCurve, tp: int, share: int) -> tuple[float, float]
     g = head_gemm(m, share, ctx.seq_len, tp, ctx.context_parallel)
     logits = share * s * m.vocab_size / tp
     loss_fwd, loss_bwd = priced_bytes_per_logit(ctx.cross_entropy, ctx.activation_bytes)
-    norm_bytes = 4 * share * s * m.hidden_size * ctx.activation_bytes
-    fwd = curve.time_s(g) + (loss_fwd * logits + norm_bytes) / curve.memory_Bps
-    bwd = curve.time_s(g.dgrad()) + curve.time_s(g.wgrad()) + (loss_bwd * logits + 2 * norm_bytes) / curve.memory_Bps
+    eb = ctx.activation_bytes
+    norm_fwd, norm_bwd = (final_norm_bytes(m, eb) if getattr(ctx, "elementwise", "fused") == "eager"
+                          else (4 * eb, 8 * eb))   # fused: the calibration's 4 elements, twice backward
+    h_elems = share * s * m.hidden_size
+    fwd = curve.time_s(g) + (loss_fwd * logits + norm_fwd * h_elems) / curve.memory_Bps
+    bwd = curve.time_s(g.dgrad()) + curve.time_s(g.wgrad()) + (loss_bwd * logits + norm_bwd * h_elems) / curve.memory_Bps
     return fwd, bwd

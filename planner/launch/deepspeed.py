@@ -156,6 +156,14 @@ def pipeline_spec(plan: Plan, axes: tuple[str, ...]) -> dict:
         notes.append("reshard_after_forward false: DeepSpeed ZeRO-3 has no such switch; raise "
                      "zero_optimization.stage3_max_reuse_distance so gathered parameters stay until "
                      "the backward (the plan keeps them gathered)")
+    if plan.training_choice("elementwise") == "eager":
+        notes.append("elementwise eager: priced as one PyTorch kernel per op (a Hugging Face model run "
+                     "without torch.compile); Megatron-DeepSpeed's layers fuse them and run faster than "
+                     "priced: re-plan with elementwise: fused for those")
+    else:
+        notes.append("elementwise fused: priced as fused kernels (Megatron-DeepSpeed's layers, or "
+                     "torch.compile); a model whose ops run eagerly (Hugging Face without torch.compile) "
+                     "moves about 3.5x those bytes: re-plan with elementwise: eager for it")
     if precision(plan) == "tf32":
         notes.append("tf32: ds_config has no fp16/bf16 section (fp32 training); the node scripts export "
                      "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 so PyTorch's fp32 matmuls use TF32 tensor cores")

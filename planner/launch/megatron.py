@@ -205,6 +205,11 @@ def training_args(plan: Plan, tp: int) -> tuple[list[str], list[str]]:
                      "picks a fused kernel, faster and without the s x s scores in memory: re-plan with "
                      "training attention: flash to price it, or pass --attention-backend unfused to run "
                      "what was priced")
+    if plan.training_choice("elementwise") == "eager":
+        notes.append("elementwise: the plan priced eager PyTorch ops (training elementwise: eager); "
+                     "Megatron-LM fuses the norms, RoPE, activation and bias-dropout-adds (Transformer "
+                     "Engine / Apex kernels), so it will run faster than priced: re-plan with "
+                     "elementwise: fused to price it")
     if plan.schedule == "gpipe" and plan.num_stages > 1:
         notes.append("schedule gpipe runs as Megatron-LM's 1F1B: the same bubble with fewer "
                      "micro-batches in flight, so it fits wherever the GPipe plan fits")

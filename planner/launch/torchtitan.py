@@ -28,6 +28,10 @@ commit's ``torchtitan/distributed/pipeline_parallel.py``:
   plan's groups.  A plan without ZeRO has no dp_shard, so its ep replicas are written as an
   FSDP group inside each EP group (HSDP), noted in the file.
 
+``[compile]`` (class ``Compile``) follows the plan's ``elementwise``: fused turns torch.compile on
+for the model's blocks (not the loss, which the plan priced as eager ``F.cross_entropy``), eager
+leaves it off (planner.cost.elementwise).
+
 torchtitan builds one pipeline shape for all ranks, so it cannot express per-stage TP or replica
 counts, uneven micro-batch shares, or fp16 (``mixed_precision_param`` is bfloat16 or float32).
 """
@@ -79,6 +83,9 @@ JOB_CONFIG_FIELDS: dict[str, tuple[str, ...]] = {
         "mode", "selective_ac_option", "per_op_sac_force_recompute_mm_shapes_by_fqns", "early_stop",
         "memory_budget", "visualize_memory_budget_pareto", "preserve_rng_state", "determinism_check",
         "debug"),
+    # class Compile: enable, components (default ["model", "loss"]), backend; "model" compiles
+    # each TransformerBlock (models/llama3/infra/parallelize.py apply_compile)
+    "compile": ("enable", "components", "backend"),
 }
 
 # torch class -> the name torch's get_schedule_class (and so torchtitan) takes for it
@@ -173,7 +180,12 @@ def sections(plan: Plan, how: Route | None) -> dict[str, dict]:
     ac: dict = {"mode": RECOMPUTE_MODE[plan.recompute]}
     if plan.recompute in ("selective", "op"):
         ac["selective_ac_option"] = "op"  # torchtitan's only selective policy besides every-n-layers
-    return {"parallelism": par, "training": training, "activation_checkpoint": ac}
+    # elementwise fused: torch.compile fuses each block's elementwise ops, as priced; the loss is
+    # left out of components, so it runs the eager F.cross_entropy the plain loss priced.
+    # eager: no compile, each op its own kernel, as priced.
+    fused = plan.training_choice("elementwise") == "fused"
+    compile_ = {"enable": True, "components": ["model"]} if fused else {"enable": False}
+    return {"parallelism": par, "training": training, "activation_checkpoint": ac, "compile": compile_}
 
 
 def _toml_value(value) -> str:
@@ -242,6 +254,13 @@ def _comments(plan: Plan, how: Route | None) -> list[str]:
                    "priced Megatron's fused kernel, so the head stage needs 8 more bytes per logit of a "
                    "micro-batch than planned, and its loss moves more bytes per logit than priced "
                    "(planner.cost.cross_entropy): re-plan with training cross_entropy: plain")
+    if plan.training_choice("elementwise") == "fused":
+        out.append("compile: the plan priced fused elementwise ops, so each block is compiled "
+                   "(torch.compile, components model); the loss stays eager F.cross_entropy, and the "
+                   "first steps include compilation. Re-plan with elementwise: eager to run without it")
+    else:
+        out.append("compile: off, each op of a block runs as its own kernel, as priced (elementwise: "
+                   "eager); torch.compile would run faster than priced")
     return out + precision_comment(plan)
 
 

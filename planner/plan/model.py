@@ -306,9 +306,10 @@ class Plan(BaseModel):
         return num_replicas if self.zero_shard_degree is None else self.zero_shard_degree
 
     def training_choice(self, name: str):
-        """A kernel choice of the training spec (``attention``, ``cross_entropy``) as the plan
-        was priced with it; an absent key means what it meant when the plan was written
-        (planner.spec.training.plan_kernel_choice: attention unfused, cross_entropy fused)."""
+        """A kernel choice of the training spec (``attention``, ``cross_entropy``, ``elementwise``)
+        as the plan was priced with it; an absent key means what it meant when the plan was
+        written (planner.spec.training.plan_kernel_choice: attention unfused, the others their
+        field's default)."""
         from planner.spec.training import plan_kernel_choice
         return plan_kernel_choice(self.inputs.training or {}, name)
 

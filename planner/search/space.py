@@ -209,6 +209,7 @@ def make_context(model, training, knobs: Knobs, profiles=None, calibration=None)
                        num_micro_batches=knobs.num_micro_batches, schedule=knobs.schedule,
                        virtual_stages=knobs.virtual_stages, expert_parallel=knobs.expert_parallel,
                        zero_shard_degree=knobs.zero_shard_degree, cross_entropy=training.cross_entropy,
+                       elementwise=training.elementwise,
                        flash_attention=training.attention == "flash",
                        calibration=calibration or default_calibration(), profiles=profiles)
 

@@ -23,7 +23,7 @@ PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32", "tf32")
 
 
 # the kernels a job runs, which change its price; plans carry them (Plan.training_choice)
-KERNEL_CHOICES = ("attention", "cross_entropy")
+KERNEL_CHOICES = ("attention", "cross_entropy", "elementwise")
 # What a plan's inputs.training without the key was priced with, where that differs from the
 # field's default today.  Attention's default was "unfused" until most stacks ran a fused kernel
 # (Megatron-Core with Transformer Engine, torchtitan, Hugging Face: flash / SDPA) and plans then
@@ -67,6 +67,12 @@ class Training(BaseModel):
         "for the softmax and its gradient); plain (torch.nn.functional.cross_entropy on an fp32 "
         "copy of the logits, as torchtitan and Hugging Face Trainer do: the log-probabilities it "
         "keeps, and in backward two more fp32 tensors of the logits' size)")
+    elementwise: Literal["fused", "eager"] = Field(
+        default="fused", description="how a block's memory-bound ops (norms, rotary embedding, "
+        "activation, residual adds) run, which sets the bytes they move (planner.cost.elementwise): "
+        "fused (a few fused kernels: Megatron-Core with Transformer Engine, Apex's fused kernels, "
+        "torch.compile); eager (every PyTorch op a kernel of its own, forward and autograd backward: "
+        "torchtitan and Hugging Face without torch.compile)")
     # The search's freedoms.
     schedules: tuple[Schedule, ...] = ("1f1b", "gpipe", "interleaved-1f1b")
     recompute_modes: tuple[Recompute, ...] = ("none", "selective", "full")

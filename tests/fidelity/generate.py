@@ -398,10 +398,12 @@ TORCHTITAN_META = {
     "gpu_type": "H100-HBM2e-96GB-500W",
     # FSDP2 = ZeRO-3; torchtitan reshards after forward all blocks but the last (as one knob: true);
     # selective = its per-op policy (recompute op)
-    # and F.cross_entropy on an fp32 copy of the logits (components/loss.py): the plain loss
+    # and F.cross_entropy on an fp32 copy of the logits (components/loss.py): the plain loss;
+    # without torch.compile every op of its blocks runs eager (planner.cost.elementwise); the rows
+    # with torch.compile (per block: parallelize_llama.py apply_compile) are fused
     "plan_defaults": {"precision": "bf16", "schedule": "1f1b", "recompute": "op", "zero_stage": 3,
                       "reshard_after_forward": True, "sequence_parallel": False, "cross_entropy": "plain",
-                      "attention": "flash"},
+                      "attention": "flash", "elementwise": "eager"},
 }
 
 
@@ -435,6 +437,8 @@ def gen_torchtitan():
                "techniques": r["techniques"]}
         if r["ac"] == "full":
             cfg["plan"] = {"recompute": "full"}
+        if "compile" in r["techniques"]:   # torch.compile fuses each block's elementwise ops
+            cfg.setdefault("plan", {})["elementwise"] = "fused"
         if r.get("schedule", "1f1b") != "1f1b":
             cfg.setdefault("plan", {})["schedule"] = r["schedule"]
         notes = [("GPU peak assumed 912.5 TFLOP/s, the midpoint of H100 SXM and NVL (the source's "
