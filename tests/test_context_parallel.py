@@ -283,3 +283,19 @@ def test_runner_trains_cp2_like_one_process(which):
     else:
         plan = _runner_plan(GELU, [((0, 4), [rep(2, 2, ["t:0", "t:1", "t:2", "t:3"])])], mbs=2, nmb=2, cp=2)
     assert_matches_reference(*_run(plan))
+
+
+def test_no_split_fitting_a_long_sequence_names_context_parallelism():
+    """With flash attention a single block of one long sequence fits, but no split of the
+    blocks does: the diagnosis names cp among the freedoms (and not for short sequences)."""
+    from planner.errors import InfeasibleError
+    from planner.spec import cluster_from_dict
+    two = cluster_from_dict({"name": "two-3090", "nodes": [
+        {"name": "r", "count": 1, "gpu": "RTX3090-24GB", "gpus_per_node": 2}]})
+    long = Training(global_batch_size=1, seq_len=65536, precision="fp16", recompute_modes=("none",))
+    with pytest.raises(InfeasibleError, match="no split of 24 blocks") as info:
+        api.plan(two, "opt-350m", long, time_limit_s=20)
+    assert "context parallelism (--context-parallel" in str(info.value)
+    from planner.search.diagnose import _more_freedom
+    assert not any("context" in h for h in _more_freedom(long.model_copy(update={"seq_len": 2048})))
+    assert not any("context" in h for h in _more_freedom(long.model_copy(update={"context_parallel_degrees": (1, 2)})))

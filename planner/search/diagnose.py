@@ -37,6 +37,12 @@ def _friendliest(model, training, info):
     return mem, (t, rc, z, n, cp)
 
 
+# From about here a block's activations for one sequence (~34 s h bytes, flash attention)
+# rival its weights and optimizer state (18 x 12 h^2 bytes) at h <= 4096: splitting the
+# sequence is then a memory saver worth naming.
+LONG_SEQUENCE_TOKENS = 8192
+
+
 def _more_freedom(training) -> list[str]:
     """What would give a split that does not fit more room: more GPUs, and the memory savers
     the training does not allow yet."""
@@ -49,6 +55,9 @@ def _more_freedom(training) -> list[str]:
         out.append("ZeRO-3")
     if training.max_stages:
         out.append(f"more than {training.max_stages} stages")
+    if training.context_parallel_degrees == (1,) and training.seq_len >= LONG_SEQUENCE_TOKENS:
+        # activations grow with the sequence and only context parallelism splits one sequence
+        out.append("context parallelism (--context-parallel 2,4; seq_len a multiple of 2 x each degree)")
     return out
 
 
