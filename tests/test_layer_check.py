@@ -55,3 +55,23 @@ def test_checked_gpu_types_say_so_in_the_trust_line():
     assert t.level == "micro-benchmarked" and "Sailor" in t.note
     assert t.mape == checks_summary()["V100-SXM2-16GB"][0]["mape_percent"] / 100
     assert trust_for("V100-SXM2-16GB", "fp16").level == "datasheet-only"   # the check ran in tf32 only
+
+
+def test_the_tensor_parallel_blocks_are_priced_with_their_collectives():
+    """The tp-8 rows of the MIT nodes: each priced with its row's measured intra-node figure, its
+    TP collectives included (a slower link, a dearer block); kept apart from the tp-1 summary."""
+    from planner.cost import layer_check
+    tp_rows = check_rows(tp_rows=True)
+    assert len(tp_rows) == 19 and {r.tp for r in tp_rows} == {8}
+    assert {r.gpu for r in tp_rows} == {"RTX3090-24GB", "TITANRTX-24GB", "RTX2080TI-11GB"}
+    data = layer_check._source()
+    slow = dict(data, tp_rows=[dict(r, intra_node_bytes_per_s=r["intra_node_bytes_per_s"] / 4) for r in data["tp_rows"]])
+    layer_check._source.cache_clear()
+    try:
+        original = layer_check._source
+        layer_check._source = lambda: slow
+        slower = check_rows(tp_rows=True)
+    finally:
+        layer_check._source = original
+    assert all(s.predicted_s > r.predicted_s for s, r in zip(slower, tp_rows))
+    assert "tp 8" in layer_check.format_tp_rows(tp_rows)
