@@ -68,30 +68,21 @@ waits for a refit of those two sets.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from planner.cost.passes import FP32_BYTES, Pass, casts, total_bytes
 
-FP32_BYTES = 4
+LOGIT = "logit"     # every pass of the loss runs over the logits
 
 
-@dataclass(frozen=True)
-class Pass:
-    """One full pass over the logits: bytes read and written per logit."""
-
-    name: str
-    read_bytes: float
-    write_bytes: float
-
-    @property
-    def bytes(self) -> float:
-        return self.read_bytes + self.write_bytes
+def _loss_pass(name: str, read_bytes: float, write_bytes: float) -> Pass:
+    return Pass(name, LOGIT, read_bytes, write_bytes)
 
 
 def _cast_in(eb: int) -> list[Pass]:
-    return [Pass("logits.float()", eb, FP32_BYTES)] if eb < FP32_BYTES else []
+    return [_loss_pass("logits.float()", eb, FP32_BYTES)] if casts(eb) else []
 
 
 def _cast_out(eb: int) -> list[Pass]:
-    return [Pass("gradient cast to the logits' dtype", FP32_BYTES, eb)] if eb < FP32_BYTES else []
+    return [_loss_pass("gradient cast to the logits' dtype", FP32_BYTES, eb)] if casts(eb) else []
 
 
 def loss_passes(kernel: str, activation_bytes: int) -> tuple[list[Pass], list[Pass]]:
@@ -99,15 +90,15 @@ def loss_passes(kernel: str, activation_bytes: int) -> tuple[list[Pass], list[Pa
     micro-batch, for logits of ``activation_bytes`` per element (module docstring's tables)."""
     eb = activation_bytes
     if kernel == "plain":
-        forward = [*_cast_in(eb), Pass("log_softmax max", 4, 0), Pass("log_softmax sum exp", 4, 0),
-                   Pass("log_softmax output", 4, 4)]
-        backward = [Pass("nll_loss backward zero_", 0, 4), Pass("log_softmax backward sum", 4, 0),
-                    Pass("log_softmax backward grad", 8, 4), *_cast_out(eb)]
+        forward = [*_cast_in(eb), _loss_pass("log_softmax max", 4, 0), _loss_pass("log_softmax sum exp", 4, 0),
+                   _loss_pass("log_softmax output", 4, 4)]
+        backward = [_loss_pass("nll_loss backward zero_", 0, 4), _loss_pass("log_softmax backward sum", 4, 0),
+                    _loss_pass("log_softmax backward grad", 8, 4), *_cast_out(eb)]
         return forward, backward
     if kernel == "fused":
-        forward = [*_cast_in(eb), Pass("max", 4, 0), Pass("sub_ max", 4, 4), Pass("exp_", 4, 4),
-                   Pass("sum", 4, 0), Pass("div_ sum", 4, 4)]
-        backward = [Pass("mul_ grad_output", 4, 4), *_cast_out(eb)]
+        forward = [*_cast_in(eb), _loss_pass("max", 4, 0), _loss_pass("sub_ max", 4, 4), _loss_pass("exp_", 4, 4),
+                   _loss_pass("sum", 4, 0), _loss_pass("div_ sum", 4, 4)]
+        backward = [_loss_pass("mul_ grad_output", 4, 4), *_cast_out(eb)]
         return forward, backward
     raise ValueError(f"unknown cross_entropy kernel {kernel!r} (fused | plain)")
 
@@ -115,7 +106,7 @@ def loss_passes(kernel: str, activation_bytes: int) -> tuple[list[Pass], list[Pa
 def loss_bytes_per_logit(kernel: str, activation_bytes: int) -> tuple[float, float]:
     """(forward, backward) bytes ``kernel`` moves per logit (module docstring)."""
     forward, backward = loss_passes(kernel, activation_bytes)
-    return sum(p.bytes for p in forward), sum(p.bytes for p in backward)
+    return total_bytes(forward), total_bytes(backward)
 
 
 # The fused kernel's price until the calibration is refitted with its derived passes (docstring).
@@ -139,7 +130,7 @@ def loss_details(ctx, gpu, tp: int, share: int) -> list[tuple[str, float, str]]:
     priced = priced_bytes_per_logit(ctx.cross_entropy, ctx.activation_bytes)
     derived = loss_passes(ctx.cross_entropy, ctx.activation_bytes)
     for way, per_logit, passes in zip(("forward", "backward"), priced, derived):
-        passed = sum(p.bytes for p in passes)
+        passed = total_bytes(passes)
         how = (f"passes: {', '.join(p.name for p in passes)}" if passed == per_logit else
                f"the calibration's price; its passes ({', '.join(p.name for p in passes)}) move {passed:g} B")
         formula = (f"{ctx.cross_entropy} loss: {per_logit:g} B/logit x {logits:.4g} logits (b s V / tp) / "

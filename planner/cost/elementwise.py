@@ -93,35 +93,14 @@ cat): more passes than torchtitan's complex multiply; priced as torchtitan's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from planner.cost.passes import FP32_BYTES, Pass, casts, total_bytes
 
-FP32_BYTES = 4
 WIDTHS = ("h", "q", "kv", "f")
-
-
-@dataclass(frozen=True)
-class Pass:
-    """One full pass over a tensor of ``width`` (h, q, kv or f elements per token): bytes per
-    element read and written."""
-
-    name: str
-    width: str
-    read_bytes: float
-    write_bytes: float
-
-    @property
-    def bytes(self) -> float:
-        return self.read_bytes + self.write_bytes
-
-
-def _casts(eb: int) -> bool:
-    """Whether ``.float()`` / ``type_as`` copy (a 2-byte activation) or return the tensor."""
-    return eb < FP32_BYTES
 
 
 def rmsnorm_passes(eb: int, label: str) -> tuple[list[Pass], list[Pass]]:
     """torchtitan's RMSNorm (norms.py) on a ``b s h`` tensor of ``eb``-byte elements."""
-    c, f4 = _casts(eb), FP32_BYTES
+    c, f4 = casts(eb), FP32_BYTES
     fwd = ([Pass(f"{label} x.float()", "h", eb, f4)] if c else []) + [
         Pass(f"{label} pow(2)", "h", f4, f4), Pass(f"{label} mean", "h", f4, 0),
         Pass(f"{label} x * rsqrt", "h", f4, f4)] + (
@@ -146,7 +125,7 @@ def layernorm_passes(eb: int, label: str) -> tuple[list[Pass], list[Pass]]:
 
 def rope_passes(eb: int, width: str) -> tuple[list[Pass], list[Pass]]:
     """torchtitan's apply_rotary_emb on q (``width`` "q") or k ("kv")."""
-    c, f4 = _casts(eb), FP32_BYTES
+    c, f4 = casts(eb), FP32_BYTES
     fwd = ([Pass(f"rope {width}.float()", width, eb, f4)] if c else []) + [
         Pass(f"rope {width} complex multiply", width, f4, f4)] + (
         [Pass(f"rope {width} type_as", width, f4, eb)] if c else [])
@@ -212,7 +191,7 @@ def final_norm_bytes(model, eb: int) -> tuple[float, float]:
     """(forward, backward) bytes per ``h`` element of the model's final norm run eagerly."""
     norm = rmsnorm_passes if model.normalization == "rmsnorm" else layernorm_passes
     fwd, bwd = norm(eb, "norm")
-    return sum(p.bytes for p in fwd), sum(p.bytes for p in bwd)
+    return total_bytes(fwd), total_bytes(bwd)
 
 
 def elementwise_details(ctx, gpu, tp: int, share: int) -> list[tuple[str, float, str]]:
@@ -234,7 +213,7 @@ def elementwise_details(ctx, gpu, tp: int, share: int) -> list[tuple[str, float,
     rows = []
     for way, passes, seconds in (("forward", fwd, work.elementwise_forward_s),
                                  ("backward", bwd, work.elementwise_backward)):
-        per = {w: sum(p.bytes for p in passes if p.width == w) for w in WIDTHS}
+        per = {w: total_bytes([p for p in passes if p.width == w]) for w in WIDTHS}
         shown = ", ".join(f"{per[w]:g} B per {w} element" for w in WIDTHS if per[w])
         formula = (f"per block, eager PyTorch ops ({len(passes)} passes): {shown}; over the GPU's "
                    f"b s/cp tokens, h /tp with sequence parallel, q kv f /tp, / {tbw} "

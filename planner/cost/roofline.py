@@ -226,7 +226,7 @@ def _block_work(ctx, curve: GemmCurve, tp: int, share: int, moe: bool | None) ->
     tokens_h = share * local * m.hidden_size
     ffn = moe_active_ffn(m) if moe else m.ffn_size
     permute = MOE_PERMUTE_PASSES * m.moe_top_k * tokens_h * eb if moe else 0.0
-    if getattr(ctx, "elementwise", "fused") == "eager":   # every op's pass (planner.cost.elementwise)
+    if ctx.elementwise == "eager":   # every op's pass (planner.cost.elementwise)
         ew_fwd, ew_bwd = eager_block_bytes(m, eb, share * local, tp, ctx.sequence_parallel, ffn)
         ew_fwd, ew_bwd = ew_fwd + permute, ew_bwd + 2 * permute
     else:
@@ -262,7 +262,7 @@ def head_work(ctx, curve: GemmCurve, tp: int, share: int) -> tuple[float, float]
     logits = share * s * m.vocab_size / tp
     loss_fwd, loss_bwd = priced_bytes_per_logit(ctx.cross_entropy, ctx.activation_bytes)
     eb = ctx.activation_bytes
-    norm_fwd, norm_bwd = (final_norm_bytes(m, eb) if getattr(ctx, "elementwise", "fused") == "eager"
+    norm_fwd, norm_bwd = (final_norm_bytes(m, eb) if ctx.elementwise == "eager"
                           else (4 * eb, 8 * eb))   # fused: the calibration's 4 elements, twice backward
     h_elems = share * s * m.hidden_size
     fwd = curve.time_s(g) + (loss_fwd * logits + norm_fwd * h_elems) / curve.memory_Bps
