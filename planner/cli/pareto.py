@@ -20,9 +20,7 @@ from planner.cli.tables import Table
               help="draw the front here (.png or .svg; needs matplotlib)")
 @click.option("--json", "as_json", is_flag=True, help="print the front (with each plan) as JSON")
 def pareto(cluster, model_name, training_path, global_batch_size, seq_len, precision, attention, cross_entropy,
-           elementwise,
-           floors, time_limit_s,
-           plot_path, as_json):
+           elementwise, floors, time_limit_s, plot_path, as_json):
     """The plans no other beats on both USD/hour and tokens/s, from the cheapest per token to
     the fastest."""
     from planner import api
