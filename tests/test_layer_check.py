@@ -75,3 +75,19 @@ def test_the_tensor_parallel_blocks_are_priced_with_their_collectives():
         layer_check._source = original
     assert all(s.predicted_s > r.predicted_s for s, r in zip(slower, tp_rows))
     assert "tp 8" in layer_check.format_tp_rows(tp_rows)
+
+
+def test_sailors_intra_node_figure_is_read_per_pair_on_request():
+    """Sailor's 8-GPU figure sums 4 send/recv pairs: per pair it is a quarter, so each block's
+    collectives cost 4x, and the per-pair table is printed beside the sum's."""
+    from planner.cost import layer_check
+    at_sum = check_rows(tp_rows=True)
+    per_pair = check_rows(tp_rows=True, per_pair=True)
+    for s, p in zip(at_sum, per_pair):
+        assert p.measured_s == s.measured_s and p.predicted_s > s.predicted_s
+    assert check_rows(per_pair=True) == check_rows()       # tp 1: no collective to re-read
+    text = layer_check.format_tp_rows(at_sum, per_pair)
+    assert "pair sum" in text and "per pair" in text
+    # on the GPUs without a bridge the per-pair blocks land near their tp-1 compute error
+    titan = [r.ratio for r in per_pair if r.gpu == "TITANRTX-24GB"]
+    assert 1.0 < min(titan) and max(titan) < 1.4

@@ -256,6 +256,9 @@ class SailorNet:
             self.inter[(e["src_gpu"], e["dst_gpu"], e["gpus_per_node"])].append(e["max_bw_bytes_per_s"])
 
     def intra_Bps(self, gpu: str, n: int) -> float:
+        """Sailor's intra-node figure for ``n`` GPUs, as it stands: the sum over the ``n / 2``
+        send/recv pairs its profiler runs at once (sailor/profiling/networking/test_sendrecv.py
+        divides all pairs' bytes by the time; README "Clariden clusters" says what that means)."""
         return self.intra[gpu][str(n)]
 
     def between(self, a: str, b: str, gpn: int) -> float:
