@@ -29,9 +29,9 @@ def _plan_1024(schedule: str, num_stages: int = 16):
     from planner.cost import topology_for
     from planner.plan.model import Objective
     from planner.search.classes import class_infos
+    from planner.search.knobs import Knobs, OptionKey
     from planner.search.naming import build_plan
     from planner.search.schedules import SCHEDULES
-    from planner.search.space import Knobs, OptionKey
     from planner.spec import Training, cluster_from_dict, load_model
     cluster = cluster_from_dict({"name": "a100-1024", "nodes": [
         {"name": "a100", "count": 128, "gpu": "A100-SXM4-80GB", "gpus_per_node": 8}]})

@@ -233,7 +233,7 @@ def test_the_search_splits_a_sequence_that_fits_no_gpu():
 def test_the_deepspeed_search_leaves_cp_out():
     from planner.cost import topology_for
     from planner.search.classes import class_infos
-    from planner.search.space import enumerate_knobs
+    from planner.search.knobs import enumerate_knobs
     cluster = api.load_cluster(CLUSTER)
     classes = class_infos(topology_for(cluster), "bf16")
     model = load_model("opt-350m")

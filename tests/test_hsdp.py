@@ -190,7 +190,7 @@ def test_training_knob_defaults_and_knobs():
     from test_oracle import make_case
 
     from planner.search.classes import class_infos
-    from planner.search.space import enumerate_knobs
+    from planner.search.knobs import enumerate_knobs
     from planner.spec import Training
     t = Training(global_batch_size=8, seq_len=256)
     assert t.zero_shard_degrees == ("all",) and t.shard_degrees() == (None,)
@@ -280,7 +280,7 @@ def test_node_means_the_replicas_one_node_holds():
     from test_oracle import check_case
 
     from planner.search.classes import class_infos
-    from planner.search.space import enumerate_knobs
+    from planner.search.knobs import enumerate_knobs
     cluster, model, training = _slow_network_case()
     node = training.model_copy(update={"zero_shard_degrees": ("node",), "max_tp": 2})
     knobs = enumerate_knobs(model, node, class_infos(topology_for(cluster)))

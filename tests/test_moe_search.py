@@ -11,7 +11,7 @@ from test_oracle import check_case, make_case
 
 from planner.cost import topology_for
 from planner.search.classes import class_infos
-from planner.search.space import enumerate_knobs
+from planner.search.knobs import enumerate_knobs
 from planner.spec import Training, load_model
 
 

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from planner.cost import topology_for
 from planner.errors import InfeasibleError
 from planner.search.classes import class_infos
+from planner.search.knobs import enumerate_knobs
 from planner.search.oracle import _stage_keys, oracle
 from planner.search.solve import solve
-from planner.search.space import enumerate_knobs
 from planner.spec import Training, cluster_from_dict, load_model
 
 GIB = 2**30

@@ -16,8 +16,8 @@ from planner.search.core import Row, Term
 from planner.search.core.aggregate import aggregate, group_options
 from planner.search.core.brute import assignments, solve_brute
 from planner.search.incumbent import prepare
+from planner.search.knobs import enumerate_knobs, make_context
 from planner.search.objectives import ObjectiveSpec
-from planner.search.space import enumerate_knobs, make_context
 from planner.spec import Training, cluster_from_dict, load_model
 
 

@@ -13,11 +13,12 @@ from planner.search import solve
 from planner.search.baselines import _proportional, _spread, _Tuple, layouts_of, seed
 from planner.search.classes import class_infos
 from planner.search.incumbent import Best
+from planner.search.knobs import enumerate_knobs, make_context
 from planner.search.naming import build_plan
 from planner.search.objectives import ObjectiveSpec
 from planner.search.queue import Ranked
 from planner.search.solve import usable_keys
-from planner.search.space import Pricer, enumerate_knobs, make_context
+from planner.search.space import Pricer
 from planner.spec import Training, cluster_from_dict, load_cluster, load_model
 
 SPECS = Path(__file__).resolve().parent.parent / "cluster_specs"

@@ -23,8 +23,8 @@ from planner.search.baselines import (
     seed,
 )
 from planner.search.incumbent import Best, Candidate, prepare
+from planner.search.knobs import OptionKey
 from planner.search.objectives import ObjectiveSpec
-from planner.search.space import OptionKey
 from planner.spec import Training, cluster_from_dict, load_cluster, load_model
 
 

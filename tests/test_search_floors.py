@@ -13,9 +13,9 @@ from planner.search import solve
 from planner.search.bound import KnobBound
 from planner.search.core.brute import assignments
 from planner.search.floors import tuple_floors
+from planner.search.knobs import enumerate_knobs, make_context
 from planner.search.objectives import ObjectiveSpec
 from planner.search.oracle import oracle
-from planner.search.space import enumerate_knobs, make_context
 
 COST = ObjectiveSpec("cost")
 

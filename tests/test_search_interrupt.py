@@ -14,7 +14,8 @@ import pytest
 from planner.cost import topology_for
 from planner.search.classes import class_infos
 from planner.search.core.milp import CoreMilp, MilpSettings
-from planner.search.space import Knobs, Pricer, make_context
+from planner.search.knobs import Knobs, make_context
+from planner.search.space import Pricer
 from planner.spec import Training, load_cluster, load_model
 
 SPECS = Path(__file__).parent.parent / "cluster_specs"

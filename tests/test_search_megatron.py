@@ -16,8 +16,8 @@ from planner.cost import evaluate, topology_for
 from planner.plan.model import Objective
 from planner.search import solve
 from planner.search.classes import class_infos
+from planner.search.knobs import Knobs, OptionKey
 from planner.search.naming import build_plan
-from planner.search.space import Knobs, OptionKey
 from planner.spec import Training, cluster_from_dict, load_model
 
 # the reference's rows as tests/fidelity/generate.py commits them (shared/ is not in the checkout)

@@ -18,9 +18,9 @@ from planner.cost import evaluate
 from planner.plan.model import Objective
 from planner.search.core.brute import assignments, solve_brute
 from planner.search.incumbent import layout
+from planner.search.knobs import enumerate_knobs, make_context, tp_degrees
 from planner.search.mixed import MixedKey, MixedPiece, _splits, mixed_keys
 from planner.search.naming import build_plan
-from planner.search.space import enumerate_knobs, make_context, tp_degrees
 
 
 def mixed_case(seed: int):
@@ -182,7 +182,7 @@ def test_a_gpipe_tuple_reads_its_own_stand_in_lines_after_its_1f1b_twin(monkeypa
     the lines per option list: a GPipe tuple bounded after its 1F1B twin must not read the
     twin's.  Every forward line the GPipe tuple reads stays at most the mixed stage's own."""
     from planner.search.bound import KnobBound
-    from planner.search.space import Knobs
+    from planner.search.knobs import Knobs
     checked = 0
     for seed in MIXED_SEEDS[:10]:
         cluster, model, training = mixed_case(seed)

@@ -135,9 +135,9 @@ def _polish_tuples(seed: int) -> tuple[int, int]:
     from planner.cost import evaluate
     from planner.search.core.milp import MilpSettings
     from planner.search.incumbent import Best, exact_solver, polish_into
+    from planner.search.knobs import enumerate_knobs, make_context
     from planner.search.naming import build_plan
     from planner.search.objectives import parse_objective
-    from planner.search.space import enumerate_knobs, make_context
 
     cluster, model, training = make_case(seed)
     classes, pricer = case_pricer(cluster, model, training)
@@ -186,8 +186,8 @@ def test_warm_start_past_its_time_still_enumerates_one_tuple_when_no_plan_exists
     from planner.search.bound import KnobBound
     from planner.search.core.milp import MilpSettings
     from planner.search.incumbent import Best, warm_start
+    from planner.search.knobs import enumerate_knobs, make_context
     from planner.search.objectives import parse_objective
-    from planner.search.space import enumerate_knobs, make_context
 
     cluster, model, training = make_case(30)
     classes, pricer = case_pricer(cluster, model, training)

@@ -7,8 +7,8 @@ import pytest
 
 from planner.search import solve
 from planner.search.incumbent import Best, Candidate, Shared
+from planner.search.knobs import Knobs
 from planner.search.objectives import ObjectiveSpec
-from planner.search.space import Knobs
 from planner.spec import Training, cluster_from_dict, load_model
 
 KNOBS = Knobs(4, 2, "1f1b", 1, "none", 1, 2)

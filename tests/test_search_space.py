@@ -52,7 +52,7 @@ def test_knob_bounds_hold_on_every_tuple_of_the_oracle_cases():
 
     from planner.search.bound import KnobBound
     from planner.search.core.brute import solve_brute
-    from planner.search.space import enumerate_knobs, make_context
+    from planner.search.knobs import enumerate_knobs, make_context
 
     checked = tight = 0
     for seed in range(16):
@@ -91,7 +91,7 @@ def test_packed_bottleneck_lifts_and_still_holds(monkeypatch):
     from planner.search import packed
     from planner.search.bound import KnobBound
     from planner.search.core.brute import solve_brute
-    from planner.search.space import enumerate_knobs, make_context
+    from planner.search.knobs import enumerate_knobs, make_context
 
     with_fill = packed._Packing.with_fill
     checked = lifted = filled = 0
@@ -132,7 +132,8 @@ def test_exposed_sync_lines_match_the_cost_model():
 
     from planner.cost import dp_exposed_s, dp_sync_time_s, replica_compute, stage_params
     from planner.cost.comm import exposed_sync_parts
-    from planner.search.space import POSITIONS, Knobs, make_context
+    from planner.search.knobs import Knobs, make_context
+    from planner.search.space import POSITIONS
 
     cluster, model, training = make_case(3)
     classes, pricer = case_pricer(cluster, model, training)
@@ -259,7 +260,7 @@ def _subset_bounds(cluster, model, training):
 
     from planner.search.bound import KnobBound
     from planner.search.core.brute import solve_brute
-    from planner.search.space import enumerate_knobs, make_context
+    from planner.search.knobs import enumerate_knobs, make_context
 
     classes, pricer = case_pricer(cluster, model, training)
     knob_bound = KnobBound(pricer)
@@ -505,7 +506,7 @@ def test_every_gpipe_plan_is_a_no_worse_1f1b_plan():
     from test_oracle import case_pricer, make_case
 
     from planner.search.core.brute import solve_brute
-    from planner.search.space import Knobs, enumerate_knobs, make_context
+    from planner.search.knobs import Knobs, enumerate_knobs, make_context
     from planner.search.twins import gpipe_dominated
 
     plans = strict = cases = 0
@@ -554,7 +555,7 @@ def test_knob_bound_past_the_deadline_skips_its_lps_and_stays_a_bound(monkeypatc
 
     from planner.search import position_lp
     from planner.search.bound import KnobBound
-    from planner.search.space import enumerate_knobs, make_context
+    from planner.search.knobs import enumerate_knobs, make_context
 
     runs = []
     run = position_lp.PositionModel._run

@@ -15,10 +15,10 @@ from test_search_zbh1 import _two_gpus
 
 from planner.cost import evaluate
 from planner.cost.schedule import StageTiming, pipeline_time_s
+from planner.search.knobs import Knobs, enumerate_knobs
 from planner.search.oracle import oracle
 from planner.search.schedules import SCHEDULES, schedules_for
 from planner.search.solve import solve
-from planner.search.space import Knobs, enumerate_knobs
 
 
 def _rows_value_s(name: str, stages: list[StageTiming], m: int) -> float:
@@ -168,7 +168,7 @@ def test_knob_bounds_hold_on_v_tuples_with_and_without_mixed_stages():
 
     from planner.search.bound import KnobBound
     from planner.search.core.brute import solve_brute
-    from planner.search.space import make_context
+    from planner.search.knobs import make_context
     checked = tight = mixed = 0
     cases = [make_case(s) for s in (6, 24, 28, 3)] + [mixed_case(s) for s in MIXED_SEEDS[:8]]
     for seed, (cluster, model, training) in enumerate(cases):

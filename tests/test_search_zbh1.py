@@ -14,10 +14,10 @@ from test_oracle import case_pricer, make_case
 from planner.cost.schedule import StageTiming, pipeline_time_s
 from planner.cost.schedule import iteration_time_s as closed_form_iteration_s
 from planner.errors import InputError
+from planner.search.knobs import Knobs, enumerate_knobs
 from planner.search.oracle import oracle
 from planner.search.schedules import SCHEDULES, zb_h1_beta, zb_h1_mu_weight
 from planner.search.solve import solve
-from planner.search.space import Knobs, enumerate_knobs
 from planner.spec import Training, cluster_from_dict, load_model
 
 
@@ -104,7 +104,8 @@ def test_priced_input_part_is_the_cost_models():
     """The search's sixth quantity (I = backward - W) at every position matches evaluate's
     W (cost.compute.backward_weight_s) on a real option, and W is a part of it, neither 0 nor all."""
     from planner.cost.compute import backward_weight_s
-    from planner.search.space import POSITIONS, make_context
+    from planner.search.knobs import make_context
+    from planner.search.space import POSITIONS
     cluster, model, training = make_case(28)
     training = training.model_copy(update={"schedules": ("zb-h1",)})
     classes, pricer = case_pricer(cluster, model, training)
@@ -230,7 +231,7 @@ def test_closed_form_pricing_matches_evaluate_on_the_search_plan():
 def _zb_tuples(seeds, mixed: bool, per_case: int = 8):
     """(pricer, knobs, ctx, keys, cluster, model, training, classes) for zb-h1 tuples of two
     or more stages of the oracle cases (with mixed stages and their stand-ins: ``mixed``)."""
-    from planner.search.space import make_context
+    from planner.search.knobs import make_context
     for seed in seeds:
         cluster, model, training = make_case(seed)
         training = training.model_copy(update={"schedules": ("zb-h1",), "mixed_stages": mixed})
@@ -298,7 +299,7 @@ def test_one_stage_zb_h1_is_its_1f1b_twin():
     (twins.one_stage_zb_h1_twins)."""
     from planner.cost import in_flight_micro_batches
     from planner.search.core.brute import solve_brute
-    from planner.search.space import make_context
+    from planner.search.knobs import make_context
     from planner.search.twins import one_stage_zb_h1_twins
     cluster, model, training = _two_gpus(8.0)
     classes, pricer = case_pricer(cluster, model, training)

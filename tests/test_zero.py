@@ -21,8 +21,8 @@ from planner.launch.torchtitan import CONFIG_FILE
 from planner.plan import Plan
 from planner.plan.schema import validate_plan_json
 from planner.search.classes import class_infos
+from planner.search.knobs import enumerate_knobs
 from planner.search.oracle import oracle
-from planner.search.space import enumerate_knobs
 from planner.spec import Training, cluster_from_dict, load_model
 
 GB = 1e9

@@ -16,7 +16,7 @@ from functools import lru_cache
 
 from planner.search.baseline_floor import Floors, stage_work_s
 from planner.search.baseline_tuple import _Tuple
-from planner.search.space import OptionKey
+from planner.search.knobs import OptionKey
 
 
 @lru_cache(maxsize=65536)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from planner.cost import in_flight_micro_batches
 from planner.cost.memory import replica_memory
+from planner.search.knobs import OptionKey
 from planner.search.pieces import _max_units
 from planner.search.schedules import SCHEDULES
-from planner.search.space import OptionKey
 
 
 class _Tuple:

@@ -42,7 +42,7 @@ from planner.search.baseline_candidates import (  # _spread: the tests read the 
 from planner.search.baseline_floor import Unpriced, compute_floor_s, kept
 from planner.search.baseline_tuple import _Tuple
 from planner.search.incumbent import Candidate, prepare
-from planner.search.space import OptionKey
+from planner.search.knobs import OptionKey
 
 # Of the time limit, at most, for pricing the baselines once one is found: bench a took 8 ms,
 # b 0.11 s, c 0.46 s, d 0.32 s and e 0.68 s uncapped (median of 3, scripts/time_baselines.py;

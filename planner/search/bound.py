@@ -22,18 +22,12 @@ from planner.cost import CostContext, in_flight_micro_batches
 from planner.search import clock
 from planner.search.core.problem import max_row_bound
 from planner.search.fill import class_slots, joint_row_bound, slot_blocks, sum_bound
+from planner.search.knobs import Knobs, OptionKey, knob_rows
 from planner.search.mixed import StandIn
 from planner.search.packed import KNAPSACK_STAGES, PackedBound, partner_sends
 from planner.search.pieces import block_limits, most_speed
 from planner.search.schedules import SCHEDULES
-from planner.search.space import (
-    POSITIONS,
-    QUANTITIES,
-    Knobs,
-    OptionKey,
-    Pricer,
-    knob_rows,
-)
+from planner.search.space import POSITIONS, QUANTITIES, Pricer
 
 SUBSET_CLASSES = 4          # classes up to which the knob bound goes over every set of them (2^4 - 1)
 SUBSET_MEMO = 50_000         # knob tuples whose per-subset bounds are kept (to order the next level's subsets)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from planner.cost.memory import in_flight_micro_batches, replica_memory
-from planner.search.space import Knobs, context_degrees, make_context, tp_degrees
+from planner.search.knobs import Knobs, context_degrees, make_context, tp_degrees
 
 
 def _gib(x: float) -> str:

@@ -36,8 +36,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.search.knobs import Knobs, OptionKey
 from planner.search.objectives import ObjectiveSpec
-from planner.search.space import Knobs, OptionKey, Pricer
+from planner.search.space import Pricer
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from planner.errors import InputError
 from planner.plan.model import PlanInputs
 from planner.search.incumbent import Candidate
-from planner.search.space import Knobs
+from planner.search.knobs import Knobs
 
 
 def knobs_of(plan) -> Knobs:

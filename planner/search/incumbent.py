@@ -19,9 +19,9 @@ from planner.search import clock
 from planner.search.core import enum
 from planner.search.core.milp import CoreMilp
 from planner.search.core.problem import quick_bound
+from planner.search.knobs import Knobs
 from planner.search.polish import polish
 from planner.search.schedules import SCHEDULES
-from planner.search.space import Knobs
 
 WARM_KEYS_ABOVE = 48        # options per stage above which a warm start pays for itself
 WARM_RERANK = 8            # first stage counts re-ranked by the knapsack bound

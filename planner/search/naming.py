@@ -14,8 +14,9 @@ from __future__ import annotations
 from planner.plan import Plan
 from planner.plan.model import Objective, PlanInputs, Replica, Stage
 from planner.search.classes import ClassInfo
+from planner.search.knobs import Knobs, OptionKey
 from planner.search.mixed import MixedKey, key_of
-from planner.search.space import Knobs, OptionKey, shares
+from planner.search.space import shares
 
 
 def name_stages(classes: list[ClassInfo], knobs: Knobs,

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 from planner.cost import evaluate, topology_for
 from planner.search.classes import class_infos
+from planner.search.knobs import OptionKey, enumerate_knobs, tp_degrees
 from planner.search.mixed import mixed_keys
 from planner.search.naming import build_plan
 from planner.search.objectives import ObjectiveSpec, parse_objective
-from planner.search.space import OptionKey, enumerate_knobs, replica_counts, tp_degrees
+from planner.search.space import replica_counts
 
 
 @dataclass

@@ -30,11 +30,12 @@ import numpy as np
 from planner.cost import CostContext, in_flight_micro_batches
 from planner.cost.comm import exposed_sync_parts
 from planner.search import clock
+from planner.search.knobs import Knobs, OptionKey, knob_rows
 from planner.search.mixed import StandIn
 from planner.search.pieces import block_limits, most_speed
 from planner.search.position_lp import VARIANTS, Cross, PositionLP, PositionModel
 from planner.search.schedules import SCHEDULES
-from planner.search.space import POSITIONS, Knobs, OptionKey, knob_rows
+from planner.search.space import POSITIONS
 
 KNAPSACK_STAGES = 128       # stage counts up to which the knob bound packs whole options (all, for the models we know)
 STAGE_COST_ENTRIES = 256    # [options x blocks] tables kept (~0.25 MB each on c)

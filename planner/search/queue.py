@@ -24,9 +24,9 @@ class Ranked(NamedTuple):
 
     bound_s: float       # memory-free lower bound on its iteration time (the sort key)
     index: int           # its place in the enumeration (ties keep the space's order)
-    knobs: Any           # space.Knobs
+    knobs: Any           # knobs.Knobs
     ctx: Any             # cost.context.CostContext of its recompute and ZeRO stage
-    keys: list           # the space.OptionKeys it may use
+    keys: list           # the knobs.OptionKeys it may use
 
 
 class Pending(NamedTuple):

@@ -18,11 +18,11 @@ from planner.search.mixed_sends import send_table as mixed_send_table
 from planner.search.pieces import _busiest_points
 
 if TYPE_CHECKING:
-    from planner.search.space import OptionKey
+    from planner.search.knobs import OptionKey
 
 
 def _option_key(cls: int, tp: int, replicas: int, cp: int = 1) -> OptionKey:
-    from planner.search.space import OptionKey  # space.py builds on this module
+    from planner.search.knobs import OptionKey  # space.py builds on this module
     return OptionKey(cls, tp, replicas, cp)
 
 

@@ -39,11 +39,12 @@ from planner.search.incumbent import (
     relaxed,
     warm_start,
 )
+from planner.search.knobs import enumerate_knobs, make_context
 from planner.search.objectives import ObjectiveSpec, parse_objective
 from planner.search.per_tuple import loses_tie, prunes, solve_tuple
 from planner.search.queue import BoundLevel, Pending, Ranked
 from planner.search.schedules import schedules_for
-from planner.search.space import Pricer, enumerate_knobs, make_context
+from planner.search.space import Pricer
 from planner.search.twins import gpipe_dominated, one_stage_zb_h1_twins
 
 MEGATRON_LAUNCHERS = ("megatron", "deepspeed")

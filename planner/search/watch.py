@@ -21,7 +21,7 @@ TIME_LIKE = ("throughput", "throughput-under-budget")
 class SearchSnapshot:
     elapsed_s: float
     objective_kind: str
-    best_label: str | None = None           # the best plan's knobs (space.Knobs.label)
+    best_label: str | None = None           # the best plan's knobs (knobs.Knobs.label)
     best_value: float | None = None         # in the objective's unit (answer.OBJECTIVE_UNITS)
     best_tokens_per_s: float | None = None
     best_usd_per_hour: float | None = None
