@@ -23,8 +23,8 @@ from planner.search.classes import class_infos
 from planner.search.core.aggregate import aggregate
 from planner.search.core.milp import MilpSettings
 from planner.search.incumbent import exact_solver, prepare
-from planner.search.objectives import ObjectiveSpec
 from planner.search.knobs import make_context
+from planner.search.objectives import ObjectiveSpec
 from planner.search.space import Pricer
 from planner.spec import Training, cluster_from_dict, load_model
 
