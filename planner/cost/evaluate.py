@@ -425,9 +425,11 @@ def _details(ctx, plan, nodes, timings, k) -> list[tuple[str, float, str]]:
     ]
     if st.num_blocks:   # a block's memory-bound ops, fused or eager (Training.elementwise)
         rows += elementwise_details(ctx, gpu, r.tp, r.micro_batch_share)
-    last = next((i for i, x in enumerate(plan.stages) if x.head), None)
+    # the head stage as priced (in a V, rank 0: _priced_stages), not as the plan file keeps it
+    priced = _priced_stages(plan)
+    last = next((i for i, x in enumerate(priced) if x.head), None)
     if last is not None:   # the head stage's loss term (its kernel's passes over the logits)
-        r = plan.stages[last].replicas[timings[last].slowest_replica]
+        r = priced[last].replicas[timings[last].slowest_replica]
         rows += loss_details(ctx, nodes[r.node].gpu, r.tp, r.micro_batch_share)
     return rows
 
