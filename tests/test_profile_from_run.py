@@ -105,8 +105,8 @@ def test_layer_ratio_is_the_cost_models(files):
     tmp, plan = files
     cluster = api.load_cluster(tmp / "cluster.yaml")
     result = api.profile_from_run(cluster, plan, tmp / "m.json")
-    # no profiles: the roofline's ratio, with the kernels the runner ran (unfused, plain loss)
-    ctx0 = context_for_plan(plan, flash_attention=False, cross_entropy="plain")
+    # no profiles: the roofline's ratio, computed as the runner ran it (fp32, unfused, plain loss)
+    ctx0 = context_for_plan(plan, precision="fp32", flash_attention=False, cross_entropy="plain")
     node = cluster.node_by_name["slow"]
     block = block_timing(ctx0, node.gpu, node.group.intra_Bps, 1, 4)
     head = head_timing(ctx0, node.gpu, node.group.intra_Bps, 1, 4)
@@ -135,7 +135,7 @@ def test_a_flash_plans_run_is_split_and_labelled_as_the_runner_computed_it(tmp_p
     assert result.profiles["cpu-b"].attention == "unfused"
     ratios = {}
     for flash in (False, True):
-        ctx = context_for_plan(plan, flash_attention=flash, cross_entropy="plain")   # the runner's loss
+        ctx = context_for_plan(plan, precision="fp32", flash_attention=flash, cross_entropy="plain")  # the run's
         b, h = (f(ctx, node.gpu, node.group.intra_Bps, 1, 4) for f in (block_timing, head_timing))
         ratios[flash] = b.forward_s / h.forward_s
     assert ratios[False] != pytest.approx(ratios[True])      # the kernels price apart at this length
@@ -154,13 +154,33 @@ def test_the_runs_head_is_split_as_the_plain_loss_the_runner_computed(files):
     entries = {e.layer: e for e in result.profiles["cpu-b"].entries}
     ratios = {}
     for loss in ("fused", "plain"):
-        ctx = context_for_plan(plan, flash_attention=False, cross_entropy=loss)
+        ctx = context_for_plan(plan, precision="fp32", flash_attention=False, cross_entropy=loss)
         b, h = (f(ctx, node.gpu, node.group.intra_Bps, 1, 4) for f in (block_timing, head_timing))
         ratios[loss] = (b.forward_s / h.forward_s, h.backward_s / h.forward_s)
     assert ratios["fused"][0] != pytest.approx(ratios["plain"][0])    # the kernels price apart
     head = entries["head"]
     assert entries["block"].forward_s / head.forward_s == pytest.approx(ratios["plain"][0])
     assert head.backward_s / head.forward_s == pytest.approx(ratios["plain"][1])
+
+
+def test_the_runs_layers_are_split_in_the_dtype_it_computed(files):
+    """The runner computes a bf16 plan in float32 (its measurements' trained.dtype; the profiles
+    say dtype fp32): the layers are split in the fp32 pricing's proportions, where the GEMMs run
+    at the FP32 peak and every tensor is 4 bytes, not in the bf16 plan's."""
+    tmp, plan = files
+    assert plan.inputs.training["precision"] == "bf16"
+    cluster = api.load_cluster(tmp / "cluster.yaml")
+    result = api.profile_from_run(cluster, plan, tmp / "m.json")
+    assert result.profiles["cpu-b"].dtype == "fp32"
+    node = cluster.node_by_name["slow"]
+    entries = {e.layer: e for e in result.profiles["cpu-b"].entries}
+    ratios = {}
+    for precision in ("bf16", "fp32"):
+        ctx = context_for_plan(make_plan(precision=precision), flash_attention=False, cross_entropy="plain")
+        b, h = (f(ctx, node.gpu, node.group.intra_Bps, 1, 4) for f in (block_timing, head_timing))
+        ratios[precision] = b.forward_s / h.forward_s
+    assert ratios["bf16"] != pytest.approx(ratios["fp32"])
+    assert entries["block"].forward_s / entries["head"].forward_s == pytest.approx(ratios["fp32"])
 
 
 def test_warmup_steps_are_left_out(files):

@@ -79,10 +79,13 @@ def _training(plan) -> tuple[int, int, str]:
 
 
 def context_for_plan(plan, calibration: Calibration | None = None, profiles=None, model=None,
-                     **extra) -> CostContext:
+                     precision: str | None = None, **extra) -> CostContext:
+    """The plan's context: its precision and kernel choices unless ``precision`` or ``extra``
+    say otherwise (a run that computed the plan another way: profile.from_run)."""
     from planner.spec import load_model
     model = model or load_model(plan.inputs.model)
-    seq_len, _, precision = _training(plan)
+    seq_len, _, planned = _training(plan)
+    precision = precision or planned
     extra.setdefault("cross_entropy", plan.training_choice("cross_entropy"))
     extra.setdefault("elementwise", plan.training_choice("elementwise"))
     extra.setdefault("flash_attention", plan.training_choice("attention") == "flash")

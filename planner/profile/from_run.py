@@ -146,10 +146,12 @@ def profiles_from_run(cluster, plan, path: str, warmup: int = DEFAULT_WARMUP_STE
         raise _fail(path, "steps", f"{len(steps)} measured step(s), none left after {warmup} warm-up "
                     "step(s); run more --steps or lower --warmup")
     seq_len, _, precision = _training(plan)
-    # the runner computes attention unfused and the loss as F.cross_entropy on fp32 logits (the
-    # plain loss) whatever the plan priced (planner/launch/tiny_model.py), so the layers'
-    # proportions are those kernels' (as device_report prices the runner's plan)
-    ctx = context_for_plan(plan, calibration, profiles, flash_attention=False, cross_entropy="plain")
+    # the runner computes in float32 (the profiles' dtype), attention unfused and the loss as
+    # F.cross_entropy on fp32 logits (the plain loss) whatever the plan priced (planner/launch/
+    # tiny_model.py), so the layers' proportions, and the collectives and overhead taken out of
+    # the measured time, are those of that computation
+    ctx = context_for_plan(plan, calibration, profiles, precision=dtype, flash_attention=False,
+                           cross_entropy="plain")
     nodes = cluster.node_by_name
     m = plan.num_micro_batches
     samples: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
