@@ -173,7 +173,7 @@ def rebalance_blocks(cluster, plan, doc: dict, times, path: str, min_share: int 
     import numpy as np
 
     from planner.cost.evaluate import context_for_plan
-    from planner.profile.from_run import check_trained
+    from planner.profile.from_run import check_trained, run_context
     from planner.search.core.dp import dp_partition
 
     p = len(plan.stages)
@@ -181,12 +181,13 @@ def rebalance_blocks(cluster, plan, doc: dict, times, path: str, min_share: int 
         raise InputError("rebalance --blocks moves blocks between pipeline stages; the plan has one "
                          "stage (rebalance without --blocks re-solves its shares)")
     alpha, beta, unit = schedule_form(plan)
-    check_trained(path, doc, plan)  # times of another model (a --tiny run) price nothing here
+    trained = check_trained(path, doc, plan)  # times of another model (a --tiny run) price nothing here
     steps = doc["steps"]
     skip = len(steps) > 1            # the first step carries one-off start-up costs (rebalance)
     used = range(1 if skip else 0, len(steps))
-    ctx = context_for_plan(plan, None, profiles)
-    lines = replica_lines(ctx, cluster, plan, times, used, path)
+    ctx = context_for_plan(plan, None, profiles)     # the plan's memory, as it will run
+    # the measured times split as the runner computed them, as profile --from-run does
+    lines = replica_lines(run_context(plan, path, trained, None, profiles), cluster, plan, times, used, path)
     speeds = {k: fit_speed(t, skip) for k, t in times.items()}
     stages = [_Stage(ctx, cluster, plan, st, speeds, lines, min_share) for st in plan.stages]
     total = plan.stages[-1].blocks[1]

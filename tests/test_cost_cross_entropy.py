@@ -138,3 +138,30 @@ def test_an_evaluated_plan_pays_its_loss_kernels_bytes_per_micro_batch():
     assert rows["cross_entropy_backward_s"][0] == pytest.approx(26 * logits / bw)
     fused_rows = {term: formula for term, _, formula in fused.details}
     assert "the calibration's price" in fused_rows["cross_entropy_forward_s"]
+
+
+TWO_TYPES = {"name": "two", "nodes": [
+    {"name": "h", "count": 1, "gpu": "H100-SXM5-80GB", "gpus_per_node": 1, "network_bandwidth": "400 Gbit/s",
+     "price_per_hour": 10.0},
+    {"name": "a", "count": 1, "gpu": "A100-SXM4-80GB", "gpus_per_node": 1, "network_bandwidth": "400 Gbit/s",
+     "price_per_hour": 5.0}]}
+
+
+def test_a_v_schedules_loss_is_explained_on_the_rank_that_runs_the_head():
+    """In a V (zb-v) the head is rank 0's second chunk (evaluate._priced_stages), though the plan
+    file keeps it on the last stage: the loss rows are those of rank 0's GPU (an H100 here), not
+    the last stage's (an A100)."""
+    data = _one_gpu_plan(cross_entropy="plain").to_json()
+    data["inputs"]["cluster"] = "two"
+    data.update(schedule="zb-v", virtual_stages=2, stages=[
+        {"index": 0, "blocks": [0, 2], "embedding": True, "head": False, "replicas": [
+            {"gpu_type": "H100-SXM5-80GB", "tp": 1, "micro_batch_share": 2, "devices": ["h-0:0"]}]},
+        {"index": 1, "blocks": [2, 4], "embedding": False, "head": True, "replicas": [
+            {"gpu_type": "A100-SXM4-80GB", "tp": 1, "micro_batch_share": 2, "devices": ["a-0:0"]}]}])
+    ev = evaluate(cluster_from_dict(TWO_TYPES), Plan.from_json(data))
+    ctx = _ctx(gpt(), cross_entropy="plain")
+    logits = 2 * 2048 * 50272
+    on = {g: 22 * logits / gemm_curve_for(ctx, catalog.gpu(g)).memory_Bps for g in ("H100-SXM5-80GB", "A100-SXM4-80GB")}
+    assert on["H100-SXM5-80GB"] != pytest.approx(on["A100-SXM4-80GB"])
+    rows = {term: value for term, value, _ in ev.details}
+    assert rows["cross_entropy_forward_s"] == pytest.approx(on["H100-SXM5-80GB"])

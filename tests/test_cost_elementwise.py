@@ -60,8 +60,9 @@ def test_swiglu_moves_more_per_ffn_element_than_gelu_and_the_rest_is_the_same():
     for s, g in zip(sw, ge):
         assert s["f"] > g["f"] > 0
         assert s["q"] == g["q"] and s["kv"] == g["kv"]
-    # one gradient add fewer on b s h: GeLU has one up-projection (w1 and w3 share the normed h)
-    assert sw[1]["h"] - ge[1]["h"] == 3 * 2
+    # one gradient add fewer on the gathered b s h: GeLU has one up-projection (w1 and w3 share
+    # the normed h)
+    assert sw[1]["h_gathered"] - ge[1]["h_gathered"] == 3 * 2 and sw[1]["h"] == ge[1]["h"]
 
 
 def test_rope_and_repeat_kv_only_where_the_model_has_them():
@@ -85,6 +86,21 @@ def test_tp_divides_as_the_fused_path_does(sp):
     for eager, fused in ((block_work(_ctx(elementwise="eager", sequence_parallel=sp), curve, t, 2),
                           block_work(_ctx(sequence_parallel=sp), curve, t, 2)) for t in (1, 2)):
         assert eager.elementwise_forward_s > fused.elementwise_forward_s
+
+
+def test_sequence_parallel_leaves_the_gathered_inputs_gradient_adds_whole():
+    """Under sequence parallelism torchtitan's TP plan shards the norms and residual adds over the
+    sequence but all-gathers the normed x and h before wq / wk / wv and w1 / w3 (PrepareModuleInput
+    Shard(1) -> Replicate): the gradients those linears send back are added on the whole b s h on
+    every GPU, before the all-gather's backward reduce-scatters them.  So of the 214 B per h element
+    a bf16 Llama block's backward moves (module docstring), the three adds' 3 x 3 x 2 B are not
+    divided by tp; the forward (84 B per h element) is all sequence-sharded."""
+    m, tokens, tp = model(), 4096, 4
+    fwd_sp, bwd_sp = eager_block_bytes(m, 2, tokens, tp, True, m.ffn_size)
+    fwd_whole, bwd_whole = eager_block_bytes(m, 2, tokens, tp, False, m.ffn_size)
+    gathered_adds = 3 * (2 * 2 + 2)
+    assert fwd_whole - fwd_sp == pytest.approx(tokens * 84 * m.hidden_size * (1 - 1 / tp))
+    assert bwd_whole - bwd_sp == pytest.approx(tokens * (214 - gathered_adds) * m.hidden_size * (1 - 1 / tp))
 
 
 def test_block_work_charges_the_eager_bytes_and_the_backward_apart():

@@ -109,3 +109,38 @@ def test_shipped_validation_file_is_current():
 def test_every_row_is_predicted_finite(table):
     for s in table:
         assert s.rows > 0 and 0 <= s.mape < 10 and s.worst_id
+
+
+def test_rows_share_a_context_only_with_the_same_parallel_degrees(monkeypatch):
+    """predict_set shares one cost context between rows of the same model and knobs; rows that
+    differ only in their context-parallel degree (torchtitan's cp 1 / 2 / 4 / 8 rows, the
+    same job split differently) must each be priced with their own, as evaluate prices them."""
+    from types import SimpleNamespace
+
+    from planner.cost import evaluate, fidelity
+    from planner.plan import Plan
+    from planner.spec import cluster_from_dict, load_model
+
+    cluster = cluster_from_dict({"name": "one", "nodes": [{"name": "h", "count": 1, "gpu": "H100-SXM5-80GB",
+                                                           "gpus_per_node": 2, "network_bandwidth": "400 Gbit/s"}]})
+    spec = {"name": "l", "num_layers": 4, "hidden_size": 1024, "num_attention_heads": 16, "vocab_size": 32000}
+    model = load_model(spec)
+
+    def plan(cp: int) -> Plan:
+        return Plan.from_json({
+            "schema": "planner.plan/v1",
+            "inputs": {"cluster": "one", "model": spec,
+                       "training": {"global_batch_size": 4, "seq_len": 8192, "precision": "bf16"}},
+            "micro_batch_size": 2, "num_micro_batches": 2, "schedule": "1f1b", "context_parallel": cp,
+            "stages": [{"index": 0, "blocks": [0, 4], "embedding": True, "head": True, "replicas": [
+                {"gpu_type": "H100-SXM5-80GB", "tp": 1, "micro_batch_share": 2,
+                 "devices": [f"h-0:{d}" for d in range(cp)]}]}]})
+
+    rows = tuple((SimpleNamespace(id=f"cp{cp}", plan=plan(cp), measured_iteration_time_s=1.0, extras={},
+                                  notes=(), config={}), cluster, model) for cp in (1, 2))
+    monkeypatch.setattr(fidelity, "load_rows", lambda name: rows)
+    got = {r.id: r.predicted_s for r in fidelity.predict_set("torchtitan-h100")}
+    extra = fidelity.SET_CONTEXT["torchtitan-h100"]
+    want = {row.id: evaluate(cl, row.plan, model=m, **extra).iteration_time_s for row, cl, m in rows}
+    assert want["cp1"] != pytest.approx(want["cp2"])
+    assert got == pytest.approx(want)

@@ -105,7 +105,8 @@ def test_layer_ratio_is_the_cost_models(files):
     tmp, plan = files
     cluster = api.load_cluster(tmp / "cluster.yaml")
     result = api.profile_from_run(cluster, plan, tmp / "m.json")
-    ctx0 = context_for_plan(plan)   # no profiles: the roofline's ratio
+    # no profiles: the roofline's ratio, computed as the runner ran it (fp32, unfused, plain loss)
+    ctx0 = context_for_plan(plan, precision="fp32", flash_attention=False, cross_entropy="plain")
     node = cluster.node_by_name["slow"]
     block = block_timing(ctx0, node.gpu, node.group.intra_Bps, 1, 4)
     head = head_timing(ctx0, node.gpu, node.group.intra_Bps, 1, 4)
@@ -134,11 +135,52 @@ def test_a_flash_plans_run_is_split_and_labelled_as_the_runner_computed_it(tmp_p
     assert result.profiles["cpu-b"].attention == "unfused"
     ratios = {}
     for flash in (False, True):
-        ctx = context_for_plan(plan, flash_attention=flash)
+        ctx = context_for_plan(plan, precision="fp32", flash_attention=flash, cross_entropy="plain")  # the run's
         b, h = (f(ctx, node.gpu, node.group.intra_Bps, 1, 4) for f in (block_timing, head_timing))
         ratios[flash] = b.forward_s / h.forward_s
     assert ratios[False] != pytest.approx(ratios[True])      # the kernels price apart at this length
     assert entries["block"].forward_s / entries["head"].forward_s == pytest.approx(ratios[False])
+
+
+def test_the_runs_head_is_split_as_the_plain_loss_the_runner_computed(files):
+    """The runner's head is F.cross_entropy on fp32 logits (tiny_model.head_loss_sum), the plain
+    loss, whatever the plan priced (device_report prices its runs so): a fused-loss plan's
+    profiles take the plain loss's head ratio, not the fused kernel's."""
+    tmp, plan = files
+    assert plan.training_choice("cross_entropy") == "fused"
+    cluster = api.load_cluster(tmp / "cluster.yaml")
+    result = api.profile_from_run(cluster, plan, tmp / "m.json")
+    node = cluster.node_by_name["slow"]
+    entries = {e.layer: e for e in result.profiles["cpu-b"].entries}
+    ratios = {}
+    for loss in ("fused", "plain"):
+        ctx = context_for_plan(plan, precision="fp32", flash_attention=False, cross_entropy=loss)
+        b, h = (f(ctx, node.gpu, node.group.intra_Bps, 1, 4) for f in (block_timing, head_timing))
+        ratios[loss] = (b.forward_s / h.forward_s, h.backward_s / h.forward_s)
+    assert ratios["fused"][0] != pytest.approx(ratios["plain"][0])    # the kernels price apart
+    head = entries["head"]
+    assert entries["block"].forward_s / head.forward_s == pytest.approx(ratios["plain"][0])
+    assert head.backward_s / head.forward_s == pytest.approx(ratios["plain"][1])
+
+
+def test_the_runs_layers_are_split_in_the_dtype_it_computed(files):
+    """The runner computes a bf16 plan in float32 (its measurements' trained.dtype; the profiles
+    say dtype fp32): the layers are split in the fp32 pricing's proportions, where the GEMMs run
+    at the FP32 peak and every tensor is 4 bytes, not in the bf16 plan's."""
+    tmp, plan = files
+    assert plan.inputs.training["precision"] == "bf16"
+    cluster = api.load_cluster(tmp / "cluster.yaml")
+    result = api.profile_from_run(cluster, plan, tmp / "m.json")
+    assert result.profiles["cpu-b"].dtype == "fp32"
+    node = cluster.node_by_name["slow"]
+    entries = {e.layer: e for e in result.profiles["cpu-b"].entries}
+    ratios = {}
+    for precision in ("bf16", "fp32"):
+        ctx = context_for_plan(make_plan(precision=precision), flash_attention=False, cross_entropy="plain")
+        b, h = (f(ctx, node.gpu, node.group.intra_Bps, 1, 4) for f in (block_timing, head_timing))
+        ratios[precision] = b.forward_s / h.forward_s
+    assert ratios["bf16"] != pytest.approx(ratios["fp32"])
+    assert entries["block"].forward_s / entries["head"].forward_s == pytest.approx(ratios["fp32"])
 
 
 def test_warmup_steps_are_left_out(files):

@@ -53,8 +53,9 @@ def make_plan(split, shares=((4,), (4,)), schedule="1f1b", cluster="local", v=1)
 def stage_time_s(plan, stage: int, nb: int, slow: float, share: int | None = None) -> float:
     """One micro-batch on a replica of ``stage`` holding ``nb`` blocks whose layers run ``slow``
     times the cost model's time (per-micro-batch overhead as priced): the ground truth the
-    synthetic run measures, written with the cost model's public replica_compute."""
-    ctx = context_for_plan(plan)
+    synthetic run measures, written with the cost model's public replica_compute as the runner
+    computes (float32, attention unfused, the plain loss: planner.profile.from_run.run_context)."""
+    ctx = context_for_plan(plan, precision="fp32", flash_attention=False, cross_entropy="plain")
     st = plan.stages[stage]
     share = share or st.replicas[0].micro_batch_share
     node = _node()
@@ -155,6 +156,31 @@ def test_interleaved_split_moves_whole_chunks_as_brute_force_says(tmp_path, caps
     assert a > 4 and a % 2 == 0
     assert summary["blocks"]["new"] == [[0, a], [a, 8]]
     assert summary["predicted_step_s"] == pytest.approx(t + OUTSIDE_S, rel=1e-9)
+
+
+def test_a_flash_plans_run_is_split_as_the_runner_computed_it(tmp_path):
+    """The measurements are the reference runner's, which computes in float32 with attention
+    unfused and the plain loss whatever the plan priced (planner.profile.from_run.run_context):
+    a flash plan's per-block and fixed times are split in those kernels' proportions, as
+    ``profile --from-run`` splits them, not in the flash core's."""
+    from planner.launch.measurements import load
+    from planner.rebalance_blocks import replica_lines
+    base = make_plan((4, 4))
+    data = base.to_json()
+    data["inputs"]["training"] = {**data["inputs"]["training"], "seq_len": 512, "attention": "flash"}
+    plan = Plan.from_json(data)
+    (tmp_path / "m.json").write_text(json.dumps(measurements(plan, {(0, 0): 1.0, (1, 0): 2.0})))
+    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+    cluster = api.load_cluster(tmp_path / "cluster.yaml")
+    result, _ = api.rebalance(cluster, plan, tmp_path / "m.json", blocks=True)
+    doc, times = load(tmp_path / "m.json", plan)
+    used = range(1, len(doc["steps"]))
+    ran = replica_lines(context_for_plan(plan, precision="fp32", flash_attention=False, cross_entropy="plain"),
+                        cluster, plan, times, used, "m.json")
+    priced = replica_lines(context_for_plan(plan), cluster, plan, times, used, "m.json")
+    line, want, other = result.lines[(1, 0)], ran[(1, 0)], priced[(1, 0)]
+    assert want.per_block_s / want.fixed_s != pytest.approx(other.per_block_s / other.fixed_s)
+    assert (line.per_block_s, line.fixed_s) == pytest.approx((want.per_block_s, want.fixed_s))
 
 
 def test_human_summary_names_split_and_times(tmp_path, capsys):

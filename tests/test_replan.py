@@ -258,3 +258,25 @@ def test_given_plan_is_keyed_under_a_cost_objective(tmp_path):
     assert res.report.model_extra["answer_is_given"] and res.plan.devices() == old.plan.devices()
     ev = res.evaluation
     assert res.report.objective == pytest.approx(ev.nodes_usd_per_hour * ev.iteration_time_s, rel=1e-12)
+
+
+def test_a_given_plan_is_priced_with_the_searchs_training(tmp_path):
+    """A plan handed to the search whole is priced as the answer it may become (given.as_answer
+    writes the search's training into it): a plan written for flash attention, given to a search
+    of the unfused core, is priced unfused, so the search's value is what evaluate says of the
+    plan it returns, not the flash plan's faster time."""
+    from planner.search import solve
+
+    (tmp_path / "two.yaml").write_text(_named(["n0", "n1"]))
+    cluster = api.load_cluster(tmp_path / "two.yaml")
+    model = api.load_model(DP_MODEL)
+    # 2048 tokens: long enough for the s x s scores to price the two kernels apart
+    training = DP_TRAINING.model_copy(update={"seq_len": 2048})
+    flash = api.plan(cluster, model, training, time_limit_s=20)   # flash: the default
+    assert flash.plan.training_choice("attention") == "flash"
+    unfused = training.model_copy(update={"attention": "unfused"})
+    res = solve(cluster, model, unfused, time_limit_s=60, work_budget=1, incumbents=[flash.plan])
+    assert res.plan.training_choice("attention") == "unfused"
+    assert api.evaluate(cluster, res.plan).iteration_time_s > flash.evaluation.iteration_time_s   # kernels apart
+    assert res.report.model_extra["priced_vs_evaluated_rel"] <= 1e-9
+    assert res.report.objective == pytest.approx(api.evaluate(cluster, res.plan).iteration_time_s, rel=1e-9)

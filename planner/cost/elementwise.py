@@ -70,18 +70,23 @@ Per element of its tensor, ``eb`` the activation element size (casts to fp32 cos
             grad * conj(freqs)       q, kv   4           4
             .float() backward        q, kv   4           eb      (eb < 4)
     repeat_kv sum over n_rep (k, v)  q -> kv eb          eb
-    gradient adds: x, h, normed x (2), normed h (1: SwiGLU's w1, w3)   h   2 eb   eb
+    gradient adds: x, h              h       2 eb        eb
+    gradient adds: normed x (2), normed h (1: SwiGLU's w1, w3)   h_gathered   2 eb   eb
     SwiGLU  grad * w3(x), grad * silu(w1 x), silu_backward   f   3 x 2 eb   3 x eb
     GeLU    gelu_backward            f       2 eb        eb
     LayerNorm backward (dx, then gamma: reads dy and x twice)   h   4 eb   eb
 
-    bf16: per h element 84 B forward, 214 backward (norms 2 x 36 and 2 x 92); per q and per
+    bf16: per h element 84 B forward, 214 backward (norms 2 x 36 and 2 x 92; 18 of the 214 are
+    the gathered inputs' adds, h_gathered below); per q and per
     kv element 24 / 24 (RoPE 20, repeat_kv 4 with GQA); per f element 10 / 18 (SwiGLU).
     The fused price: 22 B per h and 6 per f forward (11 and 3 passes), twice that backward.
 
 Tensor widths per GPU are those the fused pricing uses: ``b s h`` divided by tp only with
 sequence parallelism (torchtitan's TP plan runs the norms sequence-parallel), ``q``, ``kv`` and
-``f`` by tp, each over the GPU's ``s / cp`` tokens.  Not counted: Dropout (torchtitan's
+``f`` by tp, each over the GPU's ``s / cp`` tokens; except the gradient adds of the normed x and
+h (``h_gathered``): that plan all-gathers them over the sequence before wq / wk / wv and w1 / w3
+(``PrepareModuleInput``, Shard(1) -> Replicate, parallelize_llama.py apply_tp), so the linears'
+input gradients are added on the whole ``b s h`` on every GPU, and only then reduce-scattered.  Not counted: Dropout (torchtitan's
 models and Hugging Face's Llama have none; the fused price keeps Megatron's bias-dropout-add
 with its 1-byte mask, so for a LayerNorm / GeLU model eager comes out about even with fused,
 and a Hugging Face GPT-2 / OPT at its default dropout 0.1 pays two dropout passes per block
@@ -95,7 +100,10 @@ from __future__ import annotations
 
 from planner.cost.passes import FP32_BYTES, Pass, casts, total_bytes
 
-WIDTHS = ("h", "q", "kv", "f")
+# h_gathered: a b s h tensor all-gathered over the sequence before column-parallel linears (the
+# normed x of wq / wk / wv, the normed h of w1 / w3), whole on every GPU whatever sequence
+# parallelism shards (module docstring, "Tensor widths")
+WIDTHS = ("h", "h_gathered", "q", "kv", "f")
 
 
 def rmsnorm_passes(eb: int, label: str) -> tuple[list[Pass], list[Pass]]:
@@ -153,7 +161,8 @@ def block_passes(model, eb: int) -> tuple[list[Pass], list[Pass]]:
             fwd += [Pass(f"repeat_kv {t} read", "kv", eb, 0), Pass(f"repeat_kv {t} write", "q", 0, eb)]
             bwd += [Pass(f"repeat_kv {t} sum read", "q", eb, 0), Pass(f"repeat_kv {t} sum write", "kv", 0, eb)]
     fwd += [Pass(f"residual add {i}", "h", 2 * eb, eb) for i in (1, 2)]
-    adds = ["x", "h", "normed x (wq, wk)", "normed x (wv)"]
+    bwd += [Pass(f"gradient add: {a}", "h", 2 * eb, eb) for a in ("x", "h")]
+    adds = ["normed x (wq, wk)", "normed x (wv)"]   # on the all-gathered inputs of the linears
     if model.mlp == "swiglu":
         adds.append("normed h (w1, w3)")
         fwd += [Pass("silu", "f", eb, eb), Pass("silu * w3(x)", "f", 2 * eb, eb)]
@@ -162,7 +171,7 @@ def block_passes(model, eb: int) -> tuple[list[Pass], list[Pass]]:
     else:
         fwd += [Pass("gelu", "f", eb, eb)]
         bwd += [Pass("gelu_backward", "f", 2 * eb, eb)]
-    bwd += [Pass(f"gradient add: {a}", "h", 2 * eb, eb) for a in adds]
+    bwd += [Pass(f"gradient add: {a}", "h_gathered", 2 * eb, eb) for a in adds]
     return fwd, bwd
 
 
@@ -174,8 +183,8 @@ def bytes_per_token(passes: list[Pass], widths: dict[str, float]) -> float:
 def block_widths(model, tp: int, sequence_parallel: bool, ffn: float) -> dict[str, float]:
     """Elements per token of each tensor on one GPU of a tp group (module docstring)."""
     from planner.cost.flops import kv_width
-    return {"h": model.hidden_size / (tp if sequence_parallel else 1), "q": model.q_width / tp,
-            "kv": kv_width(model) / tp, "f": ffn / tp}
+    return {"h": model.hidden_size / (tp if sequence_parallel else 1), "h_gathered": model.hidden_size,
+            "q": model.q_width / tp, "kv": kv_width(model) / tp, "f": ffn / tp}
 
 
 def eager_block_bytes(model, eb: int, tokens: float, tp: int, sequence_parallel: bool,
@@ -216,7 +225,8 @@ def elementwise_details(ctx, gpu, tp: int, share: int) -> list[tuple[str, float,
         per = {w: total_bytes([p for p in passes if p.width == w]) for w in WIDTHS}
         shown = ", ".join(f"{per[w]:g} B per {w} element" for w in WIDTHS if per[w])
         formula = (f"per block, eager PyTorch ops ({len(passes)} passes): {shown}; over the GPU's "
-                   f"b s/cp tokens, h /tp with sequence parallel, q kv f /tp, / {tbw} "
+                   f"b s/cp tokens, h /tp with sequence parallel (h_gathered: the all-gathered inputs "
+                   f"of the linears, whole), q kv f /tp, / {tbw} "
                    "(planner.cost.elementwise)")
         rows.append((f"elementwise_{way}_s", seconds, formula))
     return rows

@@ -79,10 +79,13 @@ def _training(plan) -> tuple[int, int, str]:
 
 
 def context_for_plan(plan, calibration: Calibration | None = None, profiles=None, model=None,
-                     **extra) -> CostContext:
+                     precision: str | None = None, **extra) -> CostContext:
+    """The plan's context: its precision and kernel choices unless ``precision`` or ``extra``
+    say otherwise (a run that computed the plan another way: profile.from_run)."""
     from planner.spec import load_model
     model = model or load_model(plan.inputs.model)
-    seq_len, _, precision = _training(plan)
+    seq_len, _, planned = _training(plan)
+    precision = precision or planned
     extra.setdefault("cross_entropy", plan.training_choice("cross_entropy"))
     extra.setdefault("elementwise", plan.training_choice("elementwise"))
     extra.setdefault("flash_attention", plan.training_choice("attention") == "flash")
@@ -425,9 +428,11 @@ def _details(ctx, plan, nodes, timings, k) -> list[tuple[str, float, str]]:
     ]
     if st.num_blocks:   # a block's memory-bound ops, fused or eager (Training.elementwise)
         rows += elementwise_details(ctx, gpu, r.tp, r.micro_batch_share)
-    last = next((i for i, x in enumerate(plan.stages) if x.head), None)
+    # the head stage as priced (in a V, rank 0: _priced_stages), not as the plan file keeps it
+    priced = _priced_stages(plan)
+    last = next((i for i, x in enumerate(priced) if x.head), None)
     if last is not None:   # the head stage's loss term (its kernel's passes over the logits)
-        r = plan.stages[last].replicas[timings[last].slowest_replica]
+        r = priced[last].replicas[timings[last].slowest_replica]
         rows += loss_details(ctx, nodes[r.node].gpu, r.tp, r.micro_batch_share)
     return rows
 

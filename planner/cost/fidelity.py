@@ -126,9 +126,11 @@ def predict_set(name: str, calibration=None) -> list[RowResult]:
     contexts: dict = {}  # rows with the same model and knobs share a context (and its caches)
     for row, cluster, model in load_rows(name):
         p = row.plan
+        # every CostContext.from_plan field (the schedule's included), so no row is priced with
+        # another's context parallelism, experts or shard groups
         key = (id(model), str(p.inputs.training), p.recompute, p.sequence_parallel, p.zero_stage,
                p.schedule, p.virtual_stages, p.num_micro_batches if p.zero_stage >= 2 else 1,
-               p.reshards_after_forward)
+               p.reshards_after_forward, p.context_parallel, p.expert_parallel, p.zero_shard_degree)
         ctx = contexts.get(key)
         if ctx is None:
             ctx = contexts[key] = context_for_plan(p, calibration, model=model, **extra)

@@ -113,6 +113,18 @@ def _run_dtype(path: str, trained: dict) -> str:
                 f"computed in {dtype!r}; measure with `planner run --dtype float32`")
 
 
+def run_context(plan, path: str, trained: dict, calibration=None, profiles=None):
+    """The cost model's context for what the reference runner computed when it trained ``plan``
+    (``trained``: the measurements' record, read from ``path``): the run's dtype (float32, TF32
+    matmuls for a tf32 plan), attention unfused and the loss as F.cross_entropy on fp32 logits
+    (the plain loss), whatever the plan priced (planner/launch/tiny_model.py).  Measured times are
+    split over the layers in its proportions, its collectives and overhead taken out (here and in
+    planner.rebalance_blocks); the plan's own memory and price keep the plan's context."""
+    from planner.cost.evaluate import context_for_plan
+    return context_for_plan(plan, calibration, profiles, precision=_run_dtype(path, trained),
+                            flash_attention=False, cross_entropy="plain")
+
+
 def check_trained(path: str, doc: dict, plan) -> dict:
     """The run's ``trained`` record, checked to be the plan's own model and sequence length
     (``--tiny`` or ``--seq-len`` runs train another model, whose times price nothing here)."""
@@ -135,7 +147,7 @@ def profiles_from_run(cluster, plan, path: str, warmup: int = DEFAULT_WARMUP_STE
                       calibration=None, note: str | None = None) -> FromRun:
     """Profiles from the measurements file at ``path`` of ``plan`` (module docstring); the cost
     model's prediction uses ``profiles`` and ``calibration`` (None: the roofline / shipped fit)."""
-    from planner.cost.evaluate import _priced_stages, _training, context_for_plan
+    from planner.cost.evaluate import _priced_stages, _training
     from planner.launch.measurements import load, plan_sha256
 
     doc, times = load(path, plan)  # hash, replicas, positive times: rebalance's checks
@@ -146,9 +158,7 @@ def profiles_from_run(cluster, plan, path: str, warmup: int = DEFAULT_WARMUP_STE
         raise _fail(path, "steps", f"{len(steps)} measured step(s), none left after {warmup} warm-up "
                     "step(s); run more --steps or lower --warmup")
     seq_len, _, precision = _training(plan)
-    # the runner computes attention unfused whatever the plan priced (planner/launch/tiny_model.py),
-    # so the layers' proportions are the unfused core's
-    ctx = context_for_plan(plan, calibration, profiles, flash_attention=False)
+    ctx = run_context(plan, path, trained, calibration, profiles)
     nodes = cluster.node_by_name
     m = plan.num_micro_batches
     samples: dict[tuple, list[tuple[float, float]]] = defaultdict(list)

@@ -1,7 +1,8 @@
 """Plans handed to the search whole, as its first incumbents (``solve(..., incumbents=[plan])``):
 ``planner replan`` gives the old plan, repaired after lost nodes (issue 18).
 
-Such a plan is priced by ``planner.cost.evaluate`` on the search's cluster, keyed under the
+Such a plan is priced by ``planner.cost.evaluate`` on the search's cluster with the search's
+training (its inputs replaced, as the answer's will be), keyed under the
 objective like any candidate and added to ``Best`` before anything else, so its value is the
 cutoff from the start: knob tuples whose bound cannot beat it are pruned, warm starts and MILPs
 get it as their cutoff, and the answer is never worse than it.  When nothing beats it, the
@@ -37,7 +38,10 @@ def given_candidates(cluster, model, training, spec, plans, profiles, admits) ->
         if plan.micro_batch_size * plan.num_micro_batches != training.global_batch_size:
             raise InputError(f"incumbent plan {i}: {plan.micro_batch_size} x {plan.num_micro_batches} sequences "
                              f"per iteration, the training's global batch is {training.global_batch_size}")
-        ev = evaluate(cluster, plan, profiles=profiles, model=model, check=False)
+        # priced with this search's training (precision, sequence length, kernels), as the
+        # answer as_answer would make of it: the plan's own inputs may say otherwise (a flash
+        # plan given to a search of the unfused core), and the cutoff must be the answer's price
+        ev = evaluate(cluster, _with_training(plan, training), profiles=profiles, model=model, check=False)
         if not ev.fits:
             continue
         # the search prices node rent only (objectives.py: egress is added by the final evaluation)
@@ -47,6 +51,11 @@ def given_candidates(cluster, model, training, spec, plans, profiles, admits) ->
         if admits(cand):
             out.append(cand)
     return out
+
+
+def _with_training(plan, training):
+    """``plan`` with its ``inputs.training`` this search's (what ``as_answer`` writes)."""
+    return plan.model_copy(update={"inputs": plan.inputs.model_copy(update={"training": training.io_mapping()})})
 
 
 def as_answer(cand: Candidate, cluster, model, training, objective):
