@@ -28,6 +28,9 @@ def synthetic_profile(tmp_path):
                         "backward_s": HEAD[1] * mb, "peak_memory_bytes": 1})
     data = {"schema": "planner.profile/v1", "device": {"kind": "cpu", "name": "test cpu"},
             "torch_version": "x", "dtype": "bf16", "created": "2026-12-02T00:00:00+00:00",
+            # the kernel of the test plans (written without `attention`: unfused), so the
+            # entries answer as timed (test_profile_attention.py: the other kernel)
+            "attention": "unfused",
             "seq_len": SEQ_LEN, "model": load_model(MODEL_FILE).to_mapping(),
             "settings": {"warmup": 0, "repeats": 1, "timer": "wall-clock", "memory": "none"},
             "entries": entries}

@@ -24,6 +24,7 @@ Embedding: 1 forward; head: 1 backward.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
@@ -120,6 +121,40 @@ def _block_roofline(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> tupl
     return fwd, bwd, recompute, work.dense_forward_s
 
 
+def _profile_keys(ctx: CostContext) -> dict:
+    """What a profile set that knows them matches against the plan: its training precision and
+    its attention kernel (profile/store.py; older or minimal sets take neither)."""
+    keys = {}
+    if getattr(ctx.profiles, "matches_precision", False):
+        keys["precision"] = ctx.precision
+    if getattr(ctx.profiles, "matches_attention", False):
+        keys["attention"] = attention_kernel(ctx)
+    return keys
+
+
+def attention_kernel(ctx: CostContext) -> str:
+    """The plan's attention kernel in a profile's words (ProfileFile.attention)."""
+    return "fused" if ctx.flash_attention else "unfused"
+
+
+def _other_kernel_ratio(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> tuple[float, float] | None:
+    """(forward, backward) factors that carry a block timed with the other attention kernel to
+    the plan's: the roofline's block under the plan's kernel over the same under the file's.
+    None when the last lookup was answered by a file of the plan's own kernel.  A ratio, not a
+    difference: it keeps whatever the measurement says about the roofline's other terms (a CPU
+    profile runs 2-3x the roofline) and can never turn a time negative."""
+    other = getattr(ctx.profiles, "attention_of", None)
+    timed_with = other(gpu.name, "block", share, tp, ctx.seq_len) if other else None
+    if timed_with is None or timed_with == attention_kernel(ctx):
+        return None
+    mine = block_work(ctx, gemm_curve_for(ctx, gpu), tp, share)
+    theirs_ctx = dataclasses.replace(ctx, flash_attention=timed_with == "fused", cache={}, sources={})
+    theirs = block_work(theirs_ctx, gemm_curve_for(theirs_ctx, gpu), tp, share)
+    if theirs.forward_s <= 0 or theirs.backward_s <= 0:
+        return None
+    return mine.forward_s / theirs.forward_s, mine.backward_s / theirs.backward_s
+
+
 def _lookup(ctx: CostContext, gpu: GpuType, kind: str, share: int, tp: int):
     """Measured (forward_s, backward_s) or None; records in ``ctx.sources`` whether the layer
     cost was measured, interpolated between measured micro-batches, or estimated (roofline).
@@ -129,7 +164,7 @@ def _lookup(ctx: CostContext, gpu: GpuType, kind: str, share: int, tp: int):
     # a profile times a layer on whole sequences; a context-parallel GPU runs s/cp of each
     # against the ring's K/V, which no profile measured: the roofline prices it
     if ctx.profiles is not None and ctx.context_parallel == 1:
-        extra = {"precision": ctx.precision} if getattr(ctx.profiles, "matches_precision", False) else {}
+        extra = _profile_keys(ctx)
         try:
             found = ctx.profiles.lookup(gpu.name, kind, share, tp, ctx.seq_len, ctx.model, **extra)
         except (KeyError, LookupError):
@@ -172,6 +207,9 @@ def block_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, shar
     fwd, bwd, recompute, gemm = _block_roofline(ctx, gpu, tp, share)
     measured = _lookup(ctx, gpu, "block", share, tp)
     if measured is not None:
+        ratio = _other_kernel_ratio(ctx, gpu, tp, share)
+        if ratio is not None:   # timed with the other attention kernel: re-priced for the plan's
+            measured = (measured[0] * ratio[0], measured[1] * ratio[1])
         if ctx.recompute == "full":  # a measured forward is what full recompute redoes
             recompute = measured[0]
         elif fwd > 0:
@@ -265,9 +303,8 @@ def _measured_weight_fraction(ctx: CostContext, gpu: GpuType, kind: str, share: 
     fraction_of = getattr(ctx.profiles, "weight_fraction", None)  # older profile sets have none
     if fraction_of is None or ctx.context_parallel > 1:   # as _lookup: profiles time whole sequences
         return None
-    extra = {"precision": ctx.precision} if getattr(ctx.profiles, "matches_precision", False) else {}
     try:
-        return fraction_of(gpu.name, kind, share, tp, ctx.seq_len, ctx.model, **extra)
+        return fraction_of(gpu.name, kind, share, tp, ctx.seq_len, ctx.model, **_profile_keys(ctx))
     except (KeyError, LookupError):
         return None
 

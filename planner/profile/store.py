@@ -9,6 +9,9 @@ a layer timed in fp32 is not a bf16 layer.  In order:
    for (same everything else; entries that did not fit are not used);
 3. 1 and 2 over the entries of files of another dtype that stand in for the plan's precision;
 4. ``None``; when a file of another dtype would have answered, the usage record says so.
+A block also carries how its attention core ran (the file's ``attention``): within a dtype the
+files of the plan's kernel answer first, then those of the other kernel, whose answer the cost
+model re-prices for the plan's kernel (``attention_of`` says which answered; planner.cost.compute).
 We do not extrapolate beyond the measured range: below the smallest micro-batch fixed
 per-kernel costs dominate and above the largest the device may run out of memory or change
 kernels, so a straight line would be a guess dressed as a measurement; the roofline,
@@ -78,6 +81,7 @@ class _Point:
     backward_s: float
     stands_in_for: tuple[str, ...] = ()  # the file's: other precisions it may price
     weight_fraction: float | None = None  # W / (I + W) where the split backward was measured
+    attention: str = "fused"  # the file's: how a block's attention core ran
 
 
 @dataclass
@@ -118,10 +122,11 @@ class ProfileSet:
             if not e.fits:
                 continue
             key = (gpu_key(loaded.gpu_type), e.layer, e.tp, prof.seq_len,
-                   layer_shape(model, e.layer), prof.dtype)
+                   layer_shape(model, e.layer), prof.dtype, _kernel(e.layer, prof.attention))
             where = doc.locate(("entries", i)) if doc else Location(loaded.path, field=f"entries[{i}]")
             self._series.setdefault(key, _Series()).add(
-                _Point(e.micro_batch, e.forward_s, e.backward_s, prof.stands_in_for, e.weight_fraction),
+                _Point(e.micro_batch, e.forward_s, e.backward_s, prof.stands_in_for, e.weight_fraction,
+                       prof.attention),
                 loaded.path, where)
         self.profiles.append(loaded)
 
@@ -177,37 +182,40 @@ class ProfileSet:
     def gpu_types(self) -> list[str]:
         return sorted({p.gpu_type for p in self.profiles})
 
-    # The cost model checks this before passing ``precision`` (its minimal protocol has none).
+    # The cost model checks these before passing ``precision`` / ``attention`` (its minimal
+    # protocol has neither).
     matches_precision = True
+    matches_attention = True
 
     def lookup(self, gpu_name: str, layer_kind: str, micro_batch: int, tp: int, seq_len: int,
-               model: Any, precision: str | None = None) -> tuple[float, float] | None:
+               model: Any, precision: str | None = None, attention: str | None = None
+               ) -> tuple[float, float] | None:
         """(forward_s, backward_s) of one micro-batch on one TP rank, or None (use the roofline).
 
         ``precision``: the plan's training precision; only files of that dtype, or standing in
-        for it, answer.  None (callers that predate dtypes) takes a file of any dtype."""
+        for it, answer.  None (callers that predate dtypes) takes a file of any dtype.
+        ``attention``: the plan's attention kernel (fused | unfused); a block timed with the
+        other one still answers, after those of the plan's, and ``attention_of`` names it."""
         mapping = _model_mapping(model)
         base = (gpu_key(gpu_name), layer_kind, tp, seq_len, layer_shape(mapping, layer_kind))
         record = (gpu_name, layer_kind, micro_batch, tp, seq_len)
-        dtypes = [d for d in DTYPES if (*base, d) in self._series]
+        dtypes = sorted({k[len(base)] for k in self._series if k[:len(base)] == base}, key=DTYPES.index)
         if precision is not None:
             self._precisions.add(precision)
         result, source, note = None, "estimated", {}
-        if precision is None or precision in dtypes:
-            # None keeps the old answer: the series of the one dtype a key usually has.
-            own = precision if precision is not None else (dtypes[0] if dtypes else None)
-            if own is not None:
-                result, source = _interpolate(self._series[(*base, own)].points, micro_batch)
+        for dtype, points in self._candidates(base, dtypes, precision, attention):
+            result, source = _interpolate(points, micro_batch)
+            if result is not None:
+                if precision is not None and dtype != precision:
+                    note["profile_dtype"] = dtype
+                if attention is not None and points[0].attention != attention and layer_kind == "block":
+                    note["profile_attention"] = points[0].attention
+                break
         if result is None and precision is not None:
             for dtype in (d for d in dtypes if d != precision):
-                points = self._series[(*base, dtype)].points
-                result, source = _interpolate([p for p in points if precision in p.stands_in_for],
-                                              micro_batch)
-                if result is not None:
-                    note = {"profile_dtype": dtype}
-                    break
-                if not note and _interpolate(points, micro_batch)[0] is not None:
+                if any(_interpolate(pts, micro_batch)[0] is not None for pts in self._kernels(base, dtype, None)):
                     note = {"reason": f"profile dtype {dtype} != plan precision {precision}"}
+                    break
         self._usage[record] = source
         if note:
             self._notes[record] = note
@@ -215,23 +223,45 @@ class ProfileSet:
             self._notes.pop(record, None)
         return result
 
+    def attention_of(self, gpu_name: str, layer_kind: str, micro_batch: int, tp: int, seq_len: int) -> str | None:
+        """The attention kernel of the file that answered the last lookup of this entry when it
+        is not the plan's (the cost model then re-prices the core); None otherwise."""
+        return self._notes.get((gpu_name, layer_kind, micro_batch, tp, seq_len), {}).get("profile_attention")
+
+    def _kernels(self, base: tuple, dtype: str, attention: str | None) -> list[list[_Point]]:
+        """The point lists of one dtype, the plan's attention kernel first (a block's files may
+        have timed either; other layers have one list)."""
+        kinds = [k for k in _KERNELS if (*base, dtype, k) in self._series]
+        if attention in kinds:
+            kinds.remove(attention)
+            kinds.insert(0, attention)
+        return [self._series[(*base, dtype, k)].points for k in kinds]
+
+    def _candidates(self, base: tuple, dtypes: list[str], precision: str | None, attention: str | None):
+        """(dtype, points) in the order lookups take them: the plan's dtype (any dtype when
+        None), then the files of other dtypes standing in for it; within each, the plan's
+        attention kernel first."""
+        if precision is None or precision in dtypes:
+            own = precision if precision is not None else (dtypes[0] if dtypes else None)
+            if own is not None:
+                for points in self._kernels(base, own, attention):
+                    yield own, points
+        if precision is not None:
+            for dtype in (d for d in dtypes if d != precision):
+                for points in self._kernels(base, dtype, attention):
+                    standing = [p for p in points if precision in p.stands_in_for]
+                    if standing:
+                        yield dtype, standing
+
     def weight_fraction(self, gpu_name: str, layer_kind: str, micro_batch: int, tp: int, seq_len: int,
-                        model: Any, precision: str | None = None) -> float | None:
+                        model: Any, precision: str | None = None, attention: str | None = None) -> float | None:
         """W's measured share of the backward, W / (I + W), from the points ``lookup`` would use
         (interpolated between measured micro-batches as ``lookup`` does); None when those points
         were not measured split (older profiles), so the cost model uses the FLOPs split.  Records
         no usage: the ``lookup`` of the same layer does."""
         base = (gpu_key(gpu_name), layer_kind, tp, seq_len, layer_shape(_model_mapping(model), layer_kind))
-        dtypes = [d for d in DTYPES if (*base, d) in self._series]
-        candidates = []  # in lookup's order: the plan's dtype, then files standing in for it
-        if precision is None or precision in dtypes:
-            own = precision if precision is not None else (dtypes[0] if dtypes else None)
-            if own is not None:
-                candidates.append(self._series[(*base, own)].points)
-        if precision is not None:
-            candidates += [[p for p in self._series[(*base, d)].points if precision in p.stands_in_for]
-                           for d in dtypes if d != precision]
-        for points in candidates:
+        dtypes = sorted({k[len(base)] for k in self._series if k[:len(base)] == base}, key=DTYPES.index)
+        for _, points in self._candidates(base, dtypes, precision, attention):
             if _interpolate(points, micro_batch)[0] is not None:   # the series lookup answers from
                 return _interpolate_fraction(points, micro_batch)
         return None
@@ -278,6 +308,14 @@ class ProfileSet:
         self._usage.clear()
         self._notes.clear()
         self._precisions.clear()
+
+
+_KERNELS = ("fused", "unfused", "-")
+
+
+def _kernel(layer: str, attention: str) -> str:
+    """A series' attention kernel: a block's file's; "-" for layers without attention."""
+    return attention if layer == "block" else "-"
 
 
 def _interpolate(points: list[_Point], micro_batch: int) -> tuple[tuple[float, float] | None, str]:
