@@ -93,3 +93,31 @@ def test_attention_does_not_split_layers_without_one(tmp_path):
         return path
     with pytest.raises(InputError, match="already measured"):
         ProfileSet.load([head_file("fused"), head_file("unfused")])
+
+
+def test_a_measured_head_is_repriced_for_a_fused_loss_plan(tmp_path, gpu):
+    """Every profile times the head with F.cross_entropy on fp32 logits (the plain loss): a
+    plain-loss plan takes it as timed, a fused-loss plan by the roofline's ratio."""
+    from planner.cost.compute import head_timing
+    from planner.cost.roofline import head_work
+    model = load_model(MODEL_FILE).to_mapping()
+    data = {"schema": "planner.profile/v1", "device": {"kind": "cpu", "name": "test cpu"},
+            "torch_version": "x", "dtype": "bf16", "created": "2026-12-04T00:00:00+00:00",
+            "seq_len": SEQ_LEN, "model": model,
+            "settings": {"warmup": 0, "repeats": 1, "timer": "wall-clock", "memory": "none"},
+            "entries": [{"layer": "head", "micro_batch": 2, "tp": 1, "forward_s": 0.002,
+                         "backward_s": 0.004, "peak_memory_bytes": 1}]}
+    path = tmp_path / "head.yaml"
+    path.write_text(yaml.safe_dump(data))
+    profiles = ProfileSet.load(path)
+    timings = {}
+    for loss in ("plain", "fused"):
+        ctx = dataclasses.replace(_context(profiles, True), cross_entropy=loss)
+        timings[loss] = head_timing(ctx, gpu, gpu.intra_node_bandwidth_Bps, 1, 2)
+    assert (timings["plain"].forward_s, timings["plain"].backward_s) == pytest.approx((0.002, 0.004))
+    bare = _context(None, True)
+    works = {loss: head_work(dataclasses.replace(bare, cross_entropy=loss), gemm_curve_for(bare, gpu), 1, 2)
+             for loss in ("plain", "fused")}
+    assert works["fused"][0] < works["plain"][0]       # the fused loss moves fewer bytes
+    assert timings["fused"].forward_s == pytest.approx(0.002 * works["fused"][0] / works["plain"][0])
+    assert timings["fused"].backward_s == pytest.approx(0.004 * works["fused"][1] / works["plain"][1])

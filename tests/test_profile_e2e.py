@@ -35,7 +35,10 @@ def _plan(stages: list[dict], micro_batch_size: int, num_micro_batches: int,
                    # bf16 is what the cost model knows; it sets 4-byte (fp32) gradients, as the
                    # runner's float32 training has.
                    "training": {"global_batch_size": micro_batch_size * num_micro_batches,
-                                "seq_len": SEQ_LEN, "precision": "bf16"}},
+                                "seq_len": SEQ_LEN, "precision": "bf16",
+                                # the kernels the CPU runner computes (docs/runner.md): its
+                                # explicit softmax and F.cross_entropy on fp32 logits
+                                "attention": "unfused", "cross_entropy": "plain"}},
         "micro_batch_size": micro_batch_size, "num_micro_batches": num_micro_batches,
         "schedule": schedule, "stages": stages})
 

@@ -43,7 +43,9 @@ def make_plan(precision: str = "bf16", seq_len: int = 64) -> Plan:
         "schema": "planner.plan/v1",
         "inputs": {"cluster": "two-cpus", "model": MODEL,
                    "training": {"global_batch_size": 8 * MICRO_BATCHES, "seq_len": seq_len,
-                                "precision": precision}},
+                                "precision": precision,
+                                # what the runner computes, so its profiles answer as timed
+                                "attention": "unfused", "cross_entropy": "plain"}},
         "micro_batch_size": 8, "num_micro_batches": MICRO_BATCHES, "schedule": "1f1b",
         "stages": [{"index": 0, "blocks": [0, 2], "embedding": True, "head": True, "replicas": [
             {"gpu_type": "cpu-a", "tp": 1, "micro_batch_share": 4, "devices": ["fast:0"]},
@@ -146,10 +148,13 @@ def test_the_runs_head_is_split_as_the_plain_loss_the_runner_computed(files):
     """The runner's head is F.cross_entropy on fp32 logits (tiny_model.head_loss_sum), the plain
     loss, whatever the plan priced (device_report prices its runs so): a fused-loss plan's
     profiles take the plain loss's head ratio, not the fused kernel's."""
-    tmp, plan = files
+    tmp, runners = files
+    plan = runners.model_copy(update={"inputs": runners.inputs.model_copy(update={
+        "training": {**runners.inputs.training, "cross_entropy": "fused"}})})
     assert plan.training_choice("cross_entropy") == "fused"
+    (tmp / "m-fused.json").write_text(json.dumps(measurements(plan)))
     cluster = api.load_cluster(tmp / "cluster.yaml")
-    result = api.profile_from_run(cluster, plan, tmp / "m.json")
+    result = api.profile_from_run(cluster, plan, tmp / "m-fused.json")
     node = cluster.node_by_name["slow"]
     entries = {e.layer: e for e in result.profiles["cpu-b"].entries}
     ratios = {}

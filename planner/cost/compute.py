@@ -148,11 +148,33 @@ def _other_kernel_ratio(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> 
     if timed_with is None or timed_with == attention_kernel(ctx):
         return None
     mine = block_work(ctx, gemm_curve_for(ctx, gpu), tp, share)
-    theirs_ctx = dataclasses.replace(ctx, flash_attention=timed_with == "fused", cache={}, sources={})
+    theirs_ctx = _as_timed(ctx, flash_attention=timed_with == "fused")
     theirs = block_work(theirs_ctx, gemm_curve_for(theirs_ctx, gpu), tp, share)
-    if theirs.forward_s <= 0 or theirs.backward_s <= 0:
+    return _ratios((mine.forward_s, mine.backward_s), (theirs.forward_s, theirs.backward_s))
+
+
+def _plain_loss_ratio(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> tuple[float, float] | None:
+    """(forward, backward) factors that carry a measured head to the plan's loss kernel: every
+    profile times the head with ``F.cross_entropy`` on fp32 logits (measure.py, and the runner
+    that ``--from-run`` reads), the plain loss; a plan with the fused one takes the roofline's
+    head under its kernel over the same under the plain one.  None for a plain-loss plan."""
+    if ctx.cross_entropy == "plain":
         return None
-    return mine.forward_s / theirs.forward_s, mine.backward_s / theirs.backward_s
+    plain = _as_timed(ctx, cross_entropy="plain")
+    return _ratios(head_work(ctx, gemm_curve_for(ctx, gpu), tp, share),
+                   head_work(plain, gemm_curve_for(plain, gpu), tp, share))
+
+
+def _as_timed(ctx: CostContext, **kernels) -> CostContext:
+    """The plan's context with the kernels a measurement ran (fresh caches: they key by GPU
+    and shape, not by kernel)."""
+    return dataclasses.replace(ctx, cache={}, sources={}, **kernels)
+
+
+def _ratios(mine: tuple[float, float], theirs: tuple[float, float]) -> tuple[float, float] | None:
+    if theirs[0] <= 0 or theirs[1] <= 0:
+        return None
+    return mine[0] / theirs[0], mine[1] / theirs[1]
 
 
 def _lookup(ctx: CostContext, gpu: GpuType, kind: str, share: int, tp: int):
@@ -262,7 +284,8 @@ def head_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, share
     fwd, bwd = head_work(ctx, gemm_curve_for(ctx, gpu), tp, share)
     measured = _lookup(ctx, gpu, "head", share, tp)
     if measured is not None:
-        fwd, bwd = measured
+        ratio = _plain_loss_ratio(ctx, gpu, tp, share)
+        fwd, bwd = measured if ratio is None else (measured[0] * ratio[0], measured[1] * ratio[1])
     coll = tp_collective_s(ctx, share * s * m.hidden_size * ctx.activation_bytes, tp, intra_Bps, gpu)
     out = ReplicaTiming(fwd, bwd, 0.0, 0.0, coll)
     return out
