@@ -221,6 +221,61 @@ def test_plain_cross_entropy_holds_two_more_fp32_logit_tensors(tp, in_flight):
     assert replica_memory(_ctx(m, cross_entropy="plain"), *middle) == replica_memory(_ctx(m), *middle)
 
 
+def test_interleaved_holds_one_micro_batchs_logits_at_the_head():
+    """Megatron's interleaved order runs each micro-batch's last-chunk forward and backward back
+    to back on the last rank, so its head holds one micro-batch's fp32 logits, not the stage's
+    (p + 1) / 2 in flight; 1F1B's last stage holds one anyway, GPipe m."""
+    from planner.cost.memory import logits_in_flight
+    gpu = catalog.gpu("A100-SXM4-80GB")
+    m = gpt(num_layers=8)
+    p, mb = 8, 16
+    inflight = in_flight_micro_batches("interleaved-1f1b", p, p - 1, mb, 2)
+    assert inflight == pytest.approx((p + 1) / 2)
+    args = (gpu, 1, 2, 4, False, True, 4, inflight)
+    stage_count = replica_memory(_ctx(m), *args)
+    one = replica_memory(_ctx(m), *args, logits_in_flight("interleaved-1f1b"))
+    logits = 2 * 1024 * 50257                 # share 2 x seq 1024 x vocab
+    assert stage_count.activations_bytes - one.activations_bytes == pytest.approx(4 * logits * (inflight - 1))
+    assert logits_in_flight("1f1b") is None and logits_in_flight("gpipe") is None
+    assert in_flight_micro_batches("1f1b", p, p - 1, mb) == 1
+
+
+def test_the_search_prices_the_interleaved_heads_memory_as_evaluate_does():
+    """The search's memory model (space.Pricer.memory_model) and evaluate both take the head's
+    logits once under interleaving: the model at the last stage's in-flight count equals
+    evaluate's peak of that stage."""
+    from planner.cost import evaluate, topology_for
+    from planner.plan import Plan
+    from planner.search.classes import class_infos
+    from planner.search.knobs import Knobs, OptionKey, make_context
+    from planner.search.space import Pricer
+    from planner.spec import Training, cluster_from_dict
+    model = load_model("llama3-8b")
+    cluster = cluster_from_dict({"name": "two", "nodes": [{"name": "a", "count": 2, "gpu": "A100-SXM4-80GB",
+                                                           "gpus_per_node": 8}]})
+    training = Training(global_batch_size=32, seq_len=4096)
+    p, m, v = 2, 16, 2
+    knobs = Knobs(2, m, "interleaved-1f1b", v, "selective", 1, p)
+    ctx = make_context(model, training, knobs)
+    classes = class_infos(topology_for(cluster), training.precision)
+    pricer = Pricer(model, training, classes, topology_for(cluster))
+    key = OptionKey(0, 8, 1)
+    _, _, mem = pricer.memory_model(ctx, knobs, key, 2, False, True)
+    f_last = in_flight_micro_batches("interleaved-1f1b", p, p - 1, m, v)
+    blocks = model.num_layers // 2
+    stages = [{"index": s, "blocks": [s * blocks, (s + 1) * blocks], "embedding": s == 0, "head": s == 1,
+               "replicas": [{"gpu_type": "A100-SXM4-80GB", "tp": 8, "micro_batch_share": 2,
+                             "devices": [f"a-{s}:{g}" for g in range(8)]}]} for s in range(p)]
+    plan = Plan.from_json({"schema": "planner.plan/v1",
+                           "inputs": {"cluster": "two", "model": model.to_mapping(),
+                                      "training": {"global_batch_size": 32, "seq_len": 4096, "attention": "flash"}},
+                           "micro_batch_size": 2, "num_micro_batches": m, "schedule": "interleaved-1f1b",
+                           "virtual_stages": v, "recompute": "selective", "zero_stage": 1, "sequence_parallel": True,
+                           "stages": stages})
+    ev = evaluate(cluster, plan, check=False)
+    assert mem(blocks // 2, f_last) == pytest.approx(ev.peak_memory_bytes["a-1:0"])
+
+
 def test_the_cross_entropy_choice_travels_with_the_plan():
     from planner.spec import Training
     t = Training(global_batch_size=8, seq_len=1024, cross_entropy="plain")

@@ -33,7 +33,7 @@ from planner.cost.compute import (
 from planner.cost.context import CostContext
 from planner.cost.flops import model_flops_per_iteration
 from planner.cost.hsdp import hsdp_details, hsdp_sync, is_hsdp
-from planner.cost.memory import in_flight_micro_batches, replica_memory, stage_params
+from planner.cost.memory import in_flight_micro_batches, logits_in_flight, replica_memory, stage_params
 from planner.cost.moe import ep_comm_per_micro_batch, expert_params, expert_rings, optimizer_params
 from planner.cost.money import plan_money
 from planner.cost.result import Evaluation
@@ -318,7 +318,8 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
             mem = ctx.cache.get(key)
             if mem is None:
                 mem = replica_memory(ctx, gpu, r.tp, r.micro_batch_share, st.num_blocks,
-                                     st.embedding, st.head, len(st.replicas), inflight)
+                                     st.embedding, st.head, len(st.replicas), inflight,
+                                     logits_in_flight(plan.schedule))
                 if bitpipe:
                     mem = with_pair_copy(ctx, gpu, r, st, stages[p - 1 - i], mem, inflight)
                 ctx.cache[key] = mem
@@ -455,7 +456,7 @@ def _memory_problem(ctx, plan, st, k, r, gpu, mem, inflight) -> str:
     def total(**changes) -> float:
         alt = replace(ctx, cache={}, sources={}, **changes)
         return replica_memory(alt, gpu, r.tp, r.micro_batch_share, st.num_blocks, st.embedding,
-                              st.head, n, inflight).total_bytes
+                              st.head, n, inflight, logits_in_flight(plan.schedule)).total_bytes
 
     if ctx.recompute != "full":
         t = total(recompute="full")

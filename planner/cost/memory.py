@@ -68,7 +68,11 @@ Sources:
   MLP activations are those of its active width top_k f_e + f_sh (each token's top_k expert
   inputs and outputs) plus the permuted copies of its input, top_k x 2 bytes per h.
 - Logits: the last stage holds fp32 logits of the vocabulary, ``4 s b V / t`` bytes, per
-  micro-batch in flight (Korthikanti et al. §4.3, output layer).
+  micro-batch in flight (Korthikanti et al. §4.3, output layer) at its head.  With interleaved
+  1F1B that is one, not the stage's count: the head is the last rank's last model chunk, and
+  Megatron's interleaved order (``schedules.py``: warm-up forwards on the first chunks, then
+  each forward of the last chunk followed by its backward) runs every micro-batch's forward and
+  backward there back to back (``logits_in_flight``).
 """
 
 from __future__ import annotations
@@ -240,10 +244,17 @@ def stage_params(ctx: CostContext, blocks: int, embedding: bool, head: bool) -> 
     return float(n)
 
 
+def logits_in_flight(schedule: str) -> float | None:
+    """Micro-batches whose logits the head's stage holds at its peak where that is not the
+    stage's own in-flight count (module docstring): one under interleaved 1F1B; None else."""
+    return 1.0 if schedule == "interleaved-1f1b" else None
+
+
 def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: int,
                    embedding: bool, head: bool, num_replicas_in_stage: int,
-                   in_flight_micro_batches: float) -> MemoryBreakdown:
-    """Peak memory of each GPU of a replica (all its tp GPUs hold the same amount)."""
+                   in_flight_micro_batches: float, logits_in_flight: float | None = None) -> MemoryBreakdown:
+    """Peak memory of each GPU of a replica (all its tp GPUs hold the same amount);
+    ``logits_in_flight``: the head's count where it is not the stage's (``logits_in_flight``)."""
     experts = blocks * block_expert_params(ctx.model)       # 0 for dense models
     params = (stage_params(ctx, blocks, embedding, head) - experts) / tp
     # ZeRO shards over dp x cp (docstring); with HSDP over the shard group's d replicas x cp
@@ -263,7 +274,8 @@ def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: 
         act += s * share * h / (tp if ctx.sequence_parallel and tp > 1 else 1) * in_flight_micro_batches
     if head:  # fp32 logits for the cross-entropy
         logits = s * share * ctx.model.vocab_size / tp
-        act += 4 * logits * in_flight_micro_batches
+        act += 4 * logits * (in_flight_micro_batches if logits_in_flight is None
+                             else min(logits_in_flight, in_flight_micro_batches))
         if ctx.cross_entropy == "plain":
             act += PLAIN_CROSS_ENTROPY_TRANSIENT_BYTES * logits
     # one replica shards nothing, so it gathers nothing (FSDP over one rank keeps whole weights)
@@ -273,7 +285,7 @@ def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: 
 
 def replica_memory_bytes(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: int,
                          embedding: bool, head: bool, num_replicas_in_stage: int,
-                         in_flight_micro_batches: float) -> float:
+                         in_flight_micro_batches: float, logits_in_flight: float | None = None) -> float:
     """Total of ``replica_memory``: peak bytes on each GPU of the replica."""
     return replica_memory(ctx, gpu, tp, share, blocks, embedding, head, num_replicas_in_stage,
-                          in_flight_micro_batches).total_bytes
+                          in_flight_micro_batches, logits_in_flight).total_bytes

@@ -5,7 +5,7 @@ let the rules try hundreds of options per tuple and build few memory models."""
 from __future__ import annotations
 
 from planner.cost import in_flight_micro_batches
-from planner.cost.memory import replica_memory
+from planner.cost.memory import logits_in_flight, replica_memory
 from planner.search.knobs import OptionKey
 from planner.search.pieces import _max_units
 from planner.search.schedules import SCHEDULES
@@ -74,7 +74,7 @@ class _Tuple:
         share = -(-self.knobs.micro_batch_size // key.replicas)
         gpu = self.pricer.classes[key.cls].gpu
         need = replica_memory(self.ctx, gpu, key.tp, share, units * self.unit, *self._ends[s], key.replicas,
-                              self._in_flight[s]).total_bytes
+                              self._in_flight[s], logits_in_flight(self.knobs.schedule)).total_bytes
         return need > gpu.memory_bytes * (1 + 1e-6)
 
     def _state_over(self, cls: int, tp: int, ends: tuple[bool, bool], units: int) -> bool:

@@ -32,6 +32,7 @@ from planner.cost import (
 )
 from planner.cost.comm import exposed_sync_parts
 from planner.cost.compute import backward_weight_s
+from planner.cost.memory import logits_in_flight
 from planner.search.core import CoreOption
 from planner.search.pieces import _max_units
 from planner.search.schedules import SCHEDULES
@@ -159,7 +160,9 @@ def mixed_options(pricer, ctx, knobs, key: MixedKey, unit: int, L_units: int) ->
                                                                  pricer.mixed_ring(key) if n > 1 else None)
         curves.append(hit)
         f = in_flight_micro_batches(knobs.schedule, p, s, m, v)
-        caps.append(min(_kind_units(ctx, info, k, n, unit, emb, head, f, L_units) for k, info in zip(key.kinds, infos)))
+        logits = logits_in_flight(knobs.schedule) if head else None
+        caps.append(min(_kind_units(ctx, info, k, n, unit, (emb, head), (f, logits), L_units)
+                        for k, info in zip(key.kinds, infos)))
     # block ranges with one (slowest kind, optimizer's kind) per position
     ranges: dict[tuple[int, int], list] = {}
     for s, c in enumerate(curves):
@@ -242,10 +245,12 @@ def _piece(ctx, key, classes, curves: list[_Curves], caps: list[int], ranges: li
                       price_usd_per_hour=sum(classes[k.cls].option_price(k.tp, k.replicas) for k in key.kinds))
 
 
-def _kind_units(ctx, info, kind: Kind, n: int, unit: int, emb: bool, head: bool, f: float, L_units: int) -> int:
-    """Most block units a replica of ``kind`` fits with ``f`` micro-batches in flight."""
+def _kind_units(ctx, info, kind: Kind, n: int, unit: int, ends: tuple[bool, bool], in_flight: tuple,
+                L_units: int) -> int:
+    """Most block units a replica of ``kind`` fits with ``in_flight`` = (micro-batches, the
+    head's logits where they differ: memory.logits_in_flight) in flight at a stage of ``ends``."""
     def mem(u: int) -> float:
-        return replica_memory_bytes(ctx, info.gpu, kind.tp, kind.share, u * unit, emb, head, n, f)
+        return replica_memory_bytes(ctx, info.gpu, kind.tp, kind.share, u * unit, *ends, n, *in_flight)
     base = mem(1)
     per_u = mem(2) - base
     return _max_units(info.gpu.memory_bytes, base - per_u, per_u, False, mem, L_units)

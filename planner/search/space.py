@@ -26,6 +26,7 @@ from planner.cost import (
 from planner.cost.comm import exposed_sync_parts
 from planner.cost.compute import backward_weight_s
 from planner.cost.hsdp import hsdp_option_sync, is_hsdp
+from planner.cost.memory import logits_in_flight
 from planner.cost.moe import ep_sync_s, expert_params, optimizer_params, option_ep_comm
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row
@@ -384,13 +385,14 @@ class Pricer(SendPricing):
         share = key.primary.share if isinstance(key, StandIn) else -(-knobs.micro_batch_size // n)
         # the memory reads the replicas only through ZeRO's optimizer shards: options of any
         # micro-batch size with the same share of it have the same model
-        ck = (self.cache_id(ctx), gpu.name, t, share, n if ctx.zero_stage >= 1 else 0, unit, emb, head)
+        logits = logits_in_flight(knobs.schedule) if head else None
+        ck = (self.cache_id(ctx), gpu.name, t, share, n if ctx.zero_stage >= 1 else 0, unit, emb, head, logits)
         hit = self._memory.get(ck)
         if hit is not None:
             return hit
 
         def mem(u: int, f: float) -> float:
-            return replica_memory_bytes(ctx, gpu, t, share, u * unit, emb, head, n, f)
+            return replica_memory_bytes(ctx, gpu, t, share, u * unit, emb, head, n, f, logits)
 
         m11, m21, m12, m22 = mem(1, 1.0), mem(2, 1.0), mem(1, 2.0), mem(2, 2.0)
         c3 = (m22 - m12) - (m21 - m11)
