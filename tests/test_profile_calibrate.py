@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from planner.profile.calibrate import Measured, calibrate_file
@@ -56,3 +57,24 @@ def test_unfused_and_other_dtype_profiles_price_other_work(tmp_path):
         assert b.before_s >= a.before_s and c.before_s >= a.before_s
     assert unfused.rows[-1].before_s > 1.2 * base.rows[-1].before_s  # s x s softmax traffic
     assert tf32.rows[-1].before_s > 1.5 * base.rows[-1].before_s  # half the peak, 4-byte elements
+
+
+def test_a_calibrated_entry_says_it_was_fitted_on_the_profiles_gpu_and_keeps_its_curve():
+    """The fit runs through the base entry's half-sizes, which are in the A100's terms
+    (fitted_on); the stored entry carries them to the H200 so that its fitted_on is the GPU the
+    profile measured, and the curve it prices is the one fitted."""
+    from dataclasses import replace
+
+    from planner import catalog
+    from planner.cost.gemm import Gemm, gemm_curve
+    result = calibrate_file(H200 / "profile-opt-350m-bf16.yaml")
+    gpu = catalog.gpu("H200-SXM-141GB")
+    assert result.fitted.fitted_on == gpu.name
+    assert result.calibration.for_gpu(gpu).fitted_on == gpu.name
+    in_a100_terms = replace(result.fitted, fitted_on="A100-SXM4-80GB",
+                            gemm_outputs_half=result.fitted.gemm_outputs_half
+                            * catalog.gpu("A100-SXM4-80GB").peak_flops / gpu.peak_flops)
+    for shape in ((1024, 1024, 1024), (2048, 8192, 4096), (8192, 28672, 4096)):
+        g = Gemm("probe", *shape)
+        assert (gemm_curve(gpu, "bf16", result.fitted, 2).efficiency(g)
+                == pytest.approx(gemm_curve(gpu, "bf16", in_a100_terms, 2).efficiency(g)))

@@ -75,6 +75,15 @@ class CalibrationResult:
                 f"{self.error_after:.1%}")
 
 
+def _own_terms(fitted, gpu: GpuType):
+    """The fit in this GPU's own terms: it was fitted through the base entry's half-sizes, kept
+    in the terms of the GPU that entry names (``fitted_on``, carried by peak: gemm.transferred_halves);
+    the same curve with the fill size carried here says, rightly, that it was fitted on this GPU."""
+    ref = catalog.find_gpu(fitted.fitted_on) if fitted.fitted_on else None
+    scale = gpu.peak_flops / ref.peak_flops if ref is not None else 1.0
+    return replace(fitted, gemm_outputs_half=fitted.gemm_outputs_half * scale, fitted_on=gpu.name)
+
+
 def _mean_rel_error(pairs) -> float:
     return sum(abs(p - m) / m for p, m in pairs) / len(pairs)
 
@@ -197,6 +206,7 @@ def calibrate_file(path: str | Path, gpu_type: str | None = None, cluster=None) 
                             f"{prof.attention} attention, "
                             f"seq_len {prof.seq_len}, {len(points)} block entries) by planner profile "
                             "--calibrate")
+    fitted = _own_terms(fitted, gpu)
     rows = tuple(FitRow(mb, tp, meas, _total_s(model, prof.seq_len, gpu, base, mb, tp, how),
                         _total_s(model, prof.seq_len, gpu, fitted, mb, tp, how))
                  for mb, tp, meas in points)
@@ -207,6 +217,7 @@ def calibrate_file(path: str | Path, gpu_type: str | None = None, cluster=None) 
         "mean_abs_rel_error_before": round(_mean_rel_error([(r.before_s, r.measured_s) for r in rows]), 4),
         "mean_abs_rel_error_after": round(_mean_rel_error([(r.after_s, r.measured_s) for r in rows]), 4),
     }
-    calibration = replace(shipped, gpus={**shipped.gpus, gpu.name: fitted}, provenance=provenance)
+    # a fresh memo: the shipped one already answered this GPU with its old entry
+    calibration = replace(shipped, gpus={**shipped.gpus, gpu.name: fitted}, provenance=provenance, _memo={})
     assert math.isfinite(fitted.matmul_ceiling)
     return CalibrationResult(gpu.name, fitted, calibration, rows, str(path))
