@@ -184,3 +184,12 @@ def test_megatron_and_deepspeed_note_an_eager_plan_without_refusing():
         eager_text = notes_of(render(eager, fmt, master_addr="h"))
         assert "elementwise: fused" in eager_text and "faster than priced" in eager_text, fmt
         assert "faster than priced" not in fused_text, fmt
+
+
+def test_megatron_notes_a_plan_priced_with_the_plain_loss():
+    """Megatron-LM runs its fused vocab-parallel loss whatever the plan priced: a plain-loss
+    plan is launched with a note saying so, a fused one without."""
+    plain = render(_with_training(cross_entropy="plain"), "megatron", master_addr="h")["megatron_args.json"]
+    fused = render(make_plan(), "megatron", master_addr="h")["megatron_args.json"]
+    assert "cross_entropy: the plan priced F.cross_entropy" in plain
+    assert "cross_entropy: the plan priced" not in fused

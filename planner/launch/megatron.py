@@ -210,6 +210,11 @@ def training_args(plan: Plan, tp: int) -> tuple[list[str], list[str]]:
                      "Megatron-LM fuses the norms, RoPE, activation and bias-dropout-adds (Transformer "
                      "Engine / Apex kernels), so it will run faster than priced: re-plan with "
                      "elementwise: fused to price it")
+    if plan.training_choice("cross_entropy") == "plain":
+        notes.append("cross_entropy: the plan priced F.cross_entropy on an fp32 copy of the logits "
+                     "(training cross_entropy: plain); Megatron-LM computes its vocab-parallel fused "
+                     "loss, which moves fewer bytes and keeps no fp32 copy: re-plan with cross_entropy: "
+                     "fused to price what it runs")
     if plan.schedule == "gpipe" and plan.num_stages > 1:
         notes.append("schedule gpipe runs as Megatron-LM's 1F1B: the same bubble with fewer "
                      "micro-batches in flight, so it fits wherever the GPipe plan fits")
