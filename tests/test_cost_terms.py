@@ -310,3 +310,17 @@ def test_profile_replaces_roofline_and_is_recorded():
     assert ctx.sources["A100-SXM4-80GB/block/mb4/tp1"] == "measured"
     assert ctx.sources["A100-SXM4-80GB/embedding/mb4/tp1"] == "estimated"
     assert math.isfinite(rt.total_s)
+
+
+@pytest.mark.parametrize("recompute, extra", [("none", 8.0), ("selective", 8.0), ("full", 0.0), ("op", 0.0)])
+def test_eager_norms_keep_their_fp32_input_and_output(recompute, extra):
+    """An eager RMSNorm saves x.float() and its normalized output (4 more bytes per element
+    than a fused norm's input), twice a block, where the norms are not recomputed; with
+    sequence parallel they hold the 1/tp shard."""
+    m = gpt(mlp="swiglu", num_kv_heads=4)
+    for tp, sp in ((1, False), (4, True)):
+        fused = _ctx(m, recompute=recompute, sequence_parallel=sp)
+        eager = _ctx(m, recompute=recompute, sequence_parallel=sp, elementwise="eager")
+        sbh = 1024 * 2 * 1024
+        diff = (block_activation_bytes(eager, tp, 2, recompute) - block_activation_bytes(fused, tp, 2, recompute))
+        assert diff == pytest.approx(extra * sbh / (tp if sp else 1))

@@ -22,6 +22,10 @@ Sources:
   tensor term is scaled by ``activation_bytes / 2`` and the mask terms are not.
   Generalised here term by term to GQA (K, V of width h_kv) and any MLP width / SwiGLU; for a
   GPT (h_kv = h, f = 4h, GeLU) it is exactly the paper's formula (tests check it).
+  Eager elementwise ops (``elementwise: eager``) keep 4 more bytes per element in each of the
+  two norms (``EAGER_NORM_EXTRA_BYTES``: the fp32 input and the normalized output an unfused
+  RMSNorm saves, against the fused norm's input), without recompute or with selective; full and
+  op recompute redo the norms, so they keep nothing more.
 - Micro-batches in flight (activations held at once) per schedule: GPipe ``m``; 1F1B
   ``min(p - s, m)`` for stage s (Narayanan et al. SC21 §2.2); interleaved 1F1B, Megatron's
   ``schedules.py`` warm-up count ``(p - s - 1) * 2 + (v - 1) * p`` plus the one in steady
@@ -170,6 +174,9 @@ def gathered_param_bytes(ctx: CostContext, tp: int, blocks: int, embedding: bool
 PLAIN_CROSS_ENTROPY_TRANSIENT_BYTES = 8.0
 
 
+EAGER_NORM_EXTRA_BYTES = 4.0   # per b s h element and norm, beyond a fused norm's saved input
+
+
 def block_activation_bytes(ctx: CostContext, tp: int, b: float, recompute: str | None = None) -> float:
     """Activations one block keeps for one micro-batch of ``b`` sequences (Korthikanti Table 2).
     Memoised in ``ctx.cache``: the search's memory models read it for every option, five
@@ -195,6 +202,12 @@ def _block_activation_bytes(ctx: CostContext, tp: int, b: float, recompute: str)
         return 2 * k * sbh * (1 / (tp if sp else 1) + sharded / tp + (1.0 if swiglu else 0.0))
     # Replicated without SP: 2 LayerNorm inputs (4), QKV input (2), MLP input (2), 2 dropout masks (2).
     replicated = 8.0 * k + 2.0
+    if ctx.elementwise == "eager":
+        # an eager RMSNorm (torchtitan's norms.py: _norm(x.float()).type_as(x) * weight) saves its
+        # fp32 input for pow and mul and its normalized output for the weight's mul: 4 + eb bytes
+        # where a fused norm keeps its eb-byte input, 4 more per element, twice a block (in fp32
+        # the input is not copied, and the output is the 4 more)
+        replicated += 2 * EAGER_NORM_EXTRA_BYTES
     # Sharded by TP: Q (2) and K, V (2 h_kv/h each), out-projection input (2), MLP: GeLU input
     # and output 2 x 2 f/h (SwiGLU: gate and up inputs, product: 3 x 2 f/h).
     mlp = 2.0 * (mlp_matrices(m)) * m.ffn_size / h
