@@ -264,7 +264,9 @@ def head_work(ctx, curve: GemmCurve, tp: int, share: int) -> tuple[float, float]
     eb = ctx.activation_bytes
     norm_fwd, norm_bwd = (final_norm_bytes(m, eb) if ctx.elementwise == "eager"
                           else (4 * eb, 8 * eb))   # fused: the calibration's 4 elements, twice backward
-    h_elems = share * s * m.hidden_size
+    # the final norm runs on the sequence-parallel shard, as the blocks' norms do (Megatron-Core's
+    # final_layernorm, torchtitan's TP plan: SequenceParallel)
+    h_elems = share * s * m.hidden_size / (tp if ctx.sequence_parallel and tp > 1 else 1)
     fwd = curve.time_s(g) + (loss_fwd * logits + norm_fwd * h_elems) / curve.memory_Bps
     bwd = curve.time_s(g.dgrad()) + curve.time_s(g.wgrad()) + (loss_bwd * logits + norm_bwd * h_elems) / curve.memory_Bps
     return fwd, bwd
