@@ -10,8 +10,6 @@ blocks, embedding/head) and on the paths to its neighbour stages.
 from __future__ import annotations
 
 import itertools
-import math
-from dataclasses import replace
 
 from planner.cost.bitpipe import in_flight_micro_batches as bitpipe_in_flight
 from planner.cost.bitpipe import pair_sync_s, with_pair_copy
@@ -31,9 +29,11 @@ from planner.cost.compute import (
     replica_compute,
 )
 from planner.cost.context import CostContext
+from planner.cost.explain_rows import bottleneck_details, plan_sources, trust_of
 from planner.cost.flops import model_flops_per_iteration
 from planner.cost.hsdp import hsdp_details, hsdp_sync, is_hsdp
 from planner.cost.memory import in_flight_micro_batches, logits_in_flight, replica_memory, stage_params
+from planner.cost.memory_hints import memory_problem
 from planner.cost.moe import ep_comm_per_micro_batch, expert_params, expert_rings, optimizer_params
 from planner.cost.money import plan_money
 from planner.cost.result import Evaluation
@@ -328,7 +328,7 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
                 peak[d] = mem.total_bytes
                 capacity[d] = gpu.memory_bytes
             if mem.total_bytes > gpu.memory_bytes:
-                problems.append(_memory_problem(ctx, plan, st, k, r, gpu, mem, inflight))
+                problems.append(memory_problem(ctx, plan, st, k, r, gpu, mem, inflight))
         by_replica.append(row)
 
     # -- totals -------------------------------------------------------------------------------
@@ -342,7 +342,8 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
     if ctx.context_parallel > 1:
         breakdown = with_cp_comm(breakdown, stage_timings, m,
                                  bottleneck_stage(stage_timings, plan.schedule, v))
-    details = _details(ctx, plan, nodes, stage_timings, bottleneck_stage(stage_timings, plan.schedule, v))
+    details = bottleneck_details(ctx, plan, stages, nodes, stage_timings,
+                                 bottleneck_stage(stage_timings, plan.schedule, v))
     details += hsdp_details(ctx, stage_timings)
     shares = core_shares(cluster, plan)
     if shares:  # only then: plans on nodes without (enough) sharing keep the closed form exactly
@@ -366,115 +367,5 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
         bottleneck_stage=bottleneck_stage(stage_timings, plan.schedule, v),
         model_flops_per_iteration=flops, nodes_usd_per_hour=money.nodes_usd_per_hour,
         egress_usd_per_hour=money.egress_usd_per_hour, memory_by_replica=by_replica,
-        sources=_plan_sources(ctx, stages, nodes), schedule=plan.schedule, num_micro_batches=m, virtual_stages=v,
-        details=details, trust=_trust(ctx, stages, nodes))
-
-
-def _trust(ctx, stages, nodes) -> list:
-    """Per GPU type used: validated on measured runs, profiled, or datasheet-only (trust.py)."""
-    from planner.cost.trust import plan_trust
-    types = sorted({nodes[r.node].gpu.name for st in stages for r in st.replicas})
-    profiled = {key.split("/")[0] for key, src in ctx.sources.items() if src != "estimated"}
-    return plan_trust(types, ctx.precision, profiled & set(types))
-
-
-def _plan_sources(ctx, stages, nodes) -> dict[str, str]:
-    """measured|interpolated|estimated for the layer costs this plan used (a shared ctx holds more)."""
-    out = {}
-    for st in stages:
-        for r in st.replicas:
-            gpu = nodes[r.node].gpu.name
-            kinds = (["block"] if st.num_blocks else []) + (["embedding"] if st.embedding else []) \
-                + (["head"] if st.head else [])
-            for kind in kinds:
-                key = f"{gpu}/{kind}/mb{r.micro_batch_share}/tp{r.tp}"
-                if key in ctx.sources:
-                    out[key] = ctx.sources[key]
-    return dict(sorted(out.items()))
-
-
-def _details(ctx, plan, nodes, timings, k) -> list[tuple[str, float, str]]:
-    """Explain rows for the bottleneck stage's slowest replica: each GEMM's efficiency, the
-    launch floors, and where the curve's numbers come from."""
-    from planner.catalog.benchmarks import matmul_ceiling
-    from planner.cost.compute import gemm_curve_for
-    from planner.cost.cross_entropy import loss_details
-    from planner.cost.elementwise import elementwise_details
-    from planner.cost.roofline import block_gemms
-    st = plan.stages[k]
-    r = st.replicas[timings[k].slowest_replica]
-    gpu = nodes[r.node].gpu
-    cal = ctx.calibration.for_gpu(gpu)
-    curve = gemm_curve_for(ctx, gpu)
-    where = f"stage {k} replica {timings[k].slowest_replica} ({gpu.name}, tp={r.tp}, share={r.micro_batch_share})"
-    bench = matmul_ceiling(gpu.name)
-    ceiling_src = "profile fit" if cal.matmul_ceiling is not None else bench.source
-    half_src = cal.source
-    if cal.fitted_on and (cal.fitted_on != gpu.name or ctx.activation_bytes != 2):
-        half_src += (f"; on {cal.fitted_on} in 2-byte precision, carried to {gpu.name} {ctx.precision} by "
-                     "peak (fill) and operand rate (depth), gemm.transferred_halves")
-    rows = []
-    for g in block_gemms(ctx.model, r.micro_batch_share, ctx.seq_len, r.tp, ctx.context_parallel,
-                         ctx.expert_parallel):
-        shape = f"M={g.m:.0f} N={g.n:.0f} K={g.k:.0f} x{g.batch:g}"
-        rows.append((f"gemm_efficiency.{g.name}", curve.efficiency(g),
-                     f"{where}: {shape}, {curve.time_s(g) * 1e3:.3f} ms forward"))
-    rows += [
-        ("gemm_ceiling", curve.ceiling, f"{ctx.precision} peak {curve.peak_flops / 1e12:.4g} TFLOP/s; {ceiling_src}"),
-        ("gemm_fill_half_outputs", curve.outputs_half, f"x/(x+x_half) wave fill, x = M N; {half_src}"),
-        ("gemm_depth_half", curve.depth_half, f"K/(K+k_half) K-loop amortisation; {half_src}"),
-        ("block_launch_floor_s", cal.layer_overhead_s, ("per block forward (backward 2x): block time = "
-         "max(GPU work, floor), launches overlap GPU work")),
-        ("microbatch_overhead_s", cal.microbatch_overhead_s, "fixed time per micro-batch per stage"),
-    ]
-    if st.num_blocks:   # a block's memory-bound ops, fused or eager (Training.elementwise)
-        rows += elementwise_details(ctx, gpu, r.tp, r.micro_batch_share)
-    # the head stage as priced (in a V, rank 0: _priced_stages), not as the plan file keeps it
-    priced = _priced_stages(plan)
-    last = next((i for i, x in enumerate(priced) if x.head), None)
-    if last is not None:   # the head stage's loss term (its kernel's passes over the logits)
-        r = priced[last].replicas[timings[last].slowest_replica]
-        rows += loss_details(ctx, nodes[r.node].gpu, r.tp, r.micro_batch_share)
-    return rows
-
-
-def _gb(x: float) -> str:
-    return f"{x / 2**30:.2f} GiB"
-
-
-def _memory_problem(ctx, plan, st, k, r, gpu, mem, inflight) -> str:
-    """Which device, by how much, and what would fit (each alternative priced)."""
-    over = mem.total_bytes - gpu.memory_bytes
-    head = (f"stage {st.index} replica {k} ({r.devices[0]}{'…' if len(r.devices) > 1 else ''}, {gpu.name}): "
-            f"needs {_gb(mem.total_bytes)} of {_gb(gpu.memory_bytes)}, over by {_gb(over)} "
-            f"(weights {_gb(mem.weights_bytes)}, grads {_gb(mem.grads_bytes)}, optimizer "
-            f"{_gb(mem.optimizer_bytes)}, activations {_gb(mem.activations_bytes)}"
-            + (f", ZeRO-3 gathered weights {_gb(mem.gathered_bytes)}" if mem.gathered_bytes else "") + ")")
-    hints = []
-    n = len(st.replicas)
-
-    def total(**changes) -> float:
-        alt = replace(ctx, cache={}, sources={}, **changes)
-        return replica_memory(alt, gpu, r.tp, r.micro_batch_share, st.num_blocks, st.embedding,
-                              st.head, n, inflight, logits_in_flight(plan.schedule)).total_bytes
-
-    if ctx.recompute != "full":
-        t = total(recompute="full")
-        hints.append(f"full recompute: {_gb(t)}{' (fits)' if t <= gpu.memory_bytes else ''}")
-    if ctx.zero_stage == 0 and n > 1:
-        t = total(zero_stage=1)
-        hints.append(f"ZeRO-1 over its {n} replicas: {_gb(t)}{' (fits)' if t <= gpu.memory_bytes else ''}")
-    static = mem.weights_bytes + mem.grads_bytes + mem.optimizer_bytes
-    if st.num_blocks > 1 and static > 0:
-        room = gpu.memory_bytes - mem.workspace_bytes
-        per_block = (static + mem.activations_bytes) / st.num_blocks
-        fit_blocks = max(0, int(room // per_block)) if per_block > 0 else st.num_blocks
-        if fit_blocks >= 1:
-            parts = math.ceil(st.num_blocks / fit_blocks)
-            hints.append(f"more stages: about {fit_blocks} of its {st.num_blocks} blocks fit per "
-                         f"replica, so split it into {parts} stages")
-    hints.append(f"more GPUs: tp={2 * r.tp} would roughly halve weights and optimizer state")
-    if mem.activations_bytes > 0:   # context parallelism splits every sequence's activations
-        cp = 2 * ctx.context_parallel
-        hints.append(f"context_parallel={cp}: activations {_gb(mem.activations_bytes * ctx.context_parallel / cp)}")
-    return head + "; would fit: " + "; ".join(hints)
+        sources=plan_sources(ctx, stages, nodes), schedule=plan.schedule, num_micro_batches=m, virtual_stages=v,
+        details=details, trust=trust_of(ctx, stages, nodes))
