@@ -121,3 +121,20 @@ def test_a_measured_head_is_repriced_for_a_fused_loss_plan(tmp_path, gpu):
     assert works["fused"][0] < works["plain"][0]       # the fused loss moves fewer bytes
     assert timings["fused"].forward_s == pytest.approx(0.002 * works["fused"][0] / works["plain"][0])
     assert timings["fused"].backward_s == pytest.approx(0.004 * works["fused"][1] / works["plain"][1])
+
+
+def test_the_plan_says_which_measured_costs_were_repriced(tmp_path):
+    """A plan priced from profiles of other kernels records which layer costs were re-priced
+    (inputs.profiles.repriced), and the plan file reads back."""
+    from test_profile_e2e import ROOT
+
+    from planner import api
+    from planner.plan import Plan
+    cluster = api.load_cluster(ROOT / "cluster_specs" / "cpu-local.yaml")
+    from planner.spec import Training
+    training = Training(global_batch_size=8, seq_len=SEQ_LEN, attention="unfused")
+    result = api.plan(cluster, str(MODEL_FILE), training, time_limit_s=5)
+    repriced = result.plan.inputs.profiles["repriced"]
+    assert any("/block/" in k and "fused attention" in v for k, v in repriced.items())
+    assert any("/head/" in k and "plain loss" in v for k, v in repriced.items())
+    assert Plan.from_json(result.plan.to_json()).inputs.profiles["repriced"] == repriced
