@@ -207,3 +207,28 @@ def test_a_file_nested_thousands_deep_is_a_bad_file_not_a_crash(tmp_path, capsys
     p.write_text("name: " + "[" * 5000 + "]" * 5000 + "\n")
     assert main(["validate", str(p)]) == 2
     assert "nested too deeply" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, field, line", [
+    ("num_attention_heads: 3\n", "num_attention_heads", 3),        # 3 does not divide 64
+    ("num_attention_heads: 4\nnum_kv_heads: 3\n", "num_kv_heads", 4),
+    ("num_attention_heads: 4\nrotary_base: 10000\n", "rotary_base", 4),
+    ("num_attention_heads: 4\nnum_experts: 4\nmoe_top_k: 5\n", "moe_top_k", 5),
+    ("num_attention_heads: 4\nmoe_top_k: 2\n", "moe_top_k", 4),
+])
+def test_model_cross_field_errors_name_the_field_and_its_line(tmp_path, extra, field, line):
+    # Found by scripts/fuzz_plans.py's bad inputs: these checks span fields, and their errors
+    # pointed at the mapping's line 1 with no field path.
+    path = tmp_path / "m.yaml"
+    path.write_text("num_layers: 4\nhidden_size: 64\n" + extra + "vocab_size: 100\n")
+    with pytest.raises(InputError) as info:
+        load_model(path)
+    location = info.value.errors[0].location
+    assert (location.field, location.line) == (field, line)
+
+
+def test_training_cross_field_error_names_the_field(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("global_batch_size: 8\nseq_len: 100\ncontext_parallel_degrees: [1, 8]\n")
+    with pytest.raises(InputError, match=r"t\.yaml:3:\d+: context_parallel_degrees: "):
+        load_training(path)

@@ -22,6 +22,17 @@ from planner.spec import limits
 PathKey = tuple[str | int, ...]
 
 
+class FieldValueError(ValueError):
+    """A cross-field check's failure that belongs to one field: raised in a pydantic
+    ``model_validator``, it is reported at that field's line and path, not at the mapping's
+    first line (``num_attention_heads (3) must divide hidden_size`` pointed at line 1 with no
+    field, leaving the user to find which of the shape's numbers was wrong)."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(message)
+        self.field_name = field_name
+
+
 def format_field_path(path: PathKey) -> str:
     out = ""
     for part in path:
@@ -225,6 +236,9 @@ def validate_model(model: type[BaseModel], doc: Document, path: PathKey = (), da
                     len(o["loc"]) > len(err["loc"]) and o["loc"][:len(err["loc"])] == err["loc"] for o in raw):
                 continue
             loc = path + tuple(err["loc"])
+            cause = (err.get("ctx") or {}).get("error")
+            if isinstance(cause, FieldValueError):
+                loc += (cause.field_name,)
             msg = err["msg"]
             msg = msg.removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
