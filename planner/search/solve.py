@@ -28,7 +28,7 @@ from planner.search.bound import KnobBound
 from planner.search.classes import class_infos, classes_without_bf16
 from planner.search.core import enum
 from planner.search.core.milp import MilpSettings
-from planner.search.floors import TupleFloors, tuple_floors
+from planner.search.floors import TupleFloors, floors_until
 from planner.search.given import given_candidates
 from planner.search.incumbent import (
     WARM_KEYS_ABOVE,
@@ -197,8 +197,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     tokens = training.global_batch_size * training.seq_len
     # throughput needs no prices: its value is the time bound itself (no floors to compute for
     # c's 12,000 tuples)
-    floors = ({knobs: tuple_floors(pricer, knobs, ctx, keys) for _, _, knobs, ctx, keys in ranked}
-              if spec.needs_prices else {})
+    floors = floors_until(pricer, ranked, deadline) if spec.needs_prices else {}
     no_floors = TupleFloors(0.0, 0.0)
     if ranked:      # for the reason when no plan meets a budget or a floor (diagnose.py)
         stats["least_price_usd_per_hour"] = min((f.price_usd_per_hour for f in floors.values()), default=None)
