@@ -186,6 +186,7 @@ def run_case(seed: int, index: int, out_dir: Path, time_limit_s: float) -> dict:
                  "--objective", training["objective"], "--time-limit", str(time_limit_s),
                  "-o", "plan.json", "--quiet"]
     problems: list[str] = []
+    notes: list[str] = []
     rc, _, err, wall_s = runner.cli(plan_args, timeout_s=time_limit_s + 60)
     check_stderr("plan", rc, err, problems)
     if wall_s > time_limit_s + OVERRUN_S:
@@ -199,13 +200,14 @@ def run_case(seed: int, index: int, out_dir: Path, time_limit_s: float) -> dict:
     elif not plan_path.exists():
         problems.append("plan: exit 0 but no plan.json")
     else:
-        check_plan(runner, plan_path, training, problems)
+        check_plan(runner, plan_path, problems, notes)
     record["problems"] = problems
+    record["notes"] = notes
     record["command"] = f"cd {case_dir} && planner " + " ".join(plan_args)
     return record
 
 
-def check_plan(runner: Runner, plan_path: Path, training: dict, problems: list[str]) -> None:
+def check_plan(runner: Runner, plan_path: Path, problems: list[str], notes: list[str]) -> None:
     plan = json.loads(plan_path.read_text())
     predicted = plan["predicted"]
     solver = plan["solver"]
@@ -225,9 +227,11 @@ def check_plan(runner: Runner, plan_path: Path, training: dict, problems: list[s
         problems.append(f"plan: objective {solver['objective']:.6g} worse than its baseline {base:.6g} "
                         f"({solver.get('baseline')})")
     for fmt in FORMATS:
-        rc, _, err, _ = runner.cli(["launch", "plan.json", "--format", fmt, "--cluster", "cluster.yaml", "--json"],
-                                   timeout_s=120)
+        rc, _, err, _ = runner.cli(["launch", "plan.json", "--format", fmt, "--cluster", "cluster.yaml",
+                                    "--master-addr", "10.0.0.1", "--json"], timeout_s=120)
         check_stderr(f"launch {fmt}", rc, err, problems)
+        if rc != 0:   # a launcher may lack a plan's layout (docs/launch.md): kept for review, not failed
+            notes.append(f"launch {fmt}: exit {rc}: {err.strip()[:300]}")
 
 
 def main(argv: list[str] | None = None) -> int:
