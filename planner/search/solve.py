@@ -136,9 +136,8 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
                               f"({', '.join(sorted({c.gpu.name for c in no_bf16}))}); train with "
                               "--precision fp16 (training.precision: fp16), or fp32 / tf32")
     if spec.needs_prices and any(c.node_price_usd_per_hour is None for c in classes):
-        missing = sorted({c.gpu.name for c in classes if c.node_price_usd_per_hour is None})
-        raise InputError(f"objective {spec.kind!r} needs prices, but nodes of {', '.join(missing)} have "
-                         "none; add price_per_hour to those node groups")
+        raise cluster.missing_prices(f"objective {spec.kind!r}",
+                                     {c.gpu.name for c in classes if c.node_price_usd_per_hour is None})
     pricer = Pricer(model, training, classes, topo, profiles)
     knob_bound = KnobBound(pricer)
     knob_bound.set_deadline(deadline)
