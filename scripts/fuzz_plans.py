@@ -37,6 +37,7 @@ FORMATS = ("torchrun", "megatron", "deepspeed", "pipelining", "torchtitan")
 PRECISIONS = ("bf16", "fp16", "fp32", "tf32")
 OK_EXITS = {0, 1, 2, 130}
 OVERRUN_S = 10.0          # the brief: a run far over its --time-limit is more than limit + 10 s
+SIM_NOTE_REL = 0.02       # simulated vs closed-form pipeline time apart by more: noted for review
 REL_TOL = 1e-6            # plan's predicted vs evaluate: the same cost model, so equal to rounding
 
 
@@ -48,7 +49,7 @@ def _bandwidth(rng: random.Random, lo_gbit: float, hi_gbit: float) -> str:
     return f"{value:.4g} {unit}"
 
 
-def random_cluster(rng: random.Random, name: str) -> dict:
+def random_cluster(rng: random.Random, name: str, wide: bool = False) -> dict:
     gpu_ids = list(catalog_gpus())
     n_zones = rng.choice((1, 1, 1, 2, 2, 3))
     zones = [f"z{i}" for i in range(n_zones)]
@@ -63,7 +64,7 @@ def random_cluster(rng: random.Random, name: str) -> dict:
         group: dict = {"name": f"g{g}", "gpu": rng.choice(gpu_ids),
                        "gpus_per_node": rng.choice((1, 2, 3, 4, 4, 6, 8, 8, 8))}
         if rng.random() < 0.6:
-            group["count"] = rng.randint(1, 4)
+            group["count"] = rng.randint(1, 64 if wide else 4)
         if n_zones > 1:
             group["zone"] = rng.choice(zones)
         if rng.random() < 0.7:
@@ -167,13 +168,36 @@ def check_stderr(step: str, rc: int, err: str, problems: list[str]) -> None:
         problems.append(f"{step}: exit {rc} with nothing on stderr")
 
 
-def run_case(seed: int, index: int, out_dir: Path, time_limit_s: float) -> dict:
+def random_flags(rng: random.Random) -> list[str]:
+    """The search's freedoms and the other objectives, a few at a time (--wide)."""
+    pool = [["--top", str(rng.choice((2, 3)))], ["--mixed-stages"], ["--deterministic"],
+            ["--schedule", rng.choice(("1f1b", "gpipe,1f1b", "interleaved-1f1b", "zb-h1", "1f1b,zb-v"))],
+            ["--recompute", rng.choice(("none", "full", "selective,full", "op"))],
+            ["--zero-stage", rng.choice(("0", "1", "2", "3", "0,1,2,3"))],
+            ["--context-parallel", rng.choice(("1,2", "1,2,4"))], ["--expert-parallel", rng.choice(("1,2", "1,2,4,8"))],
+            ["--zero-shard-degree", rng.choice(("all,node", "2", "all,node,4"))],
+            ["--launcher", rng.choice(("megatron", "deepspeed"))],
+            ["--attention", "unfused"], ["--cross-entropy", "plain"], ["--elementwise", "eager"],
+            ["--budget-usd-per-hour", str(rng.choice((1, 20, 300, 5000)))],
+            ["--min-tokens-per-s", str(rng.choice((100, 10_000, 1_000_000)))]]
+    picked = rng.sample(pool, rng.randint(0, 3))
+    if ["--launcher", "megatron"] in picked or ["--launcher", "deepspeed"] in picked:
+        picked = [f for f in picked if f != ["--mixed-stages"]]     # refused together, by design
+    budget = [f for f in picked if f[0] in ("--budget-usd-per-hour", "--min-tokens-per-s")]
+    picked = [f for f in picked if f not in budget[1:]]         # one of the two: they contradict
+    return [a for f in picked for a in f]
+
+
+def run_case(seed: int, index: int, out_dir: Path, time_limit_s: float, wide: bool = False) -> dict:
     rng = random.Random(seed * 1_000_003 + index)
     case_dir = out_dir / f"case-{seed}-{index:04d}"
     shutil.rmtree(case_dir, ignore_errors=True)
     case_dir.mkdir(parents=True)
-    cluster = random_cluster(rng, f"fuzz-{seed}-{index}")
+    cluster = random_cluster(rng, f"fuzz-{seed}-{index}", wide)
     training = random_training(rng)
+    flags = random_flags(rng) if wide else []
+    if any(f in flags for f in ("--budget-usd-per-hour", "--min-tokens-per-s")):
+        training["objective"] = "throughput-under-budget" if "--budget-usd-per-hour" in flags else "cost-above-floor"
     (case_dir / "cluster.yaml").write_text(yaml.safe_dump(cluster, sort_keys=False))
     model_arg = training["model"]
     if isinstance(model_arg, dict):
@@ -184,7 +208,7 @@ def run_case(seed: int, index: int, out_dir: Path, time_limit_s: float) -> dict:
                  "--global-batch-size", str(training["global_batch_size"]),
                  "--seq-len", str(training["seq_len"]), "--precision", training["precision"],
                  "--objective", training["objective"], "--time-limit", str(time_limit_s),
-                 "-o", "plan.json", "--quiet"]
+                 "-o", "plan.json", "--quiet", *flags]
     problems: list[str] = []
     notes: list[str] = []
     rc, _, err, wall_s = runner.cli(plan_args, timeout_s=time_limit_s + 60)
@@ -192,7 +216,7 @@ def run_case(seed: int, index: int, out_dir: Path, time_limit_s: float) -> dict:
     if wall_s > time_limit_s + OVERRUN_S:
         problems.append(f"plan: {wall_s:.1f} s for --time-limit {time_limit_s}")
     plan_path = case_dir / "plan.json"
-    record = {"seed": seed, "index": index, "rc": rc, "wall_s": round(wall_s, 2),
+    record = {"seed": seed, "index": index, "rc": rc, "wall_s": round(wall_s, 2), "flags": flags,
               "training": training, "stderr_tail": err.strip().splitlines()[-1:] if err.strip() else []}
     if rc not in (0, 130):
         if plan_path.exists():
@@ -201,10 +225,24 @@ def run_case(seed: int, index: int, out_dir: Path, time_limit_s: float) -> dict:
         problems.append("plan: exit 0 but no plan.json")
     else:
         check_plan(runner, plan_path, problems, notes)
+        check_objective(json.loads(plan_path.read_text()), flags, problems)
     record["problems"] = problems
     record["notes"] = notes
     record["command"] = f"cd {case_dir} && planner " + " ".join(plan_args)
     return record
+
+
+def check_objective(plan: dict, flags: list[str], problems: list[str]) -> None:
+    """A budget or a throughput floor the plan was asked to meet, met as ``plan`` prints it."""
+    predicted = plan["predicted"]
+    if "--budget-usd-per-hour" in flags:
+        budget = float(flags[flags.index("--budget-usd-per-hour") + 1])
+        if predicted.get("usd_per_hour") is None or predicted["usd_per_hour"] > budget * (1 + REL_TOL):
+            problems.append(f"plan: {predicted.get('usd_per_hour')} USD/hour over the budget {budget}")
+    if "--min-tokens-per-s" in flags:
+        floor = float(flags[flags.index("--min-tokens-per-s") + 1])
+        if predicted["tokens_per_s"] < floor * (1 - REL_TOL):
+            problems.append(f"plan: {predicted['tokens_per_s']} tokens/s under the floor {floor}")
 
 
 def check_plan(runner: Runner, plan_path: Path, problems: list[str], notes: list[str]) -> None:
@@ -226,6 +264,14 @@ def check_plan(runner: Runner, plan_path: Path, problems: list[str], notes: list
     if base is not None and solver.get("objective") is not None and solver["objective"] > base * (1 + REL_TOL):
         problems.append(f"plan: objective {solver['objective']:.6g} worse than its baseline {base:.6g} "
                         f"({solver.get('baseline')})")
+    rc, out, err, _ = runner.cli(["simulate", "cluster.yaml", "plan.json", "--json"], timeout_s=120)
+    check_stderr("simulate", rc, err, problems)
+    if rc != 0:
+        problems.append(f"simulate: rejects the plan (exit {rc}): {err.strip()[:300]}")
+    else:
+        diff = json.loads(out)["relative_difference"]
+        if abs(diff) > SIM_NOTE_REL:     # the closed form stands for the schedule: kept for review
+            notes.append(f"simulate: simulated - closed form {diff:+.2%} of the pipeline time")
     for fmt in FORMATS:
         rc, _, err, _ = runner.cli(["launch", "plan.json", "--format", fmt, "--cluster", "cluster.yaml",
                                     "--master-addr", "10.0.0.1", "--json"], timeout_s=120)
@@ -242,17 +288,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", type=int, help="run this one case index")
     ap.add_argument("--time-limit", type=float, default=3.0, help="plan --time-limit, seconds")
     ap.add_argument("--out", type=Path, default=Path("/tmp/planner-fuzz"))
+    ap.add_argument("--wide", action="store_true", help="clusters up to 64 nodes a group, and random "
+                    "search freedoms, objectives and kernels")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     indices = [args.only] if args.only is not None else range(args.start, args.start + args.cases)
     n_failed = 0
     with open(args.out / "results.jsonl", "a") as results, open(args.out / "failures.jsonl", "a") as failures:
         for index in indices:
-            record = run_case(args.seed, index, args.out, args.time_limit)
+            record = run_case(args.seed, index, args.out, args.time_limit, args.wide)
             results.write(json.dumps(record) + "\n")
             results.flush()
             status = "FAIL" if record["problems"] else "ok"
-            print(f"[{index}] {status} rc={record['rc']} {record['wall_s']} s {record['training']}"
+            print(f"[{index}] {status} rc={record['rc']} {record['wall_s']} s {record['training']} {record['flags']}"
                   + "".join(f"\n    {p}" for p in record["problems"]), flush=True)
             if record["problems"]:
                 n_failed += 1
