@@ -232,3 +232,19 @@ def test_training_cross_field_error_names_the_field(tmp_path):
     path.write_text("global_batch_size: 8\nseq_len: 100\ncontext_parallel_degrees: [1, 8]\n")
     with pytest.raises(InputError, match=r"t\.yaml:3:\d+: context_parallel_degrees: "):
         load_training(path)
+
+
+@pytest.mark.parametrize("parse, text", [(parse_size_bytes, "1e300 GB"), (parse_bandwidth_Bps, "1e300 TB/s"),
+                                         (parse_time_s, "1e307 h")])
+def test_a_finite_number_that_overflows_in_base_units_is_refused(parse, text):
+    # found by scripts/fuzz_plans.py: 'memory: 1e300 GB' became an infinite capacity, and the
+    # search's piece sizes crashed with OverflowError (exit 3)
+    with pytest.raises(UnitError, match="too large"):
+        parse(text)
+
+
+def test_an_overflowing_gpu_memory_names_its_field(tmp_path):
+    text = GOOD.replace("gpu: A100-SXM4-80GB", "gpu: {name: big, memory: 1e300 GB, peak_tflops: 100, "
+                        "memory_bandwidth: 1 TB/s, intra_node_bandwidth: 100 GB/s}")
+    with pytest.raises(InputError, match=r"nodes\[0\]\.gpu\.memory: '1e300 GB' is too large"):
+        load_cluster(write(tmp_path, text))
