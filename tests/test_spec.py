@@ -248,3 +248,10 @@ def test_an_overflowing_gpu_memory_names_its_field(tmp_path):
                         "memory_bandwidth: 1 TB/s, intra_node_bandwidth: 100 GB/s}")
     with pytest.raises(InputError, match=r"nodes\[0\]\.gpu\.memory: '1e300 GB' is too large"):
         load_cluster(write(tmp_path, text))
+
+
+def test_a_single_value_where_a_list_belongs_says_so(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("global_batch_size: 8\nseq_len: 512\nschedules: 1f1b\n")
+    with pytest.raises(InputError, match=r"t\.yaml:3:12: schedules: expected a list, e\.g\. \[1f1b, \.\.\.\]"):
+        load_training(path)

@@ -247,5 +247,8 @@ def validate_model(model: type[BaseModel], doc: Document, path: PathKey = (), da
                 msg = f"missing required field {loc[-1]!r}"
             elif err["type"] in ("literal_error", "enum"):
                 msg = f"{msg}, got {err.get('input')!r}"
+            elif err["type"] in ("tuple_type", "list_type") and isinstance(err.get("input"), (str, int, float)):
+                # pydantic says "Input should be a valid tuple": a user wrote one value for a list
+                msg = f"expected a list, e.g. [{err['input']}, ...], got the single value {err['input']!r}"
             errors.append(InputError(msg, doc.locate(loc)))
         raise InputErrors(errors) from None
