@@ -158,11 +158,12 @@ def _close(a: float, b: float) -> bool:
 
 
 def check_stderr(step: str, rc: int, err: str, problems: list[str]) -> None:
+    ok_exits = OK_EXITS | ({4} if step == "replan" else set())   # replan: the old plan no longer runs
     if "Traceback (most recent call last)" in err:
         problems.append(f"{step}: traceback on stderr")
     if "internal error" in err:
         problems.append(f"{step}: internal error: {err.strip().splitlines()[-1][:300]}")
-    if rc not in OK_EXITS:
+    if rc not in ok_exits:
         problems.append(f"{step}: exit code {rc}")
     if rc in (1, 2) and not err.strip():
         problems.append(f"{step}: exit {rc} with nothing on stderr")
@@ -245,6 +246,29 @@ def check_objective(plan: dict, flags: list[str], problems: list[str]) -> None:
             problems.append(f"plan: {predicted['tokens_per_s']} tokens/s under the floor {floor}")
 
 
+def check_replan(runner: Runner, problems: list[str], notes: list[str]) -> None:
+    """``replan`` on the cluster less its last node group (or with fewer GPUs a node): exit 0
+    (the old plan still runs), 4 (it does not; the new plan written), 1 or 2."""
+    cluster = yaml.safe_load((runner.workdir / "cluster.yaml").read_text())
+    if len(cluster["nodes"]) > 1:
+        cluster["nodes"].pop()
+    else:
+        group = cluster["nodes"][0]
+        group["gpus_per_node"] = max(1, group["gpus_per_node"] // 2)
+    (runner.workdir / "cluster2.yaml").write_text(yaml.safe_dump(cluster, sort_keys=False))
+    rc, _, err, wall_s = runner.cli(["replan", "cluster2.yaml", "plan.json", "--time-limit", "3",
+                                     "-o", "replan.json"], timeout_s=120)
+    check_stderr("replan", rc, err, problems)
+    if rc == 4 and not (runner.workdir / "replan.json").exists():
+        problems.append("replan: exit 4 but no replan.json")
+    if rc in (1, 2) and (runner.workdir / "replan.json").exists():
+        problems.append(f"replan: exit {rc} but replan.json written")
+    if wall_s > 3 + OVERRUN_S:
+        problems.append(f"replan: {wall_s:.1f} s for --time-limit 3")
+    if rc not in (0, 4):
+        notes.append(f"replan: exit {rc}: {err.strip()[:300]}")
+
+
 def check_plan(runner: Runner, plan_path: Path, problems: list[str], notes: list[str]) -> None:
     plan = json.loads(plan_path.read_text())
     predicted = plan["predicted"]
@@ -272,6 +296,14 @@ def check_plan(runner: Runner, plan_path: Path, problems: list[str], notes: list
         diff = json.loads(out)["relative_difference"]
         if abs(diff) > SIM_NOTE_REL:     # the closed form stands for the schedule: kept for review
             notes.append(f"simulate: simulated - closed form {diff:+.2%} of the pipeline time")
+    check_replan(runner, problems, notes)
+    rc, _, err, _ = runner.cli(["schedule", "cluster.yaml", "plan.json", "--latency-aware", "-o", "sched.json"],
+                               timeout_s=120)
+    check_stderr("schedule", rc, err, problems)
+    if rc != 0 and (runner.workdir / "sched.json").exists():
+        problems.append(f"schedule: exit {rc} but sched.json written")
+    if rc != 0:
+        notes.append(f"schedule: exit {rc}: {err.strip()[:300]}")
     for fmt in FORMATS:
         rc, _, err, _ = runner.cli(["launch", "plan.json", "--format", fmt, "--cluster", "cluster.yaml",
                                     "--master-addr", "10.0.0.1", "--json"], timeout_s=120)
