@@ -255,3 +255,14 @@ def test_a_single_value_where_a_list_belongs_says_so(tmp_path):
     path.write_text("global_batch_size: 8\nseq_len: 512\nschedules: 1f1b\n")
     with pytest.raises(InputError, match=r"t\.yaml:3:12: schedules: expected a list, e\.g\. \[1f1b, \.\.\.\]"):
         load_training(path)
+
+
+def test_loader_set_cluster_fields_are_unknown_keys_in_a_spec(tmp_path):
+    # found by scripts/fuzz_plans.py: `source_file:` in a spec was taken, then overwritten, and
+    # the loader's own fields were offered among the valid keys
+    text = "source_file: elsewhere.yaml\n" + GOOD.replace("name: t\n", "name: t\nnme: typo\n")
+    with pytest.raises(InputError) as info:
+        load_cluster(write(tmp_path, text))
+    message = str(info.value)
+    assert ":1:14: source_file: unknown key 'source_file'" in message
+    assert "nme: unknown key 'nme'; valid keys: links, name, nodes, profiles, zones\n" in message + "\n"

@@ -207,7 +207,8 @@ def _describe(model: type[BaseModel], loc: tuple) -> str:
         current = _inner_model(match.annotation) if match else None
     if current is None or not hasattr(current, "model_fields"):
         return ""
-    names = sorted((f.alias or n) for n, f in current.model_fields.items())
+    # fields excluded from dumps are set by the loader, not written by users
+    names = sorted((f.alias or n) for n, f in current.model_fields.items() if not f.exclude)
     return "; valid keys: " + ", ".join(names)
 
 
