@@ -21,6 +21,9 @@ LAUNCHER_CHOICES: dict[str, dict[str, tuple]] = {
     for name in LAUNCHERS}
 # PipelineModule checkpoints whole layers only (activation_checkpoint_interval)
 LAUNCHER_CHOICES["deepspeed"]["recompute_modes"] = ("none", "full")
+# its JSON config has no expert parallelism (launch/deepspeed.py): the search dropped EP > 1
+# and searched EP 1 even where the training allowed only EP 2 (found by scripts/fuzz_plans.py)
+LAUNCHER_CHOICES["deepspeed"]["expert_parallel_degrees"] = (1,)
 # Megatron-LM's --recompute-granularity is full or selective (the attention core); torchtitan's
 # per-op mode ("op") it has not: `plan --launcher megatron --recompute op` wrote a plan that
 # `launch --format megatron` refused (found by scripts/fuzz_plans.py)

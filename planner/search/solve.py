@@ -43,7 +43,7 @@ from planner.search.objectives import ObjectiveSpec, parse_objective
 from planner.search.per_tuple import loses_tie, prunes, solve_tuple
 from planner.search.queue import BoundLevel, Pending, Ranked
 from planner.search.schedules import schedules_for
-from planner.search.space import Pricer, enumerate_knobs, make_context
+from planner.search.space import Pricer, check_expert_degrees, enumerate_knobs, make_context
 from planner.search.twins import gpipe_dominated, one_stage_zb_h1_twins
 
 MEGATRON_LAUNCHERS = ("megatron", "deepspeed")
@@ -121,6 +121,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         raise InputError(f"training.schedules ({', '.join(training.schedules)}) holds no schedule --launcher "
                          f"{launcher} can run (it has no zero-bubble schedule); add 1f1b, gpipe or interleaved-1f1b")
     spec = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
+    check_expert_degrees(model, training)
     # The limit covers the whole answer: after the search come naming devices, evaluating the
     # plan and its rank map (0.2-0.3 s for 16,384 GPUs here), and HiGHS stops up to ~0.4 s past
     # an interrupt; the search's own deadline leaves room for both.
