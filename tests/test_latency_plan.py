@@ -205,3 +205,12 @@ def test_memory_cap_bounds_the_written_lists(tmp_path, capsys):
     cluster, plan = _write(tmp_path)
     assert main(["schedule", str(cluster), str(plan), "--latency-aware", "--memory-cap", "0"]) == 2
     assert "--memory-cap must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "zb-v"])
+def test_schedule_refuses_plans_with_chunks(tmp_path, capsys, schedule):
+    # found by scripts/fuzz_plans.py: a zb-v plan passed the check that named interleaved-1f1b
+    # only, and the retiming crashed with ScheduleError (exit 3)
+    cluster, plan = _write(tmp_path, schedule=schedule, virtual_stages=2)
+    assert main(["schedule", str(cluster), str(plan), "--latency-aware"]) == 2
+    assert f"schedule {schedule} runs 2 chunks per rank" in capsys.readouterr().err

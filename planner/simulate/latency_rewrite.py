@@ -77,9 +77,12 @@ def rewrite(cluster, plan, profiles=None, exact: bool = False, memory_cap: int |
     from planner.simulate.latency_plan import actions_to_json, boundary_latencies_s, problem_for_stages
 
     check_plan(cluster, plan, file=file)
-    if plan.schedule == "interleaved-1f1b":
-        raise InputError(f"{file}: schedule interleaved-1f1b runs {plan.virtual_stages} chunks per rank; the "
-                         "latency-aware scheduler orders one stage per rank (use a 1f1b plan)")
+    if plan.virtual_stages > 1:
+        # every schedule with chunks (interleaved-1f1b, zb-v, dualpipev, ...): zb-v passed the
+        # check that named interleaved-1f1b only and crashed the retiming (found by
+        # scripts/fuzz_plans.py)
+        raise InputError(f"{file}: schedule {plan.schedule} runs {plan.virtual_stages} chunks per rank; the "
+                         "latency-aware scheduler orders one stage per rank (use a 1f1b, gpipe or zb-h1 plan)")
     p, m = len(plan.stages), plan.num_micro_batches
     if memory_cap is not None and memory_cap < 1:
         raise InputError(f"--memory-cap must be at least 1 micro-batch, got {memory_cap}")
