@@ -24,6 +24,10 @@ LAUNCHER_CHOICES["deepspeed"]["recompute_modes"] = ("none", "full")
 # its JSON config has no expert parallelism (launch/deepspeed.py): the search dropped EP > 1
 # and searched EP 1 even where the training allowed only EP 2 (found by scripts/fuzz_plans.py)
 LAUNCHER_CHOICES["deepspeed"]["expert_parallel_degrees"] = (1,)
+# nor context parallelism or hybrid sharding (launch/deepspeed.py): `--context-parallel 2` alone
+# left no knob tuple and the answer blamed memory; `--zero-shard-degree 2` alone searched "all"
+LAUNCHER_CHOICES["deepspeed"]["context_parallel_degrees"] = (1,)
+LAUNCHER_CHOICES["deepspeed"]["zero_shard_degrees"] = ("all",)
 # Megatron-LM's --recompute-granularity is full or selective (the attention core); torchtitan's
 # per-op mode ("op") it has not: `plan --launcher megatron --recompute op` wrote a plan that
 # `launch --format megatron` refused (found by scripts/fuzz_plans.py)
