@@ -49,6 +49,19 @@ def _bandwidth(rng: random.Random, lo_gbit: float, hi_gbit: float) -> str:
     return f"{value:.4g} {unit}"
 
 
+def inline_gpu(rng: random.Random, g: int) -> dict:
+    """A GPU the catalog lacks (a B200, an MI355X, a consumer card), given by its own figures."""
+    gpu = {"name": f"custom-{g}", "memory": f"{rng.choice((8, 12, 24, 48, 96, 141, 180, 288))} GB",
+           "peak_tflops": round(10 * 250 ** rng.random(), 1),
+           "memory_bandwidth": f"{rng.choice((0.3, 0.9, 2, 3.35, 8))} TB/s",
+           "intra_node_bandwidth": f"{rng.choice((16, 32, 64, 450, 900))} GB/s"}
+    for key, values in (("fp32_tflops", (5.0, 40.0, 80.0)), ("tf32_tflops", (60.0, 500.0, 1100.0)),
+                        ("price_per_hour", (0.5, 3.0, 9.0))):
+        if rng.random() < 0.4:
+            gpu[key] = rng.choice(values)
+    return gpu
+
+
 def random_cluster(rng: random.Random, name: str, wide: bool = False) -> dict:
     gpu_ids = list(catalog_gpus())
     n_zones = rng.choice((1, 1, 1, 2, 2, 3))
@@ -61,7 +74,7 @@ def random_cluster(rng: random.Random, name: str, wide: bool = False) -> dict:
                 del z["region"]
     nodes = []
     for g in range(rng.randint(1, 4)):
-        group: dict = {"name": f"g{g}", "gpu": rng.choice(gpu_ids),
+        group: dict = {"name": f"g{g}", "gpu": rng.choice(gpu_ids) if rng.random() < 0.85 else inline_gpu(rng, g),
                        "gpus_per_node": rng.choice((1, 2, 3, 4, 4, 6, 8, 8, 8))}
         if rng.random() < 0.6:
             group["count"] = rng.randint(1, 64 if wide else 4)
