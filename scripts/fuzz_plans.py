@@ -259,6 +259,21 @@ def check_objective(plan: dict, flags: list[str], problems: list[str]) -> None:
             problems.append(f"plan: {predicted['tokens_per_s']} tokens/s under the floor {floor}")
 
 
+def check_written(runner: Runner, cluster: str, plan_file: str, step: str, problems: list[str]) -> None:
+    """A plan another command wrote: ``evaluate`` accepts it, prices it as it says, and it fits."""
+    rc, out, err, _ = runner.cli(["evaluate", cluster, plan_file, "--json"], timeout_s=120)
+    check_stderr(f"evaluate {plan_file}", rc, err, problems)
+    if rc != 0:
+        problems.append(f"{step}: evaluate rejects {plan_file} (exit {rc}): {err.strip()[:300]}")
+        return
+    ev = json.loads(out)
+    said = json.loads((runner.workdir / plan_file).read_text())["predicted"]["iteration_time_s"]
+    if not _close(said, ev["iteration_time_s"]):
+        problems.append(f"{step}: {plan_file} says {said} s, evaluate {ev['iteration_time_s']} s")
+    if not ev["fits"]:
+        problems.append(f"{step}: {plan_file} does not fit in memory: {ev['memory_problems'][:1]}")
+
+
 def check_replan(runner: Runner, problems: list[str], notes: list[str]) -> None:
     """``replan`` on the cluster less its last node group (or with fewer GPUs a node): exit 0
     (the old plan still runs), 4 (it does not; the new plan written), 1 or 2."""
@@ -280,6 +295,8 @@ def check_replan(runner: Runner, problems: list[str], notes: list[str]) -> None:
         problems.append(f"replan: {wall_s:.1f} s for --time-limit 3")
     if rc not in (0, 4):
         notes.append(f"replan: exit {rc}: {err.strip()[:300]}")
+    if rc == 4:
+        check_written(runner, "cluster2.yaml", "replan.json", "replan", problems)
 
 
 def check_plan(runner: Runner, plan_path: Path, problems: list[str], notes: list[str]) -> None:
@@ -292,7 +309,8 @@ def check_plan(runner: Runner, plan_path: Path, problems: list[str], notes: list
         problems.append(f"evaluate: rejects the plan (exit {rc}): {err.strip()[:300]}")
     else:
         ev = json.loads(out)
-        ev = ev.get("predicted", ev)
+        if not ev.get("fits", True):
+            problems.append(f"evaluate: the plan does not fit in memory: {ev['memory_problems'][:1]}")
         for key in ("iteration_time_s", "tokens_per_s", "usd_per_hour"):
             a, b = predicted.get(key), ev.get(key)
             if (a is None) != (b is None) or (a is not None and not _close(a, b)):
@@ -317,6 +335,8 @@ def check_plan(runner: Runner, plan_path: Path, problems: list[str], notes: list
         problems.append(f"schedule: exit {rc} but sched.json written")
     if rc != 0:
         notes.append(f"schedule: exit {rc}: {err.strip()[:300]}")
+    else:
+        check_written(runner, "cluster.yaml", "sched.json", "schedule", problems)
     for fmt in FORMATS:
         rc, _, err, _ = runner.cli(["launch", "plan.json", "--format", fmt, "--cluster", "cluster.yaml",
                                     "--master-addr", "10.0.0.1", "--json"], timeout_s=120)
