@@ -36,10 +36,11 @@ class FrontPoint:
                 "plan": self.plan.to_json()}
 
 
-def _point(result, objective: str) -> FrontPoint:
+def _point(result, objective: str, cluster) -> FrontPoint:
     ev, rep = result.evaluation, result.report
-    if ev.usd_per_hour is None:
-        raise InputError("the front needs prices: a node the plan uses has none; give price_per_hour")
+    if ev.usd_per_hour is None:     # name the spec's unpriced groups, as the cost search does
+        used = {r.gpu_type for s in result.plan.stages for r in s.replicas}
+        raise cluster.missing_prices("the Pareto front", used)
     return FrontPoint(ev.tokens_per_s, ev.usd_per_hour, objective, rep.status, rep.gap, result.plan)
 
 
@@ -65,8 +66,9 @@ def pareto(cluster, model, training, floors: int = 4, time_limit_s: float = 60.0
         raise InputError(f"--floors must be between {MIN_FLOORS} and {MAX_FLOORS}, got {floors}")
     each_s = time_limit_s / (floors + 2)
     fast = _point(api.plan(cluster, model, training, objective="throughput", time_limit_s=each_s, **options),
-                  "throughput")
-    cheap = _point(api.plan(cluster, model, training, objective="cost", time_limit_s=each_s, **options), "cost")
+                  "throughput", cluster)
+    cheap = _point(api.plan(cluster, model, training, objective="cost", time_limit_s=each_s, **options), "cost",
+                   cluster)
     points = [cheap, fast]
     low, high = min(cheap.tokens_per_s, fast.tokens_per_s), fast.tokens_per_s
     for k in range(1, floors + 1):
@@ -76,7 +78,7 @@ def pareto(cluster, model, training, floors: int = 4, time_limit_s: float = 60.0
                               min_tokens_per_s=floor, **options)
         except InfeasibleError:
             continue        # this search found no plan reaching the floor in its time
-        points.append(_point(result, f"cost-above-floor {floor:,.0f} tokens/s"))
+        points.append(_point(result, f"cost-above-floor {floor:,.0f} tokens/s", cluster))
     return non_dominated(points)
 
 

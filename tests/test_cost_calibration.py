@@ -48,3 +48,19 @@ def test_yaml_round_trip(tmp_path):
     save_calibration(cal, path)
     again = load_calibration(path)
     assert again.architectures == cal.architectures and again.comm == cal.comm
+
+
+@pytest.mark.parametrize("text, where", [
+    ("name: lab\nnodes: []\n", "cal.yaml:1:7: name: unknown key 'name'"),     # a cluster spec by mistake
+    ("{}\n", "cal.yaml:1:1: no calibration in it"),
+])
+def test_a_file_that_is_not_a_calibration_is_refused(tmp_path, text, where):
+    # found by scripts/fuzz_plans.py's bad inputs: unknown keys were ignored, so any mapping
+    # priced with the built-in guesses, silently
+    from planner.errors import InputError
+
+    path = tmp_path / "cal.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError) as info:
+        load_calibration(path)
+    assert str(info.value).startswith(f"{tmp_path}/{where}")

@@ -66,7 +66,8 @@ def test_schedule_rewrites_a_1f1b_plan_and_hides_the_slow_link(tmp_path, capsys)
     assert report["after"]["pipeline_time_s"] <= report["before"]["pipeline_time_latency_model_s"] + 1e-12
     # and the 50 ms link makes 1F1B's blocking-send closed form clearly slower
     assert report["after"]["pipeline_time_s"] < 0.95 * report["before"]["pipeline_time_s"]
-    assert report["after"]["memory_cap"] == [4, 4, 4, 4]
+    # the default cap: per rank 1F1B's own peak (p - s), so the rewrite needs no more memory
+    assert report["after"]["memory_cap"] == [4, 3, 2, 1]
     assert new.predicted.iteration_time_s == pytest.approx(report["after"]["iteration_time_s"])
 
 
@@ -205,3 +206,23 @@ def test_memory_cap_bounds_the_written_lists(tmp_path, capsys):
     cluster, plan = _write(tmp_path)
     assert main(["schedule", str(cluster), str(plan), "--latency-aware", "--memory-cap", "0"]) == 2
     assert "--memory-cap must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "zb-v"])
+def test_schedule_refuses_plans_with_chunks(tmp_path, capsys, schedule):
+    # found by scripts/fuzz_plans.py: a zb-v plan passed the check that named interleaved-1f1b
+    # only, and the retiming crashed with ScheduleError (exit 3)
+    cluster, plan = _write(tmp_path, schedule=schedule, virtual_stages=2)
+    assert main(["schedule", str(cluster), str(plan), "--latency-aware"]) == 2
+    assert f"schedule {schedule} runs 2 chunks per rank" in capsys.readouterr().err
+
+
+def test_the_default_rewrite_holds_no_more_in_flight_than_the_plan(tmp_path, capsys):
+    # found by scripts/fuzz_plans.py: one cap of min(m, p) for every rank let a 1F1B plan's last
+    # stages hold up to p micro-batches, and 18 of 247 rewrites of plans that fit did not
+    from planner.simulate.latency_rewrite import _baseline
+
+    _, plan, out = _schedule(tmp_path)
+    before = peak_in_flight(_baseline(load_plan(plan)))
+    after = peak_in_flight(plan_schedule(load_plan(out)))
+    assert before == [4, 3, 2, 1] and all(a <= b for a, b in zip(after, before, strict=True)), (after, before)

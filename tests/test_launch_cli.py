@@ -105,3 +105,15 @@ def test_cluster_option_pins_partly_used_nodes(tmp_path, capsys):
     files = json.loads(capsys.readouterr().out)
     assert "export CUDA_VISIBLE_DEVICES=0,1,2,3" in files["node0-a.sh"]
     assert "CUDA_VISIBLE_DEVICES" not in files["node1-b.sh"]
+
+
+@pytest.mark.parametrize("fmt", ["torchrun", "megatron", "pipelining"])
+def test_a_broken_plan_file_is_refused_naming_the_file(plan_file, tmp_path, capsys, fmt):
+    # found by scripts/fuzz_plans.py's bad inputs: evaluate named the file, launch said "<plan>"
+    data = json.loads(plan_file.read_text())
+    data["num_micro_batches"] += 1      # no longer micro-batch x count = global batch
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(data))
+    assert main(["launch", str(edited), "--format", fmt, "--master-addr", "10.0.0.1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{edited}: num_micro_batches: " in err and "<plan>" not in err

@@ -47,3 +47,32 @@ def test_each_choice_left_out_is_one_deepspeed_refuses(ds_plan, update, refusal)
     assert value not in LAUNCHER_CHOICES["deepspeed"][field]
     with pytest.raises(InputError, match=refusal):
         api.launch(plan.model_copy(update=update), "deepspeed", cluster=cluster, master_addr="10.0.0.1")
+
+
+def test_megatron_searches_no_per_op_recompute():
+    # found by scripts/fuzz_plans.py: --launcher megatron --recompute op wrote a plan with
+    # recompute op, which launch --format megatron refuses
+    training = Training(global_batch_size=8, seq_len=256, recompute_modes=("op", "full"))
+    assert narrow(training, "megatron").recompute_modes == ("full",)
+    with pytest.raises(InputError, match="--launcher megatron runs recompute_modes none, selective, full"):
+        narrow(Training(global_batch_size=8, seq_len=256, recompute_modes=("op",)), "megatron")
+    cluster = api.load_cluster(CLUSTER)
+    plan = api.plan(cluster, "opt-350m", training, time_limit_s=60, launcher="megatron").plan
+    assert plan.recompute == "full"
+    assert api.launch(plan, "megatron", cluster=cluster, master_addr="10.0.0.1")           # no refusal
+    with pytest.raises(InputError, match="recompute op"):       # the mode left out is one it refuses
+        api.launch(plan.model_copy(update={"recompute": "op"}), "megatron", cluster=cluster,
+                   master_addr="10.0.0.1")
+
+
+@pytest.mark.parametrize("field, asked, runs", [("expert_parallel_degrees", (2,), "1"),
+                                                ("context_parallel_degrees", (2,), "1"),
+                                                ("zero_shard_degrees", (2,), "all")])
+def test_deepspeed_refuses_degrees_it_has_no_config_for(field, asked, runs):
+    # found by scripts/fuzz_plans.py: the search dropped these for DeepSpeed and searched what was
+    # left (EP 1, "all") or nothing ("no split fits in memory"), though the training allowed neither
+    training = Training(global_batch_size=8, seq_len=256, **{field: asked})
+    with pytest.raises(InputError, match=f"--launcher deepspeed runs {field} {runs}; the training allows only 2"):
+        narrow(training, "deepspeed")
+    both = Training(global_batch_size=8, seq_len=256, **{field: (1 if runs == "1" else "all", 2)})
+    assert getattr(narrow(both, "deepspeed"), field) == (1 if runs == "1" else "all",)

@@ -92,3 +92,18 @@ def test_plan_expert_parallel_flag(capsys, tmp_path):
     assert plan["inputs"]["training"]["expert_parallel_degrees"] == [2]
     assert main([*base, "--expert-parallel", "0"]) == 2
     assert "expert-parallel degrees of 1 or more" in capsys.readouterr().err
+
+
+def test_ep_degrees_none_of_which_the_model_takes_are_refused():
+    # found by scripts/fuzz_plans.py: --expert-parallel 3 on 4 (or Mixtral's 8) experts, and EP 2
+    # with --launcher deepspeed, searched EP 1, which the user had not allowed, without a word
+    from planner import api
+    from planner.errors import InputError
+
+    cluster, model, training = moe_case(3)
+    with pytest.raises(InputError, match=r"none divides the number of experts \(\S+ has 4\); choose among 1, 2, 4"):
+        api.plan(cluster, model, training.model_copy(update={"expert_parallel_degrees": (3,)}), time_limit_s=10)
+    with pytest.raises(InputError, match="--launcher deepspeed runs expert_parallel_degrees 1; the training allows "
+                                         "only 2"):
+        api.plan(cluster, model, training.model_copy(update={"expert_parallel_degrees": (2,)}), time_limit_s=10,
+                 launcher="deepspeed")

@@ -48,3 +48,12 @@ def test_a_flag_contradicting_the_training_file_is_refused(tmp_path, capsys):
     assert main([*BASE, "--training", str(path), "--recompute", "none", "--zero-stage", "0"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["recompute"] == "none" and plan["zero_stage"] == 0
+
+
+def test_an_error_on_one_flags_field_names_that_flag_alone(capsys):
+    # seen in scripts/fuzz_plans.py's output: "--recompute / --context-parallel:
+    # context_parallel_degrees: ..." named every flag given, sending the user to --recompute too
+    assert main([*BASE, "--global-batch-size", "4", "--seq-len", "100", "--recompute", "full",
+                 "--context-parallel", "1,8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --context-parallel: context_parallel_degrees: ") and "--recompute" not in err

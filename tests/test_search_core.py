@@ -539,3 +539,23 @@ def test_min_term_changes_the_optimum_and_needs_a_non_positive_weight():
     assert changed > 5
     with pytest.raises(ValueError, match="weight <= 0"):
         Term("min", 0, 1.0)
+
+
+def test_a_milp_past_the_deterministic_searchs_wall_guard_stops_cleanly():
+    # found by scripts/fuzz_plans.py: past the guard clock.now() is inf, so a deadline taken from
+    # it is inf, and the MILP's node cap was inf // units = NaN: ValueError (exit 3)
+    import time
+
+    from planner.search import clock
+    from planner.search.core.milp import CoreMilp
+
+    prob = random_problem(random.Random(0))           # a feasible one (brute force)
+    with clock.work_clock(time_limit_s=0.01, work_budget=1000) as work:
+        time.sleep(0.02)                              # the wall guard trips
+        deadline = clock.now() + 1.0
+        assert math.isinf(deadline) and work.units_left(deadline) == 0.0
+        sol = CoreMilp(prob).solve(MilpSettings(time_limit_s=1), deadline=deadline)
+    assert sol.status != "infeasible" and (not sol.ok or prob.feasible(sol.assign)), sol
+    with clock.work_clock(time_limit_s=60, work_budget=1000) as work:
+        assert work.units_left(math.inf) == math.inf   # no deadline but the wall guard: no node cap
+        assert CoreMilp(prob).solve(MilpSettings(time_limit_s=5), deadline=math.inf).status == "optimal"

@@ -122,3 +122,20 @@ def test_the_plan_says_the_unit_of_its_objective():
     fast = solve(cluster, model, training, time_limit_s=60)
     assert fast.plan.solver.objective_unit == "s per iteration"
     assert math.isclose(fast.plan.solver.objective, fast.evaluation.iteration_time_s, rel_tol=1e-12)
+
+
+def test_missing_prices_name_the_file_and_the_node_groups(tmp_path):
+    # found by scripts/fuzz_plans.py: the error named GPU types only, not where to add the price
+    from planner.spec import load_cluster, load_model, load_training
+
+    path = tmp_path / "c.yaml"
+    path.write_text("name: c\nnodes:\n"
+                    "  - {name: priced, gpu: A100-SXM4-80GB, gpus_per_node: 2, network_bandwidth: 100 Gbit/s}\n"
+                    "  - {name: amd, gpu: MI250X-128GB, gpus_per_node: 2, network_bandwidth: 100 Gbit/s}\n")
+    training_path = tmp_path / "t.yaml"
+    training_path.write_text("global_batch_size: 8\nseq_len: 512\n")
+    with pytest.raises(InputError) as info:
+        solve(load_cluster(path), load_model("opt-350m"), load_training(training_path), objective="cost",
+              time_limit_s=5)
+    assert str(info.value).startswith(f"{path}: nodes[1].price_per_hour: ")
+    assert "nodes[1] (amd, MI250X-128GB)" in str(info.value) and "priced" not in str(info.value)

@@ -207,3 +207,62 @@ def test_a_file_nested_thousands_deep_is_a_bad_file_not_a_crash(tmp_path, capsys
     p.write_text("name: " + "[" * 5000 + "]" * 5000 + "\n")
     assert main(["validate", str(p)]) == 2
     assert "nested too deeply" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, field, line", [
+    ("num_attention_heads: 3\n", "num_attention_heads", 3),        # 3 does not divide 64
+    ("num_attention_heads: 4\nnum_kv_heads: 3\n", "num_kv_heads", 4),
+    ("num_attention_heads: 4\nrotary_base: 10000\n", "rotary_base", 4),
+    ("num_attention_heads: 4\nnum_experts: 4\nmoe_top_k: 5\n", "moe_top_k", 5),
+    ("num_attention_heads: 4\nmoe_top_k: 2\n", "moe_top_k", 4),
+])
+def test_model_cross_field_errors_name_the_field_and_its_line(tmp_path, extra, field, line):
+    # Found by scripts/fuzz_plans.py's bad inputs: these checks span fields, and their errors
+    # pointed at the mapping's line 1 with no field path.
+    path = tmp_path / "m.yaml"
+    path.write_text("num_layers: 4\nhidden_size: 64\n" + extra + "vocab_size: 100\n")
+    with pytest.raises(InputError) as info:
+        load_model(path)
+    location = info.value.errors[0].location
+    assert (location.field, location.line) == (field, line)
+
+
+def test_training_cross_field_error_names_the_field(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("global_batch_size: 8\nseq_len: 100\ncontext_parallel_degrees: [1, 8]\n")
+    with pytest.raises(InputError, match=r"t\.yaml:3:\d+: context_parallel_degrees: "):
+        load_training(path)
+
+
+@pytest.mark.parametrize("parse, text", [(parse_size_bytes, "1e300 GB"), (parse_bandwidth_Bps, "1e300 TB/s"),
+                                         (parse_time_s, "1e307 h")])
+def test_a_finite_number_that_overflows_in_base_units_is_refused(parse, text):
+    # found by scripts/fuzz_plans.py: 'memory: 1e300 GB' became an infinite capacity, and the
+    # search's piece sizes crashed with OverflowError (exit 3)
+    with pytest.raises(UnitError, match="too large"):
+        parse(text)
+
+
+def test_an_overflowing_gpu_memory_names_its_field(tmp_path):
+    text = GOOD.replace("gpu: A100-SXM4-80GB", "gpu: {name: big, memory: 1e300 GB, peak_tflops: 100, "
+                        "memory_bandwidth: 1 TB/s, intra_node_bandwidth: 100 GB/s}")
+    with pytest.raises(InputError, match=r"nodes\[0\]\.gpu\.memory: '1e300 GB' is too large"):
+        load_cluster(write(tmp_path, text))
+
+
+def test_a_single_value_where_a_list_belongs_says_so(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("global_batch_size: 8\nseq_len: 512\nschedules: 1f1b\n")
+    with pytest.raises(InputError, match=r"t\.yaml:3:12: schedules: expected a list, e\.g\. \[1f1b, \.\.\.\]"):
+        load_training(path)
+
+
+def test_loader_set_cluster_fields_are_unknown_keys_in_a_spec(tmp_path):
+    # found by scripts/fuzz_plans.py: `source_file:` in a spec was taken, then overwritten, and
+    # the loader's own fields were offered among the valid keys
+    text = "source_file: elsewhere.yaml\n" + GOOD.replace("name: t\n", "name: t\nnme: typo\n")
+    with pytest.raises(InputError) as info:
+        load_cluster(write(tmp_path, text))
+    message = str(info.value)
+    assert ":1:14: source_file: unknown key 'source_file'" in message
+    assert "nme: unknown key 'nme'; valid keys: links, name, nodes, profiles, zones\n" in message + "\n"

@@ -8,7 +8,7 @@ contradicts what the file itself sets is an input error, as ``--precision`` is."
 from __future__ import annotations
 
 from planner.api import Training, training_from_mapping
-from planner.errors import InputError
+from planner.errors import InputError, InputErrors, Location
 
 # flag -> the training field it sets
 FLAGS = {"--schedule": "schedules", "--recompute": "recompute_modes", "--zero-stage": "zero_stages",
@@ -53,4 +53,17 @@ def with_freedoms(training: Training, flags: dict[str, str | None], training_pat
         return training
     data = {**training.model_dump(exclude_unset=True), **update}
     # the field's own check names what is valid (e.g. schedules: 'gpipe', '1f1b', ...)
-    return training_from_mapping(data, file=" / ".join(f for f in flags if flags[f]))
+    given = [f for f in flags if flags[f]]
+    try:
+        return training_from_mapping(data, file=" / ".join(given))
+    except InputErrors as exc:
+        # an error on one flag's field names that flag alone: "--recompute / --context-parallel:
+        # context_parallel_degrees: ..." sent the user to --recompute too
+        raise InputErrors([_on_flag(e, given) for e in exc.errors]) from None
+
+
+def _on_flag(error: InputError, given: list[str]) -> InputError:
+    where = error.location
+    root = (where.field or "").split(".")[0].split("[")[0] if where else ""
+    flag = next((f for f in given if FLAGS.get(f) == root), None)
+    return InputError(error.message, Location(flag, field=where.field)) if flag else error

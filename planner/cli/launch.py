@@ -34,7 +34,7 @@ def launch(plan_file: str, fmt: str, out_dir: str | None, master_addr: str | Non
     plan = api.load_plan(plan_file)
     cluster = api.load_cluster(cluster_file) if cluster_file else None
     files = api.launch(plan, fmt, master_addr=master_addr, master_port=master_port,
-                       script=script, cluster=cluster, schedule_csv=schedule_csv)
+                       script=script, cluster=cluster, schedule_csv=schedule_csv, file=plan_file)
     if out_dir:
         written = api.write_files(files, out_dir)
         if as_json:

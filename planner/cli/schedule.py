@@ -19,8 +19,8 @@ from planner.cli.common import check_writable, console, echo_json, warn_precisio
               help="Also solve the MILP (pulp + HiGHS; at most 120 actions, 3 x stages x micro-batches) and "
                    "report the greedy's gap to its proved bound; the plan takes the better schedule.")
 @click.option("--memory-cap", type=int, default=None,
-              help="Micro-batches a rank may hold from F until W (default min(micro-batches, stages), "
-                   "1F1B's peak).")
+              help="Micro-batches a rank may hold from F until W (default: per rank the plan's own peak, "
+                   "at most min(micro-batches, stages); 1F1B: stages - s on stage s).")
 @click.option("--time-limit", "time_limit_s", type=float, default=30.0, show_default=True,
               help="Seconds for --exact.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the new plan here.")
@@ -50,7 +50,8 @@ def schedule(cluster_file, plan_file, latency_aware, exact, memory_cap, time_lim
     b, a = res.before, res.after
     out.print(f"before: {b.schedule}, pipeline {b.pipeline_time_s:.4f} s (cost model), "
               f"{res.before_retimed_s:.4f} s with non-blocking sends; iteration {b.iteration_time_s:.4f} s")
-    out.print(f"after:  latency-aware ({res.method}, memory cap {max(res.memory_cap)} micro-batches), pipeline "
+    caps = ",".join(map(str, res.memory_cap)) if len(set(res.memory_cap)) > 1 else str(res.memory_cap[0])
+    out.print(f"after:  latency-aware ({res.method}, memory cap {caps} micro-batches a rank), pipeline "
               f"{a.pipeline_time_s:.4f} s; iteration {a.iteration_time_s:.4f} s "
               f"({b.iteration_time_s / a.iteration_time_s:.3f}x)")
     if res.exact is None:
@@ -62,7 +63,7 @@ def schedule(cluster_file, plan_file, latency_aware, exact, memory_cap, time_lim
                   f"{e.bound_s:.4f} s, {e.wall_s:.1f} s): gap {100 * res.gap:.2f}%")
     if not a.fits:
         out.print("[bold red]the new plan does not fit in memory[/bold red] (its ranks hold up to "
-                  f"{max(res.memory_cap)} micro-batches until W); try a smaller --memory-cap:")
+                  f"{caps} micro-batches until W); try a smaller --memory-cap:")
         for line in a.memory_problems:
             out.print(f"  {line}")
     if output:

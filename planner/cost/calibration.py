@@ -123,10 +123,13 @@ class Calibration:
         )
 
 
+CALIBRATION_KEYS = ("gpus", "architectures", "comm", "provenance")     # Calibration.from_mapping's
+
+
 def load_calibration(path: str | Path | None = None) -> Calibration:
     if path is None:
         return default_calibration()
-    from planner.errors import InputError
+    from planner.errors import InputError, InputErrors
     from planner.spec.source import load_yaml, read_text
 
     # load_yaml: bounded (planner.spec.limits) and located errors; an empty file is an error,
@@ -135,6 +138,13 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
     if not isinstance(doc.data, dict):
         raise doc.error((), "a calibration file is a mapping (compute, comm, provenance); write one with "
                         "`planner profile --calibrate PROFILE -o FILE`")
+    # from_mapping reads the keys it knows and ignores the rest: a cluster spec (or `{}`) given
+    # as --calibration priced with the built-in guesses, silently (found by scripts/fuzz_plans.py)
+    unknown = [k for k in doc.data if k not in CALIBRATION_KEYS]
+    if unknown or not doc.data:
+        raise InputErrors([doc.error((k,) if k else (), f"{f'unknown key {k!r}' if k else 'no calibration in it'}; "
+                                     f"a calibration file holds {', '.join(CALIBRATION_KEYS)}: write one with "
+                                     "`planner profile --calibrate PROFILE -o FILE`") for k in unknown or [None]])
     try:
         return Calibration.from_mapping(doc.data)
     except (TypeError, AttributeError) as exc:

@@ -36,19 +36,25 @@ __all__ = ["DEFAULT_MASTER_PORT", "FORMATS", "LaunchOptions", "render", "write"]
 
 def render(plan: Plan, fmt: str, master_addr: str | None = None,
            master_port: int = DEFAULT_MASTER_PORT, script: str | None = None,
-           cluster=None, schedule_csv: bool = False) -> dict[str, str]:
+           cluster=None, schedule_csv: bool = False, file: str | None = None) -> dict[str, str]:
     """The files that launch ``plan`` with ``fmt``, by name; nothing is written.
 
     ``cluster`` (optional) tells how many GPUs each node has, so CUDA_VISIBLE_DEVICES is set
     exactly when a node's GPUs are used only in part, and lets the shared rank map be used.
     ``schedule_csv`` runs the schedule from its per-rank action CSV even where torch has a class
-    (formats that run torch's pipelining: pipelining, torchtitan)."""
+    (formats that run torch's pipelining: pipelining, torchtitan).  ``file``: the plan's file,
+    so that a plan edited into a broken layout is refused naming it (the writers' own layout
+    check names ``<plan>``: a hand-edited plan's errors did not say which file was wrong)."""
     writer = FORMATS.get(fmt)
     if writer is None:
         raise InputError(f"launch: unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if schedule_csv and fmt not in CSV_FORMATS:
         raise InputError(f"launch: --schedule-csv applies to {' and '.join(CSV_FORMATS)}, not {fmt} "
                          "(which does not run torch's pipeline schedules)")
+    if file is not None:
+        from planner.plan.check import check_layout
+
+        check_layout(plan, file=file)
     gpus = None
     if cluster is not None:
         gpus = {n.name: n.gpus_per_node for n in cluster.node_list}

@@ -55,7 +55,14 @@ class WorkClock:
         return self.units * self.seconds_per_unit
 
     def units_left(self, deadline: float) -> float:
-        """Work units until the virtual ``deadline``."""
+        """Work units until the virtual ``deadline``: none once the user's wall-clock guard has
+        stopped the search; ``inf`` for no deadline.  Past the guard ``now()`` is inf, so a
+        deadline taken from it (``now() + share``) is inf too: that read as no deadline, and
+        the MILP's node cap became inf // units = NaN (a fuzzed deterministic cost search
+        crashed with ValueError, scripts/fuzz_plans.py)."""
+        if self.wall_clock_bound or time.monotonic() > self.wall_stop:
+            self.wall_clock_bound = True
+            return 0.0
         return max(0.0, deadline / self.seconds_per_unit - self.units)
 
 

@@ -258,8 +258,10 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
     left = max(0.0, deadline - now)
     if share < 1.0:
         left = min(left, WARM_HORIZON_S)
-    stop = now + share * left
-    stop_milp = now + min(share, milp_share) * left
+    # min with the deadline: past a deterministic search's wall guard now() is inf, and inf
+    # stops compared "inf > inf" false, so the loop below went on past the limit
+    stop = min(deadline, now + share * left)
+    stop_milp = min(deadline, now + min(share, milp_share) * left)
     done = set() if done is None else done
     order = _warm_order(ranked, knob_bound, best, pricer)
     found: dict = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost import CostContext
+from planner.errors import InputError
 from planner.search.classes import ClassInfo
 from planner.search.core import Row, Term
 from planner.search.schedules import SCHEDULES, schedules_for
@@ -109,6 +110,20 @@ def divisors(n: int) -> list[int]:
                 large.append(n // d)
         d += 1
     return small + large[::-1]
+
+
+def check_expert_degrees(model, training) -> None:
+    """A MoE model whose allowed EP degrees all fail to divide its experts is an input error:
+    the search dropped them and searched EP 1, which was not allowed, so `--expert-parallel 3`
+    on Mixtral's 8 experts answered a plan without expert parallelism and no word (found by
+    scripts/fuzz_plans.py).  Some degrees dividing is a narrower space, as for TP; dense models
+    take no EP, so the degrees are moot there."""
+    if not model.is_moe or any(model.num_experts % e == 0 for e in training.expert_parallel_degrees):
+        return
+    asked = ",".join(map(str, training.expert_parallel_degrees))
+    valid = ", ".join(map(str, divisors(model.num_experts)))
+    raise InputError(f"expert_parallel_degrees (--expert-parallel {asked}): none divides the number of "
+                     f"experts ({model.name} has {model.num_experts}); choose among {valid}")
 
 
 def enumerate_knobs(model, training, classes: list[ClassInfo], launcher: str | None = None) -> list[Knobs]:

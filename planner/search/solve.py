@@ -28,7 +28,7 @@ from planner.search.bound import KnobBound
 from planner.search.classes import class_infos, classes_without_bf16
 from planner.search.core import enum
 from planner.search.core.milp import MilpSettings
-from planner.search.floors import TupleFloors, tuple_floors
+from planner.search.floors import TupleFloors, floors_until
 from planner.search.given import given_candidates
 from planner.search.incumbent import (
     WARM_KEYS_ABOVE,
@@ -39,7 +39,7 @@ from planner.search.incumbent import (
     relaxed,
     warm_start,
 )
-from planner.search.knobs import enumerate_knobs, make_context
+from planner.search.knobs import check_expert_degrees, enumerate_knobs, make_context
 from planner.search.objectives import ObjectiveSpec, parse_objective
 from planner.search.per_tuple import loses_tie, prunes, solve_tuple
 from planner.search.queue import BoundLevel, Pending, Ranked
@@ -122,6 +122,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         raise InputError(f"training.schedules ({', '.join(training.schedules)}) holds no schedule --launcher "
                          f"{launcher} can run (it has no zero-bubble schedule); add 1f1b, gpipe or interleaved-1f1b")
     spec = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
+    check_expert_degrees(model, training)
     # The limit covers the whole answer: after the search come naming devices, evaluating the
     # plan and its rank map (0.2-0.3 s for 16,384 GPUs here), and HiGHS stops up to ~0.4 s past
     # an interrupt; the search's own deadline leaves room for both.
@@ -137,9 +138,8 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
                               f"({', '.join(sorted({c.gpu.name for c in no_bf16}))}); train with "
                               "--precision fp16 (training.precision: fp16), or fp32 / tf32")
     if spec.needs_prices and any(c.node_price_usd_per_hour is None for c in classes):
-        missing = sorted({c.gpu.name for c in classes if c.node_price_usd_per_hour is None})
-        raise InputError(f"objective {spec.kind!r} needs prices, but nodes of {', '.join(missing)} have "
-                         "none; add price_per_hour to those node groups")
+        raise cluster.missing_prices(f"objective {spec.kind!r}",
+                                     {c.gpu.name for c in classes if c.node_price_usd_per_hour is None})
     pricer = Pricer(model, training, classes, topo, profiles)
     knob_bound = KnobBound(pricer)
     knob_bound.set_deadline(deadline)
@@ -198,8 +198,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     tokens = training.global_batch_size * training.seq_len
     # throughput needs no prices: its value is the time bound itself (no floors to compute for
     # c's 12,000 tuples)
-    floors = ({knobs: tuple_floors(pricer, knobs, ctx, keys) for _, _, knobs, ctx, keys in ranked}
-              if spec.needs_prices else {})
+    floors = floors_until(pricer, ranked, deadline) if spec.needs_prices else {}
     no_floors = TupleFloors(0.0, 0.0)
     if ranked:      # for the reason when no plan meets a budget or a floor (diagnose.py)
         stats["least_price_usd_per_hour"] = min((f.price_usd_per_hour for f in floors.values()), default=None)

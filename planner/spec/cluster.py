@@ -8,6 +8,7 @@ from functools import cached_property
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.errors import InputError, Location
 from planner.spec.gpu import GpuType
 from planner.spec.quantities import BandwidthBps, NonNegativeFloat, PositiveInt, TimeS
 
@@ -151,6 +152,20 @@ class Cluster(BaseModel):
             if note:
                 notes.append(note)
         return notes
+
+    def missing_prices(self, what: str, gpu_names) -> InputError:
+        """The error for ``what`` (an objective, a front) needing prices that the node groups of
+        ``gpu_names`` lack: it names the file and each group by its index and name (it named
+        GPU types only, leaving the user to find the groups in a spec of several)."""
+        bare = [(i, g) for i, g in enumerate(self.nodes) if g.price_usd_per_hour is None and g.gpu.name in gpu_names]
+        groups = ", ".join(f"nodes[{i}] ({g.name}, {g.gpu.name})" for i, g in bare)
+        first = bare[0][0] if bare else None
+        return InputError(f"{what} needs prices, but {groups or ', '.join(sorted(gpu_names))} "
+                          f"{'have' if len(bare) > 1 else 'has'} none and the catalog lists no price for "
+                          "its GPU; add price_per_hour "
+                          "(USD per node-hour) to each such group",
+                          Location(self.source_file or f"cluster {self.name!r}",
+                                   field=None if first is None else f"nodes[{first}].price_per_hour"))
 
     def sha256(self) -> str:
         if self.source_sha256:

@@ -194,10 +194,18 @@ def _cross_check(cluster: Cluster, doc: Document, errors: list[InputError]) -> N
                                     "10 Gbit/s, latency: 20 ms}'"))
 
 
+_INTERNAL_CLUSTER_KEYS = tuple(n for n, f in Cluster.model_fields.items() if f.exclude)
+_CLUSTER_KEYS = tuple(sorted(n for n in Cluster.model_fields if n not in _INTERNAL_CLUSTER_KEYS))
+
+
 def cluster_from_document(doc: Document) -> Cluster:
     if not isinstance(doc.data, dict):
         raise doc.error((), "a cluster spec is a mapping with name, nodes and optionally zones, links")
     errors: list[InputError] = []
+    if doc.text:
+        # set from the file itself below; a spec that wrote them was taken silently, then overwritten
+        errors += [doc.error((key,), f"unknown key {key!r}; valid keys: {', '.join(_CLUSTER_KEYS)}")
+                   for key in _INTERNAL_CLUSTER_KEYS if key in doc.data]
     failed = _resolve_gpus(doc, errors)
     try:
         cluster = validate_model(Cluster, doc)

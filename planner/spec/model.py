@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.spec.quantities import PositiveInt
+from planner.spec.source import FieldValueError
 
 # The GPT-style architecture (Megatron-LM's defaults): learned absolute positions, LayerNorm,
 # biased linear layers. Fields at these values are left out of to_mapping so that plans and
@@ -64,15 +65,16 @@ class ModelSpec(BaseModel):
     @model_validator(mode="after")
     def _check_shape(self):
         if self.attention_head_dim is None and self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must divide "
-                             f"hidden_size ({self.hidden_size})")
+            raise FieldValueError("num_attention_heads", f"num_attention_heads ({self.num_attention_heads}) "
+                                  f"must divide hidden_size ({self.hidden_size}), or give head_dim")
         if self.num_attention_heads % self.kv_heads:
-            raise ValueError(f"num_kv_heads ({self.kv_heads}) must divide num_attention_heads "
+            raise FieldValueError("num_kv_heads", f"num_kv_heads ({self.kv_heads}) must divide "
+                                  "num_attention_heads "
                              f"({self.num_attention_heads})")
         if self.position_embedding != "rope":
             for name in ("rotary_base", "rope_scaling_factor"):
                 if getattr(self, name) is not None:
-                    raise ValueError(f"{name} applies to position_embedding: rope only "
+                    raise FieldValueError(name, f"{name} applies to position_embedding: rope only "
                                      f"(this model has {self.position_embedding})")
         self._check_moe()
         return self
@@ -84,18 +86,21 @@ class ModelSpec(BaseModel):
             given += [n for n, dense in (("num_shared_experts", 0), ("first_k_dense_layers", 0),
                                          ("moe_layer_freq", 1)) if getattr(self, n) != dense]
             if given:
-                raise ValueError(f"{', '.join(given)} apply to Mixture-of-Experts models only: "
+                raise FieldValueError(given[0], f"{', '.join(given)} apply to Mixture-of-Experts models "
+                                      "only: "
                                  "give num_experts too (or remove them)")
             return
         if self.moe_top_k is None:
-            raise ValueError("a Mixture-of-Experts model (num_experts) needs moe_top_k")
+            raise FieldValueError("moe_top_k", "a Mixture-of-Experts model (num_experts) needs moe_top_k")
         if self.moe_top_k > self.num_experts:
-            raise ValueError(f"moe_top_k ({self.moe_top_k}) cannot exceed num_experts "
+            raise FieldValueError("moe_top_k", f"moe_top_k ({self.moe_top_k}) cannot exceed num_experts "
                              f"({self.num_experts})")
         if self.shared_expert_ffn_hidden_size is not None and not self.num_shared_experts:
-            raise ValueError("shared_expert_ffn_hidden_size needs num_shared_experts >= 1")
+            raise FieldValueError("shared_expert_ffn_hidden_size",
+                                  "shared_expert_ffn_hidden_size needs num_shared_experts >= 1")
         if self.num_moe_layers == 0:
-            raise ValueError(f"no layer is MoE: first_k_dense_layers ({self.first_k_dense_layers}) "
+            raise FieldValueError("first_k_dense_layers", f"no layer is MoE: first_k_dense_layers "
+                                  f"({self.first_k_dense_layers}) "
                              f"and moe_layer_freq ({self.moe_layer_freq}) leave all "
                              f"{self.num_layers} layers dense")
 

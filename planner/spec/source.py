@@ -22,6 +22,17 @@ from planner.spec import limits
 PathKey = tuple[str | int, ...]
 
 
+class FieldValueError(ValueError):
+    """A cross-field check's failure that belongs to one field: raised in a pydantic
+    ``model_validator``, it is reported at that field's line and path, not at the mapping's
+    first line (``num_attention_heads (3) must divide hidden_size`` pointed at line 1 with no
+    field, leaving the user to find which of the shape's numbers was wrong)."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(message)
+        self.field_name = field_name
+
+
 def format_field_path(path: PathKey) -> str:
     out = ""
     for part in path:
@@ -196,7 +207,8 @@ def _describe(model: type[BaseModel], loc: tuple) -> str:
         current = _inner_model(match.annotation) if match else None
     if current is None or not hasattr(current, "model_fields"):
         return ""
-    names = sorted((f.alias or n) for n, f in current.model_fields.items())
+    # fields excluded from dumps are set by the loader, not written by users
+    names = sorted((f.alias or n) for n, f in current.model_fields.items() if not f.exclude)
     return "; valid keys: " + ", ".join(names)
 
 
@@ -225,6 +237,9 @@ def validate_model(model: type[BaseModel], doc: Document, path: PathKey = (), da
                     len(o["loc"]) > len(err["loc"]) and o["loc"][:len(err["loc"])] == err["loc"] for o in raw):
                 continue
             loc = path + tuple(err["loc"])
+            cause = (err.get("ctx") or {}).get("error")
+            if isinstance(cause, FieldValueError):
+                loc += (cause.field_name,)
             msg = err["msg"]
             msg = msg.removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
@@ -233,5 +248,8 @@ def validate_model(model: type[BaseModel], doc: Document, path: PathKey = (), da
                 msg = f"missing required field {loc[-1]!r}"
             elif err["type"] in ("literal_error", "enum"):
                 msg = f"{msg}, got {err.get('input')!r}"
+            elif err["type"] in ("tuple_type", "list_type") and isinstance(err.get("input"), (str, int, float)):
+                # pydantic says "Input should be a valid tuple": a user wrote one value for a list
+                msg = f"expected a list, e.g. [{err['input']}, ...], got the single value {err['input']!r}"
             errors.append(InputError(msg, doc.locate(loc)))
         raise InputErrors(errors) from None

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.spec.quantities import PositiveInt
+from planner.spec.source import FieldValueError
 
 # zb-h1, zb-v and dualpipev are searched only when listed: their rows bound their time (docs/search-space.md, "Schedules")
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipev"]
@@ -109,14 +110,16 @@ class Training(BaseModel):
         for name in ("schedules", "recompute_modes", "zero_stages", "reshard_after_forward", "zero_shard_degrees",
                      "context_parallel_degrees", "expert_parallel_degrees"):
             if not getattr(self, name):
-                raise ValueError(f"{name} must list at least one choice")
+                raise FieldValueError(name, f"{name} must list at least one choice")
         bad = [cp for cp in self.context_parallel_degrees if cp > 1 and self.seq_len % (2 * cp)]
         if bad:
-            raise ValueError(f"context_parallel_degrees {bad[0]}: seq_len {self.seq_len} must be a multiple "
-                             f"of 2 x {bad[0]} = {2 * bad[0]} (the sequence splits into 2 cp chunks, two "
-                             "per GPU, to balance causal attention)")
+            raise FieldValueError("context_parallel_degrees",
+                                  f"context_parallel_degrees {bad[0]}: seq_len {self.seq_len} must be a "
+                                  f"multiple of 2 x {bad[0]} = {2 * bad[0]} (the sequence splits into 2 cp "
+                                  "chunks, two per GPU, to balance causal attention)")
         if self.micro_batch_sizes is not None and not self.micro_batch_sizes:
-            raise ValueError("micro_batch_sizes must list at least one size (or be left out: any share)")
+            raise FieldValueError("micro_batch_sizes", "micro_batch_sizes must list at least one size "
+                                  "(or be left out: any share)")
         return self
 
     def shard_degrees(self, per_node: tuple[int, ...] = ()) -> tuple[int | None, ...]:

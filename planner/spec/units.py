@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 
 _NUMBER = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|NaN|inf|Inf)"
 _PATTERN = re.compile(rf"^\s*{_NUMBER}\s*([A-Za-zµ/]+)\s*$")
@@ -57,6 +58,16 @@ def _split(text: object, kind: str, accepted: list[str]) -> tuple[float, str]:
     return value, m.group(2)
 
 
+def _scaled(value: float, scale: float, text: object, kind: str) -> float:
+    """``value`` in base units; a finite number can overflow there ('1e300 GB' is 1e309 bytes,
+    infinite as a float), and an infinite capacity crashed the search (found by
+    scripts/fuzz_plans.py)."""
+    out = value * scale
+    if not math.isfinite(out):
+        raise UnitError(f"{text!r} is too large to be a {kind} (over {sys.float_info.max:.3g} in base units)")
+    return out
+
+
 def _positive(value: float, text: str, kind: str) -> float:
     if value <= 0:
         raise UnitError(f"{kind} must be positive, got {text!r}")
@@ -70,7 +81,7 @@ def parse_bandwidth_Bps(text: object) -> float:
     key = _BANDWIDTH_SPELLINGS.get(unit)
     if key is None:
         raise UnitError(f"unknown bandwidth unit {unit!r}; accepted: {', '.join(accepted)}")
-    return _positive(value * BANDWIDTH_UNITS_BPS[key], str(text), "bandwidth")
+    return _positive(_scaled(value, BANDWIDTH_UNITS_BPS[key], text, "bandwidth"), str(text), "bandwidth")
 
 
 def parse_size_bytes(text: object) -> float:
@@ -79,7 +90,7 @@ def parse_size_bytes(text: object) -> float:
     value, unit = _split(text, "size", accepted)
     if unit not in SIZE_UNITS_BYTES:
         raise UnitError(f"unknown size unit {unit!r}; accepted: {', '.join(accepted)}")
-    return _positive(value * SIZE_UNITS_BYTES[unit], str(text), "size")
+    return _positive(_scaled(value, SIZE_UNITS_BYTES[unit], text, "size"), str(text), "size")
 
 
 def parse_time_s(text: object, allow_zero: bool = True) -> float:
@@ -90,7 +101,7 @@ def parse_time_s(text: object, allow_zero: bool = True) -> float:
         raise UnitError(f"unknown time unit {unit!r}; accepted: {', '.join(accepted)}")
     if value < 0 or (value == 0 and not allow_zero):
         raise UnitError(f"time must be {'non-negative' if allow_zero else 'positive'}, got {text!r}")
-    return value * TIME_UNITS_S[unit]
+    return _scaled(value, TIME_UNITS_S[unit], text, "time")
 
 
 def format_bandwidth(Bps: float) -> str:

@@ -308,8 +308,9 @@ class CoreMilp:
         else:
             # a deterministic search: HiGHS stops at the nodes the work budget has left, the
             # wall clock only at the user's guard (clock.py)
-            nodes_left = int(work.units_left(deadline) // clock.MILP_NODE_UNITS)
-            solver = _solver(settings, work.wall_stop - time.monotonic(), cutoff, max_nodes=max(1, nodes_left))
+            left = work.units_left(deadline)        # inf: no deadline but the wall guard
+            nodes = max(1, int(left // clock.MILP_NODE_UNITS)) if math.isfinite(left) else None
+            solver = _solver(settings, work.wall_stop - time.monotonic(), cutoff, max_nodes=nodes)
         with solver_output_silenced(), _ctrl_c_stops_highs():
             self.lp.solve(solver)
         info = None
