@@ -324,3 +324,21 @@ def test_eager_norms_keep_their_fp32_input_and_output(recompute, extra):
         sbh = 1024 * 2 * 1024
         diff = (block_activation_bytes(eager, tp, 2, recompute) - block_activation_bytes(fused, tp, 2, recompute))
         assert diff == pytest.approx(extra * sbh / (tp if sp else 1))
+
+
+def test_the_final_norm_runs_on_the_sequence_parallel_shard():
+    """With sequence parallel the head's norm reads and writes the 1/tp shard (Megatron-Core's
+    final_layernorm, torchtitan's TP plan), so only its memory-bound bytes shrink by tp."""
+    from planner.cost.compute import gemm_curve_for
+    from planner.cost.roofline import head_work
+    gpu = catalog.gpu("A100-SXM4-80GB")
+    m = gpt()
+    whole, shard = _ctx(m, sequence_parallel=False), _ctx(m, sequence_parallel=True)
+    curve = gemm_curve_for(whole, gpu)
+    eb, h_elems = whole.activation_bytes, 2 * 1024 * m.hidden_size
+    for tp in (1, 4):
+        f_whole, b_whole = head_work(whole, curve, tp, 2)
+        f_shard, b_shard = head_work(shard, curve, tp, 2)
+        saved = 1 - 1 / tp                    # the fused norm: 4 / 8 elements of eb bytes
+        assert f_whole - f_shard == pytest.approx(4 * eb * h_elems * saved / curve.memory_Bps)
+        assert b_whole - b_shard == pytest.approx(8 * eb * h_elems * saved / curve.memory_Bps)
