@@ -266,3 +266,28 @@ def test_loader_set_cluster_fields_are_unknown_keys_in_a_spec(tmp_path):
     message = str(info.value)
     assert ":1:14: source_file: unknown key 'source_file'" in message
     assert "nme: unknown key 'nme'; valid keys: links, name, nodes, profiles, zones\n" in message + "\n"
+
+
+@pytest.mark.parametrize("where, text", [
+    ("nodes[0].price_per_hour", """
+        name: absurd
+        nodes:
+          - {name: a, count: 1, gpu: A100-SXM4-80GB, gpus_per_node: 8, price_per_hour: 1e300}
+        """),
+    ("links[0].egress_price_per_gb", """
+        name: absurd
+        zones: [{name: x}, {name: y}]
+        nodes:
+          - {name: a, count: 1, zone: x, gpu: A100-SXM4-80GB, gpus_per_node: 8}
+          - {name: b, count: 1, zone: y, gpu: A100-SXM4-80GB, gpus_per_node: 8}
+        links:
+          - {between: [x, y], bandwidth: 100 Gbit/s, egress_price_per_gb: 1e308}
+        """),
+])
+def test_a_price_beyond_any_real_one_is_refused_naming_its_field(tmp_path, where, text):
+    """Finite but absurd prices overflowed the objective's sums to inf and put Infinity / NaN
+    in plan files (the robustness campaign): ten million dollars is the cap."""
+    path = write(tmp_path, textwrap.dedent(text))
+    with pytest.raises(InputError) as err:
+        load_cluster(path)
+    assert where in str(err.value) and "10000000" in str(err.value)

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import InputError, Location
 from planner.spec.gpu import GpuType
-from planner.spec.quantities import BandwidthBps, NonNegativeFloat, PositiveInt, TimeS
+from planner.spec.quantities import MAX_PRICE_USD, BandwidthBps, NonNegativeFloat, PositiveInt, TimeS
 
 DEFAULT_ZONE = "default"
 
@@ -36,7 +36,7 @@ class NodeGroupSpec(BaseModel):
     network_bandwidth_Bps: BandwidthBps | None = Field(
         default=None, alias="network_bandwidth", description="the node's NICs together")
     price_per_hour_usd: NonNegativeFloat | None = Field(
-        default=None, alias="price_per_hour", description="USD per node-hour")
+        default=None, alias="price_per_hour", le=MAX_PRICE_USD, description="USD per node-hour")
     cores: PositiveInt | None = Field(
         default=None, description="the node's devices share this many compute cores (CPU "
         "processes on a smaller machine): more devices computing at once than cores run at "
@@ -83,7 +83,7 @@ class LinkSpec(BaseModel):
     aggregate_bandwidth_Bps: BandwidthBps | None = Field(
         default=None, alias="aggregate_bandwidth", description="cap on all flows together")
     latency_s: TimeS = Field(default=0.0, alias="latency")
-    egress_price_per_gb_usd: NonNegativeFloat = Field(default=0.0, alias="egress_price_per_gb")
+    egress_price_per_gb_usd: NonNegativeFloat = Field(default=0.0, alias="egress_price_per_gb", le=MAX_PRICE_USD)
 
 
 class Cluster(BaseModel):

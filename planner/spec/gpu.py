@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.spec.quantities import BandwidthBps, NonNegativeFloat, PositiveFloat, PositiveInt, SizeBytes
+from planner.spec.quantities import (
+    MAX_PRICE_USD,
+    BandwidthBps,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    SizeBytes,
+)
 
 # A GPU that gives only its FP16/BF16 tensor peak: its fp32 matmul rate is taken as that peak
 # over 16, the ratio of the A100 (312 dense FP16 tensor / 19.5 FP32 = 16; H100 SXM5 989.4 / 67
@@ -26,7 +33,7 @@ class GpuType(BaseModel):
     intra_node_bandwidth_Bps: BandwidthBps = Field(
         alias="intra_node_bandwidth", description="per GPU, per direction, inside a node")
     price_per_hour_usd: NonNegativeFloat | None = Field(
-        default=None, alias="price_per_hour", description="USD per GPU-hour")
+        default=None, alias="price_per_hour", le=MAX_PRICE_USD, description="USD per GPU-hour")
     fp32_tflops: PositiveFloat | None = Field(
         default=None, description="dense FP32 peak without tensor cores in TFLOP/s (CUDA cores / "
         "vector units; AMD CDNA: the FP32 matrix peak, which rocBLAS uses for fp32 GEMMs)")

@@ -31,6 +31,9 @@ TimeS = Annotated[float, BeforeValidator(_passthrough_float(units.parse_time_s))
 PositiveInt = Annotated[int, Field(gt=0, strict=True)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# No node-hour, GPU-hour or gigabyte of egress costs ten million dollars; the cap keeps a
+# mistyped price from overflowing the objective's sums to inf (Infinity / NaN in a plan file).
+MAX_PRICE_USD = 1e7
 
 
 class numbers_in_base_units:
