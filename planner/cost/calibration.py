@@ -71,7 +71,9 @@ class Calibration:
     architectures: dict[str, GpuCalibration] = field(default_factory=dict)  # by architecture
     comm: CommCalibration = field(default_factory=CommCalibration)
     provenance: dict = field(default_factory=dict)
-    _memo: dict = field(default_factory=dict, compare=False, repr=False)
+    # per GPU, filled by for_gpu; not an init field, so every dataclasses.replace copy starts
+    # empty (a shared memo answered the copy's GPUs with the original's entries)
+    _memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def for_gpu(self, gpu: GpuType) -> GpuCalibration:
         key = (gpu.name, gpu.architecture, gpu.peak_tflops)
@@ -98,10 +100,10 @@ class Calibration:
         """A copy with one GPU-type (``by='gpus'``) or architecture entry replaced."""
         table = dict(getattr(self, by))
         table[key] = entry
-        return replace(self, _memo={}, **{by: table})
+        return replace(self, **{by: table})
 
     def with_comm(self, comm: CommCalibration) -> Calibration:
-        return replace(self, _memo={}, comm=comm)
+        return replace(self, comm=comm)
 
     def to_mapping(self) -> dict:
         def entry(c: GpuCalibration) -> dict:

@@ -104,7 +104,7 @@ def fit_calibration(base: Calibration | None = None, log=print, only: str | None
         provenance[arch] = {"set": set_name, "rows": n, "mape_percent": round(100 * err, 2),
                             "date": today, "parameters": [p for p, _, _ in params],
                             "method": "coordinate search on log scale, minimising MAPE"}
-    return replace(cal, _memo={}, provenance=provenance)
+    return replace(cal, provenance=provenance)
 
 
 HEADER = """\

@@ -217,7 +217,6 @@ def calibrate_file(path: str | Path, gpu_type: str | None = None, cluster=None) 
         "mean_abs_rel_error_before": round(_mean_rel_error([(r.before_s, r.measured_s) for r in rows]), 4),
         "mean_abs_rel_error_after": round(_mean_rel_error([(r.after_s, r.measured_s) for r in rows]), 4),
     }
-    # a fresh memo: the shipped one already answered this GPU with its old entry
-    calibration = replace(shipped, gpus={**shipped.gpus, gpu.name: fitted}, provenance=provenance, _memo={})
+    calibration = replace(shipped, gpus={**shipped.gpus, gpu.name: fitted}, provenance=provenance)
     assert math.isfinite(fitted.matmul_ceiling)
     return CalibrationResult(gpu.name, fitted, calibration, rows, str(path))
