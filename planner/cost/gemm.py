@@ -116,13 +116,19 @@ class GemmCurve:
 FITTED_ELEMENT_BYTES = 2
 
 
-def transferred_halves(gpu: GpuType, precision: str, cal, element_bytes: int) -> tuple[float, float]:
-    """(``x_half``, ``k_half``) of ``gpu`` in ``precision`` from the entry's values, fitted in a
-    2-byte precision on ``cal.fitted_on`` (module docstring); the fill size unchanged where
-    that GPU is not named (a calibration file that does not say)."""
+def carried_outputs_half(gpu: GpuType, cal) -> float:
+    """The entry's fill size ``x_half``, fitted on ``cal.fitted_on``, carried to ``gpu`` by
+    peak (module docstring); unchanged where that GPU is not named (a calibration file that
+    does not say, or a GPU the catalog does not hold)."""
     from planner.catalog import find_gpu
     ref = find_gpu(cal.fitted_on) if cal.fitted_on else None
-    outputs_half = cal.gemm_outputs_half * (gpu.peak_flops / ref.peak_flops if ref is not None else 1.0)
+    return cal.gemm_outputs_half * (gpu.peak_flops / ref.peak_flops if ref is not None else 1.0)
+
+
+def transferred_halves(gpu: GpuType, precision: str, cal, element_bytes: int) -> tuple[float, float]:
+    """(``x_half``, ``k_half``) of ``gpu`` in ``precision`` from the entry's values, fitted in a
+    2-byte precision on ``cal.fitted_on`` (module docstring)."""
+    outputs_half = carried_outputs_half(gpu, cal)
     operand_rate = gpu.peak_flops_for(precision) * element_bytes / (gpu.peak_flops * FITTED_ELEMENT_BYTES)
     return outputs_half, cal.gemm_depth_half * operand_rate
 

@@ -77,11 +77,10 @@ class CalibrationResult:
 
 def _own_terms(fitted, gpu: GpuType):
     """The fit in this GPU's own terms: it was fitted through the base entry's half-sizes, kept
-    in the terms of the GPU that entry names (``fitted_on``, carried by peak: gemm.transferred_halves);
-    the same curve with the fill size carried here says, rightly, that it was fitted on this GPU."""
-    ref = catalog.find_gpu(fitted.fitted_on) if fitted.fitted_on else None
-    scale = gpu.peak_flops / ref.peak_flops if ref is not None else 1.0
-    return replace(fitted, gemm_outputs_half=fitted.gemm_outputs_half * scale, fitted_on=gpu.name)
+    in the terms of the GPU that entry names (``fitted_on``); the same curve with the fill size
+    carried here (gemm.carried_outputs_half) says, rightly, that it was fitted on this GPU."""
+    from planner.cost.gemm import carried_outputs_half
+    return replace(fitted, gemm_outputs_half=carried_outputs_half(gpu, fitted), fitted_on=gpu.name)
 
 
 def _mean_rel_error(pairs) -> float:
