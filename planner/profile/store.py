@@ -199,7 +199,7 @@ class ProfileSet:
         mapping = _model_mapping(model)
         base = (gpu_key(gpu_name), layer_kind, tp, seq_len, layer_shape(mapping, layer_kind))
         record = (gpu_name, layer_kind, micro_batch, tp, seq_len)
-        dtypes = sorted({k[len(base)] for k in self._series if k[:len(base)] == base}, key=DTYPES.index)
+        dtypes = self._dtypes(base)
         if precision is not None:
             self._precisions.add(precision)
         result, source, note = None, "estimated", {}
@@ -227,6 +227,11 @@ class ProfileSet:
         """The attention kernel of the file that answered the last lookup of this entry when it
         is not the plan's (the cost model then re-prices the core); None otherwise."""
         return self._notes.get((gpu_name, layer_kind, micro_batch, tp, seq_len), {}).get("profile_attention")
+
+    def _dtypes(self, base: tuple) -> list[str]:
+        """The dtypes measured for one (GPU type, layer, tp, seq_len, shape), in DTYPES order:
+        a few dictionary probes per lookup (lookups run for every option the search prices)."""
+        return [d for d in DTYPES if any((*base, d, k) in self._series for k in _KERNELS)]
 
     def _kernels(self, base: tuple, dtype: str, attention: str | None) -> list[list[_Point]]:
         """The point lists of one dtype, the plan's attention kernel first (a block's files may
@@ -260,7 +265,7 @@ class ProfileSet:
         were not measured split (older profiles), so the cost model uses the FLOPs split.  Records
         no usage: the ``lookup`` of the same layer does."""
         base = (gpu_key(gpu_name), layer_kind, tp, seq_len, layer_shape(_model_mapping(model), layer_kind))
-        dtypes = sorted({k[len(base)] for k in self._series if k[:len(base)] == base}, key=DTYPES.index)
+        dtypes = self._dtypes(base)
         for _, points in self._candidates(base, dtypes, precision, attention):
             if _interpolate(points, micro_batch)[0] is not None:   # the series lookup answers from
                 return _interpolate_fraction(points, micro_batch)
