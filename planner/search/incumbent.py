@@ -22,6 +22,7 @@ from planner.search.core.problem import quick_bound
 from planner.search.knobs import Knobs
 from planner.search.polish import polish
 from planner.search.schedules import SCHEDULES
+from planner.search.twin_plans import BOUND_ONLY_TWINS, has_exact_twin, twin_assign, twin_index, twins_of
 
 WARM_KEYS_ABOVE = 48        # options per stage above which a warm start pays for itself
 WARM_RERANK = 8            # first stage counts re-ranked by the knapsack bound
@@ -208,6 +209,23 @@ def polish_into(pricer, knobs, ctx, keys, prob, assign, spec, launcher, best, de
         best.add(Candidate.of(full, found, t, knobs, spec))
 
 
+def add_twins(pricer, twins: dict, cand: Candidate | None, spec, launcher, best) -> None:
+    """``cand`` 's layout as a plan of each twin tuple (twin_plans.py) where it fits there
+    (memory per position, capacity, budget), priced exactly under the twin's schedule."""
+    if cand is None or cand.plan is not None:
+        return
+    keys = list(dict.fromkeys(k for k, _ in cand.layout))
+    for tw in twins_of(twins, cand.knobs):
+        prob, qb = priced(pricer, tw.knobs, tw.ctx, keys, spec, launcher)
+        assign = None if qb is None else twin_assign(prob, cand.layout, tw.knobs.block_unit)
+        if assign is not None and prob.feasible(assign):
+            best.add(Candidate.of(prob, assign, prob.objective(assign), tw.knobs, spec))
+
+
+def _best_of(best, knobs: Knobs) -> Candidate | None:
+    return next((c for c in best.items if c.knobs == knobs), None)
+
+
 def grouped_orders(prob, assign: list) -> list:
     """The relaxation's stages in their own order and with the stages of each class side by
     side (classes in order of first appearance, and reversed).  Without sends the order
@@ -263,7 +281,8 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
     stop = min(deadline, now + share * left)
     stop_milp = min(deadline, now + min(share, milp_share) * left)
     done = set() if done is None else done
-    order = _warm_order(ranked, knob_bound, best, pricer)
+    twins = twin_index(ranked)
+    order = _warm_order(ranked, knob_bound, best, pricer, twins)
     found: dict = {}
     polished: set = set()
     late = False
@@ -304,6 +323,7 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
                 polish_into(pricer, knobs, ctx, keys, prob, sol.assign, spec, launcher, best,
                             min(stop_milp, clock.now() + POLISH_SHARE * _horizon(settings)))
                 polished.add(knobs)
+            add_twins(pricer, twins, _best_of(best, knobs), spec, launcher, best)
     # the incumbent was found on a few options of its tuple: local search on all of them
     top = best.items[0] if best.items else None
     if top is not None and top.knobs in found and top.knobs not in polished:
@@ -323,7 +343,7 @@ def _cannot_beat(knob_bound, knobs, ctx, keys, threshold: float) -> bool:
     return any(knob_bound(knobs, ctx, keys, enough=threshold, packed=level) >= threshold for level in levels)
 
 
-def _warm_order(ranked, knob_bound, best, pricer):
+def _warm_order(ranked, knob_bound, best, pricer, twins: dict):
     """The warm start's tuples, diverse first: the best-ranked tuple of each stage count (the
     memory-free ranking favours long pipelines, whose memory limits it cannot see).
 
@@ -336,10 +356,17 @@ def _warm_order(ranked, knob_bound, best, pricer):
        of them by their knapsack bound (c: its 12-stage tuple comes first instead of fifth,
        after the 3-, 4-, 6- and 8-stage ones whose MILPs only lost time).
     3. The rest of ``ranked``.
+
+    A longer ZB-H1 tuple with an exact twin (twin_plans.py) is not among the stage counts'
+    firsts: its rows only bound its time, so it ranks first and its capped MILP rarely finds
+    a plan (c: none in 2-3 s each, and the interleaved tuple that finds the answer's layout
+    never ran); its plans come from the twins' layouts (``add_twins``).
     """
     first: dict[tuple, tuple] = {}
     for item in ranked:
         p = item.knobs.num_stages
+        if p > ENUM_STAGES and item.knobs.schedule in BOUND_ONLY_TWINS and has_exact_twin(twins, item.knobs):
+            continue
         # an enumeration per schedule too: the memory-free ranking puts the interleaved twin
         # first, whose plans may not fit, and the 1F1B twin that holds the answer waited behind
         # every longer pipeline's MILP (README job: found at 4.9 s instead of 0.7 s)

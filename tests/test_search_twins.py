@@ -1,0 +1,101 @@
+"""Twin schedules (planner/search/twin_plans.py): a layout found for one knob tuple is priced
+under the tuples that differ only in the schedule, exactly (the cost model's evaluate of the
+named plan), where it fits their memory; ZB-H1 twins are never slower than their 1F1B layout;
+and the warm start's stage-count firsts leave out a ZB-H1 tuple with an exact twin."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from test_search_baselines import MIXED, all_baselines
+
+from planner.cost import evaluate
+from planner.cost.memory import in_flight_micro_batches
+from planner.search.incumbent import Best, _warm_order, add_twins
+from planner.search.naming import build_plan
+from planner.search.objectives import ObjectiveSpec
+from planner.search.twin_plans import has_exact_twin, twin_index, twin_key, twins_of
+from planner.spec import Training, cluster_from_dict, load_model
+
+SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1")
+
+
+def _case(model_name: str = "opt-350m", **training):
+    cluster, model = cluster_from_dict(MIXED), load_model(model_name)
+    training = Training(global_batch_size=8, precision="fp16", schedules=SCHEDULES, **{"seq_len": 1024, **training})
+    _, best, classes, pricer, ranked = all_baselines(cluster, model, training)
+    return cluster, model, training, classes, pricer, ranked, best
+
+
+def test_twins_share_every_knob_but_the_schedule():
+    *_, ranked, _ = _case()
+    index = twin_index(ranked)
+    pairs = 0
+    for item in ranked:
+        for tw in twins_of(index, item.knobs):
+            pairs += 1
+            assert twin_key(tw.knobs) == twin_key(item.knobs) and tw.knobs.schedule != item.knobs.schedule
+            assert tw.knobs.num_stages >= 2
+    assert pairs > 0
+    # one stage has no twins (ZB-H1 is then 1F1B, twins.py)
+    assert not any(twins_of(index, it.knobs) for it in ranked if it.knobs.num_stages == 1)
+
+
+@pytest.mark.parametrize("model_name, memory_bound", [("opt-350m", False), ("llama3-8b", True)])
+def test_twin_plans_are_priced_exactly_and_zb_h1_is_never_slower(model_name, memory_bound):
+    """Every baseline 1F1B layout of two or more stages under its twins; llama3-8b without
+    recompute on 80 + 32 GB GPUs is memory-bound, and some of its layouts do not fit ZB-H1."""
+    cluster, model, training, classes, pricer, ranked, baselines = _case(
+        model_name, seq_len=2048 if memory_bound else 1024, recompute_modes=("none",) if memory_bound else ("none", "selective", "full"))
+    index = twin_index(ranked)
+    spec = ObjectiveSpec()
+    added = refused_memory = 0
+    for cand in [c for c in baselines.items if c.knobs.num_stages >= 2 and c.knobs.schedule == "1f1b"]:
+        got = Best(10**6)
+        add_twins(pricer, index, cand, spec, None, got)
+        schedules = {c.knobs.schedule for c in got.items}
+        for tw in got.items:
+            added += 1
+            assert tw.layout == cand.layout and twin_key(tw.knobs) == twin_key(cand.knobs)
+            plan = build_plan(cluster, model, training, classes, tw.knobs, tw.layout, spec.to_plan_objective())
+            ev = evaluate(cluster, plan, model=model)
+            assert ev.fits
+            assert math.isclose(ev.iteration_time_s, tw.time_s, rel_tol=1e-9)
+            if tw.knobs.schedule == "zb-h1":
+                assert tw.time_s <= cand.time_s * (1 + 1e-12)
+        if "zb-h1" not in schedules:
+            # refused: the layout must not fit ZB-H1's memory (it holds min(p, m) micro-batches
+            # on every stage, 1F1B min(p - s, m)), as evaluate says of the named plan
+            zb = next(t for t in twins_of(index, cand.knobs) if t.knobs.schedule == "zb-h1")
+            plan = build_plan(cluster, model, training, classes, zb.knobs, cand.layout, spec.to_plan_objective())
+            assert not evaluate(cluster, plan, model=model, check=False).fits
+            refused_memory += 1
+    assert added > 0
+    assert (refused_memory > 0) == memory_bound
+    p, m = 4, 8
+    assert in_flight_micro_batches("zb-h1", p, p - 1, m) > in_flight_micro_batches("1f1b", p, p - 1, m)
+
+
+def test_warm_start_order_leaves_out_long_zb_h1_with_an_exact_twin():
+    *_, pricer, ranked, _ = _case()
+    # ZB-H1 first, as the memory-free ranking puts it (its rows only bound its time)
+    ranked = sorted(ranked, key=lambda x: x.knobs.schedule != "zb-h1")
+    index = twin_index(ranked)
+    best = Best(1)
+
+    def no_bound(*args, **kw):
+        return 0.0
+
+    order = list(_warm_order(ranked, no_bound, best, pricer, index))
+    n_enum = len({(x.knobs.num_stages, x.knobs.micro_batch_size, x.knobs.schedule) for x in ranked
+                  if x.knobs.num_stages <= 2})
+    longer = {x.knobs.num_stages for x in ranked if x.knobs.num_stages > 2}
+    enums, firsts = order[:n_enum], order[n_enum:n_enum + len(longer)]
+    assert any(x.knobs.schedule == "zb-h1" for x in enums)       # enumerations keep their per-schedule firsts
+    assert {x.knobs.num_stages for x in firsts} == longer
+    assert not any(x.knobs.schedule == "zb-h1" for x in firsts)
+    long_zb = [x for x in ranked if x.knobs.num_stages > 2 and x.knobs.schedule == "zb-h1"]
+    assert long_zb and all(has_exact_twin(index, x.knobs) for x in long_zb)
+    # every tuple is still in the order once (the rest of ranked follows the firsts)
+    assert sorted(x.index for x in order) == sorted(x.index for x in ranked)
