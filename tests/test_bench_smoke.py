@@ -109,3 +109,17 @@ def test_only_runs_the_named_scenarios(capsys):
             bench.main(bad)
         assert exc.value.code == 2
     assert "no such scenario: z" in capsys.readouterr().err
+
+
+def test_schedule_choice_verdict_reads_the_gap_when_both_runs_hit_the_limit():
+    """Runs stopped at their limit both take the limit: the verdict then reads the proved gap
+    (c with zb-h1: 7.4% -> 30.9% is slower, though the wall ratio is 0.99)."""
+    from planner.bench_schedules import choice_verdict
+    row = {"target_s": 30.0, "gap_target": 0.01}
+    at_limit = dict(row, wall_median_s=29.6, gap=0.074)
+    assert choice_verdict(at_limit, dict(row, wall_median_s=29.5, gap=0.309)) == (
+        False, "both at the time limit: proved gap 7.40% -> 30.90%")
+    assert choice_verdict(at_limit, dict(row, wall_median_s=29.5, gap=0.08))[0]
+    assert choice_verdict(dict(row, wall_median_s=0.31, gap=0.002), dict(row, wall_median_s=0.61, gap=0.002)) == (
+        False, "wall ratio 1.97")
+    assert choice_verdict(dict(row, wall_median_s=10.0, gap=0.002), dict(row, wall_median_s=11.0, gap=0.002))[0]
