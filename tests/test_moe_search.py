@@ -107,3 +107,19 @@ def test_ep_degrees_none_of_which_the_model_takes_are_refused():
                                          "only 2"):
         api.plan(cluster, model, training.model_copy(update={"expert_parallel_degrees": (2,)}), time_limit_s=10,
                  launcher="deepspeed")
+
+
+def test_expert_parallel_on_a_dense_model_is_warned_about(capsys):
+    """A dense model runs EP 1 whatever the flag says: the plan is made, and stderr says the
+    degrees were ignored (before, not a word: often the wrong model was named)."""
+    import json
+
+    from planner.cli.main import main
+    base = ["plan", "cluster_specs/tiny-2gpu.yaml", "--model", "opt-350m", "--global-batch-size", "8",
+            "--seq-len", "256", "--time-limit", "30", "--json", "--quiet"]
+    assert main([*base, "--expert-parallel", "2,4"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out).get("expert_parallel", 1) == 1      # the key is written above 1 only
+    assert "warning: opt-350m has no experts; expert-parallel degrees 2,4 are ignored" in out.err
+    assert main(base) == 0
+    assert "no experts" not in capsys.readouterr().err
