@@ -42,6 +42,21 @@ def test_twins_share_every_knob_but_the_schedule():
     assert not any(twins_of(index, it.knobs) for it in ranked if it.knobs.num_stages == 1)
 
 
+def test_twin_key_reads_every_knob_but_the_schedule():
+    from dataclasses import fields, replace
+
+    from planner.search.knobs import Knobs
+    base = Knobs(micro_batch_size=8, num_micro_batches=2, schedule="1f1b", virtual_stages=1, recompute="none",
+                 zero_stage=1, num_stages=2)
+    assert twin_key(replace(base, schedule="interleaved-1f1b", virtual_stages=2)) == twin_key(base)
+    other = {"micro_batch_size": 4, "num_micro_batches": 4, "recompute": "full", "zero_stage": 3,
+             "num_stages": 4, "reshard_after_forward": False, "context_parallel": 2, "expert_parallel": 2,
+             "zero_shard_degree": 2}
+    assert set(other) == {f.name for f in fields(Knobs)} - {"schedule", "virtual_stages"}
+    for name, value in other.items():
+        assert twin_key(replace(base, **{name: value})) != twin_key(base), name
+
+
 @pytest.mark.parametrize("model_name, memory_bound", [("opt-350m", False), ("llama3-8b", True)])
 def test_twin_plans_are_priced_exactly_and_zb_h1_is_never_slower(model_name, memory_bound):
     """Every baseline 1F1B layout of two or more stages under its twins; llama3-8b without

@@ -105,9 +105,20 @@ def _mem_time_s(ctx: CostContext, gpu: GpuType, num_bytes: float) -> float:
     return num_bytes / gemm_curve_for(ctx, gpu).memory_Bps
 
 
+def _block_work_for(ctx: CostContext, gpu: GpuType, tp: int, share: int):
+    """roofline.block_work on the GPU's curve, cached per context: the block's timing and its
+    backward's weight share both read it (twice the GEMM pricing for every zero-bubble option
+    the search priced before: bench a with zb-h1)."""
+    key = ("block-work", gpu.name, gpu.peak_tflops, tp, share)
+    hit = ctx.cache.get(key)
+    if hit is None:
+        hit = ctx.cache[key] = block_work(ctx, gemm_curve_for(ctx, gpu), tp, share)
+    return hit
+
+
 def _block_roofline(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> tuple[float, float, float, float]:
     """(forward, backward, recompute, dense-GEMM forward) of one block, seconds (docstring)."""
-    work = block_work(ctx, gemm_curve_for(ctx, gpu), tp, share)
+    work = _block_work_for(ctx, gpu, tp, share)
     overhead = ctx.calibration.for_gpu(gpu).layer_overhead_s
     fwd = max(work.forward_s, overhead)  # launches overlap GPU work (module docstring)
     bwd = max(work.backward_s, 2 * overhead)
@@ -318,7 +329,7 @@ def backward_weight_fraction(ctx: CostContext, gpu: GpuType, tp: int, share: int
     measured = _measured_weight_fraction(ctx, gpu, kind, share, tp)
     if measured is not None:
         return measured
-    work = block_work(ctx, gemm_curve_for(ctx, gpu), tp, share)
+    work = _block_work_for(ctx, gpu, tp, share)
     return work.backward_weight_s / work.backward_s if work.backward_s > 0 else 0.0
 
 

@@ -15,17 +15,18 @@ are not twins: their stages map to ranks in a V with the head on rank 0, another
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 # schedules whose stage s is the same set of blocks on the same devices (module docstring)
 TWIN_SCHEDULES = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"})
 # twins whose rows only bound their time, and whose warm start goes through an exact twin
 BOUND_ONLY_TWINS = frozenset({"zb-h1"})
 
 
-def twin_key(knobs):
-    """What twins share: every knob but the schedule and its virtual stages."""
-    return replace(knobs, schedule="", virtual_stages=0)
+def twin_key(knobs) -> tuple:
+    """What twins share: every knob but the schedule and its virtual stages (a tuple, not a
+    dataclasses.replace: the index is built over every ranked tuple, 35,000 on bench c;
+    tests/test_search_twins.py holds it to Knobs' fields)."""
+    return (knobs.micro_batch_size, knobs.num_micro_batches, knobs.recompute, knobs.zero_stage, knobs.num_stages,
+            knobs.reshard_after_forward, knobs.context_parallel, knobs.expert_parallel, knobs.zero_shard_degree)
 
 
 def twin_index(ranked) -> dict:
