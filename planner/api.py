@@ -186,28 +186,10 @@ def _record_cost_sources(plan_: Plan, evaluation: Evaluation, profiles: Any) -> 
     if profiles is not None and hasattr(profiles, "usage"):
         usage = profiles.usage()
         record["files"] = usage.get("files", [])
-        repriced = _repriced_entries(plan_, evaluation, usage)
-        if repriced:
-            record["repriced"] = repriced
+        if evaluation.repriced:
+            record["repriced"] = dict(sorted(evaluation.repriced.items()))
     inputs = plan_.inputs.model_copy(update={"profiles": record})
     return plan_.model_copy(update={"inputs": inputs})
-
-
-def _repriced_entries(plan_: Plan, evaluation: Evaluation, usage: dict) -> dict[str, str]:
-    """The measured layer costs this plan takes re-priced for its kernels (planner.cost.compute):
-    blocks timed with the other attention kernel, and heads (always timed with the plain loss)
-    under a fused-loss plan."""
-    used = {k for k, v in evaluation.sources.items() if v != "estimated"}
-    out = {}
-    for row in usage.get("lookups", []):
-        key = f"{row['gpu_type']}/{row['layer']}/mb{row['micro_batch']}/tp{row['tp']}"
-        if key in used and "profile_attention" in row:
-            out[key] = (f"timed with {row['profile_attention']} attention; priced for the plan's by the "
-                        "roofline's ratio")
-    if plan_.training_choice("cross_entropy") != "plain":
-        for key in sorted(k for k in used if k.split("/")[1] == "head"):
-            out[key] = "timed with the plain loss; priced for the fused one by the roofline's ratio"
-    return dict(sorted(out.items()))
 
 
 def replan(cluster: Cluster, old_plan: Plan, time_limit_s: float = 60.0, profiles: Any = None,

@@ -138,3 +138,8 @@ def test_the_plan_says_which_measured_costs_were_repriced(tmp_path):
     assert any("/block/" in k and "fused attention" in v for k, v in repriced.items())
     assert any("/head/" in k and "plain loss" in v for k, v in repriced.items())
     assert Plan.from_json(result.plan.to_json()).inputs.profiles["repriced"] == repriced
+    # the record is the cost model's own (compute.py writes it where it applies a ratio), and
+    # evaluate --json carries the same entries
+    assert result.evaluation.repriced == repriced
+    assert result.evaluation.to_json()["repriced"] == repriced
+    assert set(repriced) <= {k for k, v in result.evaluation.sources.items() if v != "estimated"}

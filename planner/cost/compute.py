@@ -179,7 +179,7 @@ def _plain_loss_ratio(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> tu
 def _as_timed(ctx: CostContext, **kernels) -> CostContext:
     """The plan's context with the kernels a measurement ran (fresh caches: they key by GPU
     and shape, not by kernel)."""
-    return dataclasses.replace(ctx, cache={}, sources={}, **kernels)
+    return dataclasses.replace(ctx, cache={}, sources={}, repriced={}, **kernels)
 
 
 def _ratios(mine: tuple[float, float], theirs: tuple[float, float]) -> tuple[float, float] | None:
@@ -205,8 +205,13 @@ def _lookup(ctx: CostContext, gpu: GpuType, kind: str, share: int, tp: int):
         if found is not None:
             source_of = getattr(ctx.profiles, "source_of", None)
             source = source_of(gpu.name, kind, share, tp, ctx.seq_len) if source_of else "measured"
-    ctx.sources[f"{gpu.name}/{kind}/mb{share}/tp{tp}"] = source
+    ctx.sources[_entry(gpu, kind, share, tp)] = source
     return found
+
+
+def _entry(gpu: GpuType, kind: str, share: int, tp: int) -> str:
+    """A layer cost's name in ``ctx.sources`` / ``ctx.repriced`` and the plan's ``inputs.profiles``."""
+    return f"{gpu.name}/{kind}/mb{share}/tp{tp}"
 
 
 def _cached_per_context(kind: str):
@@ -243,6 +248,9 @@ def block_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, shar
         ratio = _other_kernel_ratio(ctx, gpu, tp, share)
         if ratio is not None:   # timed with the other attention kernel: re-priced for the plan's
             measured = (measured[0] * ratio[0], measured[1] * ratio[1])
+            other = "unfused" if ctx.flash_attention else "fused"
+            ctx.repriced[_entry(gpu, "block", share, tp)] = (
+                f"timed with {other} attention; priced for the plan's by the roofline's ratio")
         if ctx.recompute == "full":  # a measured forward is what full recompute redoes
             recompute = measured[0]
         elif fwd > 0:
@@ -297,6 +305,9 @@ def head_timing(ctx: CostContext, gpu: GpuType, intra_Bps: float, tp: int, share
     if measured is not None:
         ratio = _plain_loss_ratio(ctx, gpu, tp, share)
         fwd, bwd = measured if ratio is None else (measured[0] * ratio[0], measured[1] * ratio[1])
+        if ratio is not None:
+            ctx.repriced[_entry(gpu, "head", share, tp)] = (
+                "timed with the plain loss; priced for the fused one by the roofline's ratio")
     coll = tp_collective_s(ctx, share * s * m.hidden_size * ctx.activation_bytes, tp, intra_Bps, gpu)
     out = ReplicaTiming(fwd, bwd, 0.0, 0.0, coll)
     return out

@@ -92,6 +92,8 @@ class CostContext:
     elementwise: str = "fused"
     cache: dict = field(default_factory=dict, repr=False)
     sources: dict = field(default_factory=dict, repr=False)  # cost entry -> measured|estimated
+    # cost entry -> how a measurement was re-priced for the plan's kernels (compute.py)
+    repriced: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_plan(cls, plan, model: ModelSpec, seq_len: int, precision: str = "bf16",

@@ -367,5 +367,5 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
         bottleneck_stage=bottleneck_stage(stage_timings, plan.schedule, v),
         model_flops_per_iteration=flops, nodes_usd_per_hour=money.nodes_usd_per_hour,
         egress_usd_per_hour=money.egress_usd_per_hour, memory_by_replica=by_replica,
-        sources=plan_sources(ctx, stages, nodes), schedule=plan.schedule, num_micro_batches=m, virtual_stages=v,
+        sources=plan_sources(ctx, stages, nodes), repriced=plan_sources(ctx, stages, nodes, "repriced"), schedule=plan.schedule, num_micro_batches=m, virtual_stages=v,
         details=details, trust=trust_of(ctx, stages, nodes))

@@ -13,8 +13,10 @@ def trust_of(ctx, stages, nodes) -> list:
     return plan_trust(types, ctx.precision, profiled & set(types))
 
 
-def plan_sources(ctx, stages, nodes) -> dict[str, str]:
-    """measured|interpolated|estimated for the layer costs this plan used (a shared ctx holds more)."""
+def plan_sources(ctx, stages, nodes, of: str = "sources") -> dict[str, str]:
+    """measured|interpolated|estimated for the layer costs this plan used (a shared ctx holds
+    more); ``of="repriced"``: how those of them measured with other kernels were re-priced."""
+    entries = getattr(ctx, of)
     out = {}
     for st in stages:
         for r in st.replicas:
@@ -23,8 +25,8 @@ def plan_sources(ctx, stages, nodes) -> dict[str, str]:
                 + (["head"] if st.head else [])
             for kind in kinds:
                 key = f"{gpu}/{kind}/mb{r.micro_batch_share}/tp{r.tp}"
-                if key in ctx.sources:
-                    out[key] = ctx.sources[key]
+                if key in entries:
+                    out[key] = entries[key]
     return dict(sorted(out.items()))
 
 

@@ -63,6 +63,7 @@ class Evaluation:
     egress_usd_per_hour: float = 0.0
     memory_by_replica: list[list[MemoryBreakdown]] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)
+    repriced: dict[str, str] = field(default_factory=dict)   # measured costs re-priced for the plan's kernels
     schedule: str = "1f1b"
     num_micro_batches: int = 1
     virtual_stages: int = 1
@@ -105,4 +106,6 @@ class Evaluation:
         data["stages"] = [dict(vars(s)) for s in self.stages]
         data["explain"] = [{"term": t, "value": v, "formula": f} for t, v, f in self.explain()]
         data["sources"] = dict(sorted(self.sources.items()))
+        if self.repriced:
+            data["repriced"] = dict(sorted(self.repriced.items()))
         return data
