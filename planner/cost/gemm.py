@@ -13,10 +13,14 @@ The efficiency has two factors, each from how a GEMM library runs on the GPU:
   each SM's memory latency), the GPU idles.  ``x_half`` counts output elements, so it grows
   with the number of SMs to fill (across GPU types it scales with the peak, calibration.py)
   but not with the precision: the tiles per SM are the same whether the tensor cores run
-  bf16 or tf32.  Measured: on the H200 (reference/device/h200-2026-12-04, 139 shapes timed in
-  both) tf32 reaches a median 0.96 of the fraction of its own peak that bf16 reaches on the
-  same shape, where a fill size scaled by the precision's peak would have had tf32 ahead at
-  every shape short of saturation (tf32 GEMMs were predicted 24% fast with it, 19% without).
+  bf16 or tf32.  Measured: on the H200 (reference/device/h200-2026-12-04, Llama-3-8B's 129
+  shapes timed in both) tf32 reaches a median 0.95 of the fraction of its own peak that bf16
+  reaches on the same shape, where a fill size scaled by the precision's peak would have had
+  tf32 ahead at every shape short of saturation (tf32 GEMMs were predicted 24% fast with it,
+  19% without).  On the 65 shapes of 1e11 FLOPs and more, where the ceiling binds, the median
+  is 0.88 (0.67-1.02): TF32's ceiling sits below bf16's.  Applied to Hopper's TF32 (tried
+  2026-12-05) it moved Sailor's GH200 set by 0.2 points (its OPT-350M blocks are not
+  ceiling-bound), and one GPU's sweep is all that measures it, so it is not applied.
 - K-loop amortisation, ``K / (K + k_half)``: every output tile pays a fixed prologue and
   epilogue (loading the pipeline, writing C) worth ``k_half`` steps of its K loop.
 
