@@ -386,3 +386,14 @@ def test_elementwise_flag_reaches_the_plan_off_its_default_and_follows_the_file_
     assert main(args + ["--elementwise", "fused"]) == 2
     assert "--elementwise fused contradicts elementwise: eager" in capsys.readouterr().err
     assert main(args + ["--elementwise", "eager"]) == 0
+
+
+def test_schedule_help_lists_every_searchable_schedule():
+    """--schedule's help names every schedule the search can price (it listed three of six)."""
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+    from planner.search.schedules import SCHEDULES
+    out = " ".join(CliRunner().invoke(cli, ["plan", "--help"]).output.split())
+    for name in SCHEDULES:
+        assert name in out.split("pipeline schedules to search:")[1].split("(default")[0], name
