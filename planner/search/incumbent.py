@@ -316,14 +316,16 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
         sol = solver.solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
         if sol.ok and sol.objective < best.threshold():
             say(f"warm start {knobs.label()}: {sol.objective:.4g} s")
-            best.add(Candidate.of(prob, sol.assign, sol.objective, knobs, spec))
+            cand = Candidate.of(prob, sol.assign, sol.objective, knobs, spec)
+            best.add(cand)
             found[knobs] = (ctx, keys, prob, sol.assign)
             if not late and knobs.num_stages > ENUM_STAGES:
                 # at once, so that the next MILPs have its cutoff (c: 2.565 s to 2.409 s)
                 polish_into(pricer, knobs, ctx, keys, prob, sol.assign, spec, launcher, best,
                             min(stop_milp, clock.now() + POLISH_SHARE * _horizon(settings)))
                 polished.add(knobs)
-            add_twins(pricer, twins, _best_of(best, knobs), spec, launcher, best)
+            # the polished plan where it leads, else the one found (its time exact either way)
+            add_twins(pricer, twins, _best_of(best, knobs) or cand, spec, launcher, best)
     # the incumbent was found on a few options of its tuple: local search on all of them
     top = best.items[0] if best.items else None
     if top is not None and top.knobs in found and top.knobs not in polished:
