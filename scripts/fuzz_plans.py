@@ -185,7 +185,8 @@ def check_stderr(step: str, rc: int, err: str, problems: list[str]) -> None:
 def random_flags(rng: random.Random) -> list[str]:
     """The search's freedoms and the other objectives, a few at a time (--wide)."""
     pool = [["--top", str(rng.choice((2, 3)))], ["--mixed-stages"], ["--deterministic"],
-            ["--schedule", rng.choice(("1f1b", "gpipe,1f1b", "interleaved-1f1b", "zb-h1", "1f1b,zb-v"))],
+            ["--schedule", rng.choice(("1f1b", "gpipe,1f1b", "interleaved-1f1b", "zb-h1", "1f1b,zb-v",
+                                       "1f1b,interleaved-1f1b,zb-h1"))],
             ["--recompute", rng.choice(("none", "full", "selective,full", "op"))],
             ["--zero-stage", rng.choice(("0", "1", "2", "3", "0,1,2,3"))],
             ["--context-parallel", rng.choice(("1,2", "1,2,4"))], ["--expert-parallel", rng.choice(("1,2", "1,2,4,8"))],
@@ -202,14 +203,15 @@ def random_flags(rng: random.Random) -> list[str]:
     return [a for f in picked for a in f]
 
 
-def run_case(seed: int, index: int, out_dir: Path, time_limit_s: float, wide: bool = False) -> dict:
+def run_case(seed: int, index: int, out_dir: Path, time_limit_s: float, wide: bool = False,
+             extra: tuple[str, ...] = ()) -> dict:
     rng = random.Random(seed * 1_000_003 + index)
     case_dir = out_dir / f"case-{seed}-{index:04d}"
     shutil.rmtree(case_dir, ignore_errors=True)
     case_dir.mkdir(parents=True)
     cluster = random_cluster(rng, f"fuzz-{seed}-{index}", wide)
     training = random_training(rng)
-    flags = random_flags(rng) if wide else []
+    flags = (random_flags(rng) if wide else []) + list(extra)   # extra last: click keeps the last value
     if any(f in flags for f in ("--budget-usd-per-hour", "--min-tokens-per-s")):
         training["objective"] = "throughput-under-budget" if "--budget-usd-per-hour" in flags else "cost-above-floor"
     (case_dir / "cluster.yaml").write_text(yaml.safe_dump(cluster, sort_keys=False))
@@ -353,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", type=int, help="run this one case index")
     ap.add_argument("--time-limit", type=float, default=3.0, help="plan --time-limit, seconds")
     ap.add_argument("--out", type=Path, default=Path("/tmp/planner-fuzz"))
+    ap.add_argument("--flags", default="", help="plan flags added to every case, e.g. "
+                    "'--schedule 1f1b,interleaved-1f1b,zb-h1'")
     ap.add_argument("--wide", action="store_true", help="clusters up to 64 nodes a group, and random "
                     "search freedoms, objectives and kernels")
     args = ap.parse_args(argv)
@@ -361,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     n_failed = 0
     with open(args.out / "results.jsonl", "a") as results, open(args.out / "failures.jsonl", "a") as failures:
         for index in indices:
-            record = run_case(args.seed, index, args.out, args.time_limit, args.wide)
+            record = run_case(args.seed, index, args.out, args.time_limit, args.wide, tuple(args.flags.split()))
             results.write(json.dumps(record) + "\n")
             results.flush()
             status = "FAIL" if record["problems"] else "ok"
