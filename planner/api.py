@@ -39,6 +39,7 @@ _ELSEWHERE = {
     "check_plan": ("planner.plan.check", "check_plan"),
     "check_time_limit": ("planner.search", "check_time_limit"),
     "parse_objective": ("planner.search", "parse_objective"),
+    "SEARCH_SCHEDULES": ("planner.search.schedules", "SCHEDULES"),   # name -> the search's entry
     "pareto": ("planner.pareto", "pareto"),
     "check_plot_path": ("planner.pareto", "check_plot_path"),
     "plot_front": ("planner.pareto", "plot_front"),

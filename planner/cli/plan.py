@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from planner.api import trust_line
+from planner.api import SEARCH_SCHEDULES, Training, trust_line
 from planner.cli.common import (
     check_writable,
     console,
@@ -26,8 +26,6 @@ from planner.cli.prices import default_price_notes
 from planner.cli.progress import SearchStatus
 from planner.cli.tables import Table
 from planner.errors import INTERRUPTED_EXIT, InputError
-from planner.search.schedules import SCHEDULES
-from planner.spec import Training
 
 
 def _training(training_path, global_batch_size, seq_len, precision, attention=None, cross_entropy=None,
@@ -203,7 +201,7 @@ def _summary(out, result, cluster) -> None:
               help="the deterministic search's work budget (implies --deterministic) [default: 20,000 per "
                    "second of --time-limit]")
 @click.option("--schedule", "schedules", default=None, metavar="S[,S...]",
-              help=f"pipeline schedules to search: {', '.join(SCHEDULES)} (default: "
+              help=f"pipeline schedules to search: {', '.join(SEARCH_SCHEDULES)} (default: "
                    f"{', '.join(Training.model_fields['schedules'].default)}; training: schedules)")
 @click.option("--recompute", "recompute_modes", default=None, metavar="M[,M...]",
               help="activation recompute modes to search: none, selective, full, op (training: recompute_modes)")
