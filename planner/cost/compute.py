@@ -24,7 +24,6 @@ Embedding: 1 forward; head: 1 backward.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
@@ -158,8 +157,8 @@ def _other_kernel_ratio(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> 
     timed_with = other(gpu.name, "block", share, tp, ctx.seq_len) if other else None
     if timed_with is None or timed_with == attention_kernel(ctx):
         return None
-    mine = block_work(ctx, gemm_curve_for(ctx, gpu), tp, share)
-    theirs_ctx = _as_timed(ctx, flash_attention=timed_with == "fused")
+    mine = _block_work_for(ctx, gpu, tp, share)
+    theirs_ctx = ctx.variant(flash_attention=timed_with == "fused")   # the file's kernel
     theirs = block_work(theirs_ctx, gemm_curve_for(theirs_ctx, gpu), tp, share)
     return _ratios((mine.forward_s, mine.backward_s), (theirs.forward_s, theirs.backward_s))
 
@@ -171,15 +170,9 @@ def _plain_loss_ratio(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> tu
     head under its kernel over the same under the plain one.  None for a plain-loss plan."""
     if ctx.cross_entropy == "plain":
         return None
-    plain = _as_timed(ctx, cross_entropy="plain")
+    plain = ctx.variant(cross_entropy="plain")
     return _ratios(head_work(ctx, gemm_curve_for(ctx, gpu), tp, share),
                    head_work(plain, gemm_curve_for(plain, gpu), tp, share))
-
-
-def _as_timed(ctx: CostContext, **kernels) -> CostContext:
-    """The plan's context with the kernels a measurement ran (fresh caches: they key by GPU
-    and shape, not by kernel)."""
-    return dataclasses.replace(ctx, cache={}, sources={}, repriced={}, **kernels)
 
 
 def _ratios(mine: tuple[float, float], theirs: tuple[float, float]) -> tuple[float, float] | None:

@@ -8,7 +8,7 @@ holds the caches that keep ``evaluate`` fast (per (GPU, tp, share, blocks) timin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from planner.cost.calibration import Calibration, default_calibration
@@ -94,6 +94,11 @@ class CostContext:
     sources: dict = field(default_factory=dict, repr=False)  # cost entry -> measured|estimated
     # cost entry -> how a measurement was re-priced for the plan's kernels (compute.py)
     repriced: dict = field(default_factory=dict, repr=False)
+
+    def variant(self, **changes) -> CostContext:
+        """This context with ``changes`` and its caches and records fresh: they key by GPU and
+        shape, not by the knobs changed (a measurement's kernels, a memory hint's recompute)."""
+        return replace(self, cache={}, sources={}, repriced={}, **changes)
 
     @classmethod
     def from_plan(cls, plan, model: ModelSpec, seq_len: int, precision: str = "bf16",

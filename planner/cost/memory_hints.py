@@ -4,7 +4,6 @@ each alternative priced by the memory model, not guessed."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from planner.cost.memory import logits_in_flight, replica_memory
 
@@ -25,7 +24,7 @@ def memory_problem(ctx, plan, st, k, r, gpu, mem, inflight) -> str:
     n = len(st.replicas)
 
     def total(**changes) -> float:
-        alt = replace(ctx, cache={}, sources={}, **changes)
+        alt = ctx.variant(**changes)
         return replica_memory(alt, gpu, r.tp, r.micro_batch_share, st.num_blocks, st.embedding,
                               st.head, n, inflight, logits_in_flight(plan.schedule)).total_bytes
 
