@@ -24,7 +24,8 @@ BOUND_ONLY_TWINS = frozenset({"zb-h1"})
 def twin_key(knobs) -> tuple:
     """What twins share: every knob but the schedule and its virtual stages (a tuple, not a
     dataclasses.replace: the index is built over every ranked tuple, 35,000 on bench c;
-    tests/test_search_twins.py holds it to Knobs' fields)."""
+    tests/test_search_twins.py holds it to Knobs' fields).  twins.py's dominance rules pair
+    tuples by it too."""
     return (knobs.micro_batch_size, knobs.num_micro_batches, knobs.recompute, knobs.zero_stage, knobs.num_stages,
             knobs.reshard_after_forward, knobs.context_parallel, knobs.expert_parallel, knobs.zero_shard_degree)
 

@@ -4,6 +4,8 @@ good, so leaving the tuple out loses no plan and keeps every bound."""
 
 from __future__ import annotations
 
+from planner.search.twin_plans import twin_key
+
 
 def gpipe_dominated(knobs_list: list, same_only: bool = False) -> set:
     """The GPipe tuples whose 1F1B twin (same micro-batches, recompute, ZeRO and stages) is in
@@ -20,9 +22,8 @@ def gpipe_dominated(knobs_list: list, same_only: bool = False) -> set:
     repeat their twin's times go: one stage or one micro-batch (the same sums and maxima;
     1F1B holds one micro-batch in flight where GPipe holds m), which would list the same
     layout twice."""
-    ones = {(k.micro_batch_size, k.recompute, k.zero_stage, k.reshard_after_forward, k.zero_shard_degree, k.num_stages, k.context_parallel, k.expert_parallel) for k in knobs_list if k.schedule == "1f1b"}
-    return {k for k in knobs_list if k.schedule == "gpipe"
-            and (k.micro_batch_size, k.recompute, k.zero_stage, k.reshard_after_forward, k.zero_shard_degree, k.num_stages, k.context_parallel, k.expert_parallel) in ones
+    ones = {twin_key(k) for k in knobs_list if k.schedule == "1f1b"}
+    return {k for k in knobs_list if k.schedule == "gpipe" and twin_key(k) in ones
             and (not same_only or k.num_stages == 1 or k.num_micro_batches == 1)}
 
 
@@ -31,7 +32,5 @@ def one_stage_zb_h1_twins(knobs_list: list) -> set:
     the space: with one stage ZB-H1 is 1F1B (the same rows, schedules.py, and one micro-batch
     in flight under both, planner.cost.in_flight_micro_batches), so each of its plans is the
     twin's at the same time and memory; kept, it would list the same layout twice."""
-    ones = {(k.micro_batch_size, k.recompute, k.zero_stage, k.reshard_after_forward, k.zero_shard_degree, k.context_parallel, k.expert_parallel) for k in knobs_list
-            if k.schedule == "1f1b" and k.num_stages == 1}
-    return {k for k in knobs_list if k.schedule == "zb-h1" and k.num_stages == 1
-            and (k.micro_batch_size, k.recompute, k.zero_stage, k.reshard_after_forward, k.zero_shard_degree, k.context_parallel, k.expert_parallel) in ones}
+    ones = {twin_key(k) for k in knobs_list if k.schedule == "1f1b" and k.num_stages == 1}
+    return {k for k in knobs_list if k.schedule == "zb-h1" and k.num_stages == 1 and twin_key(k) in ones}
