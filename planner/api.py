@@ -38,6 +38,7 @@ _ELSEWHERE = {
     "trust_line": ("planner.cost.trust", "trust_line"),
     "check_plan": ("planner.plan.check", "check_plan"),
     "check_time_limit": ("planner.search", "check_time_limit"),
+    "input_warnings": ("planner.search.answer", "input_warnings"),
     "parse_objective": ("planner.search", "parse_objective"),
     "SEARCH_SCHEDULES": ("planner.search.schedules", "SCHEDULES"),   # name -> the search's entry
     "pareto": ("planner.pareto", "pareto"),

@@ -123,3 +123,20 @@ def test_expert_parallel_on_a_dense_model_is_warned_about(capsys):
     assert "warning: opt-350m has no experts; expert-parallel degrees 2,4 are ignored" in out.err
     assert main(base) == 0
     assert "no experts" not in capsys.readouterr().err
+
+
+def test_code_users_get_the_same_warnings_on_the_result():
+    """planner.api.plan carries the CLI's input warnings on ``result.warnings``: a script that
+    names a dense model with EP degrees is told, as the shell user is."""
+    from planner import api
+
+    cluster = api.load_cluster("cluster_specs/tiny-2gpu.yaml")
+    training = api.Training(global_batch_size=8, seq_len=256, expert_parallel_degrees=(1, 2))
+    result = api.plan(cluster, "opt-350m", training, time_limit_s=30)
+    assert any("opt-350m has no experts; expert-parallel degrees 1,2 are ignored" in w for w in result.warnings)
+    plain = api.plan(cluster, "opt-350m", training.model_copy(update={"expert_parallel_degrees": (1,)}),
+                     time_limit_s=30)
+    assert not any("no experts" in w for w in plain.warnings)
+    model = api.load_model("opt-350m")
+    longer = api.input_warnings(cluster, model, training.model_copy(update={"seq_len": 2 * model.max_seq_len}))
+    assert any("a longer context than it was trained with" in w for w in longer)

@@ -17,7 +17,6 @@ from planner.cli.common import (
     echo_json,
     format_seconds,
     job_options,
-    warn_precision,
     warn_skipped_profiles,
     write_atomic,
 )
@@ -259,16 +258,8 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
                                         "--expert-parallel": expert_parallel_degrees}, training_path)
     if mixed_stages:
         training = training.model_copy(update={"mixed_stages": True})
-    if model.max_seq_len and training.seq_len > model.max_seq_len:
-        click.echo(f"warning: {model.name} is defined for sequences of at most {model.max_seq_len} tokens; "
-                   f"planning for {training.seq_len} (a longer context than it was trained with)", err=True)
-    warn_precision(spec, training.precision)
-    if not model.is_moe and any(e > 1 for e in training.expert_parallel_degrees):
-        # not an error (EP 1 is the dense model's only degree, and the search takes it), but a
-        # flag that does nothing is worth a word: often the wrong model was named
-        click.echo(f"warning: {model.name} has no experts; expert-parallel degrees "
-                   f"{','.join(map(str, training.expert_parallel_degrees))} are ignored (dense models run EP 1)",
-                   err=True)
+    for line in api.input_warnings(spec, model, training):
+        click.echo(f"warning: {line}", err=True)
     err = console(quiet=True)       # progress always on stderr
     with SearchStatus(err, time_limit_s, quiet) as status:
         result = api.plan(spec, model, training, objective=spec_obj, time_limit_s=time_limit_s, top_k=top_k,

@@ -26,8 +26,9 @@ class SearchResult:
     evaluations: list
     report: SolverReport
     idle: list[str] = field(default_factory=list)
-    # Assumptions the prices rest on, one line each: GPU types priced at a stand-in matmul peak
-    # in the training precision (tf32 without TF32 tensor cores, no fp32 figures; GpuType.precision_note).
+    # What a user should know about the inputs, one line each (input_warnings): GPU types
+    # priced at a stand-in matmul peak in the training precision, a sequence past the model's
+    # trained context, expert-parallel degrees on a dense model.
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -112,7 +113,24 @@ def finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pro
         idle.append(f"{c.num_gpus} GPUs of {c.name} idle: {c.gpu.name} has no bf16; train with "
                     "--precision fp16 (or fp32 / tf32) to use them")
     return SearchResult(plans=final, evaluations=evals, report=report, idle=idle,
-                        warnings=cluster.precision_notes(training.precision))
+                        warnings=input_warnings(cluster, model, training))
+
+
+def input_warnings(cluster, model, training) -> list[str]:
+    """Lines about inputs that are valid but likely not what was meant, or that the prices
+    rest on assumptions for; the CLI prints them before the search, code reads
+    ``SearchResult.warnings``."""
+    out = []
+    if model.max_seq_len and training.seq_len > model.max_seq_len:
+        out.append(f"{model.name} is defined for sequences of at most {model.max_seq_len} tokens; "
+                   f"planning for {training.seq_len} (a longer context than it was trained with)")
+    out.extend(cluster.precision_notes(training.precision))
+    if not model.is_moe and any(e > 1 for e in training.expert_parallel_degrees):
+        # not an error (EP 1 is the dense model's only degree, and the search takes it), but a
+        # degree that does nothing is worth a word: often the wrong model was named
+        out.append(f"{model.name} has no experts; expert-parallel degrees "
+                   f"{','.join(map(str, training.expert_parallel_degrees))} are ignored (dense models run EP 1)")
+    return out
 
 
 def _baseline_fields(base, value: float, top, time_like: bool) -> dict:
