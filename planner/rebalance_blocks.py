@@ -156,13 +156,20 @@ class _Stage:
         return step / self.plan.num_micro_batches, shares, speeds
 
     def fits(self, nb: int, shares: list[int]) -> bool:
-        from planner.cost.memory import in_flight_micro_batches, logits_in_flight, replica_memory
+        from planner.cost.memory import (
+            deferred_w_micro_batches,
+            in_flight_micro_batches,
+            logits_in_flight,
+            replica_memory,
+        )
 
         plan, st = self.plan, self.stage
         inflight = in_flight_micro_batches(plan.schedule, len(plan.stages), st.index,
                                            plan.num_micro_batches, plan.virtual_stages)
+        deferred = deferred_w_micro_batches(plan.schedule, len(plan.stages), st.index, plan.num_micro_batches)
         return all(replica_memory(self.ctx, gpu, r.tp, x, nb, st.embedding, st.head, len(st.replicas),
-                                  inflight, logits_in_flight(plan.schedule)).total_bytes <= gpu.memory_bytes
+                                  inflight, logits_in_flight(plan.schedule), deferred).total_bytes
+                   <= gpu.memory_bytes
                    for gpu, r, x in zip(self.gpus, st.replicas, shares))
 
 

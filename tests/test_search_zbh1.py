@@ -122,12 +122,13 @@ def test_priced_input_part_is_the_cost_models():
             assert 0 < w < backward
 
 
-@pytest.mark.parametrize("seed", [1, 6, 24, 28, 0, 3])
+@pytest.mark.parametrize("seed", [6, 24, 28, 30, 0, 1, 3])
 def test_oracle_agrees_within_the_reported_gap(seed):
     """With zb-h1 in the space: the search's bound is at most the oracle's optimum, its
     plan at least it, the plan's time is evaluate's (the closed form, not the rows), so the
-    oracle's optimum lies within the reported gap.  Seeds 1, 6, 24, 28: zb-h1 is the
-    oracle's best; 0, 3: it is not."""
+    oracle's optimum lies within the reported gap.  Seeds 6, 24, 28, 30: zb-h1 is the
+    oracle's best; 0, 1, 3: it is not (seed 1 was, until the weight-op gradients waiting for
+    W were counted: tests/test_zb_memory.py)."""
     cluster, model, training = _zb_case(seed)
     ref = oracle(cluster, model, training)
     res = solve(cluster, model, training, time_limit_s=60.0)
@@ -136,7 +137,7 @@ def test_oracle_agrees_within_the_reported_gap(seed):
     assert rep.objective >= ref.value * (1 - 1e-9)
     assert (rep.objective - ref.value) <= rep.gap * rep.objective * (1 + 1e-9)
     assert rep.priced_vs_evaluated_rel < 1e-9
-    assert (ref.plan.schedule == "zb-h1") == (seed in (1, 6, 24, 28))
+    assert (ref.plan.schedule == "zb-h1") == (seed in (6, 24, 28, 30))
 
 
 def test_oracle_case_where_zb_h1_wins_closes():

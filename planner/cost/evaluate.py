@@ -32,7 +32,13 @@ from planner.cost.context import CostContext
 from planner.cost.explain_rows import bottleneck_details, plan_sources, trust_of
 from planner.cost.flops import model_flops_per_iteration
 from planner.cost.hsdp import hsdp_details, hsdp_sync, is_hsdp
-from planner.cost.memory import in_flight_micro_batches, logits_in_flight, replica_memory, stage_params
+from planner.cost.memory import (
+    deferred_w_micro_batches,
+    in_flight_micro_batches,
+    logits_in_flight,
+    replica_memory,
+    stage_params,
+)
 from planner.cost.memory_hints import memory_problem
 from planner.cost.moe import ep_comm_per_micro_batch, expert_params, expert_rings, optimizer_params
 from planner.cost.money import plan_money
@@ -308,18 +314,19 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
         inflight = (bitpipe_inflight[i] if bitpipe_inflight else
                     float(latency_aware.peak_in_flight[i]) if latency_aware is not None
                     else in_flight_micro_batches(plan.schedule, p, i, m, v))
+        deferred = deferred_w_micro_batches(plan.schedule, p, i, m)
         row = []
         for k, r in enumerate(st.replicas):
             gpu = nodes[r.node].gpu
             key = ("memory", gpu.name, gpu.memory_bytes, r.tp, r.micro_batch_share, st.num_blocks,
-                   st.embedding, st.head, len(st.replicas), inflight,
+                   st.embedding, st.head, len(st.replicas), inflight, deferred,
                    (stages[p - 1 - i].blocks, stages[p - 1 - i].embedding, stages[p - 1 - i].head) if bitpipe
                    else None)
             mem = ctx.cache.get(key)
             if mem is None:
                 mem = replica_memory(ctx, gpu, r.tp, r.micro_batch_share, st.num_blocks,
                                      st.embedding, st.head, len(st.replicas), inflight,
-                                     logits_in_flight(plan.schedule))
+                                     logits_in_flight(plan.schedule), deferred)
                 if bitpipe:
                     mem = with_pair_copy(ctx, gpu, r, st, stages[p - 1 - i], mem, inflight)
                 ctx.cache[key] = mem
@@ -328,7 +335,7 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
                 peak[d] = mem.total_bytes
                 capacity[d] = gpu.memory_bytes
             if mem.total_bytes > gpu.memory_bytes:
-                problems.append(memory_problem(ctx, plan, st, k, r, gpu, mem, inflight))
+                problems.append(memory_problem(ctx, plan, st, k, r, gpu, mem, inflight, deferred))
         by_replica.append(row)
 
     # -- totals -------------------------------------------------------------------------------

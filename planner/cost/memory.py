@@ -233,6 +233,11 @@ def in_flight_micro_batches(schedule: str, num_stages: int, stage: int, num_micr
         chunks = min(m * v, (p - stage - 1) * 2 + (v - 1) * p + 1)
         return chunks / v
     if schedule in ("zb-h1", "latency-aware"):
+        # ZB-H1: a micro-batch's saved tensors stay until its W, not its I: torch's
+        # stage_backward_input (and the runner's SplitBackward) runs the input gradient with
+        # retain_graph=True and keeps the weight ops' nodes for W, and every node below them.
+        # Measured on the runner's block (tests/test_zb_memory.py).  So p on every rank; the
+        # gradients kept for W come on top (deferred_w_micro_batches).
         # latency-aware: the default cap of its scheduler (planner.simulate.latency); a plan's
         # own lists give the exact peak (planner.cost.latency_aware), which evaluate uses
         return float(min(p, m))
@@ -241,6 +246,35 @@ def in_flight_micro_batches(schedule: str, num_stages: int, stage: int, num_micr
     if schedule == "dualpipev":
         return (2 * p + 1) / 2
     return float(min(p - stage, m))
+
+
+def deferred_w_micro_batches(schedule: str, num_stages: int, stage: int, num_micro_batches: int) -> float:
+    """Micro-batches between their I and their W on stage ``stage`` at its peak, each holding
+    the gradients flowing into its weight ops (``w_input_grad_bytes``) beside its saved
+    tensors.  ZB-H1's rank r runs the W of micro-batch j after the I of micro-batch j + r
+    (planner.simulate.actions.zb_h1): just after that I it holds p micro-batches' activations
+    and r + 1 micro-batches' gradients (rank 0 too: its W follows its I, and the gradients
+    wait through it).  0 where the backward runs whole.  The V schedules' in-flight counts
+    (zb-v, dualpipev) do not count them yet."""
+    if schedule == "zb-h1":
+        return float(min(stage + 1, num_micro_batches))
+    return 0.0
+
+
+def w_input_grad_bytes(ctx: CostContext, tp: int, b: float) -> float:
+    """What one block keeps from a micro-batch's I for its W: the gradient flowing into each
+    op with weights (two norms, Q, K, V, the attention projection, the MLP's input matmuls and
+    its output matmul), in the activation dtype.  The two residual-stream gradients (the
+    projection's and the output matmul's) are counted whole though one of them may be the very
+    tensor the next block down receives, so this errs high by at most 2 h per token."""
+    m = ctx.model
+    h = m.hidden_size
+    sbh = ctx.local_seq_len * b * h
+    sp = ctx.sequence_parallel and tp > 1
+    ffn = moe_active_ffn(m) if moe_fraction(m) else m.ffn_size
+    replicated = 4.0 * h             # two norms' outputs and the two residual-stream gradients
+    sharded = m.q_width + 2.0 * kv_width(m) + (mlp_matrices(m) - 1) * ffn
+    return ctx.activation_bytes * sbh * (replicated / (tp if sp else 1) + sharded / tp) / h
 
 
 def stage_params(ctx: CostContext, blocks: int, embedding: bool, head: bool) -> float:
@@ -265,9 +299,11 @@ def logits_in_flight(schedule: str) -> float | None:
 
 def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: int,
                    embedding: bool, head: bool, num_replicas_in_stage: int,
-                   in_flight_micro_batches: float, logits_in_flight: float | None = None) -> MemoryBreakdown:
+                   in_flight_micro_batches: float, logits_in_flight: float | None = None,
+                   deferred_w: float = 0.0) -> MemoryBreakdown:
     """Peak memory of each GPU of a replica (all its tp GPUs hold the same amount);
-    ``logits_in_flight``: the head's count where it is not the stage's (``logits_in_flight``)."""
+    ``logits_in_flight``: the head's count where it is not the stage's (``logits_in_flight``);
+    ``deferred_w``: micro-batches waiting for their W (``deferred_w_micro_batches``)."""
     experts = blocks * block_expert_params(ctx.model)       # 0 for dense models
     params = (stage_params(ctx, blocks, embedding, head) - experts) / tp
     # ZeRO shards over dp x cp (docstring); with HSDP over the shard group's d replicas x cp
@@ -282,6 +318,12 @@ def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: 
     act = blocks * block_activation_bytes(ctx, tp, share) * in_flight_micro_batches
     if ctx.recompute in ("full", "op") and blocks:
         act += block_activation_bytes(ctx, tp, share, recompute="none")  # the block being recomputed
+    if deferred_w and blocks:
+        # with recompute too: a checkpointed block's recomputed tensors are freed as its I uses
+        # them, only these gradients wait (tests/test_zb_memory.py).  The head's are not added:
+        # its logits count p times at 4 bytes (above), at least the fp32 log-probabilities
+        # until I and the logits' gradient until W that the last rank holds.
+        act += blocks * w_input_grad_bytes(ctx, tp, share) * deferred_w
     s, h = ctx.local_seq_len, ctx.model.hidden_size
     if embedding:  # embedding dropout mask (Korthikanti: s b h p / t, 1 byte per element)
         act += s * share * h / (tp if ctx.sequence_parallel and tp > 1 else 1) * in_flight_micro_batches
@@ -298,7 +340,8 @@ def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: 
 
 def replica_memory_bytes(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: int,
                          embedding: bool, head: bool, num_replicas_in_stage: int,
-                         in_flight_micro_batches: float, logits_in_flight: float | None = None) -> float:
+                         in_flight_micro_batches: float, logits_in_flight: float | None = None,
+                         deferred_w: float = 0.0) -> float:
     """Total of ``replica_memory``: peak bytes on each GPU of the replica."""
     return replica_memory(ctx, gpu, tp, share, blocks, embedding, head, num_replicas_in_stage,
-                          in_flight_micro_batches, logits_in_flight).total_bytes
+                          in_flight_micro_batches, logits_in_flight, deferred_w).total_bytes

@@ -12,7 +12,7 @@ def _gb(x: float) -> str:
     return f"{x / 2**30:.2f} GiB"
 
 
-def memory_problem(ctx, plan, st, k, r, gpu, mem, inflight) -> str:
+def memory_problem(ctx, plan, st, k, r, gpu, mem, inflight, deferred_w: float = 0.0) -> str:
     """Which device, by how much, and what would fit (each alternative priced)."""
     over = mem.total_bytes - gpu.memory_bytes
     head = (f"stage {st.index} replica {k} ({r.devices[0]}{'…' if len(r.devices) > 1 else ''}, {gpu.name}): "
@@ -26,7 +26,7 @@ def memory_problem(ctx, plan, st, k, r, gpu, mem, inflight) -> str:
     def total(**changes) -> float:
         alt = ctx.variant(**changes)
         return replica_memory(alt, gpu, r.tp, r.micro_batch_share, st.num_blocks, st.embedding,
-                              st.head, n, inflight, logits_in_flight(plan.schedule)).total_bytes
+                              st.head, n, inflight, logits_in_flight(plan.schedule), deferred_w).total_bytes
 
     if ctx.recompute != "full":
         t = total(recompute="full")

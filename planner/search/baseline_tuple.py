@@ -5,7 +5,7 @@ let the rules try hundreds of options per tuple and build few memory models."""
 from __future__ import annotations
 
 from planner.cost import in_flight_micro_batches
-from planner.cost.memory import logits_in_flight, replica_memory
+from planner.cost.memory import deferred_w_micro_batches, logits_in_flight, replica_memory
 from planner.search.knobs import OptionKey
 from planner.search.pieces import _max_units
 from planner.search.schedules import SCHEDULES
@@ -44,6 +44,7 @@ class _Tuple:
         self._ends = [entry.stage_ends(p, s) for s in range(p)]
         self._in_flight = [in_flight_micro_batches(knobs.schedule, p, s, knobs.num_micro_batches,
                                                    knobs.virtual_stages) for s in range(p)]
+        self._deferred = [deferred_w_micro_batches(knobs.schedule, p, s, knobs.num_micro_batches) for s in range(p)]
 
     def fits(self, key: OptionKey, s: int, units: int) -> bool:
         """Whether ``units`` core units of blocks fit the memory of ``key`` at stage ``s``."""
@@ -74,7 +75,8 @@ class _Tuple:
         share = -(-self.knobs.micro_batch_size // key.replicas)
         gpu = self.pricer.classes[key.cls].gpu
         need = replica_memory(self.ctx, gpu, key.tp, share, units * self.unit, *self._ends[s], key.replicas,
-                              self._in_flight[s], logits_in_flight(self.knobs.schedule)).total_bytes
+                              self._in_flight[s], logits_in_flight(self.knobs.schedule),
+                              self._deferred[s]).total_bytes
         return need > gpu.memory_bytes * (1 + 1e-6)
 
     def _state_over(self, cls: int, tp: int, ends: tuple[bool, bool], units: int) -> bool:
@@ -102,15 +104,15 @@ class _Tuple:
             model = self._models.get((key, ends))
             if model is None:
                 model = self._models[(key, ends)] = self.pricer.memory_model(self.ctx, self.knobs, key, self.unit, *ends)
-            f = self._in_flight[s]
+            f, d = self._in_flight[s], self._deferred[s]
             # the pricer keeps each memory model for its lifetime, so its id names it
-            lk = (id(model), f, self.L_units)
+            lk = (id(model), f, d, self.L_units)
             hit = self._limits.get(lk)
             if hit is None:
-                (c0, c1, c2, c3), exact, mem = model
+                (c0, c1, c2, c3, c4), exact, mem = model
                 cap = self.pricer.classes[key.cls].gpu.memory_bytes
-                hit = self._limits[lk] = _max_units(cap, c0 + c2 * f, c1 + c3 * f, exact,
-                                                    lambda u: mem(u, f), self.L_units)
+                hit = self._limits[lk] = _max_units(cap, c0 + c2 * f, c1 + c3 * f + c4 * d, exact,
+                                                    lambda u: mem(u, f, d), self.L_units)
             self._fit[(key, s)] = hit
         return hit
 

@@ -40,7 +40,8 @@ class _Arrays(NamedTuple):
     units: np.ndarray       # [K] units of its class an option takes
     cls: np.ndarray         # [K] its class
     keys: list              # the options themselves (kept alive: caches key by id)
-    coef: np.ndarray        # [K, 4] memory model c0..c3 (memory level; zeros without)
+    coef: np.ndarray        # [K, 4] memory model c0..c3 (memory level; zeros without); c4 (W-waiting
+                            # gradients) left out: the fewest-in-flight stage waits for none
     exact: np.ndarray       # [K] the memory model is affine (else no memory limit)
     caps: np.ndarray        # [K] memory per GPU of its class
     icpt: np.ndarray        # [K, positions, quantities] intercepts per stage position
@@ -163,7 +164,7 @@ class KnobBound:
             lsk = sk[:-1] + (False,)
             light = self._slopes.get(lsk) or self._slope_arrays(lsk, knobs, ctx, keys, False)
             models = [self.pricer.memory_model(ctx, knobs, k, unit, False, False) for k in keys]
-            coef = np.array([mm[0] for mm in models]) if models else np.zeros((0, 4))
+            coef = np.array([mm[0][:4] for mm in models]) if models else np.zeros((0, 4))
             exact = np.array([bool(mm[1]) for mm in models], dtype=bool)
             hit = self._slopes[sk] = light._replace(coef=coef, exact=exact)
             return hit

@@ -32,7 +32,7 @@ from planner.cost import (
 )
 from planner.cost.comm import exposed_sync_parts
 from planner.cost.compute import backward_weight_s
-from planner.cost.memory import logits_in_flight
+from planner.cost.memory import deferred_w_micro_batches, logits_in_flight
 from planner.search.core import CoreOption
 from planner.search.pieces import _max_units
 from planner.search.schedules import SCHEDULES
@@ -161,7 +161,8 @@ def mixed_options(pricer, ctx, knobs, key: MixedKey, unit: int, L_units: int) ->
         curves.append(hit)
         f = in_flight_micro_batches(knobs.schedule, p, s, m, v)
         logits = logits_in_flight(knobs.schedule) if head else None
-        caps.append(min(_kind_units(ctx, info, k, n, unit, (emb, head), (f, logits), L_units)
+        d = deferred_w_micro_batches(knobs.schedule, p, s, m)
+        caps.append(min(_kind_units(ctx, info, k, n, unit, (emb, head), (f, logits, d), L_units)
                         for k, info in zip(key.kinds, infos)))
     # block ranges with one (slowest kind, optimizer's kind) per position
     ranges: dict[tuple[int, int], list] = {}
@@ -248,7 +249,8 @@ def _piece(ctx, key, classes, curves: list[_Curves], caps: list[int], ranges: li
 def _kind_units(ctx, info, kind: Kind, n: int, unit: int, ends: tuple[bool, bool], in_flight: tuple,
                 L_units: int) -> int:
     """Most block units a replica of ``kind`` fits with ``in_flight`` = (micro-batches, the
-    head's logits where they differ: memory.logits_in_flight) in flight at a stage of ``ends``."""
+    head's logits where they differ: memory.logits_in_flight, those waiting for their W:
+    memory.deferred_w_micro_batches) in flight at a stage of ``ends``."""
     def mem(u: int) -> float:
         return replica_memory_bytes(ctx, info.gpu, kind.tp, kind.share, u * unit, *ends, n, *in_flight)
     base = mem(1)

@@ -26,7 +26,7 @@ from planner.cost import (
 from planner.cost.comm import exposed_sync_parts
 from planner.cost.compute import backward_weight_s
 from planner.cost.hsdp import hsdp_option_sync, is_hsdp
-from planner.cost.memory import logits_in_flight
+from planner.cost.memory import deferred_w_micro_batches, logits_in_flight, w_input_grad_bytes
 from planner.cost.moe import ep_sync_s, expert_params, optimizer_params, option_ep_comm
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row
@@ -375,8 +375,9 @@ class Pricer(SendPricing):
         return hit
 
     def memory_model(self, ctx, knobs, key: OptionKey, unit: int, emb: bool, head: bool):
-        """(c0..c3, exact, mem) with mem(u, f) = c0 + c1 u + f (c2 + c3 u) bytes for u units of
-        blocks and f micro-batches in flight; ``exact`` when a third point agrees (else the
+        """(c0..c4, exact, mem) with mem(u, f, d) = c0 + c1 u + f (c2 + c3 u) + c4 u d bytes for
+        u units of blocks, f micro-batches in flight and d of them waiting for their W
+        (memory.deferred_w_micro_batches; d's term is exact by construction); ``exact`` when a third point agrees (else the
         callers settle limits with ``mem`` itself).  Apart from ``_base`` so that the knob
         bound reads memory without pricing the timings."""
         info = self.classes[key.cls]
@@ -391,8 +392,8 @@ class Pricer(SendPricing):
         if hit is not None:
             return hit
 
-        def mem(u: int, f: float) -> float:
-            return replica_memory_bytes(ctx, gpu, t, share, u * unit, emb, head, n, f, logits)
+        def mem(u: int, f: float, d: float = 0.0) -> float:
+            return replica_memory_bytes(ctx, gpu, t, share, u * unit, emb, head, n, f, logits, d)
 
         m11, m21, m12, m22 = mem(1, 1.0), mem(2, 1.0), mem(1, 2.0), mem(2, 2.0)
         c3 = (m22 - m12) - (m21 - m11)
@@ -401,7 +402,8 @@ class Pricer(SendPricing):
         c0 = m11 - c1 - c2 - c3
         probe = mem(3, 3.0)
         exact = abs(c0 + 3 * c1 + 3 * (c2 + 3 * c3) - probe) <= 1e-9 * probe
-        hit = self._memory[ck] = ((c0, c1, c2, c3), exact, mem)
+        c4 = unit * w_input_grad_bytes(ctx, t, share)
+        hit = self._memory[ck] = ((c0, c1, c2, c3, c4), exact, mem)
         return hit
 
     def _option(self, ctx, knobs, key: OptionKey, unit: int, L_units: int) -> CoreOption | None:
@@ -418,10 +420,12 @@ class Pricer(SendPricing):
             base = bases.get(ends)
             if base is None:
                 base = bases[ends] = self._base(ctx, knobs, key, unit, *ends)
-            sl, fx, (c0, c1, c2, c3), exact, mem = base
+            sl, fx, (c0, c1, c2, c3, c4), exact, mem = base
             slope = slope or sl
             f = in_flight_micro_batches(knobs.schedule, p, s, m, v)
-            hi = _max_units(cap, c0 + c2 * f, c1 + c3 * f, exact, lambda u, f=f, mem=mem: mem(u, f), L_units)
+            d = deferred_w_micro_batches(knobs.schedule, p, s, m)
+            hi = _max_units(cap, c0 + c2 * f, c1 + c3 * f + c4 * d, exact,
+                            lambda u, f=f, d=d, mem=mem: mem(u, f, d), L_units)
             fixed.append(fx if hi >= 1 else None)
             max_blocks.append(hi)
         if not any(max_blocks):

@@ -262,10 +262,11 @@ def zb_h1(p: int, m: int, v: int = 1) -> Schedule:
     cool-down with its deferred W's, and rank 0 defers none.
 
     At F = I = W = 1 (B = 2) the makespan is m (F + I + W) + (p - 1)(F + I - W): for p = 4,
-    m = 8, 24 + 3 = 27 against 1F1B's 33.  Memory: a micro-batch holds its full activations
-    from F until I (at most ``min(m, p - r)`` on rank ``r``, as in 1F1B) and the smaller
-    W-inputs from I until W; counted until W, rank ``r`` holds up to ``min(m, p)`` micro-batches,
-    the same peak as 1F1B's rank 0 (the paper's "same peak memory as 1F1B" is over ranks).
+    m = 8, 24 + 3 = 27 against 1F1B's 33.  Memory: a micro-batch is in flight from F until W
+    (a split backward keeps its saved tensors through I: planner.cost.memory), so rank ``r``
+    holds up to ``min(m, p)`` micro-batches, the same peak as 1F1B's rank 0 (the paper's "same
+    peak memory as 1F1B" is over ranks), and ``min(m, r + 1)`` of them also hold their weight
+    ops' input gradients (``deferred_w_micro_batches``).
     """
     _need_one_chunk("zb-h1", v)
     ranks = []
