@@ -165,3 +165,28 @@ def test_evaluate_adds_the_waiting_gradients_on_the_later_ranks():
     assert one_peaks[1] - one_peaks[2] == pytest.approx(acts, rel=1e-9)
     # rank 1 under ZB-H1: 1F1B's three in flight, one more, and two micro-batches' gradients
     assert zb_peaks[1] - one_peaks[1] == pytest.approx(acts + 2 * grads, rel=1e-9)
+
+
+def test_torch_stage_backward_input_keeps_every_saved_tensor_too():
+    """What ``launch --format pipelining`` runs (torch's ScheduleInterleavedZeroBubble calls
+    ``stage_backward_input``): the same, nothing of the forward freed before W."""
+    from torch.distributed.pipelining._backward import stage_backward_input
+
+    shape = SHAPES["gelu"]
+    p = tm.build_params(shape, (0, shape.num_layers), False, False, 0, torch.float32)
+    weights = [t.requires_grad_(True) for t in p.values()]
+    x_in = torch.randn(B, S, shape.hidden_size).requires_grad_(True)
+    g = torch.randn(B, S, shape.hidden_size)
+    outside = {x_in.untyped_storage().data_ptr(), g.untyped_storage().data_ptr()}
+    with _Created() as created:
+        x = x_in
+        for i in range(shape.num_layers):
+            x = tm.block(p, i, x, shape, tm.TPContext())
+        outside.add(x.untyped_storage().data_ptr())
+        after_f = created.alive_bytes(outside)
+        dx, groups = stage_backward_input([x], [g], [x_in], iter(weights))
+        outside.update(t.untyped_storage().data_ptr() for t in dx if t is not None)
+        del x
+        gc.collect()
+        after_i = created.alive_bytes(outside)
+    assert groups and after_i >= after_f
