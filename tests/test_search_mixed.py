@@ -70,9 +70,11 @@ def test_mixed_keys_pair_classes_of_one_zone_on_whole_nodes():
 def test_mixed_options_price_as_evaluate():
     """Every assignment with a mixed stage: the core objective is evaluate's iteration time of
     the plan naming builds (slowest replica per block range, the ring over both kinds, the
-    sends by each side's shares), and the plan fits in memory."""
+    sends by each side's shares), and the plan fits in memory.  Nineteen seeds: with the first
+    twelve, the bf16 training-shape ceiling (benchmarks.yaml) left four cases where a mixed stage
+    wins (it moved the A100 / V100 speed ratio), the next two seeds have none, 28 has two."""
     checked = mixed_won = 0
-    for seed in MIXED_SEEDS[:12]:
+    for seed in MIXED_SEEDS[:19]:
         cluster, model, training = mixed_case(seed)
         classes, pricer = case_pricer(cluster, model, training)
         rng = random.Random(seed)

@@ -10,16 +10,25 @@ from pathlib import Path
 import yaml
 
 _FILE = Path(__file__).with_name("benchmarks.yaml")
+TYPICAL_SHAPE_PRECISIONS = ("bf16", "fp16")
 
 
 @dataclass(frozen=True)
 class MatmulCeiling:
-    """The best measured GEMM of a GPU type: ``fraction`` of its dense tensor peak at ``shape``."""
+    """The best measured GEMM of a GPU type: ``fraction`` of its dense tensor peak at ``shape``,
+    and what a training GEMM as large reaches of it (``typical``, benchmarks.yaml)."""
 
     fraction: float
     shape: tuple[int, int, int]     # M, N, K of the best measured GEMM
     source: str
     measured: bool                  # False: the default for GPU types nobody published
+    typical: float = 1.0            # median training shape at saturation / the best shape
+    typical_source: str = ""
+
+    def training_fraction(self, precision: str) -> float:
+        """The ceiling a large training GEMM is priced at: the best shape's, times ``typical`` in
+        the 2-byte tensor-core precisions it was measured in (benchmarks.yaml)."""
+        return self.fraction * (self.typical if precision in TYPICAL_SHAPE_PRECISIONS else 1.0)
 
 
 @dataclass(frozen=True)
@@ -42,8 +51,9 @@ def matmul_ceiling(gpu_name: str) -> MatmulCeiling:
     entry = _data()["matmul_ceilings"].get(gpu_name)
     measured = entry is not None
     entry = entry or _data()["matmul_ceiling_default"]
+    typical = _data()["matmul_typical_shape"]
     return MatmulCeiling(float(entry["fraction"]), tuple(int(x) for x in entry["shape"]),
-                         str(entry["source"]), measured)
+                         str(entry["source"]), measured, float(typical["fraction"]), str(typical["source"]))
 
 
 @lru_cache(maxsize=64)

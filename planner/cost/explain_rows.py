@@ -45,7 +45,9 @@ def bottleneck_details(ctx, plan, priced, nodes, timings, k) -> list[tuple[str, 
     curve = gemm_curve_for(ctx, gpu)
     where = f"stage {k} replica {timings[k].slowest_replica} ({gpu.name}, tp={r.tp}, share={r.micro_batch_share})"
     bench = matmul_ceiling(gpu.name)
-    ceiling_src = "profile fit" if cal.matmul_ceiling is not None else bench.source
+    ceiling_src = ("profile fit" if cal.matmul_ceiling is not None else
+                   f"{bench.source}; x {bench.training_fraction(ctx.precision) / bench.fraction:g} for a "
+                   f"training shape ({bench.typical_source})")
     half_src = cal.source
     if cal.fitted_on and (cal.fitted_on != gpu.name or ctx.activation_bytes != 2):
         half_src += (f"; on {cal.fitted_on} in 2-byte precision, carried to {gpu.name} {ctx.precision} by "
