@@ -69,17 +69,28 @@ def _kept_bytes(split: SplitBackward, exclude: set) -> int:
     return total
 
 
-def _measure(shape: tm.Shape):
-    """(bytes alive after F, after I, kept for W) for the blocks of one fp32 micro-batch."""
+def _stage(shape: tm.Shape):
+    """(params, stage input, output gradient, storages that are not saved tensors) of one
+    fp32 micro-batch through all of ``shape``'s blocks."""
     p = tm.build_params(shape, (0, shape.num_layers), False, False, 0, torch.float32)
     x_in = torch.randn(B, S, shape.hidden_size).requires_grad_(True)
     g = torch.randn(B, S, shape.hidden_size)
-    outside = {x_in.untyped_storage().data_ptr(), g.untyped_storage().data_ptr()}
+    return p, x_in, g, {x_in.untyped_storage().data_ptr(), g.untyped_storage().data_ptr()}
+
+
+def _forward(shape: tm.Shape, p: dict, x_in, outside: set):
+    x = x_in
+    for i in range(shape.num_layers):
+        x = tm.block(p, i, x, shape, tm.TPContext())
+    outside.add(x.untyped_storage().data_ptr())   # the stage output travels on, not a saved tensor
+    return x
+
+
+def _measure(shape: tm.Shape):
+    """(bytes alive after F, after I, kept for W) for the blocks of one fp32 micro-batch."""
+    p, x_in, g, outside = _stage(shape)
     with _Created() as created:
-        x = x_in
-        for i in range(shape.num_layers):
-            x = tm.block(p, i, x, shape, tm.TPContext())
-        outside.add(x.untyped_storage().data_ptr())   # the stage output travels on, not a saved tensor
+        x = _forward(shape, p, x_in, outside)
         after_f = created.alive_bytes(outside)
         split = SplitBackward(x, x_in, g)
         gx = split.input_grad()
@@ -173,16 +184,10 @@ def test_torch_stage_backward_input_keeps_every_saved_tensor_too():
     from torch.distributed.pipelining._backward import stage_backward_input
 
     shape = SHAPES["gelu"]
-    p = tm.build_params(shape, (0, shape.num_layers), False, False, 0, torch.float32)
+    p, x_in, g, outside = _stage(shape)
     weights = [t.requires_grad_(True) for t in p.values()]
-    x_in = torch.randn(B, S, shape.hidden_size).requires_grad_(True)
-    g = torch.randn(B, S, shape.hidden_size)
-    outside = {x_in.untyped_storage().data_ptr(), g.untyped_storage().data_ptr()}
     with _Created() as created:
-        x = x_in
-        for i in range(shape.num_layers):
-            x = tm.block(p, i, x, shape, tm.TPContext())
-        outside.add(x.untyped_storage().data_ptr())
+        x = _forward(shape, p, x_in, outside)
         after_f = created.alive_bytes(outside)
         dx, groups = stage_backward_input([x], [g], [x_in], iter(weights))
         outside.update(t.untyped_storage().data_ptr() for t in dx if t is not None)
