@@ -141,6 +141,25 @@ def test_zb_h1_waits_for_r_plus_one_w_on_rank_r_at_its_peak():
             assert best[1] == deferred_w_micro_batches("zb-h1", p, r, m)
 
 
+@pytest.mark.parametrize("name", ["zb-v", "dualpipev"])
+def test_the_v_schedules_wait_for_what_the_rule_says(name):
+    """At every rank's peak of chunks between F and W (torch's V schedules, as generated):
+    ZB-V has one chunk between I and W (half a stage), DualPipeV none."""
+    from planner.simulate.actions import generate
+
+    for p in (2, 3, 4, 8):
+        for m in range(2 * p, 3 * p + 1):
+            for r, acts in enumerate(generate(name, p, m).ranks):
+                f = i = w = 0
+                best = (0, 0)
+                for a in acts:
+                    whole = a.kind == "B"
+                    f, i, w = f + (a.kind == "F"), i + (a.kind == "I" or whole), w + (a.kind == "W" or whole)
+                    best = max(best, (f - w, i - w))
+                assert best[0] / 2 == in_flight_micro_batches(name, p, r, m, 2)
+                assert best[1] / 2 == deferred_w_micro_batches(name, p, r, m)
+
+
 def test_evaluate_adds_the_waiting_gradients_on_the_later_ranks():
     """Four equal stages on one node under ZB-H1: the two middle stages differ by exactly one
     micro-batch's weight-op gradients (rank 2 waits for one more W than rank 1), and under

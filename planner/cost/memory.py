@@ -254,10 +254,13 @@ def deferred_w_micro_batches(schedule: str, num_stages: int, stage: int, num_mic
     tensors.  ZB-H1's rank r runs the W of micro-batch j after the I of micro-batch j + r
     (planner.simulate.actions.zb_h1): just after that I it holds p micro-batches' activations
     and r + 1 micro-batches' gradients (rank 0 too: its W follows its I, and the gradients
-    wait through it).  0 where the backward runs whole.  The V schedules' in-flight counts
-    (zb-v, dualpipev) do not count them yet."""
+    wait through it).  ZB-V (``ScheduleZBVZeroBubble``): one chunk, half a stage, at every
+    rank's peak; DualPipeV: none at its peak (both read off the action lists in
+    tests/test_zb_memory.py).  0 where the backward runs whole."""
     if schedule == "zb-h1":
         return float(min(stage + 1, num_micro_batches))
+    if schedule == "zb-v":
+        return 0.5
     return 0.0
 
 

@@ -41,7 +41,7 @@ class _Arrays(NamedTuple):
     cls: np.ndarray         # [K] its class
     keys: list              # the options themselves (kept alive: caches key by id)
     coef: np.ndarray        # [K, 4] memory model c0..c3 (memory level; zeros without); c4 (W-waiting
-                            # gradients) left out: the fewest-in-flight stage waits for none
+                            # gradients) left out: it only adds memory, so leaving it loosens
     exact: np.ndarray       # [K] the memory model is affine (else no memory limit)
     caps: np.ndarray        # [K] memory per GPU of its class
     icpt: np.ndarray        # [K, positions, quantities] intercepts per stage position
