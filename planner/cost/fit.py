@@ -17,7 +17,6 @@ import math
 import statistics
 from dataclasses import replace
 
-from planner import catalog
 from planner.cost.calibration import (
     A100_NAME,
     CALIBRATION_FILE,
@@ -27,20 +26,21 @@ from planner.cost.calibration import (
     save_calibration,
 )
 from planner.cost.fidelity import CALIBRATION_SETS, predict_set
-from planner.cost.gemm import FITTED_ELEMENT_BYTES, transferred_halves
+from planner.cost.gemm_sweep_fit import fit_halves
 
 # (parameter, lower bound, upper bound).  The matmul ceiling and the NCCL bus bandwidths are
 # not here: they come from published micro-benchmarks (catalog benchmarks.yaml).
 AMPERE_PARAMS = [("gemm_outputs_half", 1e3, 1e8), ("gemm_depth_half", 1.0, 4096.0),
                  ("mem_eff", 0.5, 0.95), ("layer_overhead_s", 1e-6, 5e-2),
                  ("microbatch_overhead_s", 1e-5, 0.1), ("collective_overhead_s", 1e-6, 1e-2)]
-# Nine rows: the GEMM fill size and the per-block launch floor of Megatron-Core with Transformer
-# Engine (a different software stack); the depth half-size and memory efficiency are ampere's.
-HOPPER_PARAMS = [("gemm_outputs_half", 1e3, 1e8), ("layer_overhead_s", 1e-6, 5e-2)]
+# Nine rows: the per-block launch floor of Megatron-Core with Transformer Engine (a different
+# software stack).  The GEMM curve's half-sizes come from the H200's GEMM sweep (gemm_sweep_fit:
+# fitted on these rows the fill size went to 2,840 outputs, next to its bound); the memory
+# efficiency and the other launch costs are ampere's.
+HOPPER_PARAMS = [("layer_overhead_s", 1e-6, 5e-2)]
 # (collective_overhead_s is ampere's: with --tp-comm-overlap Megatron-Core hides TP collectives,
 # so nine H100 rows cannot pin it.)
 # (architecture, set, parameters, rounds): nine rows are cheap, so hopper gets more rounds
-H100_NAME = "H100-SXM5-80GB"  # megatron-core-h100's GPU
 FITS = [("ampere", "vtrain-single", AMPERE_PARAMS, 5), ("hopper", "megatron-core-h100", HOPPER_PARAMS, 9)]
 
 
@@ -88,18 +88,20 @@ def fit_calibration(base: Calibration | None = None, log=print, only: str | None
         if arch == "ampere":
             cal = cal.with_entry(arch, replace(cal.architectures.get(arch) or GpuCalibration(), fitted_on=A100_NAME))
         if arch == "hopper" and "ampere" in cal.architectures:
-            # start from ampere's half-sizes carried to the H100 (gemm.transferred_halves: the
-            # fill size by the peak ratio); the depth stays ampere's (nine rows do not pin it)
-            a = cal.architectures["ampere"]
-            a = replace(a, fitted_on=a.fitted_on or A100_NAME)
-            x_half, k_half = transferred_halves(catalog.gpu(H100_NAME), "bf16", a, FITTED_ELEMENT_BYTES)
-            cal = cal.with_entry("hopper", replace(a, gemm_outputs_half=x_half, gemm_depth_half=k_half,
-                                                   fitted_on=H100_NAME))
+            # ampere's launch costs and memory efficiency to start from; the GEMM curve's
+            # half-sizes from the GEMM sweep of a Hopper GPU, which they are a property of
+            swept_on, x_half, k_half, sweep_err = fit_halves("hopper")
+            log(f"hopper GEMM half-sizes from the {swept_on} sweep: x_half {x_half:.4g}, k_half "
+                f"{k_half:.4g} (mean |log error| {sweep_err:.3f})")
+            cal = cal.with_entry("hopper", replace(cal.architectures["ampere"], gemm_outputs_half=x_half,
+                                                   gemm_depth_half=k_half, fitted_on=swept_on))
         log(f"fitting {arch} on {set_name}")
         cal, err = fit_entry(cal, arch, set_name, params, rounds=rounds, log=log)
         n = len(predict_set(set_name, cal))
-        entry = replace(cal.architectures[arch],
-                        source=f"fitted on {set_name} ({n} rows), MAPE {100 * err:.1f}%, {today}")
+        source = f"fitted on {set_name} ({n} rows), MAPE {100 * err:.1f}%, {today}"
+        if arch == "hopper":
+            source += f"; GEMM half-sizes from the {cal.architectures[arch].fitted_on} GEMM sweep (gemm_sweep_fit)"
+        entry = replace(cal.architectures[arch], source=source)
         cal = cal.with_entry(arch, entry)
         provenance[arch] = {"set": set_name, "rows": n, "mape_percent": round(100 * err, 2),
                             "date": today, "parameters": [p for p, _, _ in params],

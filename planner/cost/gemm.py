@@ -25,7 +25,8 @@ The efficiency has two factors, each from how a GEMM library runs on the GPU:
   epilogue (loading the pipeline, writing C) worth ``k_half`` steps of its K loop.
 
 Both half-sizes are fitted on one GPU in a 2-byte precision (the calibration entry's
-``fitted_on``: the A100 for ampere, the H100 for hopper) and carried to the GPU and precision
+``fitted_on``: the A100 for ampere, on training runs; the H200 for hopper, on its GEMM sweep,
+gemm_sweep_fit.py) and carried to the GPU and precision
 priced by what sets them (``transferred_halves``), not copied:
 
 - ``x_half`` by the dense FP16/BF16 peak over the fitted GPU's (Little's law: the work in
