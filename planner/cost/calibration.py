@@ -9,14 +9,15 @@ beside this file with which set, how many rows, the resulting error and the date
 
 GPU types without fitted values get defaults by architecture (``Calibration.for_gpu``):
 1. an entry for the exact GPU name, else
-2. an entry for its architecture (``ampere``: fitted on A100; ``hopper``: fitted on H100, used
-   for H100 PCIe / H200 / GH200), else
+2. an entry for its architecture (``ampere``: fitted on A100; ``hopper``: its launch floor
+   fitted on H100 runs, its GEMM half-sizes on the H200's GEMM sweep (gemm_sweep_fit.py), used
+   for H100 / H200 / GH200), else
 3. ``fallback``: the ampere entry.  Volta, Turing, Ada and AMD parts land here; their
    predictions are unfitted.
 In every case the GEMM half-sizes are those of the GPU the entry was fitted on
 (``fitted_on``), carried to the GPU and precision priced by its peak and its ridge
 (gemm.py ``transferred_halves``): an RTX 3090 under ``ampere`` or an H200 under ``hopper`` is
-not priced with the A100's or H100's fill and depth.
+not priced with the A100's or H200's fill and depth.
 """
 
 from __future__ import annotations
