@@ -8,8 +8,9 @@ GEMM library, and the training rows fit only the software stack's launch costs. 
 Core rows had driven Hopper's fill size to 2,840 output elements, next to its lower bound, to
 make up for other terms; the sweep says 7.45e5.
 
-Only GEMMs that take at least ``ABOVE_FLOOR`` times the sweep's fastest are used: below that
-they time the launch, which the curve does not model.  The fit is a grid in log space
+Only GEMMs that take at least ``device_report.FLOOR_MULTIPLE`` times the sweep's fastest are
+used (the device report's "above floor" rows): below that they time the launch, which the
+curve does not model.  The fit is a grid in log space
 minimising the mean |log(predicted / measured)| at the curve's ceiling for that precision
 (``MatmulCeiling.training_fraction``).
 """
@@ -22,10 +23,10 @@ import statistics
 from pathlib import Path
 
 from planner import catalog
-from planner.catalog.benchmarks import matmul_ceiling
-from planner.cost.gemm import Gemm, GemmCurve, _shape_factor
+from planner.cost.calibration import GpuCalibration
+from planner.cost.device_report import FLOOR_MULTIPLE
+from planner.cost.gemm import Gemm, gemm_curve
 
-ABOVE_FLOOR = 5.0
 REPO = Path(__file__).resolve().parents[2]
 # architecture -> the sweep files its half-sizes are fitted on (bf16: the precision the
 # ceiling's training-shape factor and the fitted entries are in)
@@ -40,17 +41,15 @@ def sweep_rows(paths) -> tuple[str, list[dict]]:
         doc = json.loads((REPO / path).read_text())
         gpu = gpu or doc["gpu_type"]
         floor = min(r["measured_s"] for r in doc["rows"])
-        rows += [r for r in doc["rows"] if r["measured_s"] >= ABOVE_FLOOR * floor]
+        rows += [r for r in doc["rows"] if r["measured_s"] >= FLOOR_MULTIPLE * floor]
     return gpu, rows
 
 
 def sweep_error(gpu_name: str, rows: list[dict], x_half: float, k_half: float, mem_eff: float = 0.95) -> float:
-    """Mean |log(predicted / measured)| of ``rows`` on the curve with these half-sizes."""
-    gpu = catalog.gpu(gpu_name)
-    bench = matmul_ceiling(gpu_name)
-    m, n, k = bench.shape
-    curve = GemmCurve(bench.training_fraction("bf16"), x_half, k_half, _shape_factor(m * n, k, x_half, k_half),
-                      gpu.peak_flops_for("bf16"), gpu.memory_bandwidth_Bps * mem_eff, 2)
+    """Mean |log(predicted / measured)| of ``rows`` on the bf16 curve with these half-sizes
+    (``gemm_curve`` of an entry fitted on the swept GPU itself: nothing carried over)."""
+    cal = GpuCalibration(gemm_outputs_half=x_half, gemm_depth_half=k_half, mem_eff=mem_eff, fitted_on=gpu_name)
+    curve = gemm_curve(catalog.gpu(gpu_name), "bf16", cal, 2)
     return statistics.fmean(abs(math.log(curve.time_s(Gemm("g", r["m"], r["n"], r["k"], r["batch"])) / r["measured_s"]))
                             for r in rows)
 
