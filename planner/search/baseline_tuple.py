@@ -7,7 +7,7 @@ from __future__ import annotations
 from planner.cost import in_flight_micro_batches
 from planner.cost.memory import deferred_w_micro_batches, logits_in_flight, replica_memory
 from planner.search.knobs import OptionKey
-from planner.search.pieces import _max_units
+from planner.search.pieces import model_units
 from planner.search.schedules import SCHEDULES
 
 
@@ -109,10 +109,8 @@ class _Tuple:
             lk = (id(model), f, d, self.L_units)
             hit = self._limits.get(lk)
             if hit is None:
-                (c0, c1, c2, c3, c4), exact, mem = model
                 cap = self.pricer.classes[key.cls].gpu.memory_bytes
-                hit = self._limits[lk] = _max_units(cap, c0 + c2 * f, c1 + c3 * f + c4 * d, exact,
-                                                    lambda u: mem(u, f, d), self.L_units)
+                hit = self._limits[lk] = model_units(model, cap, f, d, self.L_units)
             self._fit[(key, s)] = hit
         return hit
 

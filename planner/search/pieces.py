@@ -34,6 +34,13 @@ def _max_units(cap: float, base: float, per_u: float, exact: bool, mem, L_units:
     return hi
 
 
+def model_units(model, cap: float, f: float, d: float, L_units: int) -> int:
+    """``_max_units`` of a ``Pricer.memory_model`` (coefficients, exact, mem) at f micro-batches
+    in flight, d of them waiting for their W: ``c0 + c2 f + (c1 + c3 f + c4 d) u``."""
+    (c0, c1, c2, c3, c4), exact, mem = model
+    return _max_units(cap, c0 + c2 * f, c1 + c3 * f + c4 * d, exact, lambda u: mem(u, f, d), L_units)
+
+
 def block_limits(coef: np.ndarray, exact: np.ndarray, caps: np.ndarray, in_flight: np.ndarray,
                  L: int) -> np.ndarray:
     """[K, F] the most block units each option fits in memory with each of F in-flight

@@ -32,7 +32,7 @@ from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row
 from planner.search.knobs import Knobs, OptionKey, pipeline_rows, tp_degrees
 from planner.search.mixed import StandIn, key_of, mixed_keys, mixed_options
-from planner.search.pieces import _busiest_points, _max_units, replica_counts, shares  # noqa: F401
+from planner.search.pieces import _busiest_points, _max_units, model_units, replica_counts, shares  # noqa: F401
 from planner.search.schedules import SCHEDULES
 from planner.search.sends import SendPricing
 
@@ -420,12 +420,10 @@ class Pricer(SendPricing):
             base = bases.get(ends)
             if base is None:
                 base = bases[ends] = self._base(ctx, knobs, key, unit, *ends)
-            sl, fx, (c0, c1, c2, c3, c4), exact, mem = base
+            sl, fx, coef, exact, mem = base
             slope = slope or sl
-            f = in_flight_micro_batches(knobs.schedule, p, s, m, v)
-            d = deferred_w_micro_batches(knobs.schedule, p, s, m)
-            hi = _max_units(cap, c0 + c2 * f, c1 + c3 * f + c4 * d, exact,
-                            lambda u, f=f, d=d, mem=mem: mem(u, f, d), L_units)
+            hi = model_units((coef, exact, mem), cap, in_flight_micro_batches(knobs.schedule, p, s, m, v),
+                             deferred_w_micro_batches(knobs.schedule, p, s, m), L_units)
             fixed.append(fx if hi >= 1 else None)
             max_blocks.append(hi)
         if not any(max_blocks):
