@@ -50,23 +50,21 @@ class _Created(TorchDispatchMode):
         return out
 
     def alive_bytes(self, exclude: set) -> int:
-        seen, total = set(exclude), 0
-        for r in self.refs:
-            t = r()
-            if t is not None and t.untyped_storage().data_ptr() not in seen:
-                seen.add(t.untyped_storage().data_ptr())
-                total += t.untyped_storage().nbytes()
-        return total
+        return _storage_bytes((r() for r in self.refs), exclude)
+
+
+def _storage_bytes(tensors, exclude: set) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (None skipped), less those in ``exclude``."""
+    seen, total = set(exclude), 0
+    for t in tensors:
+        if t is not None and t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            total += t.untyped_storage().nbytes()
+    return total
 
 
 def _kept_bytes(split: SplitBackward, exclude: set) -> int:
-    seen, total = set(exclude), 0
-    for grads in split.kept.values():
-        for g in grads:
-            if g is not None and g.untyped_storage().data_ptr() not in seen:
-                seen.add(g.untyped_storage().data_ptr())
-                total += g.untyped_storage().nbytes()
-    return total
+    return _storage_bytes((g for grads in split.kept.values() for g in grads), exclude)
 
 
 def _stage(shape: tm.Shape):
