@@ -94,6 +94,7 @@ from planner.cost.flops import (
     moe_active_ffn,
     moe_fraction,
 )
+from planner.cost.softmax import fallback_saved_extra_bytes, fused_softmax_runs
 from planner.spec.gpu import GpuType
 
 GiB = 2**30
@@ -218,8 +219,12 @@ def _block_activation_bytes(ctx: CostContext, tp: int, b: float, recompute: str)
     sharded = k * (4.0 * m.q_width / h + 4.0 * kv_width(m) / h + mlp)
     per = replicated / (tp if sp else 1) + sharded / tp
     if recompute == "none" and not ctx.flash_attention:
-        # softmax output (2), dropout mask (1) and output (2)
-        per += (4.0 * k + 1.0) * a * s / (h * tp)
+        # softmax output (2), dropout mask (1) and output (2); on the PyTorch path the softmax
+        # keeps an fp32 output (planner.cost.softmax)
+        saved = 4.0 * k + 1.0
+        if not fused_softmax_runs(ctx.activation_bytes, b, a / tp, ctx.local_seq_len, s):
+            saved += fallback_saved_extra_bytes(ctx.activation_bytes)
+        per += saved * a * s / (h * tp)
     return sbh * per
 
 

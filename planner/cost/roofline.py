@@ -48,12 +48,10 @@ writes each twice as much), with Megatron's fused kernels:
   (2), dropout's read, write and 1-byte mask (2.5), and the probabilities read by the
   context GEMM (1): 6.5.  (The GEMMs' own operand traffic is in their memory-bound floor;
   these s^2 tensors are what makes the core memory-bound.)  Flash attention: 0.
-- 4-byte activations (fp32 / tf32) do not get the fused softmax: Megatron's
-  ``FusedScaleMaskSoftmax`` runs its kernel only for fp16 / bf16 inputs and otherwise takes the
-  PyTorch path, three kernels: the scale by the layer number (query-key layer scaling, on by
-  default), the in-place causal ``masked_fill_`` and the softmax, each a read and a write: 6
-  passes where the fused kernel makes 2, so 4 more forward; their autograd backward likewise
-  makes 7 (softmax backward 3, mask 2, scale 2) against the fused 3, so 4 more backward.
+- where Megatron's fused scale-mask-softmax kernel does not run (4-byte activations, or a
+  shape its rule refuses: ``b * a / tp`` not a multiple of 4, more than 4,096 keys), its
+  PyTorch fallback's extra bytes per score element (planner.cost.softmax: 32 more forward and
+  34 backward in 16 bits, 16 and 16 in fp32 / tf32).
 Eager PyTorch (``ctx.elementwise == "eager"``: torchtitan, Hugging Face without torch.compile)
 runs each op of the norms, rotary embedding, activation and residual adds as a kernel of its
 own, forward and through autograd backward: planner.cost.elementwise's table (bf16 Llama: 84 B
@@ -84,11 +82,11 @@ from planner.cost.cross_entropy import priced_bytes_per_logit
 from planner.cost.elementwise import eager_block_bytes, final_norm_bytes
 from planner.cost.flops import kv_width, mlp_matrices, moe_active_ffn, moe_fraction
 from planner.cost.gemm import Gemm, GemmCurve
+from planner.cost.softmax import FALLBACK_EXTRA_KERNELS, fallback_extra_bytes, fused_softmax_runs
 
 # Dao et al. 2022: the fused attention backward does 5 matmuls of the forward's size, not 4.
 FLASH_BACKWARD_CORE_FACTOR = 2.5
 ATTENTION_CORE_PASSES = 6.5     # elements of a s^2 b / tp moved by the unfused core (docstring)
-SOFTMAX_FALLBACK_PASSES = 4.0   # more passes each way when the softmax is not fused (4-byte activations)
 BLOCK_ACTIVATION_PASSES = 11.0  # elements of b s h moved by norms and bias-dropout-adds
 CORE_GEMMS = ("attn.scores", "attn.context")
 MOE_PERMUTE_PASSES = 4.0        # elements of top_k b s h moved by the token (un)permutation
@@ -137,14 +135,18 @@ class BlockWork:
     gemm_wgrad_s: dict[str, float] = field(default_factory=dict)      # the weight-gradient part
     elementwise_forward_s: float = 0.0
     attention_core_traffic_forward_s: float = 0.0
-    # unfused fp32 softmax (docstring): the same time forward and backward, not twice backward
-    softmax_fallback_s: float = 0.0
+    # Megatron's softmax on its PyTorch path (planner.cost.softmax): the bytes it moves beyond
+    # the fused kernel's, forward and backward
+    softmax_fallback_forward_s: float = 0.0
+    softmax_fallback_backward_s: float = 0.0
+    # kernels launched each way beyond a fused Megatron block's (what its launch floor counts)
+    extra_kernels: float = 0.0
 
     @property
     def core_forward_s(self) -> float:
         """What selective recompute redoes: the attention core (Korthikanti et al. 2022 §5)."""
         return (sum(self.gemm_forward_s[g] for g in CORE_GEMMS) + self.attention_core_traffic_forward_s
-                + self.softmax_fallback_s)
+                + self.softmax_fallback_forward_s)
 
     # torchtitan's op policy (docstring): the forward work recomputed inside the backward
     op_recompute_forward_s: float = 0.0
@@ -161,7 +163,7 @@ class BlockWork:
         """The attention core's backward (its two GEMMs' dgrads, or the fused kernel's, and its
         s^2 traffic twice): what a context-parallel ring's backward sends overlap."""
         return (sum(self.gemm_backward_s[g] for g in CORE_GEMMS)
-                + 2 * self.attention_core_traffic_forward_s)
+                + 2 * self.attention_core_traffic_forward_s + self.softmax_fallback_backward_s)
 
     @property
     def dense_forward_s(self) -> float:
@@ -171,7 +173,7 @@ class BlockWork:
     @property
     def forward_s(self) -> float:
         return (sum(self.gemm_forward_s.values()) + self.elementwise_forward_s
-                + self.attention_core_traffic_forward_s + self.softmax_fallback_s)
+                + self.attention_core_traffic_forward_s + self.softmax_fallback_forward_s)
 
     @property
     def backward_weight_s(self) -> float:
@@ -182,7 +184,7 @@ class BlockWork:
     @property
     def backward_s(self) -> float:
         return (sum(self.gemm_backward_s.values()) + self.elementwise_backward
-                + 2 * self.attention_core_traffic_forward_s + self.softmax_fallback_s)
+                + 2 * self.attention_core_traffic_forward_s + self.softmax_fallback_backward_s)
 
 
 def _mixed(dense: BlockWork, moe: BlockWork, frac: float) -> BlockWork:
@@ -193,7 +195,8 @@ def _mixed(dense: BlockWork, moe: BlockWork, frac: float) -> BlockWork:
                      mix(dense.gemm_backward_s, moe.gemm_backward_s),
                      mix(dense.gemm_wgrad_s, moe.gemm_wgrad_s),
                      (1 - frac) * dense.elementwise_forward_s + frac * moe.elementwise_forward_s,
-                     dense.attention_core_traffic_forward_s, dense.softmax_fallback_s,
+                     dense.attention_core_traffic_forward_s, dense.softmax_fallback_forward_s,
+                     dense.softmax_fallback_backward_s, dense.extra_kernels,
                      (1 - frac) * dense.op_recompute_forward_s + frac * moe.op_recompute_forward_s,
                      (1 - frac) * dense.elementwise_backward + frac * moe.elementwise_backward)
 
@@ -235,9 +238,12 @@ def _block_work(ctx, curve: GemmCurve, tp: int, share: int, moe: bool | None) ->
         ew_fwd = elems * eb + permute
         ew_bwd = 2 * ew_fwd
     scores = 0.0 if ctx.flash_attention else m.num_attention_heads * local * s * share / tp
-    fallback = SOFTMAX_FALLBACK_PASSES * scores if eb >= 4 else 0.0
+    fused = ctx.flash_attention or fused_softmax_runs(eb, share, m.num_attention_heads / tp, local, s)
+    fallback_fwd, fallback_bwd = (0.0, 0.0) if fused else fallback_extra_bytes(eb)
     work = BlockWork(fwd, bwd, wgrad, ew_fwd / curve.memory_Bps,
-                     ATTENTION_CORE_PASSES * scores * eb / curve.memory_Bps, fallback * eb / curve.memory_Bps,
+                     ATTENTION_CORE_PASSES * scores * eb / curve.memory_Bps,
+                     fallback_fwd * scores / curve.memory_Bps, fallback_bwd * scores / curve.memory_Bps,
+                     0.0 if fused else FALLBACK_EXTRA_KERNELS,
                      elementwise_backward_s=ew_bwd / curve.memory_Bps)
     if ctx.recompute != "op":
         return work
