@@ -86,3 +86,17 @@ def test_unfused_softmax_keeps_an_fp32_output_without_recompute():
     # softmax output): the difference is all in the scores, 16 * 1024^2 / 8 of them a sequence
     scores = 16 * 1024 * 1024 / 8
     assert 2 * one - two == pytest.approx(2 * 2.0 * scores)
+
+
+def test_explain_rows_say_why_and_what_the_fallback_costs():
+    from planner.cost.explain_rows import softmax_details
+    ctx, gpu, _ = _tiny_megatron_block(1)
+    [(name, extra_s, text)] = softmax_details(ctx, gpu, 8, 1)
+    assert name == "attention_softmax_fallback_s"
+    assert "micro-batch 1 x 2 heads per TP rank = 2" in text and "multiple of 4" in text
+    # launch-bound: at least the four extra launches forward, twice (full recompute), and backward
+    per_launch = ctx.calibration.for_gpu(gpu).layer_overhead_s / FUSED_BLOCK_FORWARD_KERNELS
+    assert extra_s >= 3 * FALLBACK_EXTRA_KERNELS * per_launch
+    [(name, _, text)] = softmax_details(ctx, gpu, 8, 2)
+    assert name == "attention_softmax_fused"
+    assert softmax_details(ctx.variant(flash_attention=True), gpu, 8, 1) == []

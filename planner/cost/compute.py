@@ -131,7 +131,11 @@ def _block_work_for(ctx: CostContext, gpu: GpuType, tp: int, share: int):
 
 def _block_roofline(ctx: CostContext, gpu: GpuType, tp: int, share: int) -> tuple[float, float, float, float]:
     """(forward, backward, recompute, dense-GEMM forward) of one block, seconds (docstring)."""
-    work = _block_work_for(ctx, gpu, tp, share)
+    return roofline_phases(ctx, gpu, _block_work_for(ctx, gpu, tp, share))
+
+
+def roofline_phases(ctx: CostContext, gpu: GpuType, work) -> tuple[float, float, float, float]:
+    """``_block_roofline`` of a given roofline.BlockWork: its GPU work against the launch floor."""
     per_launch = ctx.calibration.for_gpu(gpu).layer_overhead_s / FUSED_BLOCK_FORWARD_KERNELS
     extra = work.extra_kernels * per_launch
     overhead = FUSED_BLOCK_FORWARD_KERNELS * per_launch + extra

@@ -68,9 +68,35 @@ def bottleneck_details(ctx, plan, priced, nodes, timings, k) -> list[tuple[str, 
     ]
     if st.num_blocks:   # a block's memory-bound ops, fused or eager (Training.elementwise)
         rows += elementwise_details(ctx, gpu, r.tp, r.micro_batch_share)
+        rows += softmax_details(ctx, gpu, r.tp, r.micro_batch_share)
     # the head stage as priced (``priced``: in a V, rank 0), not as the plan file keeps it
     last = next((i for i, x in enumerate(priced) if x.head), None)
     if last is not None:   # the head stage's loss term (its kernel's passes over the logits)
         r = priced[last].replicas[timings[last].slowest_replica]
         rows += loss_details(ctx, nodes[r.node].gpu, r.tp, r.micro_batch_share)
     return rows
+
+
+def softmax_details(ctx, gpu, tp: int, share: int) -> list[tuple[str, float, str]]:
+    """Without flash attention: whether Megatron's fused softmax kernel runs, and what its
+    PyTorch path adds to one block when it does not (planner.cost.softmax): the block's
+    forward, backward and recompute with it against the same without its bytes and launches."""
+    from dataclasses import replace
+
+    from planner.cost.compute import gemm_curve_for, roofline_phases
+    from planner.cost.roofline import block_work
+    from planner.cost.softmax import FALLBACK_EXTRA_KERNELS, softmax_refusal
+    if ctx.flash_attention:
+        return []
+    heads = ctx.model.num_attention_heads / tp
+    why = softmax_refusal(ctx.activation_bytes, share, heads, ctx.local_seq_len, ctx.seq_len)
+    if why is None:
+        return [("attention_softmax_fused", 1.0, ("Megatron's fused scale-mask-softmax kernel runs "
+                 f"(micro-batch {share} x {heads:g} heads per TP rank, {ctx.seq_len} keys)"))]
+    work = block_work(ctx, gemm_curve_for(ctx, gpu), tp, share)
+    fused = replace(work, softmax_fallback_forward_s=0.0, softmax_fallback_backward_s=0.0, extra_kernels=0.0)
+    extra_s = sum(roofline_phases(ctx, gpu, work)[:3]) - sum(roofline_phases(ctx, gpu, fused)[:3])
+    return [("attention_softmax_fallback_s", extra_s,
+             (f"per block and micro-batch (forward, backward, recompute): PyTorch's softmax path ({why}) "
+             f"moves more bytes and launches {FALLBACK_EXTRA_KERNELS} more kernels each way (at the launch "
+             "floor's cost per kernel where the block is launch-bound); planner/cost/softmax.py"))]

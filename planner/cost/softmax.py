@@ -45,19 +45,32 @@ def batches_per_block(keys: int) -> int:
     return (THREADS_PER_BLOCK // warp) * (2 if width <= 128 else 1)
 
 
-def fused_softmax_runs(activation_bytes: int, sequences: float, heads_per_rank: float,
-                       queries: float, keys: float) -> bool:
-    """Whether Megatron's fused scale-mask-softmax kernel takes these causal scores (module
-    docstring); False sends them down the PyTorch path."""
+def softmax_refusal(activation_bytes: int, sequences: float, heads_per_rank: float,
+                    queries: float, keys: float) -> str | None:
+    """Why Megatron's fused scale-mask-softmax kernel does not take these causal scores (module
+    docstring), or None when it does."""
     if activation_bytes != 2:
-        return False
+        return f"{activation_bytes}-byte inputs: the kernel takes fp16 / bf16 only"
     attn_batches = sequences * heads_per_rank
     if attn_batches != int(attn_batches) or queries != int(queries) or keys != int(keys):
-        return True         # an averaged stand-in, not a launched shape: price the common case
+        return None         # an averaged stand-in, not a launched shape: price the common case
     keys, queries, attn_batches = int(keys), int(queries), int(attn_batches)
-    if not (16 < keys <= MAX_KEYS and queries % 4 == 0 and keys % 4 == 0 and attn_batches % 4 == 0):
-        return False
-    return attn_batches % batches_per_block(keys) == 0
+    if not 16 < keys <= MAX_KEYS:
+        return f"{keys} keys: the kernel takes 17 to {MAX_KEYS}"
+    if queries % 4 or keys % 4:
+        return f"sequence {queries} x {keys}: the kernel needs multiples of 4"
+    per_block = batches_per_block(keys)
+    if attn_batches % 4 or attn_batches % per_block:
+        return (f"micro-batch {sequences:g} x {heads_per_rank:g} heads per TP rank = {attn_batches}: "
+                f"the kernel needs a multiple of {max(4, per_block)}")
+    return None
+
+
+def fused_softmax_runs(activation_bytes: int, sequences: float, heads_per_rank: float,
+                       queries: float, keys: float) -> bool:
+    """Whether Megatron's fused scale-mask-softmax kernel takes these causal scores; False sends
+    them down the PyTorch path."""
+    return softmax_refusal(activation_bytes, sequences, heads_per_rank, queries, keys) is None
 
 
 def fallback_extra_bytes(activation_bytes: int) -> tuple[float, float]:
