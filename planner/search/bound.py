@@ -19,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from planner.cost import CostContext, in_flight_micro_batches
+from planner.cost.memory import deferred_w_micro_batches
 from planner.search import clock
 from planner.search.core.problem import max_row_bound
 from planner.search.fill import class_slots, joint_row_bound, slot_blocks, sum_bound
@@ -40,8 +41,7 @@ class _Arrays(NamedTuple):
     units: np.ndarray       # [K] units of its class an option takes
     cls: np.ndarray         # [K] its class
     keys: list              # the options themselves (kept alive: caches key by id)
-    coef: np.ndarray        # [K, 4] memory model c0..c3 (memory level; zeros without); c4 (W-waiting
-                            # gradients) left out: it only adds memory, so leaving it loosens
+    coef: np.ndarray        # [K, 5] memory model c0..c4 (memory level; zeros without)
     exact: np.ndarray       # [K] the memory model is affine (else no memory limit)
     caps: np.ndarray        # [K] memory per GPU of its class
     icpt: np.ndarray        # [K, positions, quantities] intercepts per stage position
@@ -164,12 +164,12 @@ class KnobBound:
             lsk = sk[:-1] + (False,)
             light = self._slopes.get(lsk) or self._slope_arrays(lsk, knobs, ctx, keys, False)
             models = [self.pricer.memory_model(ctx, knobs, k, unit, False, False) for k in keys]
-            coef = np.array([mm[0][:4] for mm in models]) if models else np.zeros((0, 4))
+            coef = np.array([mm[0][:5] for mm in models]) if models else np.zeros((0, 5))
             exact = np.array([bool(mm[1]) for mm in models], dtype=bool)
             hit = self._slopes[sk] = light._replace(coef=coef, exact=exact)
             return hit
         arr = np.array([self._light(ctx, knobs, k, unit) for k in keys])
-        coef, exact = np.zeros((len(keys), 4)), np.zeros(len(keys), dtype=bool)
+        coef, exact = np.zeros((len(keys), 5)), np.zeros(len(keys), dtype=bool)
         caps = np.array([self.classes[k.cls].gpu.memory_bytes for k in keys], dtype=float)
         units = np.array([k.units_in(self.classes) for k in keys], dtype=float)
         cls = np.array([k.cls for k in keys])
@@ -313,7 +313,11 @@ class KnobBound:
         row's max and sum terms share their pieces; only the max term reads ``m_cap``."""
         _, units, cls, _, coef, exact, caps, _, _ = arrays
         rows, terms = knob_rows(knobs, any(isinstance(k, StandIn) for k in arrays.keys))
-        U = block_limits(coef, exact, caps, [f_min], L)[:, 0]
+        # with the fewest W-waiting micro-batches of any stage (ZB-H1: 1 on its first); that and
+        # f_min may come from different stages, which only loosens
+        p, m = knobs.num_stages, knobs.num_micro_batches
+        d_min = min(deferred_w_micro_batches(knobs.schedule, p, s, m) for s in range(p))
+        U = block_limits(coef, exact, caps, [f_min], L, [d_min])[:, 0]
         usable = U >= 1
         capacity = [c.capacity_units for c in self.classes]
         # the most stages a tuple sharing these parts can have (they differ only in p): an

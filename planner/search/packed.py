@@ -29,6 +29,7 @@ import numpy as np
 
 from planner.cost import CostContext, in_flight_micro_batches
 from planner.cost.comm import exposed_sync_parts
+from planner.cost.memory import deferred_w_micro_batches
 from planner.search import clock
 from planner.search.knobs import Knobs, OptionKey, knob_rows
 from planner.search.mixed import StandIn
@@ -229,11 +230,13 @@ class PackedBound:
     def _position_limits(self, knobs: Knobs, arrays, L: int) -> np.ndarray:
         """[K, p] blocks each option can hold at each position: the middle stage's memory model
         (the ends add the embedding / head: more memory, so this only loosens) at that
-        position's micro-batches in flight; L where the model is not affine."""
+        position's micro-batches in flight and waiting for their W; L where the model is not
+        affine."""
         coef, exact, caps = arrays.coef, arrays.exact, arrays.caps
         p, m, v = knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages
         f = [in_flight_micro_batches(knobs.schedule, p, s, m, v) for s in range(p)]
-        return block_limits(coef, exact, caps, f, L)
+        d = [deferred_w_micro_batches(knobs.schedule, p, s, m) for s in range(p)]
+        return block_limits(coef, exact, caps, f, L, d)
 
     def _option_sends(self, ctx, knobs, keys: list[OptionKey]) -> tuple[np.ndarray, np.ndarray]:
         """[2, K] each, the least send out of and into a stage of each option, to a partner of

@@ -42,14 +42,16 @@ def model_units(model, cap: float, f: float, d: float, L_units: int) -> int:
 
 
 def block_limits(coef: np.ndarray, exact: np.ndarray, caps: np.ndarray, in_flight: np.ndarray,
-                 L: int) -> np.ndarray:
+                 L: int, deferred: np.ndarray | None = None) -> np.ndarray:
     """[K, F] the most block units each option fits in memory with each of F in-flight
-    micro-batch counts: its memory model ``c0 + c1 u + f (c2 + c3 u)`` (``coef`` [K, 4]) under
-    its GPU's capacity (``caps`` [K]), rounded down with a hair of slack (the knob bounds only
-    need a limit at least the true one); L where the model is not affine (no limit)."""
+    micro-batch counts (and ``deferred[j]`` of them waiting for their W): its memory model
+    ``c0 + c1 u + f (c2 + c3 u) + c4 u d`` (``coef`` [K, 5]) under its GPU's capacity (``caps``
+    [K]), rounded down with a hair of slack (the knob bounds only need a limit at least the
+    true one); L where the model is not affine (no limit)."""
     f = np.asarray(in_flight, dtype=float)[None, :]
-    c0, c1, c2, c3 = (coef[:, i, None] for i in range(4))
-    room, per_u = caps[:, None] - c0 - c2 * f, c1 + c3 * f
+    d = np.zeros_like(f) if deferred is None else np.asarray(deferred, dtype=float)[None, :]
+    c0, c1, c2, c3, c4 = (coef[:, i, None] for i in range(5))
+    room, per_u = caps[:, None] - c0 - c2 * f, c1 + c3 * f + c4 * d
     with np.errstate(divide="ignore", invalid="ignore"):
         U = np.where(per_u > 0, np.floor(room / per_u * (1 + 1e-9) + 1e-9), np.where(room >= 0, L, 0))
     return np.clip(np.where(exact[:, None], U, L), 0, L)
