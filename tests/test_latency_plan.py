@@ -12,7 +12,7 @@ from test_launch_refusals import refusal
 
 from planner.cli.main import main
 from planner.plan.check import load_plan
-from planner.simulate.latency import peak_in_flight
+from planner.simulate.latency import peak_in_flight, peak_waiting_w
 from planner.simulate.latency_plan import plan_schedule
 
 TWO_DC = """
@@ -87,13 +87,19 @@ def test_cost_model_and_simulator_price_the_plans_own_lists(tmp_path, capsys):
     assert [a.kind for a in run.rank_actions(0)] == [t[0] for t in plan.pipeline_actions[0]]
     assert sum(ev.breakdown_s.values()) == pytest.approx(ev.iteration_time_s)
     assert ev.breakdown_s["pp_comm"] == 0.0 and ev.breakdown_s["bubble"] >= 0.0
-    # memory: each stage's activations scale with its lists' peak (1F1B: p - s)
+    # memory: each stage's activations scale with its lists' peak (1F1B: p - s), and the
+    # gradients of its most micro-batches between I and W come on top, also read off its list
+    from planner.cost.evaluate import context_for_plan
+    from planner.cost.memory import w_input_grad_bytes
     base = evaluate(cluster, load_plan(plan_path))
     peaks = peak_in_flight(sim.execution.schedule)
+    waiting = peak_waiting_w(sim.execution.schedule)
+    assert max(waiting) >= 1
+    grads = w_input_grad_bytes(context_for_plan(plan), 1, 2)    # tp 1, 2 sequences a micro-batch
     for s in range(4):
         got = ev.memory_by_replica[s][0].activations_bytes
         want = base.memory_by_replica[s][0].activations_bytes * peaks[s] / (4 - s)
-        assert got == pytest.approx(want, rel=1e-9)
+        assert got == pytest.approx(want + waiting[s] * plan.stages[s].num_blocks * grads, rel=1e-9)
 
 
 def test_schedule_exact_reports_the_gap(tmp_path, capsys):

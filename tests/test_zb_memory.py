@@ -126,6 +126,7 @@ def test_zb_h1_waits_for_r_plus_one_w_on_rank_r_at_its_peak():
     at rank r's peak of micro-batches between F and W, r + 1 of them (at most m) are between
     I and W (just after an I, before the W it lets run)."""
     from planner.simulate.actions import zb_h1
+    from planner.simulate.latency import peak_waiting_w
 
     for p, m in ((4, 8), (4, 2), (6, 12), (1, 3)):
         sched = zb_h1(p, m)
@@ -137,6 +138,8 @@ def test_zb_h1_waits_for_r_plus_one_w_on_rank_r_at_its_peak():
                 best = max(best, (f - w, i - w))
             assert best[0] == in_flight_micro_batches("zb-h1", p, r, m)
             assert best[1] == deferred_w_micro_batches("zb-h1", p, r, m)
+        # what evaluate reads off a latency-aware plan's own lists gives the same on ZB-H1's
+        assert peak_waiting_w(sched) == [deferred_w_micro_batches("zb-h1", p, r, m) for r in range(p)]
 
 
 @pytest.mark.parametrize("name", ["zb-v", "dualpipev"])

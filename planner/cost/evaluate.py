@@ -314,7 +314,8 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
         inflight = (bitpipe_inflight[i] if bitpipe_inflight else
                     float(latency_aware.peak_in_flight[i]) if latency_aware is not None
                     else in_flight_micro_batches(plan.schedule, p, i, m, v))
-        deferred = deferred_w_micro_batches(plan.schedule, p, i, m)
+        deferred = (float(latency_aware.peak_waiting_w[i]) if latency_aware is not None
+                    else deferred_w_micro_batches(plan.schedule, p, i, m))
         row = []
         for k, r in enumerate(st.replicas):
             gpu = nodes[r.node].gpu

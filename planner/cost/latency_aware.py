@@ -21,6 +21,9 @@ from planner.errors import InputError
 class LatencyAwarePrice:
     pipeline_time_s: float
     peak_in_flight: list[int]
+    # per rank, the most micro-batches waiting for their W; taken with the in-flight peak
+    # though the two may fall at different points of the list (memory errs high, never low)
+    peak_waiting_w: list[int]
 
 
 def price_actions(stage_timings: list[StageTiming], plan, topo) -> LatencyAwarePrice:
@@ -29,8 +32,10 @@ def price_actions(stage_timings: list[StageTiming], plan, topo) -> LatencyAwareP
     if plan.pipeline_actions is None:   # evaluate(check=False) skips planner.plan.check's word on it
         raise InputError("schedule latency-aware needs pipeline_actions (per stage, its ordered "
                          "actions); `planner schedule CLUSTER PLAN --latency-aware` writes them")
+    from planner.simulate.latency import peak_waiting_w
+    from planner.simulate.latency_plan import plan_schedule
     run = plan_run(stage_timings, plan, topo)
-    return LatencyAwarePrice(run.makespan_s, list(run.peak_in_flight))
+    return LatencyAwarePrice(run.makespan_s, list(run.peak_in_flight), peak_waiting_w(plan_schedule(plan)))
 
 
 def breakdown(stage_timings: list[StageTiming], num_micro_batches: int, pipeline_s: float) -> dict[str, float]:

@@ -261,7 +261,8 @@ def deferred_w_micro_batches(schedule: str, num_stages: int, stage: int, num_mic
     and r + 1 micro-batches' gradients (rank 0 too: its W follows its I, and the gradients
     wait through it).  ZB-V (``ScheduleZBVZeroBubble``): one chunk, half a stage, at every
     rank's peak; DualPipeV: none at its peak (both read off the action lists in
-    tests/test_zb_memory.py).  0 where the backward runs whole."""
+    tests/test_zb_memory.py).  0 where the backward runs whole.  A latency-aware plan's count
+    comes from its own lists (planner.cost.latency_aware, ``peak_waiting_w``), not from here."""
     if schedule == "zb-h1":
         return float(min(stage + 1, num_micro_batches))
     if schedule == "zb-v":

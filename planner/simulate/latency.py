@@ -130,6 +130,22 @@ def peak_in_flight(sched: Schedule) -> list[int]:
     return out
 
 
+def peak_waiting_w(sched: Schedule) -> list[int]:
+    """Per rank, the most micro-batches between their I and their W at once, in list order: each
+    keeps the gradients flowing into its weight ops (planner.cost.memory.w_input_grad_bytes)."""
+    out = []
+    for acts in sched.ranks:
+        waiting = top = 0
+        for a in acts:
+            if a.kind == "I":
+                waiting += 1
+                top = max(top, waiting)
+            elif a.kind == "W":
+                waiting -= 1
+        out.append(top)
+    return out
+
+
 class _LinkSends:
     """The module docstring's links for ``actions.execute``: non-blocking sends, one after
     another on each directed link, arriving ``latency_s`` after they leave it."""
