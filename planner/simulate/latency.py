@@ -115,35 +115,31 @@ def make_problem(stage_times: Sequence[StageTimes], num_micro_batches: int,
     return LatencyProblem(st, fwd, bwd, m, caps)
 
 
-def peak_in_flight(sched: Schedule) -> list[int]:
-    """Per rank, the most micro-batches held at once from F until W (or B), in list order."""
+def _peak_held(sched: Schedule, start: str, ends: tuple[str, ...]) -> list[int]:
+    """Per rank, the most micro-batches between a ``start`` action and one of ``ends`` at once,
+    in list order."""
     out = []
     for acts in sched.ranks:
         held = top = 0
         for a in acts:
-            if a.kind == "F":
+            if a.kind == start:
                 held += 1
                 top = max(top, held)
-            elif a.kind in ("W", "B"):
+            elif a.kind in ends:
                 held -= 1
         out.append(top)
     return out
 
 
+def peak_in_flight(sched: Schedule) -> list[int]:
+    """Per rank, the most micro-batches held at once from F until W (or B), in list order."""
+    return _peak_held(sched, "F", ("W", "B"))
+
+
 def peak_waiting_w(sched: Schedule) -> list[int]:
     """Per rank, the most micro-batches between their I and their W at once, in list order: each
     keeps the gradients flowing into its weight ops (planner.cost.memory.w_input_grad_bytes)."""
-    out = []
-    for acts in sched.ranks:
-        waiting = top = 0
-        for a in acts:
-            if a.kind == "I":
-                waiting += 1
-                top = max(top, waiting)
-            elif a.kind == "W":
-                waiting -= 1
-        out.append(top)
-    return out
+    return _peak_held(sched, "I", ("W",))
 
 
 class _LinkSends:
