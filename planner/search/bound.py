@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 import numpy as np
 
@@ -25,38 +24,15 @@ from planner.search.core.problem import max_row_bound
 from planner.search.fill import class_slots, joint_row_bound, slot_blocks, sum_bound
 from planner.search.knobs import Knobs, OptionKey, knob_rows
 from planner.search.mixed import StandIn
+from planner.search.option_arrays import OptionArrayCache, both_classes
 from planner.search.packed import KNAPSACK_STAGES, PackedBound, partner_sends
 from planner.search.pieces import block_limits, most_speed
 from planner.search.schedules import SCHEDULES
-from planner.search.space import POSITIONS, QUANTITIES, Pricer
+from planner.search.space import Pricer
 
 SUBSET_CLASSES = 4          # classes up to which the knob bound goes over every set of them (2^4 - 1)
 SUBSET_MEMO = 50_000         # knob tuples whose per-subset bounds are kept (to order the next level's subsets)
 _F_BUCKETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0)
-
-
-class _Arrays(NamedTuple):
-    """Per option of a key list, what the bounds read (``KnobBound._slope_arrays``)."""
-    slopes: np.ndarray      # [K, quantities] middle-stage slopes per unit of blocks
-    units: np.ndarray       # [K] units of its class an option takes
-    cls: np.ndarray         # [K] its class
-    keys: list              # the options themselves (kept alive: caches key by id)
-    coef: np.ndarray        # [K, 5] memory model c0..c4 (memory level; zeros without)
-    exact: np.ndarray       # [K] the memory model is affine (else no memory limit)
-    caps: np.ndarray        # [K] memory per GPU of its class
-    icpt: np.ndarray        # [K, positions, quantities] intercepts per stage position
-    extra: np.ndarray       # [K, classes] units of other classes (a mixed stage's stand-in)
-
-
-def _both_classes(vals, U, units, cls, extra):
-    """Per-option arrays (slopes, U [K, 1], None, units, classes, as ``max_row_bound`` takes
-    them) with a mixed stage's stand-in at all its units and also listed under its other
-    class: its blocks and rate then count against both classes' capacities (a plan's blocks
-    or rate are at most each class's capacity times the best per unit of any option on it)."""
-    total = units + extra.sum(axis=1)
-    rows, other = np.nonzero(extra)
-    return (np.concatenate([vals, vals[rows]]), np.concatenate([U, U[rows]])[:, None], None,
-            np.concatenate([total, total[rows]]), np.concatenate([cls, other]))
 
 
 class KnobBound:
@@ -66,13 +42,11 @@ class KnobBound:
     def __init__(self, pricer: Pricer):
         self.pricer = pricer
         self.model, self.classes = pricer.model, pricer.classes
-        self._slopes: dict = {}
+        self._arrays = OptionArrayCache(pricer)
         self._term_parts: dict = {}
         self._fmin: dict = {}
         self._least: dict = {}
-        self._subsets: dict = {}
         self._present: dict = {}
-        self._subset_parent: dict = {}  # id(subset keys) -> (those keys, all keys, the classes)
         self._by_subset: dict = {}      # (knobs, id(keys)) -> {classes: their last bound}
         self._packed = PackedBound(pricer)
 
@@ -119,7 +93,7 @@ class KnobBound:
                 best = min(best, last.get(subset, -math.inf))      # the search is out of time
                 continue
             now[subset] = max(last.get(subset, -math.inf),
-                              self.whole(knobs, ctx, self._subset_keys(keys, subset), True, len(subset),
+                              self.whole(knobs, ctx, self._arrays.subset_keys(keys, subset), True, len(subset),
                                          min(enough, best) if own is None else own, packed))
             best = min(best, now[subset])
         self._by_subset.pop((knobs, id(keys)), None)               # re-inserted: the newest
@@ -144,51 +118,6 @@ class KnobBound:
         hit = self._present.get(ck)
         if hit is None:
             hit = self._present[ck] = (tuple(sorted({k.cls for k in keys})), keys)   # keys kept alive
-        return hit[0]
-
-    def _slope_arrays(self, sk, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool) -> _Arrays:
-        """Per option of ``keys``: middle-stage slopes, units, class, memory model, capacity and
-        per-position intercepts (cached under ``sk``).  A class subset's arrays are its parent's
-        rows, not priced again."""
-        unit = knobs.block_unit
-        parent = self._subset_parent.get(id(keys))
-        if parent is not None and parent[0] is keys:
-            _, full, subset = parent
-            psk = (sk[0], sk[1], sk[2], id(full), len(full), memory)
-            arrays = self._slopes.get(psk) or self._slope_arrays(psk, knobs, ctx, full, memory)
-            mask = np.isin(arrays.cls, subset)
-            hit = _Arrays._make(a[mask] if name != "keys" else keys for name, a in zip(_Arrays._fields, arrays))
-            self._slopes[sk] = hit
-            return hit
-        if memory:      # the memory-free level's arrays and the memory model
-            lsk = sk[:-1] + (False,)
-            light = self._slopes.get(lsk) or self._slope_arrays(lsk, knobs, ctx, keys, False)
-            models = [self.pricer.memory_model(ctx, knobs, k, unit, False, False) for k in keys]
-            coef = np.array([mm[0][:5] for mm in models]) if models else np.zeros((0, 5))
-            exact = np.array([bool(mm[1]) for mm in models], dtype=bool)
-            hit = self._slopes[sk] = light._replace(coef=coef, exact=exact)
-            return hit
-        arr = np.array([self._light(ctx, knobs, k, unit) for k in keys])
-        coef, exact = np.zeros((len(keys), 5)), np.zeros(len(keys), dtype=bool)
-        caps = np.array([self.classes[k.cls].gpu.memory_bytes for k in keys], dtype=float)
-        units = np.array([k.units_in(self.classes) for k in keys], dtype=float)
-        cls = np.array([k.cls for k in keys])
-        icpt = (np.array([self._intercepts(ctx, knobs, k, unit) for k in keys]) if keys
-                else np.zeros((0, len(POSITIONS), len(QUANTITIES))))
-        extra = np.zeros((len(keys), len(self.classes)))
-        for i, k in enumerate(keys):
-            for c, u in k.extra_units_in(self.classes):
-                extra[i, c] += u
-        hit = self._slopes[sk] = _Arrays(arr, units, cls, keys, coef, exact, caps, icpt, extra)
-        return hit
-
-    def _subset_keys(self, keys: list[OptionKey], subset: tuple[int, ...]) -> list[OptionKey]:
-        """The keys of ``subset`` 's classes, one list per (keys, subset): the caches key by id."""
-        ck = (id(keys), len(keys), subset)
-        hit = self._subsets.get(ck)
-        if hit is None:
-            hit = self._subsets[ck] = ([k for k in keys if k.cls in subset], keys)   # keys kept alive
-            self._subset_parent[id(hit[0])] = (hit[0], keys, subset)
         return hit[0]
 
     def whole(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool,
@@ -217,7 +146,7 @@ class KnobBound:
         sk = (self.pricer.cache_id(ctx), knobs.micro_batch_size,
               (unit, entry.reads_apart, entry.head_on_first, entry.reads_input),
               id(keys), len(keys), memory)
-        hit = self._slopes.get(sk) or self._slope_arrays(sk, knobs, ctx, keys, memory)
+        hit = self._arrays.get(sk, knobs, ctx, keys, memory)
         if not len(hit.slopes):
             return math.inf
         p, m, v = knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages
@@ -337,7 +266,7 @@ class KnobBound:
             m_cap = 0.0
             if t.kind == "max" and memory and base.a_min > 0:
                 vals = (arrays.slopes @ np.array(row.stage, dtype=float))[usable]
-                m_cap = max_row_bound(L, *_both_classes(vals, U[usable], units[usable], cls[usable],
+                m_cap = max_row_bound(L, *both_classes(vals, U[usable], units[usable], cls[usable],
                                                         arrays.extra[usable]), capacity, [L], rel_tol=1e-5)
             parts.append(replace(base, kind=t.kind, row=t.row, weight=t.weight, m_cap=m_cap))
         max_rows = {t.row for t in terms if t.kind == "max" and not rows[t.row].hinges}
@@ -380,8 +309,8 @@ class KnobBound:
         uu, cc, nn = U[usable], cls[usable], units[usable]
         if a_min > 0:
             # each class's capacity times its best rate per unit caps the stages' total rate,
-            # a stand-in's rate per all its units and under both its classes (_both_classes)
-            vx, _, _, ux, cx = _both_classes(vals, uu, nn, cc, arrays.extra[usable])
+            # a stand-in's rate per all its units and under both its classes (option_arrays.both_classes)
+            vx, _, _, ux, cx = both_classes(vals, uu, nn, cc, arrays.extra[usable])
             ratio = 1.0 / (vx * ux)
             for c in np.unique(cx):
                 speed += capacity[int(c)] * float(ratio[cx == c].max())
@@ -421,29 +350,6 @@ class KnobBound:
             c_sum += (c_out + c_in) * ((boundaries - cross) * e + cross * e_cross)
             c_stage += (c_out + c_in if wraps else min(c_out, c_in)) * (e_cross if p == 2 else e)
         return c_sum, c_stage
-
-
-    def _light(self, ctx, knobs, key: OptionKey, unit: int) -> tuple[float, ...]:
-        """Middle-stage slopes of the quantities a knob bound reads (forward, backward,
-        optimizer; the sync columns only feed hinge rows, which it skips: 0 here).  The
-        backward's input part only where the schedule's rows read it (zero-bubble): pricing its
-        W apart is a second backward per option (bench b: 1.6 of 9 s), and other rows weigh it 0."""
-        (sf, sb, _), (so, _) = self.pricer.lines(ctx, knobs, key, unit)
-        reads = SCHEDULES[knobs.schedule].reads_input
-        return (sf, sb, 0.0, so, 0.0, self.pricer.input_line(ctx, knobs, key, unit)[0] if reads else 0.0)
-
-    def _intercepts(self, ctx, knobs, key: OptionKey, unit: int) -> np.ndarray:
-        """Per stage position (middle, first, last, only) the intercepts of the same
-        quantities: the per-micro-batch overhead everywhere, the embedding on the first stage,
-        the head on the last.  Every stage pays its position's intercept whatever its block
-        count, so the least intercept over options is a valid addition to the knob bound."""
-        (_, _, fb), (_, opt) = self.pricer.lines(ctx, knobs, key, unit)
-        out = np.zeros((len(POSITIONS), len(QUANTITIES)))
-        out[:, 0], out[:, 1], out[:, 3] = fb[:, 0], fb[:, 1], opt
-        if SCHEDULES[knobs.schedule].reads_input:    # else weighed 0 by every row (_light)
-            out[:, 5] = self.pricer.input_line(ctx, knobs, key, unit)[1]
-        # a V (zb-v, dualpipev): the first stage carries the embedding and the head, the last neither
-        return out[list(SCHEDULES[knobs.schedule].role_positions())]
 
 
     def _least_send(self, ctx, knobs, keys: list[OptionKey], between_classes: bool = False) -> float:
