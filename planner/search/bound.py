@@ -242,8 +242,9 @@ class KnobBound:
         row's max and sum terms share their pieces; only the max term reads ``m_cap``."""
         _, units, cls, _, coef, exact, caps, _, _ = arrays
         rows, terms = knob_rows(knobs, any(isinstance(k, StandIn) for k in arrays.keys))
-        # with the fewest W-waiting micro-batches of any stage (ZB-H1: 1 on its first); that and
-        # f_min may come from different stages, which only loosens
+        # with the fewest W-waiting micro-batches of any stage (ZB-H1: 1 on its first, ZB-V: half
+        # a stage on every one; the same for every p, which these parts' cache key leaves out);
+        # that and f_min may come from different stages, which only loosens
         p, m = knobs.num_stages, knobs.num_micro_batches
         d_min = min(deferred_w_micro_batches(knobs.schedule, p, s, m) for s in range(p))
         U = block_limits(coef, exact, caps, [f_min], L, [d_min])[:, 0]
