@@ -79,7 +79,7 @@ def test_knob_bounds_hold_on_every_tuple_of_the_oracle_cases():
 
 def test_packed_bottleneck_lifts_and_still_holds(monkeypatch):
     """The max terms bounded together with the exposed DP sync, then with the fill
-    (packed.py): never above a tuple's brute-force optimum, with or without a pruning
+    (packed.py, packing.py): never above a tuple's brute-force optimum, with or without a pruning
     threshold (``enough``, which takes the short path: one knapsack at the threshold), above
     the bound without the packing on many tuples, and the fill above the bottleneck alone on
     some.  Seed 67's single-stage tuples have an exposed sync that binds: counting it more
@@ -88,12 +88,12 @@ def test_packed_bottleneck_lifts_and_still_holds(monkeypatch):
 
     from test_oracle import case_pricer, make_case
 
-    from planner.search import packed
+    from planner.search import packing
     from planner.search.bound import KnobBound
     from planner.search.core.brute import solve_brute
     from planner.search.knobs import enumerate_knobs, make_context
 
-    with_fill = packed._Packing.with_fill
+    with_fill = packing.Packing.with_fill
     checked = lifted = filled = 0
     for seed in [*range(16, 48), 67]:
         cluster, model, training = make_case(seed)
@@ -114,9 +114,9 @@ def test_packed_bottleneck_lifts_and_still_holds(monkeypatch):
             far = knob_bound(knobs, ctx, keys, enough=best.objective * 1.02)
             assert plain * (1 - 1e-12) <= full <= best.objective * (1 + 1e-9), (seed, knobs, plain, full, best)
             assert max(near, far) <= best.objective * (1 + 1e-9), (seed, knobs, near, far, best)
-            monkeypatch.setattr(packed._Packing, "with_fill", lambda self, M0, sums, enough: -math.inf)
+            monkeypatch.setattr(packing.Packing, "with_fill", lambda self, M0, sums, enough: -math.inf)
             bottleneck_only = KnobBound(pricer)(knobs, ctx, keys)
-            monkeypatch.setattr(packed._Packing, "with_fill", with_fill)
+            monkeypatch.setattr(packing.Packing, "with_fill", with_fill)
             checked += 1
             lifted += full > plain * (1 + 1e-6)
             filled += full > bottleneck_only * (1 + 1e-6)
