@@ -23,8 +23,9 @@ Communication, all on torch.distributed (point-to-point always over gloo, see ``
   (``_expand_cp``), holding ``cp_positions`` of every sequence, so activations travel between
   the stages' groups of the same cp rank, the K/V chunks are gathered inside a tp position's cp
   ranks (``tiny_model.CPContext``), and the gradient sum over the replicas covers the cp ranks.
-- gradients of a stage are summed over its replicas once per step. When its replicas share
-  one tp degree, the ranks holding the same shard all-reduce it (one flat buffer). When they
+- gradients of a stage are summed over its replicas once per step (``planner.launch.grad_sync``).
+  When its replicas share one tp degree, the ranks holding the same shard all-reduce it (one
+  flat buffer). When they
   do not, each replica assembles the full gradient on its leader (all-gather of the shards),
   the leaders all-reduce, and each leader broadcasts back to its tp group, which keeps its
   shard.
@@ -51,6 +52,7 @@ import torch.distributed as dist
 from planner.launch import tiny_model as tm
 from planner.launch.backward_split import SplitBackward
 from planner.launch.cp_layout import cp_groups, expand_cp, peers_of
+from planner.launch.grad_sync import GradSync
 from planner.launch.run_schedule import schedule_from_json
 
 FAIL_ENV = "PLANNER_RUNNER_FAIL_RANK"  # fault injection for tests: this rank raises at step 0
@@ -68,7 +70,7 @@ def overlaps(lo: int, hi: int, other: list[dict]):
     return out
 
 
-class Worker:
+class Worker(GradSync):
     def __init__(self, cfg: dict, rank: int, progress_path: Path):
         self.cfg, self.rank, self.progress_path = cfg, rank, progress_path
         self.shape = tm.Shape(**cfg["shape"])
@@ -296,68 +298,6 @@ class Worker:
             if g is not None:
                 p = self.params[name]
                 p.grad = g if p.grad is None else p.grad + g
-
-    def _sync_tied(self):
-        """Tied embeddings: one all-reduce over every replica of the first and last stage gives
-        each copy the whole gradient of the shared matrix (the replica sum included, so
-        ``_sync_grads`` leaves this one out)."""
-        if not self.tied or "embed.weight" not in self.params:
-            return
-        p = self.params["embed.weight"]
-        g = p.grad if p.grad is not None else torch.zeros_like(p)
-        if self.tp_rank == 0:
-            dist.all_reduce(g, group=self.tie_group)
-        if self.tp > 1:
-            dist.broadcast(g, src=self.leader, group=self.tp_group)
-        p.grad = g
-
-    def _sync_grads(self):
-        """Sum this stage's gradients over its replicas (see the module docstring)."""
-        self._sync_tied()
-        if self.zero is not None:
-            self.zero.reduce()
-            return
-        if len(self.stage["replicas"]) == 1 or not self.params:
-            return
-        names = [n for n in self.params if not (self.tied and n == "embed.weight")]
-        self._sum_grads(names, self.dp_group, self.stage["uniform_tp"])
-
-    def _grad(self, name: str):
-        p = self.params[name]
-        return p.grad if p.grad is not None else torch.zeros_like(p)
-
-    def _sum_grads(self, names: list[str], group, uniform_tp: bool) -> None:
-        """Sum the gradients of ``names`` over ``group``: shard by shard where every member has
-        this tp (``uniform_tp``), else as full tensors gathered on each tp leader, summed among
-        the leaders and handed back as shards (replicas of different tp)."""
-        if uniform_tp:
-            grads = [self._grad(n) for n in names]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=group)
-            off = 0
-            for n, g in zip(names, grads):
-                self.params[n].grad = flat[off:off + g.numel()].view_as(g)
-                off += g.numel()
-            return
-        fulls = []
-        for name in names:
-            g, dim = self._grad(name), self.layout[name][1]
-            if self.tp > 1 and dim is not None:
-                parts = [torch.empty_like(g) for _ in range(self.tp)]
-                dist.all_gather(parts, g.contiguous(), group=self.tp_group)
-                g = torch.cat(parts, dim=dim)
-            fulls.append(g.reshape(-1))
-        flat = torch.cat(fulls)
-        if self.tp_rank == 0:
-            dist.all_reduce(flat, group=group)
-        if self.tp > 1:
-            dist.broadcast(flat, src=self.leader, group=self.tp_group)
-        off = 0
-        for name in names:
-            full_shape, dim = self.layout[name]
-            n = int(np.prod(full_shape))
-            self.params[name].grad = tm.shard(flat[off:off + n].view(full_shape), dim, self.tp, self.tp_rank)
-            off += n
 
     def step(self, step: int) -> float:
         cfg = self.cfg
