@@ -156,17 +156,11 @@ class _Stage:
         return step / self.plan.num_micro_batches, shares, speeds
 
     def fits(self, nb: int, shares: list[int]) -> bool:
-        from planner.cost.memory import (
-            deferred_w_micro_batches,
-            in_flight_micro_batches,
-            logits_in_flight,
-            replica_memory,
-        )
+        from planner.cost.memory import logits_in_flight, replica_memory, stage_holds
 
         plan, st = self.plan, self.stage
-        inflight = in_flight_micro_batches(plan.schedule, len(plan.stages), st.index,
-                                           plan.num_micro_batches, plan.virtual_stages)
-        deferred = deferred_w_micro_batches(plan.schedule, len(plan.stages), st.index, plan.num_micro_batches)
+        inflight, deferred = stage_holds(plan.schedule, len(plan.stages), st.index, plan.num_micro_batches,
+                                         plan.virtual_stages)
         return all(replica_memory(self.ctx, gpu, r.tp, x, nb, st.embedding, st.head, len(st.replicas),
                                   inflight, logits_in_flight(plan.schedule), deferred).total_bytes
                    <= gpu.memory_bytes

@@ -32,13 +32,7 @@ from planner.cost.context import CostContext
 from planner.cost.explain_rows import bottleneck_details, plan_sources, trust_of
 from planner.cost.flops import model_flops_per_iteration
 from planner.cost.hsdp import hsdp_details, hsdp_sync, is_hsdp
-from planner.cost.memory import (
-    deferred_w_micro_batches,
-    in_flight_micro_batches,
-    logits_in_flight,
-    replica_memory,
-    stage_params,
-)
+from planner.cost.memory import logits_in_flight, replica_memory, stage_holds, stage_params
 from planner.cost.memory_hints import memory_problem
 from planner.cost.moe import ep_comm_per_micro_batch, expert_params, expert_rings, optimizer_params
 from planner.cost.money import plan_money
@@ -311,11 +305,11 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
     problems: list[str] = []
     bitpipe_inflight = bitpipe_in_flight(p, m) if bitpipe else None
     for i, st in enumerate(stages):
-        inflight = (bitpipe_inflight[i] if bitpipe_inflight else
-                    float(latency_aware.peak_in_flight[i]) if latency_aware is not None
-                    else in_flight_micro_batches(plan.schedule, p, i, m, v))
-        deferred = (float(latency_aware.peak_waiting_w[i]) if latency_aware is not None
-                    else deferred_w_micro_batches(plan.schedule, p, i, m))
+        inflight, deferred = stage_holds(plan.schedule, p, i, m, v)
+        if bitpipe_inflight:
+            inflight = bitpipe_inflight[i]
+        if latency_aware is not None:   # its own lists' peaks (cost/latency_aware.py)
+            inflight, deferred = float(latency_aware.peak_in_flight[i]), float(latency_aware.peak_waiting_w[i])
         row = []
         for k, r in enumerate(st.replicas):
             gpu = nodes[r.node].gpu

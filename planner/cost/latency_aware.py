@@ -33,9 +33,8 @@ def price_actions(stage_timings: list[StageTiming], plan, topo) -> LatencyAwareP
         raise InputError("schedule latency-aware needs pipeline_actions (per stage, its ordered "
                          "actions); `planner schedule CLUSTER PLAN --latency-aware` writes them")
     from planner.simulate.latency import peak_waiting_w
-    from planner.simulate.latency_plan import plan_schedule
     run = plan_run(stage_timings, plan, topo)
-    return LatencyAwarePrice(run.makespan_s, list(run.peak_in_flight), peak_waiting_w(plan_schedule(plan)))
+    return LatencyAwarePrice(run.makespan_s, list(run.peak_in_flight), peak_waiting_w(run.schedule))
 
 
 def breakdown(stage_timings: list[StageTiming], num_micro_batches: int, pipeline_s: float) -> dict[str, float]:

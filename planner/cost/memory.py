@@ -270,6 +270,14 @@ def deferred_w_micro_batches(schedule: str, num_stages: int, stage: int, num_mic
     return 0.0
 
 
+def stage_holds(schedule: str, num_stages: int, stage: int, num_micro_batches: int,
+                virtual_stages: int = 1) -> tuple[float, float]:
+    """(micro-batches in flight, those of them waiting for their W) at stage ``stage``'s peak:
+    the pair ``replica_memory`` takes, from the schedule's rules above."""
+    return (in_flight_micro_batches(schedule, num_stages, stage, num_micro_batches, virtual_stages),
+            deferred_w_micro_batches(schedule, num_stages, stage, num_micro_batches))
+
+
 def w_input_grad_bytes(ctx: CostContext, tp: int, b: float) -> float:
     """What one block keeps from a micro-batch's I for its W: the gradient flowing into each
     op with weights (two norms, Q, K, V, the attention projection, the MLP's input matmuls and

@@ -4,8 +4,7 @@ let the rules try hundreds of options per tuple and build few memory models."""
 
 from __future__ import annotations
 
-from planner.cost import in_flight_micro_batches
-from planner.cost.memory import deferred_w_micro_batches, logits_in_flight, replica_memory
+from planner.cost.memory import logits_in_flight, replica_memory, stage_holds
 from planner.search.knobs import OptionKey
 from planner.search.pieces import model_units
 from planner.search.schedules import SCHEDULES
@@ -42,9 +41,8 @@ class _Tuple:
         # per stage: (embedding, head) as the cost model prices it (a V holds both on rank 0)
         # and its micro-batches in flight
         self._ends = [entry.stage_ends(p, s) for s in range(p)]
-        self._in_flight = [in_flight_micro_batches(knobs.schedule, p, s, knobs.num_micro_batches,
-                                                   knobs.virtual_stages) for s in range(p)]
-        self._deferred = [deferred_w_micro_batches(knobs.schedule, p, s, knobs.num_micro_batches) for s in range(p)]
+        self._holds = [stage_holds(knobs.schedule, p, s, knobs.num_micro_batches, knobs.virtual_stages)
+                       for s in range(p)]
 
     def fits(self, key: OptionKey, s: int, units: int) -> bool:
         """Whether ``units`` core units of blocks fit the memory of ``key`` at stage ``s``."""
@@ -75,8 +73,8 @@ class _Tuple:
         share = -(-self.knobs.micro_batch_size // key.replicas)
         gpu = self.pricer.classes[key.cls].gpu
         need = replica_memory(self.ctx, gpu, key.tp, share, units * self.unit, *self._ends[s], key.replicas,
-                              self._in_flight[s], logits_in_flight(self.knobs.schedule),
-                              self._deferred[s]).total_bytes
+                              self._holds[s][0], logits_in_flight(self.knobs.schedule),
+                              self._holds[s][1]).total_bytes
         return need > gpu.memory_bytes * (1 + 1e-6)
 
     def _state_over(self, cls: int, tp: int, ends: tuple[bool, bool], units: int) -> bool:
@@ -104,7 +102,7 @@ class _Tuple:
             model = self._models.get((key, ends))
             if model is None:
                 model = self._models[(key, ends)] = self.pricer.memory_model(self.ctx, self.knobs, key, self.unit, *ends)
-            f, d = self._in_flight[s], self._deferred[s]
+            f, d = self._holds[s]
             # the pricer keeps each memory model for its lifetime, so its id names it
             lk = (id(model), f, d, self.L_units)
             hit = self._limits.get(lk)

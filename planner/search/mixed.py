@@ -24,7 +24,6 @@ import numpy as np
 
 from planner.cost import (
     dp_sync_time_s,
-    in_flight_micro_batches,
     optimizer_time_s,
     replica_compute,
     replica_memory_bytes,
@@ -32,7 +31,7 @@ from planner.cost import (
 )
 from planner.cost.comm import exposed_sync_parts
 from planner.cost.compute import backward_weight_s
-from planner.cost.memory import deferred_w_micro_batches, logits_in_flight
+from planner.cost.memory import logits_in_flight, stage_holds
 from planner.search.core import CoreOption
 from planner.search.pieces import _max_units
 from planner.search.schedules import SCHEDULES
@@ -159,9 +158,8 @@ def mixed_options(pricer, ctx, knobs, key: MixedKey, unit: int, L_units: int) ->
             hit = pricer._mixed_positions[ck] = _position_curves(ctx, key, infos, unit, L_units, emb, head, shard,
                                                                  pricer.mixed_ring(key) if n > 1 else None)
         curves.append(hit)
-        f = in_flight_micro_batches(knobs.schedule, p, s, m, v)
+        f, d = stage_holds(knobs.schedule, p, s, m, v)
         logits = logits_in_flight(knobs.schedule) if head else None
-        d = deferred_w_micro_batches(knobs.schedule, p, s, m)
         caps.append(min(_kind_units(ctx, info, k, n, unit, (emb, head), (f, logits, d), L_units)
                         for k, info in zip(key.kinds, infos)))
     # block ranges with one (slowest kind, optimizer's kind) per position

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost import CostContext, in_flight_micro_batches
+from planner.cost import CostContext
 from planner.cost.comm import exposed_sync_parts
-from planner.cost.memory import deferred_w_micro_batches
+from planner.cost.memory import stage_holds
 from planner.search import clock
 from planner.search.knobs import Knobs, OptionKey, knob_rows
 from planner.search.mixed import StandIn
@@ -172,8 +172,7 @@ class PackedBound:
         affine."""
         coef, exact, caps = arrays.coef, arrays.exact, arrays.caps
         p, m, v = knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages
-        f = [in_flight_micro_batches(knobs.schedule, p, s, m, v) for s in range(p)]
-        d = [deferred_w_micro_batches(knobs.schedule, p, s, m) for s in range(p)]
+        f, d = zip(*(stage_holds(knobs.schedule, p, s, m, v) for s in range(p)))
         return block_limits(coef, exact, caps, f, L, d)
 
     def _option_sends(self, ctx, knobs, keys: list[OptionKey]) -> tuple[np.ndarray, np.ndarray]:

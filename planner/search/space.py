@@ -15,7 +15,6 @@ from __future__ import annotations
 from planner.cost import (
     CostContext,
     dp_sync_time_s,
-    in_flight_micro_batches,
     optimizer_time_s,
     replica_compute,
     replica_memory_bytes,
@@ -23,7 +22,7 @@ from planner.cost import (
 )
 from planner.cost.comm import exposed_sync_parts
 from planner.cost.hsdp import is_hsdp
-from planner.cost.memory import deferred_w_micro_batches, logits_in_flight, w_input_grad_bytes
+from planner.cost.memory import logits_in_flight, stage_holds, w_input_grad_bytes
 from planner.cost.moe import ep_sync_s, optimizer_params, option_ep_comm
 from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row
@@ -270,8 +269,7 @@ class Pricer(OptionLines, SendPricing):
                 base = bases[ends] = self._base(ctx, knobs, key, unit, *ends)
             sl, fx, coef, exact, mem = base
             slope = slope or sl
-            hi = model_units((coef, exact, mem), cap, in_flight_micro_batches(knobs.schedule, p, s, m, v),
-                             deferred_w_micro_batches(knobs.schedule, p, s, m), L_units)
+            hi = model_units((coef, exact, mem), cap, *stage_holds(knobs.schedule, p, s, m, v), L_units)
             fixed.append(fx if hi >= 1 else None)
             max_blocks.append(hi)
         if not any(max_blocks):
