@@ -11,11 +11,12 @@ The plans are built by hand (a few devices need no search); test_profile_cost.py
 
 from __future__ import annotations
 
+import os
 import statistics
 from pathlib import Path
 
 import pytest
-from timing import require_quiet_machine
+from timing import STEADY_SPREAD, probe_spread, require_quiet_machine, speed_probe_s
 
 from planner.plan import Plan
 from planner.spec import load_model
@@ -101,9 +102,12 @@ def profile_here(out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def clusters_here(tmp_path_factory) -> Path:
+def clusters_here(tmp_path_factory) -> tuple[Path, list[float]]:
+    """The profiled cluster folder, with the speed probes taken before and after profiling."""
     require_quiet_machine()
-    return profile_here(tmp_path_factory.mktemp("e2e"))
+    before = speed_probe_s()
+    folder = profile_here(tmp_path_factory.mktemp("e2e"))
+    return folder, [before, speed_probe_s()]
 
 
 def predict_and_run(name: str, steps: int = 8, clusters: Path | None = None) -> tuple[float, list[float], dict]:
@@ -127,23 +131,43 @@ def predict_and_run(name: str, steps: int = 8, clusters: Path | None = None) -> 
 
 
 
-def _measure_and_compare(name: str, clusters: Path, again: Path) -> None:
-    # Profile and run are each a few seconds of wall clock on a shared machine; either can be
-    # disturbed by another process (seen: a profile's entries 10-20% apart three times in a
-    # row, a run +29% once).  A comparison outside the tolerance is made once more with both
-    # measured anew (profile into ``again``); both are printed and the second must agree.
-    for attempt in (1, 2):
-        if attempt == 2:
-            clusters = profile_here(again)
+# A measurement is a profile and a run of the plan; it counts only when speed probes before, between
+# and after them agree (tests/timing.py), since a neighbour that slows the profile and not the
+# run, or the run and not the profile, shows as a prediction error that is not the model's.  Seen
+# on a shared CI machine: a profile 1.55x slow while its run was not, then a run 1.3x slow.
+MAX_MEASUREMENTS = 4
+
+
+def _measure_and_compare(name: str, clusters_here: tuple[Path, list[float]], tmp_path: Path) -> None:
+    forced = os.environ.get("PLANNER_TIMING_TESTS") == "force"
+    clusters, probes = clusters_here
+    steady_errors: list[float] = []
+    for attempt in range(1, MAX_MEASUREMENTS + 1):
+        if attempt > 1:
+            probes = [speed_probe_s()]
+            clusters = profile_here(tmp_path / f"measurement{attempt}")
+        probes = probes + [speed_probe_s()]
         predicted, steps, breakdown = predict_and_run(name, clusters=clusters)
+        probes.append(speed_probe_s())
         measured = statistics.median(steps)
         error = measured / predicted - 1
-        print(f"{name} (measurement {attempt}): predicted {predicted * 1e3:.1f} ms, measured "
-              f"{measured * 1e3:.1f} ms, error {error:+.1%}, fastest step {min(steps) * 1e3:.1f} ms, "
-              f"breakdown {breakdown}")
-        if abs(error) <= TOLERANCE:
+        spread = probe_spread(probes)
+        steady = forced or spread <= STEADY_SPREAD
+        print(f"{name} (measurement {attempt}{'' if steady else ', void: the machine changed speed'}): "
+              f"predicted {predicted * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms, error {error:+.1%}, "
+              f"fastest step {min(steps) * 1e3:.1f} ms, probes {[round(p * 1e3, 1) for p in probes]} ms "
+              f"(spread {spread:.0%}), breakdown {breakdown}")
+        if not steady:
+            continue
+        steady_errors.append(error)
+        # One steady measurement outside the tolerance is measured once more (a disturbance
+        # shorter than the probes' spacing can still hide in one); the second must agree.
+        if abs(error) <= TOLERANCE or len(steady_errors) == 2:
             break
-    assert abs(error) <= TOLERANCE
+    if not steady_errors:
+        pytest.skip(f"the machine's speed did not hold through any of {MAX_MEASUREMENTS} measurements "
+                    f"(probe spread > {STEADY_SPREAD:.0%}): the comparison would measure other tenants")
+    assert abs(steady_errors[-1]) <= TOLERANCE, steady_errors
 
 
 @pytest.mark.slow
