@@ -232,3 +232,37 @@ def test_the_default_rewrite_holds_no_more_in_flight_than_the_plan(tmp_path, cap
     before = peak_in_flight(_baseline(load_plan(plan)))
     after = peak_in_flight(plan_schedule(load_plan(out)))
     assert before == [4, 3, 2, 1] and all(a <= b for a, b in zip(after, before, strict=True)), (after, before)
+
+
+ONE_STAGE_CLUSTER = """
+name: four-a100-40
+nodes:
+  - {name: g0, gpu: A100-SXM4-40GB, gpus_per_node: 4, count: 4, network_bandwidth: 12.1 GB/s}
+"""
+
+
+def test_schedule_refuses_a_rewrite_that_does_not_fit(tmp_path, capsys):
+    # found by scripts/fuzz_plans.py (seed 34, case 16): one stage of Llama-2 7B with full
+    # recompute at 32,768 tokens fits under 1F1B (each block's backward frees its gradients as it
+    # goes); split into I and W, every block's weight-op gradients wait from I to W (106 GiB).
+    # The command wrote that plan, exit 0, and evaluate then rejected it.
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(ONE_STAGE_CLUSTER)
+    replicas = [{"gpu_type": "A100-SXM4-40GB", "tp": 2, "micro_batch_share": 2,
+                 "devices": [f"g0-{r // 2}:{2 * (r % 2)}", f"g0-{r // 2}:{2 * (r % 2) + 1}"]} for r in range(8)]
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({
+        "schema": "planner.plan/v1",
+        "inputs": {"cluster": "four-a100-40", "model": "llama2-7b",
+                   "training": {"global_batch_size": 16, "seq_len": 32768, "precision": "fp16",
+                                "attention": "flash"}},
+        "micro_batch_size": 16, "num_micro_batches": 1, "schedule": "1f1b", "recompute": "full",
+        "zero_stage": 1, "sequence_parallel": True, "stages": [{"index": 0, "blocks": [0, 32], "embedding": True, "head": True,
+                                     "replicas": replicas}]}))
+    assert main(["evaluate", str(cluster), str(plan), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits"]
+    out = tmp_path / "la.json"
+    assert main(["schedule", str(cluster), str(plan), "--latency-aware", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "does not fit in memory" in err and "nothing written" in err and "more stages" in err, err
+    assert "Traceback" not in err and not out.exists()

@@ -30,7 +30,7 @@ def schedule(cluster_file, plan_file, latency_aware, exact, memory_cap, time_lim
              profiles_path, as_json):
     """Rewrite PLAN's pipeline schedule for CLUSTER."""
     from planner import api
-    from planner.errors import InputError
+    from planner.errors import InfeasibleError, InputError
 
     if not latency_aware:
         raise InputError("say which schedule to write: --latency-aware (the one this command builds)")
@@ -41,6 +41,18 @@ def schedule(cluster_file, plan_file, latency_aware, exact, memory_cap, time_lim
     warn_precision(cluster, str(plan.inputs.training.get("precision", "bf16")), plan)
     res = api.latency_schedule(cluster, plan, exact=exact, memory_cap=memory_cap, time_limit_s=time_limit_s,
                                profiles=profiles_path, file=plan_file)
+    caps = ",".join(map(str, res.memory_cap)) if len(set(res.memory_cap)) > 1 else str(res.memory_cap[0])
+    if not res.after.fits:
+        # a plan evaluate rejects is no plan to write (found by scripts/fuzz_plans.py: a one-stage
+        # plan with full recompute, whose split backward keeps every block's weight-op gradients
+        # from I to W, needed 136 GiB of 37)
+        raise InfeasibleError(
+            f"{plan_file}: the latency-aware schedule does not fit in memory (its ranks hold up to {caps} "
+            "micro-batches from F until W, each keeping its weight-op gradients from I until W); nothing "
+            "written:\n  " + "\n  ".join(res.after.memory_problems)
+            + ("\ntry a smaller --memory-cap" if max(res.memory_cap) > 1 else
+               "\nat one micro-batch a rank no order holds less: keep the plan's own schedule, or plan with "
+               "more stages"))
     if output:
         write_atomic(output, res.plan.dumps())
     if as_json:
@@ -50,7 +62,6 @@ def schedule(cluster_file, plan_file, latency_aware, exact, memory_cap, time_lim
     b, a = res.before, res.after
     out.print(f"before: {b.schedule}, pipeline {b.pipeline_time_s:.4f} s (cost model), "
               f"{res.before_retimed_s:.4f} s with non-blocking sends; iteration {b.iteration_time_s:.4f} s")
-    caps = ",".join(map(str, res.memory_cap)) if len(set(res.memory_cap)) > 1 else str(res.memory_cap[0])
     out.print(f"after:  latency-aware ({res.method}, memory cap {caps} micro-batches a rank), pipeline "
               f"{a.pipeline_time_s:.4f} s; iteration {a.iteration_time_s:.4f} s "
               f"({b.iteration_time_s / a.iteration_time_s:.3f}x)")
@@ -61,10 +72,5 @@ def schedule(cluster_file, plan_file, latency_aware, exact, memory_cap, time_lim
         exact_s = "none found" if e.makespan_s is None else f"{e.makespan_s:.4f} s"
         out.print(f"greedy ({res.greedy_rule}) {res.greedy_s:.4f} s, exact {exact_s} ({e.status}, bound "
                   f"{e.bound_s:.4f} s, {e.wall_s:.1f} s): gap {100 * res.gap:.2f}%")
-    if not a.fits:
-        out.print("[bold red]the new plan does not fit in memory[/bold red] (its ranks hold up to "
-                  f"{caps} micro-batches until W); try a smaller --memory-cap:")
-        for line in a.memory_problems:
-            out.print(f"  {line}")
     if output:
         out.print(f"wrote {output}")
