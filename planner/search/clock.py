@@ -21,6 +21,10 @@ Work counted (``charge``), in units:
 The wall-clock limit stays the user's guard: past it ``now()`` is ``inf`` (every deadline
 has passed) and the report says ``wall_clock_bound``, the one case where two machines may
 differ.
+
+A thread of the search (the warm start beside the heap, background.py) runs under
+``stoppable(event)``: once the event is set its ``now()`` is ``inf`` too, so every deadline it
+checks has passed and it winds down where it would at its limit.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import threading
 import time
 from dataclasses import dataclass
 
@@ -67,6 +72,7 @@ class WorkClock:
 
 
 _CLOCK: contextvars.ContextVar[WorkClock | None] = contextvars.ContextVar("search_work_clock", default=None)
+_STOP: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("search_stop", default=None)
 
 
 def active() -> WorkClock | None:
@@ -75,8 +81,27 @@ def active() -> WorkClock | None:
 
 
 def now() -> float:
+    stop = _STOP.get()
+    if stop is not None and stop.is_set():
+        return math.inf
     clock = _CLOCK.get()
     return time.monotonic() if clock is None else clock.now()
+
+
+def stop_event() -> threading.Event | None:
+    """The event that stops this thread's search work early (``stoppable``), if any: HiGHS's
+    interrupt callbacks read it (core/highs.py), as they read the wall clock."""
+    return _STOP.get()
+
+
+@contextlib.contextmanager
+def stoppable(event: threading.Event):
+    """Run the body with ``now()`` at ``inf`` once ``event`` is set."""
+    token = _STOP.set(event)
+    try:
+        yield
+    finally:
+        _STOP.reset(token)
 
 
 def charge(units: float) -> None:

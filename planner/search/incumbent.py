@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, replace
 
 from planner.search import clock
@@ -65,18 +66,21 @@ class Candidate:
 
 
 class Best:
-    """The K best distinct candidates so far."""
+    """The K best distinct candidates so far.  The warm start may add to it from a thread beside
+    the heap (background.py): ``add`` takes a lock and puts a new list in place, so a reader of
+    ``items`` sees the old list or the new one, never one being sorted (CPython's sort empties
+    the list while it runs)."""
 
     def __init__(self, k: int):
         self.k, self.items = k, []
+        self._lock = threading.Lock()
 
     def add(self, cand: Candidate) -> None:
         sig = cand.signature
-        if any(c.signature == sig for c in self.items):
-            return
-        self.items.append(cand)
-        self.items.sort(key=lambda c: c.key)
-        del self.items[self.k:]
+        with self._lock:
+            if any(c.signature == sig for c in self.items):
+                return
+            self.items = sorted([*self.items, cand], key=lambda c: c.key)[:self.k]
 
     def threshold(self) -> float:
         """Value a new candidate must beat to enter (inf while fewer than K)."""

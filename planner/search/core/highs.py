@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import pulp
 
+from planner.search import clock
+
 try:  # highspy is a dependency, but keep CBC as the fallback DESIGN §6 asks for
     import highspy
     HAVE_HIGHS = True
@@ -71,9 +73,12 @@ if HAVE_HIGHS:
             stop = self.hard_deadline
             if stop is None:
                 return
+            # a search thread stopped from outside (the warm start beside the heap): its MILP
+            # stops at once, as at its limit
+            stopped = clock.stop_event() or _NEVER
 
             def guard(event):
-                if time.monotonic() > stop or _SIGINT.is_set():
+                if time.monotonic() > stop or _SIGINT.is_set() or stopped.is_set():
                     event.interrupt()
 
             model = lp.solverModel
@@ -83,6 +88,7 @@ if HAVE_HIGHS:
 
 
 _SIGINT = threading.Event()
+_NEVER = threading.Event()          # never set: the guard's stop event outside a stoppable thread
 
 
 @contextlib.contextmanager

@@ -1,0 +1,109 @@
+"""The warm start beside the heap (planner/search/background.py): a stopped thread's clock
+reads inf and its MILP is interrupted, its errors reach the caller, fd 1 survives the two
+threads silencing HiGHS in overlapping turns, and a search runs it on the wall clock only."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+
+import numpy as np
+import pulp
+import pytest
+
+from planner.search import clock
+from planner.search.background import BackgroundWarmStart, concurrent_allowed
+from planner.search.core.guard import solver_output_silenced
+from planner.search.core.highs import MilpSettings, make_solver
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*PuLP 4.0.*:DeprecationWarning")
+
+
+def test_a_stoppable_clock_reads_inf_once_stopped():
+    event = threading.Event()
+    with clock.stoppable(event):
+        assert clock.now() < math.inf
+        assert clock.stop_event() is event
+        event.set()
+        assert clock.now() == math.inf
+    assert clock.now() < math.inf and clock.stop_event() is None
+
+
+def _market_split(rows: int = 4, seed: int = 7) -> pulp.LpProblem:
+    """Cornuejols and Dawande's market split: equality knapsacks that branch and bound takes
+    far longer than a second to settle (a hard instance, not a slow machine)."""
+    rng = np.random.default_rng(seed)
+    n = 10 * (rows - 1)
+    a = rng.integers(0, 100, size=(rows, n))
+    prob = pulp.LpProblem("market_split", pulp.LpMinimize)
+    x = [pulp.LpVariable(f"x{j}", cat="Binary") for j in range(n)]
+    slack = [pulp.LpVariable(f"s{i}", lowBound=0) for i in range(rows)]
+    surplus = [pulp.LpVariable(f"t{i}", lowBound=0) for i in range(rows)]
+    prob += pulp.lpSum(slack) + pulp.lpSum(surplus)
+    for i in range(rows):
+        prob += pulp.lpDot(a[i], x) + slack[i] - surplus[i] == int(a[i].sum()) // 2
+    return prob
+
+
+def test_stop_interrupts_the_threads_milp():
+    prob, finished = _market_split(), {}
+
+    def run() -> None:
+        started = time.monotonic()
+        prob.solve(make_solver(MilpSettings(time_limit_s=120.0), 120.0))
+        finished["after_s"] = time.monotonic() - started
+
+    background = BackgroundWarmStart(run).start()
+    time.sleep(1.0)
+    assert background.running(), "the instance solved in under a second: not a test of the interrupt"
+    stopped_at = time.monotonic()
+    background.stop()
+    assert time.monotonic() - stopped_at < 3.0
+    assert finished["after_s"] < 10.0, finished
+
+
+def test_an_error_in_the_thread_reaches_the_caller():
+    background = BackgroundWarmStart(lambda: 1 / 0).start()
+    with pytest.raises(ZeroDivisionError):
+        background.stop()
+    quiet = BackgroundWarmStart(lambda: 1 / 0).start()
+    quiet.stop(raise_error=False)       # another error is already on its way
+
+
+def test_overlapping_silencing_leaves_fd1_as_it_was():
+    # the order that lost a plan's JSON: A silences, B silences (saving A's /dev/null), A
+    # restores, B restores last
+    real = os.fstat(1)
+    devnull = os.stat(os.devnull)
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a() -> None:
+        with solver_output_silenced():
+            a_in.set()
+            b_in.wait(5)
+        a_out.set()
+
+    def b() -> None:
+        a_in.wait(5)
+        with solver_output_silenced():
+            b_in.set()
+            a_out.wait(5)
+            seen["inside"] = os.fstat(1)
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    after = os.fstat(1)
+    assert (seen["inside"].st_ino, seen["inside"].st_dev) == (devnull.st_ino, devnull.st_dev)
+    assert (after.st_ino, after.st_dev) == (real.st_ino, real.st_dev)
+
+
+def test_only_on_the_wall_clock():
+    assert concurrent_allowed()
+    with clock.work_clock(1.0, None):
+        assert not concurrent_allowed()
