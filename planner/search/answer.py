@@ -69,28 +69,28 @@ def finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pro
     agg = aggregate_compute_bound_s(model, training, classes)
     if bound is not None:
         bound = min(bound, value)
-    complete = stats["unexplored"] == 0 and stats["milp_optimal"]
+    complete = stats.unexplored == 0 and stats.milp_optimal
     gap = relative_gap(value, bound) if bound is not None else (0.0 if complete else None)
     status = "optimal" if complete and (gap or 0.0) <= 1e-6 else "feasible"
     wall = time.monotonic() - t0
     report_fields = {
         "method": "milp", "status": status, "objective": value, "bound": bound if bound is not None else (value if complete else None),
         "gap": gap, "wall_s": wall, "space": _space(training, launcher),
-        "candidates": stats["solved"] + stats["pruned"], "knob_tuples": stats["knobs"],
-        "knob_tuples_solved": stats["solved"], "knob_tuples_pruned": stats["pruned"],
-        "knob_tuples_infeasible": stats["empty"], "knob_tuples_unexplored": stats["unexplored"],
-        "knob_tuples_too_big": stats.get("too_big", 0),
-        "knob_tuples_gpipe_twins": stats.get("twins", 0),
+        "candidates": stats.solved + stats.pruned, "knob_tuples": stats.knobs,
+        "knob_tuples_solved": stats.solved, "knob_tuples_pruned": stats.pruned,
+        "knob_tuples_infeasible": stats.empty, "knob_tuples_unexplored": stats.unexplored,
+        "knob_tuples_too_big": stats.too_big,
+        "knob_tuples_gpipe_twins": stats.twins,
         "aggregate_compute_bound_s": agg, "objective_kind": spec.kind, "node_classes": len(classes),
         "objective_unit": OBJECTIVE_UNITS[spec.kind]}
-    if stats.get("interrupted"):
+    if stats.interrupted:
         report_fields["interrupted"] = True
-    if stats.get("given"):      # plans given whole (given.py): how many, and whether one is the answer
-        report_fields["given_incumbents"] = stats["given"]
+    if stats.given:      # plans given whole (given.py): how many, and whether one is the answer
+        report_fields["given_incumbents"] = stats.given
         report_fields["answer_is_given"] = top.plan is not None
-    if "shared_warm_start" in stats:     # the throughput warm start's plans, under a cost objective
-        report_fields["shared_warm_start_plans"] = stats["shared_warm_start"]
-    report_fields.update(_baseline_fields(stats.get("baseline"), value, top, time_like))
+    if stats.shared_warm_start is not None:     # the throughput warm start's plans, under a cost objective
+        report_fields["shared_warm_start_plans"] = stats.shared_warm_start
+    report_fields.update(_baseline_fields(stats.baseline, value, top, time_like))
     # The search priced each plan with the cost model's pieces; evaluate prices the whole plan.
     # They must agree (tests hold them to 1e-9); report the worst disagreement, not hide it.
     if time_like:

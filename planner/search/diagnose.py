@@ -62,48 +62,48 @@ def _more_freedom(training) -> list[str]:
 
 
 def explain_infeasible(cluster, model, training, spec, classes, stats) -> str:
-    if stats.get("unexplored") or stats.get("timed_out"):
+    if stats.unexplored or stats.timed_out:
         from planner.search import clock
 
         work = clock.active()
         if work is not None and not work.wall_clock_bound:
-            return (f"no plan found within the work budget ({stats.get('solved', 0)} of {stats.get('knobs', 0)} "
+            return (f"no plan found within the work budget ({stats.solved} of {stats.knobs} "
                     f"knob tuples solved, none feasible yet, {work.units:,.0f} units of work done); raise "
                     "--work-budget (or --time-limit, which scales the default budget)")
-        return (f"no plan found within the time limit ({stats.get('solved', 0)} of {stats.get('knobs', 0)} "
+        return (f"no plan found within the time limit ({stats.solved} of {stats.knobs} "
                 "knob tuples solved, none feasible yet); raise --time-limit")
     lines = []
-    if training.micro_batch_sizes and stats.get("knobs") and \
-            stats.get("no_options", 0) >= stats["knobs"] - stats.get("pruned", 0):
+    if training.micro_batch_sizes and stats.knobs and \
+            stats.no_options >= stats.knobs - stats.pruned:
         gbs = training.global_batch_size
         sizes = ", ".join(map(str, training.micro_batch_sizes or ()))
         return (f"the global batch of {gbs} sequences cannot be split: no micro-batch (a divisor of "
                 f"{gbs}) spread over the replicas this cluster can hold gives each replica a share in "
                 f"micro_batch_sizes [{sizes}]; allow other sizes, or a global batch that such "
                 "shares divide")
-    least = stats.get("least_price_usd_per_hour")
+    least = stats.least_price_usd_per_hour
     if spec.kind == "throughput-under-budget" and least is not None and least > spec.budget_usd_per_hour:
         return (f"no plan fits the budget of {spec.budget_usd_per_hour:g} USD/hour: the cheapest layout "
                 f"rents at least {least:g} USD/hour of nodes ("
                 f"{least - spec.budget_usd_per_hour:g} over); raise the budget to at least that or add "
                 "cheaper nodes")
-    if (stats.get("solved") or stats.get("out_of_reach")) and spec.kind == "throughput-under-budget":
+    if (stats.solved or stats.out_of_reach) and spec.kind == "throughput-under-budget":
         return (f"no plan fits the budget of {spec.budget_usd_per_hour:g} USD/hour: every layout that "
                 "fits in memory rents more nodes than that; raise the budget or add cheaper nodes")
-    if stats.get("over_budget") and spec.kind == "throughput-under-budget":
+    if stats.over_budget and spec.kind == "throughput-under-budget":
         # what the budget rents does not hold the model: the budget is the binding reason
-        dear = ", ".join(f"{name} ({price:g} USD/hour a node)" for name, price in sorted(stats["over_budget"].items()))
+        dear = ", ".join(f"{name} ({price:g} USD/hour a node)" for name, price in sorted(stats.over_budget.items()))
         return (f"no plan fits the budget of {spec.budget_usd_per_hour:g} USD/hour: it cannot rent "
                 f"{dear}, and no layout on what it can rent fits in memory; raise the budget")
-    if (stats.get("solved") or stats.get("out_of_reach")) and spec.kind == "cost-above-floor":
-        fastest, tokens = stats.get("least_time_s"), stats.get("tokens_per_iteration")
+    if (stats.solved or stats.out_of_reach) and spec.kind == "cost-above-floor":
+        fastest, tokens = stats.least_time_s, stats.tokens_per_iteration
         cap_s = tokens / spec.min_tokens_per_s if tokens else None
         if fastest and cap_s and fastest > cap_s:
             why = (f": no layout takes less than {fastest:.4g} s per iteration (a lower bound), at most "
                    f"{tokens / fastest:,.0f} tokens/s")
         elif cap_s:     # the first bound alone does not show it: say what did
             why = (f": every layout was shown to take more than the floor's {cap_s:.4g} s per iteration "
-                   f"({stats.get('out_of_reach', 0)} knob tuples by their bounds, {stats.get('solved', 0)} "
+                   f"({stats.out_of_reach} knob tuples by their bounds, {stats.solved} "
                    "by an exact solve); --objective throughput gives the fastest plan")
         else:
             why = ""

@@ -146,37 +146,37 @@ def relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, s
     # Pricing and building a relaxed MILP cannot be interrupted (only HiGHS can): start one only
     # when the time left exceeds the longest such set-up so far (c overran its limit by 1 s).
     if (not time_like or len(keys) * knobs.num_stages > RELAX_MAX_VARS
-            or deadline - clock.now() < stats.get("relaxed_setup_s", 0.0)):
-        stats["unexplored"] += 1
+            or deadline - clock.now() < stats.relaxed_setup_s):
+        stats.unexplored += 1
         bounds.append(lb)
         return
     started = clock.now()
     prob, qb = priced(pricer, knobs, ctx, keys, spec, launcher, sends=False)
     if qb is None:
-        stats["empty"] += 1
+        stats.empty += 1
         return
     lb = max(lb, qb)
     cut = best.threshold() * (1 - gap_rel)
     if lb >= cut:
-        stats["pruned"] += 1
+        stats.pruned += 1
         bounds.append(lb)
         return
     solver = exact_solver(prob)
-    stats["relaxed_setup_s"] = max(stats.get("relaxed_setup_s", 0.0), clock.now() - started)
+    stats.relaxed_setup_s = max(stats.relaxed_setup_s, clock.now() - started)
     # capped like a warm start: a relaxation that cannot prune in a few seconds rarely does
     # later, and the time is better spent on the next tuples
     until = min(deadline, clock.now() + WARM_TUPLE_SHARE * _horizon(settings))
     sol = solver.solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
-    stats["relaxed"] = stats.get("relaxed", 0) + 1
+    stats.relaxed += 1
     if sol.status == "infeasible":
-        stats["empty"] += 1
+        stats.empty += 1
         return
     bound = max(lb, sol.bound) if sol.bound is not None else lb
     bounds.append(bound)
     if sol.status == "cutoff" or bound >= cut:
-        stats["pruned"] += 1
+        stats.pruned += 1
         return
-    stats["unexplored"] += 1
+    stats.unexplored += 1
     if not sol.ok:
         return
     # the plan it found, priced with its sends

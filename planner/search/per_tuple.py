@@ -50,24 +50,24 @@ def loses_tie(spec: ObjectiveSpec, bound: float, time_s: float, best, gap_rel: f
 
 def solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb,
                 time_lb: float = 0.0):
-    stats["solved"] += 1
+    stats.solved += 1
     tokens = training.global_batch_size * training.seq_len
     if not SCHEDULES[knobs.schedule].exact and spec.kind not in ("throughput", "throughput-under-budget"):
         # the rows only bound this schedule's time (schedules.py): the price MILPs' time caps
         # and the cost walk's steps read the bound, so what they find is not proved best
         # among the tuple's plans; its floor stays in the bounds
-        stats["milp_optimal"] = False
+        stats.milp_optimal = False
         bounds.append(lb)
     if spec.kind in ("throughput", "throughput-under-budget"):
         for j in range(top_k):
             cut = best.threshold()
             sol = milp.solve(settings, deadline=deadline, cutoff=cut if math.isfinite(cut) else None)
             if sol.status == "unknown":
-                stats["timed_out"] = stats.get("timed_out", 0) + 1
+                stats.timed_out += 1
             if j == 0 and sol.status != "infeasible":      # a proved-infeasible tuple bounds nothing
                 bounds.append(max(lb, sol.bound) if sol.bound is not None else lb)
                 if sol.status in ("feasible", "unknown"):
-                    stats["milp_optimal"] = False
+                    stats.milp_optimal = False
             if not sol.ok or sol.objective >= best.threshold():
                 break
             best.add(Candidate.of(prob, sol.assign, sol.objective, knobs, spec))
@@ -81,13 +81,13 @@ def solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings
             bounds.append(max(lb, sol.bound) if sol.bound is not None else lb)
         if not sol.ok:
             if sol.status == "unknown":
-                stats["milp_optimal"] = False
+                stats.milp_optimal = False
             return
         prob.budget_usd_per_hour = sol.objective * (1 + 1e-12)
         fast = exact_solver(prob).solve(settings, deadline=deadline)
         pick = fast if fast.ok else sol
         if pick.status != "optimal" or sol.status != "optimal":
-            stats["milp_optimal"] = False
+            stats.milp_optimal = False
         cand = Candidate.of(prob, pick.assign, prob.objective(pick.assign), knobs, spec)
         if cand.time_s <= cap * (1 + 1e-12):     # the exact time (a bound's plan may be slower)
             best.add(cand)
@@ -133,5 +133,5 @@ def solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings
     prob.budget_usd_per_hour = None
     if not proved:
         # the walk's plans stand; what it did not reach is bounded by the tuple's floor
-        stats["milp_optimal"] = False
+        stats.milp_optimal = False
         bounds.append(lb)

@@ -46,6 +46,7 @@ from planner.search.per_tuple import loses_tie, prunes, solve_tuple
 from planner.search.queue import BoundLevel, Pending, Ranked
 from planner.search.schedules import schedules_for
 from planner.search.space import Pricer
+from planner.search.stats import SearchStats
 from planner.search.twins import gpipe_dominated, one_stage_zb_h1_twins
 
 MEGATRON_LAUNCHERS = ("megatron", "deepspeed")
@@ -96,12 +97,12 @@ def _guarded(cluster, model, training, objective, time_limit_s, top_k, launcher,
         if "best" not in state or not state["best"].items:
             raise
         stats, bounds = state["stats"], state["bounds"]
-        stats["interrupted"] = True
-        stats["unexplored"] = max(1, stats["unexplored"])
+        stats.interrupted = True
+        stats.unexplored = max(1, stats.unexplored)
         # Every tuple not yet done is bounded by the heap's least bound when it was last read
         # (the heap's least only grows); before the heap there is no bound on the unranked.
-        if "frontier" in stats:
-            bounds.append(stats["frontier"])
+        if stats.frontier is not None:
+            bounds.append(stats.frontier)
         else:
             bounds.clear()
         return finish(*(state[k] for k in ("cluster", "model", "training", "spec", "classes")), state["best"],
@@ -159,13 +160,12 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     settings = MilpSettings(time_limit_s=time_limit_s, gap_rel=gap_rel)
     best = Best(top_k)
     bounds: list[float] = []
-    stats = {"knobs": len(knobs_list), "solved": 0, "pruned": 0, "empty": 0, "unexplored": 0,
-             "milp_optimal": True}
+    stats = SearchStats(knobs=len(knobs_list))
     # plans given whole (a replan's old plan) first: their value is the cutoff from the start
     for cand in given_candidates(cluster, model, training, spec, incumbents, profiles,
                                  lambda c: admits(spec, c, training)):
         best.add(cand)
-        stats["given"] = stats.get("given", 0) + 1
+        stats.given += 1
     state.update(cluster=cluster, model=model, training=training, spec=spec, classes=classes, best=best,
                  bounds=bounds, stats=stats, t0=wall_t0, profiles=profiles, launcher=launcher)
     contexts: dict = {}
@@ -177,11 +177,11 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     usable: dict[int, list] = {}
     for i, knobs in enumerate(knobs_list):
         if clock.now() > deadline:
-            stats["unexplored"] = len(knobs_list) - i
+            stats.unexplored = len(knobs_list) - i
             break
         if knobs in dominated:     # pruned: its 1F1B twin bounds it (gpipe_dominated)
-            stats["pruned"] += 1
-            stats["twins"] = stats.get("twins", 0) + 1
+            stats.pruned += 1
+            stats.twins += 1
             continue
         # no cost function reads the schedule from ctx; ZeRO-2/3's per-micro-batch reduce-scatters
         # and ZeRO-3's gathers read m, ZeRO-3's gathers the resharding
@@ -198,9 +198,9 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
                 for k in pricer.option_keys(knobs):
                     if k.cls not in kept:
                         info = pricer.classes[k.cls]
-                        stats.setdefault("over_budget", {})[info.name] = info.least_rent(k.width, 1)
+                        stats.over_budget[info.name] = info.least_rent(k.width, 1)
         if not keys:        # no replica count gives an allowed share (training.micro_batch_sizes)
-            stats["no_options"] = stats.get("no_options", 0) + 1
+            stats.no_options += 1
         clock.charge(len(keys) / clock.RANK_PER_UNIT)   # the bound's work, for a deterministic search
         ranked.append(Ranked(knob_bound(knobs, ctx, keys, memory=False), i, knobs, ctx, keys))
     ranked.sort(key=lambda t: (t.bound_s, t.index))
@@ -213,18 +213,18 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     floors = floors_until(pricer, ranked, deadline) if spec.needs_prices else {}
     no_floors = TupleFloors(0.0, 0.0)
     if ranked:      # for the reason when no plan meets a budget or a floor (diagnose.py)
-        stats["least_price_usd_per_hour"] = min((f.price_usd_per_hour for f in floors.values()), default=None)
+        stats.least_price_usd_per_hour = min((f.price_usd_per_hour for f in floors.values()), default=None)
         if spec.budget_usd_per_hour is not None and not any(t.keys for t in ranked):
             # the budget rents no option at all: what the cheapest option rents
             one_per_b = {t.knobs.micro_batch_size: t.knobs for t in ranked}.values()
-            stats["least_price_usd_per_hour"] = min(
+            stats.least_price_usd_per_hour = min(
                 pricer.classes[k.cls].least_rent(k.width, k.replicas) for kn in one_per_b for k in pricer.option_keys(kn))
-        stats["least_time_s"] = ranked[0].bound_s
+        stats.least_time_s = ranked[0].bound_s
         if time_like:       # the least time bound bounds every plan, for a Ctrl-C before the heap
-            stats["frontier"] = ranked[0].bound_s
-        stats["tokens_per_iteration"] = tokens
+            stats.frontier = ranked[0].bound_s
+        stats.tokens_per_iteration = tokens
     # the layouts a person would write, first: every answer is at least as good (baselines.py)
-    stats["baseline"] = seed(pricer, ranked, spec, launcher, best,
+    stats.baseline = seed(pricer, ranked, spec, launcher, best,
                              stop_at=min(deadline, clock.now() + BASELINE_SHARE * time_limit_s),
                              deadline=min(deadline, clock.now() + 2 * BASELINE_SHARE * time_limit_s))
     big = bool(ranked) and max(len(t.keys) for t in ranked) > WARM_KEYS_ABOVE
@@ -242,7 +242,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         shared = Shared(top_k, best, spec, lambda c: admits(spec, c, training))
         warm_start(pricer, bound, ranked, ObjectiveSpec(), training, shared, settings, deadline, launcher,
                    say, done=set())
-        stats["shared_warm_start"] = len(shared.items)
+        stats.shared_warm_start = len(shared.items)
 
     if big and concurrent_allowed():     # beside the heap, with a bound of its own (background.py)
         own = KnobBound(pricer)
@@ -268,26 +268,26 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     for tb, i, knobs, ctx, keys in ranked:
         value = floors.get(knobs, no_floors).value(spec, tb, tokens)
         if math.isinf(value):           # no plan: none fits, or over the budget / under the floor
-            stats["empty"] += 1
-            stats["out_of_reach"] = stats.get("out_of_reach", 0) + math.isfinite(tb)
+            stats.empty += 1
+            stats.out_of_reach += math.isfinite(tb)
             continue
         heap.append(Pending(value, i, BoundLevel.MEMORY_FREE, knobs, ctx, keys, tb))
     heapq.heapify(heap)
     j = 0
     while heap:
         kb, i, level, knobs, ctx, keys, tb = heap[0]
-        stats["frontier"] = kb          # for a Ctrl-C: no tuple left is below it (solve)
+        stats.frontier = kb          # for a Ctrl-C: no tuple left is below it (solve)
         if clock.now() > deadline:
-            stats["unexplored"] += len(heap)
+            stats.unexplored += len(heap)
             bounds.append(kb)
             break
         if prunes(spec, kb, best.threshold(), gap_rel):
-            stats["pruned"] += len(heap)
+            stats.pruned += len(heap)
             bounds.append(kb)
             break
         heapq.heappop(heap)
         if loses_tie(spec, kb, tb, best, gap_rel):     # this tuple only: the next may be faster
-            stats["pruned"] += 1
+            stats.pruned += 1
             bounds.append(kb)
             continue
         floor = floors.get(knobs, no_floors)
@@ -305,33 +305,33 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             if by_classes:
                 value = max(value, floor.by_classes(spec, by_classes, tokens))
             if math.isinf(value):
-                stats["empty"] += 1
-                stats["out_of_reach"] = stats.get("out_of_reach", 0) + math.isfinite(tb2)
+                stats.empty += 1
+                stats.out_of_reach += math.isfinite(tb2)
                 continue
             heapq.heappush(heap, Pending(value, i, level + 1, knobs, ctx, keys, tb2))
             continue
         j += 1
         small = enum.fits_size(knobs.num_stages, len(keys), model.num_layers // knobs.block_unit)
         if not small and len(keys) ** 2 * max(1, knobs.num_stages - 1) > MAX_PAIR_TERMS and warm:
-            stats["too_big"] = stats.get("too_big", 0) + 1     # see below: too big to build
+            stats.too_big += 1     # see below: too big to build
             relaxed(pricer, knobs, ctx, keys, kb, spec, launcher, best, bounds, stats, settings, deadline,
                     gap_rel, time_like)
             continue
         # pricing cannot be interrupted (mixed stages' take up to ~2 s on lab-mixed): start it
         # only when the longest so far still fits in the time left
-        if clock.now() + stats.get("price_s", 0.0) > deadline:
-            stats["unexplored"] += len(heap) + 1
+        if clock.now() + stats.price_s > deadline:
+            stats.unexplored += len(heap) + 1
             bounds.append(kb)
             break
         started = clock.now()
         prob, qb = priced(pricer, knobs, ctx, keys, spec, launcher)
-        stats["price_s"] = max(stats.get("price_s", 0.0), clock.now() - started)
+        stats.price_s = max(stats.price_s, clock.now() - started)
         if qb is None:
-            stats["empty"] += 1
+            stats.empty += 1
             continue
         lb = max(kb, floor.value(spec, max(qb, tb), tokens))
         if prunes(spec, lb, best.threshold(), gap_rel) or loses_tie(spec, lb, max(qb, tb), best, gap_rel):
-            stats["pruned"] += 1
+            stats.pruned += 1
             bounds.append(lb)
             continue
         K = len(prob.options)
@@ -339,7 +339,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         if not enum.fits(prob) and (pairs > MAX_PAIR_TERMS or pairs / PAIR_TERMS_PER_S > deadline - clock.now()):
             # the pairwise send constraints alone would make the MILP too big to build in the
             # time we have: leave this tuple unexplored (its bound still counts)
-            stats["too_big"] = stats.get("too_big", 0) + 1
+            stats.too_big += 1
             relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, settings, deadline,
                     gap_rel, time_like)
             continue
@@ -349,7 +349,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
                     time_lb=max(qb, tb))
     if "background" in state:
         state.pop("background").stop()
-    if warm and stats["unexplored"] and clock.now() < deadline:
+    if warm and stats.unexplored and clock.now() < deadline:
         # time left over with tuples too big for the exact MILP (not when every tuple was solved
         # or pruned: nothing better than the answer, by more than gap_rel, is left to find):
         # more incumbents on option subsets

@@ -2,7 +2,7 @@
 and, from any thread, ``watch.snapshot()``.
 
 The search fills ``watch.state`` (the same dict its Ctrl-C path reads: the best candidates,
-the bounds of the tuples it has closed and the heap's least bound, ``stats["frontier"]``);
+the bounds of the tuples it has closed and the heap's least bound, ``stats.frontier``);
 the snapshot only reads it.  The proved bound is the least of those: every tuple closed so
 far is bounded by its own entry in ``bounds`` and every tuple still open by the heap's least.
 Before the heap exists the cost objectives have no bound yet (None).
@@ -57,7 +57,7 @@ class SearchWatch:
         top = items[0]
         value = top.key[0]
         bounds = list(state["bounds"])
-        frontier = state["stats"].get("frontier")
+        frontier = state["stats"].frontier
         if frontier is not None:
             bounds.append(frontier)
         bound = min(min(bounds), value) if bounds else None
