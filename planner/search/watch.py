@@ -43,7 +43,7 @@ class SearchWatch:
 
     def snapshot(self) -> SearchSnapshot | None:
         """None until the search has set up its state.  Lists are copied in one step each
-        (atomic under the GIL): the search appends and sorts them while this runs."""
+        (atomic under the GIL): the search appends to them while this runs."""
         state = self.state
         if "best" not in state or "spec" not in state:
             return None
@@ -51,7 +51,7 @@ class SearchWatch:
         tokens = training.global_batch_size * training.seq_len
         base = {"elapsed_s": time.monotonic() - state["t0"], "objective_kind": spec.kind,
                 "tokens_per_iteration": tokens}
-        items = state["best"].items[:1]      # Best.add sorts in place: the list may read empty
+        items = state["best"].items[:1]      # Best.add puts a new list in place: one read
         if not items:
             return SearchSnapshot(**base)
         top = items[0]
