@@ -107,3 +107,30 @@ def test_only_on_the_wall_clock():
     assert concurrent_allowed()
     with clock.work_clock(1.0, None):
         assert not concurrent_allowed()
+
+
+def test_a_thread_in_work_nothing_interrupts_is_left_to_end():
+    # pricing a tuple's mixed stages cannot be cut short: the search waits STOP_GRACE_S, not
+    # the seconds it takes (a fuzzed 3-s search with mixed stages ran 11 s, waiting)
+    release = threading.Event()
+    background = BackgroundWarmStart(lambda: release.wait(30)).start()
+    started = time.monotonic()
+    assert background.stop(grace_s=0.2) is False
+    assert time.monotonic() - started < 2.0
+    release.set()
+    assert background.stop(grace_s=10) is True and not background.running()
+
+
+def test_closed_incumbents_take_no_more():
+    from types import SimpleNamespace
+
+    from planner.search.incumbent import Best
+
+    best = Best(2)
+    best.add(SimpleNamespace(signature="a", key=(2.0,)))
+    items = best.items
+    best.add(SimpleNamespace(signature="b", key=(1.0,)))
+    assert [c.signature for c in best.items] == ["b", "a"] and [c.signature for c in items] == ["a"]
+    best.close()
+    best.add(SimpleNamespace(signature="c", key=(0.5,)))     # a warm start left running
+    assert [c.signature for c in best.items] == ["b", "a"]

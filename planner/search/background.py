@@ -20,6 +20,11 @@ from collections.abc import Callable
 
 from planner.search import clock
 
+# How long the search waits for a stopped warm start: a MILP ends within milliseconds of the
+# stop, while pricing a tuple's mixed stages cannot be cut short (a fuzzed 3-s search with
+# mixed stages waited 7 s for one, the heap long done).
+STOP_GRACE_S = 0.3
+
 
 class BackgroundWarmStart:
     """``run()`` in a thread, stoppable: ``stop()`` sets the thread's stop event (its clock then
@@ -46,11 +51,19 @@ class BackgroundWarmStart:
     def running(self) -> bool:
         return self._thread.is_alive()
 
-    def stop(self, raise_error: bool = True) -> None:
+    def stop(self, raise_error: bool = True, grace_s: float | None = STOP_GRACE_S) -> bool:
+        """Stop the thread and wait up to ``grace_s`` for it (None: as long as it takes);
+        whether it ended.  One still running is in work nothing interrupts (pricing a tuple's
+        mixed stages: seconds) and is left to end on its own: its clock reads inf, so it
+        starts nothing after that work, and the caller closes the incumbents it would add to
+        (``Best.close``)."""
         self._stop.set()
-        self._thread.join()
+        self._thread.join(grace_s)
+        if self._thread.is_alive():
+            return False
         if raise_error and self._error is not None:
             raise self._error
+        return True
 
 
 def concurrent_allowed() -> bool:

@@ -74,13 +74,20 @@ class Best:
     def __init__(self, k: int):
         self.k, self.items = k, []
         self._lock = threading.Lock()
+        self._closed = False
 
     def add(self, cand: Candidate) -> None:
         sig = cand.signature
         with self._lock:
-            if any(c.signature == sig for c in self.items):
+            if self._closed or any(c.signature == sig for c in self.items):
                 return
             self.items = sorted([*self.items, cand], key=lambda c: c.key)[:self.k]
+
+    def close(self) -> None:
+        """No more candidates: the answer is built from ``items`` as they are now (a warm start
+        left running past the search, background.py, may still offer some)."""
+        with self._lock:
+            self._closed = True
 
     def threshold(self) -> float:
         """Value a new candidate must beat to enter (inf while fewer than K)."""

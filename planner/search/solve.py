@@ -112,11 +112,13 @@ def _guarded(cluster, model, training, objective, time_limit_s, top_k, launcher,
 
 
 def _stop_background(state: dict) -> None:
-    """Stop the warm start beside the heap, if it still runs, keeping what it found; its own
-    error gives way to the one already on its way."""
+    """Stop the warm start beside the heap, if it still runs, keeping what it found, and close
+    the incumbents; its own error gives way to the one already on its way."""
     background = state.pop("background", None)
     if background is not None:
         background.stop(raise_error=False)
+    if "best" in state:
+        state["best"].close()
 
 
 def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, *, state: dict,
@@ -347,14 +349,14 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         milp = exact_solver(prob)
         solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb,
                     time_lb=max(qb, tb))
-    if "background" in state:
-        state.pop("background").stop()
-    if warm and stats.unexplored and clock.now() < deadline:
+    ended = state.pop("background").stop() if "background" in state else True
+    if warm and ended and stats.unexplored and clock.now() < deadline:
         # time left over with tuples too big for the exact MILP (not when every tuple was solved
         # or pruned: nothing better than the answer, by more than gap_rel, is left to find):
         # more incumbents on option subsets
         warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
                    share=1.0, done=warm_done, milp_share=1.0)
+    best.close()
     return finish(cluster, model, training, spec, classes, best, bounds, stats, wall_t0, profiles, launcher)
 
 
