@@ -134,3 +134,31 @@ def test_closed_incumbents_take_no_more():
     best.close()
     best.add(SimpleNamespace(signature="c", key=(0.5,)))     # a warm start left running
     assert [c.signature for c in best.items] == ["b", "a"]
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
+def test_ctrl_c_stops_the_search_and_its_warm_start():
+    # bench scenario c: 4 s in, the warm start's first MILPs run in the thread beside the heap
+    import signal
+
+    from planner.bench_scenarios import by_key, full_scenarios
+    from planner.search import solve
+    from planner.spec import Training, cluster_from_dict, load_model
+
+    sc = by_key(full_scenarios(), "c")
+    training = Training(global_batch_size=sc.global_batch_size, seq_len=sc.seq_len, precision=sc.precision)
+    sent = {}
+
+    def interrupt() -> None:
+        sent["at"] = time.monotonic()
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Timer(4.0, interrupt)
+    timer.start()
+    try:
+        result = solve(cluster_from_dict(sc.cluster), load_model(sc.model), training, time_limit_s=30)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - sent["at"] < 3.0       # not the 26 s left of the limit
+    assert result.report.interrupted and result.plan is not None
+    assert "planner-warm-start" not in [t.name for t in threading.enumerate()]
