@@ -147,18 +147,29 @@ def test_ctrl_c_stops_the_search_and_its_warm_start():
 
     sc = by_key(full_scenarios(), "c")
     training = Training(global_batch_size=sc.global_batch_size, seq_len=sc.seq_len, precision=sc.precision)
-    sent = {}
+    sent, done = [], threading.Event()
 
     def interrupt() -> None:
-        sent["at"] = time.monotonic()
-        os.kill(os.getpid(), signal.SIGINT)
+        # again each second until the search returns: a KeyboardInterrupt raised inside a gc
+        # callback (hypothesis installs one in the full suite) is swallowed as unraisable, and
+        # the search never sees it (seen once: it ran to its limit); a user presses Ctrl-C again
+        while not done.wait(4.0 if not sent else 1.0):
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
 
-    timer = threading.Timer(4.0, interrupt)
-    timer.start()
+    interrupter = threading.Thread(target=interrupt, daemon=True)
+    interrupter.start()
     try:
         result = solve(cluster_from_dict(sc.cluster), load_model(sc.model), training, time_limit_s=30)
     finally:
-        timer.cancel()
-    assert time.monotonic() - sent["at"] < 3.0       # not the 26 s left of the limit
+        done.set()
+    interrupter.join()
+    # within 4 s of the first Ctrl-C (one swallowed costs a second), not the 26 s left
+    assert time.monotonic() - sent[0] < 4.0, sent
     assert result.report.interrupted and result.plan is not None
-    assert "planner-warm-start" not in [t.name for t in threading.enumerate()]
+    # stopped, or left to end work nothing interrupts (pricing) after the 0.3-s grace: it then
+    # starts nothing more (its clock reads inf) and ends on its own
+    for thread in threading.enumerate():
+        if thread.name == "planner-warm-start":
+            thread.join(15.0)
+            assert not thread.is_alive()
