@@ -11,12 +11,11 @@ The plans are built by hand (a few devices need no search); test_profile_cost.py
 
 from __future__ import annotations
 
-import os
 import statistics
 from pathlib import Path
 
 import pytest
-from timing import STEADY_SPREAD, probe_spread, require_quiet_machine, speed_probe_s
+from timing import STEADY_SPREAD, probe_spread, require_quiet_machine, speed_probe_s, timing_forced
 
 from planner.plan import Plan
 from planner.spec import load_model
@@ -139,7 +138,7 @@ MAX_MEASUREMENTS = 4
 
 
 def _measure_and_compare(name: str, clusters_here: tuple[Path, list[float]], tmp_path: Path) -> None:
-    forced = os.environ.get("PLANNER_TIMING_TESTS") == "force"
+    forced = timing_forced()
     clusters, probes = clusters_here
     steady_errors: list[float] = []
     for attempt in range(1, MAX_MEASUREMENTS + 1):

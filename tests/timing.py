@@ -15,10 +15,15 @@ import pytest
 STEADY_SPREAD = 0.20
 
 
+def timing_forced() -> bool:
+    """PLANNER_TIMING_TESTS=force: measure however busy the machine (e.g. under 'chrt -r 1' on a
+    shared machine)."""
+    return os.environ.get("PLANNER_TIMING_TESTS") == "force"
+
+
 def require_quiet_machine() -> None:
-    """Skip the calling test's timing assertion on a busy machine; PLANNER_TIMING_TESTS=force
-    runs it anyway (e.g. under 'chrt -r 1' on a shared machine)."""
-    if os.environ.get("PLANNER_TIMING_TESTS") == "force":
+    """Skip the calling test's timing assertion on a busy machine, unless ``timing_forced``."""
+    if timing_forced():
         return
     load = os.getloadavg()[0]
     cores = os.cpu_count() or 1

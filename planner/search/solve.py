@@ -227,8 +227,8 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         stats.tokens_per_iteration = tokens
     # the layouts a person would write, first: every answer is at least as good (baselines.py)
     stats.baseline = seed(pricer, ranked, spec, launcher, best,
-                             stop_at=min(deadline, clock.now() + BASELINE_SHARE * time_limit_s),
-                             deadline=min(deadline, clock.now() + 2 * BASELINE_SHARE * time_limit_s))
+                          stop_at=min(deadline, clock.now() + BASELINE_SHARE * time_limit_s),
+                          deadline=min(deadline, clock.now() + 2 * BASELINE_SHARE * time_limit_s))
     big = bool(ranked) and max(len(t.keys) for t in ranked) > WARM_KEYS_ABOVE
     warm = time_like and big
     warm_done: set = set()
@@ -246,6 +246,11 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
                    say, done=set())
         stats.shared_warm_start = len(shared.items)
 
+    def later_warm_start(bound: KnobBound) -> None:
+        """On to the tuples the first pass did not reach, with all the time left."""
+        warm_start(pricer, bound, ranked, spec, training, best, settings, deadline, launcher, say,
+                   share=1.0, done=warm_done, milp_share=1.0)
+
     if big and concurrent_allowed():     # beside the heap, with a bound of its own (background.py)
         own = KnobBound(pricer)
         own.set_deadline(deadline)
@@ -255,8 +260,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             # its MILPs take no time from the heap's here: on to the next tuples until the
             # deadline, as the pass after the heap does in line (c: 1.986 s -> 1.979 s)
             if warm:
-                warm_start(pricer, own, ranked, spec, training, best, settings, deadline, launcher, say,
-                           share=1.0, done=warm_done, milp_share=1.0)
+                later_warm_start(own)
         state["background"] = BackgroundWarmStart(beside).start()
     elif big:
         first_warm_start(knob_bound)
@@ -354,8 +358,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         # time left over with tuples too big for the exact MILP (not when every tuple was solved
         # or pruned: nothing better than the answer, by more than gap_rel, is left to find):
         # more incumbents on option subsets
-        warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadline, launcher, say,
-                   share=1.0, done=warm_done, milp_share=1.0)
+        later_warm_start(knob_bound)
     best.close()
     return finish(cluster, model, training, spec, classes, best, bounds, stats, wall_t0, profiles, launcher)
 
