@@ -19,24 +19,34 @@ micro-batch ``c_s(nb)`` is its slowest replica's. A stage whose replicas would n
 at ``nb`` blocks with those shares (``planner.cost.memory.replica_memory``, the schedule's
 in-flight micro-batches) is ``inf`` there: the split is never chosen.
 
-The split. 1F1B's closed form (planner.cost.schedule) is ``(m - 1) max_s c_s + sum_s c_s``,
-interleaved 1F1B's ``(m - 1/v) max_s c_s + (1/v) sum_s c_s`` over chunks of v blocks: one max
-plus a sum, which the search's exact DP (``planner.search.core.dp.dp_partition``) minimises
-over contiguous splits of the cost table ``cost[s][i][j] = c_s(j - i)``. Other schedules price
-forward and backward maxima apart (GPipe) or have no closed form (zero-bubble, V, BitPipe,
-latency-aware): refused. A split that ties the current one keeps the current one.
+The pipeline's time on stage times ``c_s`` is the action-list executor's makespan
+(``planner.simulate``: the schedule's generated lists, each stage's micro-batch split into
+forward and backward in its line's ratio). Not the closed form: 1F1B's ``(m - 1) max_s c_s +
+sum_s c_s`` is an upper bound that is exact when the last stage is the slowest, and moving
+blocks off a slow late stage makes an early stage the slowest, where its warm-up forwards
+overlap the fill (a 2-stage run on the reference runner: the form 10% over the measured step,
+the executor 2% over).
 
-Prediction. The pipeline formula on the ``c_s`` plus what the measured steps spent beyond the
-same formula on their measured stage times (the median over the steps used of step time less
-it: sends, DP sync, optimizer, the formula's own error), taken as fixed and floored at zero
-(1F1B's form is an upper bound when an early stage is the faster one, so it can exceed a
-measured step). Sends do not depend on
-the split; a stage's DP sync and optimizer step grow with its blocks, which this leaves out (a
-first-order estimate, as ``planner rebalance`` is for pipelines).
+The split. Where the contiguous splits are few (``SPLITS_ENUMERATED``) each is run through
+the executor and the fastest kept. Else the search's exact DP
+(``planner.search.core.dp.dp_partition``) minimises the closed form, 1F1B's or interleaved
+1F1B's ``(m - 1/v) max_s c_s + (1/v) sum_s c_s`` over chunks of v blocks (one max plus a sum),
+over the cost table ``cost[s][i][j] = c_s(j - i)``, and its split is kept if the executor
+prices it faster. Other schedules price forward and backward maxima apart (GPipe) or carry
+their own W / V / latency terms (zero-bubble, V, BitPipe, latency-aware): refused. A split
+that ties the current one keeps the current one.
+
+Prediction. The executor's time on the ``c_s`` plus what the measured steps spent beyond the
+executor's time on their measured stage times (the median over the steps used of step time
+less it: sends, DP sync, optimizer), taken as fixed and floored at zero. Sends do not depend
+on the split; a stage's DP sync and optimizer step grow with its blocks, which this leaves out
+(a first-order estimate, as ``planner rebalance`` is for pipelines).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -44,6 +54,9 @@ from planner.errors import InputError
 from planner.rebalance import ReplicaSpeed, fit_speed, solve_shares
 
 SCHEDULES = ("1f1b", "interleaved-1f1b")
+# Up to this many contiguous splits each is priced by the executor (a 2-stage plan of 64
+# blocks: 63; 4 stages of 16: 455), milliseconds each; beyond, the closed form's DP chooses.
+SPLITS_ENUMERATED = 512
 
 
 @dataclass(frozen=True)
@@ -55,9 +68,25 @@ class ReplicaLine:
     fixed_s: float       # embedding / head, TP collectives of those, per-micro-batch overhead
     per_block_s: float   # one block's measured forward + backward (its TP collectives in)
     k: float             # measured / cost-model layer time (planner.profile.from_run)
+    forward_fixed_s: float = 0.0      # the forward's part of fixed_s (the overhead counted here,
+    forward_per_block_s: float = 0.0  # as replica_compute does) and of per_block_s
 
     def time_s(self, num_blocks: int) -> float:
         return self.fixed_s + self.per_block_s * num_blocks
+
+    def forward_share(self, num_blocks: int) -> float:
+        total = self.time_s(num_blocks)
+        return (self.forward_fixed_s + self.forward_per_block_s * num_blocks) / total if total > 0 else 0.5
+
+
+@dataclass(frozen=True)
+class StageAt:
+    """One stage at a block count: its slowest replica's time per micro-batch and forward share."""
+
+    per_micro_batch_s: float
+    forward_share: float
+    shares: list[int]
+    speeds: list[ReplicaSpeed]
 
 
 @dataclass(frozen=True)
@@ -95,12 +124,16 @@ def schedule_form(plan) -> tuple[float, float, int]:
                      "(rebalance without --blocks re-solves the shares of any schedule)")
 
 
-def pipeline_s(plan, per_micro_batch_s: list[float]) -> float:
-    """The cost model's closed form (planner.cost.schedule.pipeline_time_s) on stage times."""
-    from planner.cost.schedule import StageTiming, pipeline_time_s
+def pipeline_s(plan, stages: list[tuple[float, float]]) -> float:
+    """The executor's makespan of the plan's schedule on (time per micro-batch, forward share)
+    per stage, sends left out (module docstring)."""
+    from planner.simulate.actions import generate
+    from planner.simulate.engine import SimStage
+    from planner.simulate.executor import execute, stage_times_from_ranks
 
-    return pipeline_time_s([StageTiming(forward_s=c, backward_s=0.0) for c in per_micro_batch_s],
-                           plan.num_micro_batches, plan.schedule, plan.virtual_stages)
+    ranks = [SimStage(forward_s=c * f, backward_s=c * (1 - f)) for c, f in stages]
+    sched = generate(plan.schedule, len(stages), plan.num_micro_batches, plan.virtual_stages)
+    return execute(sched, stage_times_from_ranks(ranks, plan.virtual_stages), check=False).makespan_s
 
 
 def replica_lines(ctx, cluster, plan, times, used: range, path: str) -> dict[tuple[int, int], ReplicaLine]:
@@ -118,14 +151,18 @@ def replica_lines(ctx, cluster, plan, times, used: range, path: str) -> dict[tup
                 .scale(t.compute_s[i] / m, path, f"steps[{i}] stage {st.index} replica {j} compute_s")
                 for i in used)
             one = layer_prices(ctx, gpu, intra, rep.tp, rep.micro_batch_share, 1, st.embedding, st.head)
-            per_block = fixed = 0.0
+            per_block = fixed = forward_per_block = 0.0
+            forward_fixed = one.overhead_s
             for kind, _, lt in one.layers:
                 layer_s = k * (lt.forward_s + lt.backward_s) + lt.tp_comm_s
+                forward_s = k * lt.forward_s + lt.tp_comm_forward_s
                 if kind == "block":
-                    per_block = layer_s
+                    per_block, forward_per_block = layer_s, forward_s
                 else:
                     fixed += layer_s
-            out[(st.index, j)] = ReplicaLine(st.index, j, fixed + one.overhead_s, per_block, k)
+                    forward_fixed += forward_s
+            out[(st.index, j)] = ReplicaLine(st.index, j, fixed + one.overhead_s, per_block, k,
+                                             forward_fixed, forward_per_block)
     return out
 
 
@@ -147,13 +184,18 @@ class _Stage:
             out.append(ReplicaSpeed(sp.stage, sp.replica, sp.fixed_s * rho, sp.per_sequence_s * rho))
         return out
 
-    def at(self, nb: int, shares: list[int] | None = None) -> tuple[float, list[int], list[ReplicaSpeed]]:
-        """(time per micro-batch, shares, speeds) at ``nb`` blocks; ``shares`` None: re-solved."""
+    def at(self, nb: int, shares: list[int] | None = None) -> StageAt:
+        """The stage at ``nb`` blocks; ``shares`` None: re-solved."""
         speeds = self.speeds_at(nb)
         if shares is None:
             shares = solve_shares(speeds, self.plan.micro_batch_size, self.min_share)
-        step = max(sp.time_s(x) for sp, x in zip(speeds, shares))
-        return step / self.plan.num_micro_batches, shares, speeds
+        step, slowest = max((sp.time_s(x), j) for j, (sp, x) in enumerate(zip(speeds, shares)))
+        return StageAt(step / self.plan.num_micro_batches, self.lines[slowest].forward_share(nb), shares, speeds)
+
+    def measured(self, times, step: int) -> tuple[float, float]:
+        """(time per micro-batch, forward share) of the measured ``step``: its slowest replica."""
+        c, slowest = max((times[k].compute_s[step], j) for j, k in enumerate(self.keys))
+        return c / self.plan.num_micro_batches, self.lines[slowest].forward_share(self.stage.num_blocks)
 
     def fits(self, nb: int, shares: list[int]) -> bool:
         from planner.cost.memory import logits_in_flight, replica_memory, stage_holds
@@ -171,11 +213,8 @@ def rebalance_blocks(cluster, plan, doc: dict, times, path: str, min_share: int 
                      profiles=None) -> BlockRebalanced:
     """The split and shares re-solved from the measurements ``doc`` / ``times`` of ``plan``
     (``planner.launch.measurements.load``), read from ``path`` (named in errors)."""
-    import numpy as np
-
     from planner.cost.evaluate import context_for_plan
     from planner.profile.from_run import check_trained, run_context
-    from planner.search.core.dp import dp_partition
 
     p = len(plan.stages)
     if p < 2:
@@ -194,43 +233,46 @@ def rebalance_blocks(cluster, plan, doc: dict, times, path: str, min_share: int 
     total = plan.stages[-1].blocks[1]
     units = total // unit
 
-    # c_s at every block count, with the shares re-solved there; inf where it does not fit
-    table = np.full((p, units + 1), np.inf)
-    for s, stage in enumerate(stages):
+    # each stage at every block count, its shares re-solved there; None where it does not fit
+    table: list[list[StageAt | None]] = []
+    for stage in stages:
+        row = [None]
         for n in range(1, units + 1):
-            c, shares, _ = stage.at(n * unit)
-            if stage.fits(n * unit, shares):
-                table[s, n] = c
-    i, j = np.indices((units + 1, units + 1))
-    width = np.where(j > i, j - i, 0)
-    cost = np.where(j > i, table[:, width], np.inf)
-    objective, split, _ = dp_partition(cost, alpha, beta)
-    if not split:
+            at = stage.at(n * unit)
+            row.append(at if stage.fits(n * unit, at.shares) else None)
+        table.append(row)
+
+    def executor_s(split_units) -> float:
+        ats = [table[s][n] for s, n in enumerate(split_units)]
+        if any(at is None for at in ats):
+            return math.inf
+        return pipeline_s(plan, [(at.per_micro_batch_s, at.forward_share) for at in ats])
+
+    old_nb = [st.num_blocks for st in plan.stages]
+    old_units = [n // unit for n in old_nb]
+    best_units, best_s = old_units, executor_s(old_units)
+    for cand in _candidate_splits(table, units, alpha, beta):
+        t = executor_s(cand)
+        if t < best_s * (1 - 1e-9):      # as good: keep what runs now
+            best_units, best_s = cand, t
+    if not math.isfinite(best_s):
         raise InputError("rebalance --blocks: no split of the blocks over these stages fits in memory "
                          "with the measured shares")
-    old_nb = [st.num_blocks for st in plan.stages]
-    old_obj = alpha * max(table[s, n // unit] for s, n in enumerate(old_nb)) \
-        + beta * sum(table[s, n // unit] for s, n in enumerate(old_nb))
-    new_nb = [(b - a) * unit for a, b in split]
-    if old_obj <= objective * (1 + 1e-9):   # as good: keep what runs now
-        new_nb = old_nb
+    new_nb = [n * unit for n in best_units]
 
     def predicted(nbs, fixed_shares: bool) -> tuple[float, dict, dict]:
-        cs, shares, sp = [], {}, {}
+        ats, shares, sp = [], {}, {}
         for stage, nb in zip(stages, nbs):
             old = [r.micro_batch_share for r in stage.stage.replicas] if fixed_shares else None
-            c, got, speeds_ = stage.at(nb, old)
-            cs.append(c)
-            shares.update(zip(stage.keys, got))
-            sp.update(zip(stage.keys, speeds_))
-        return pipeline_s(plan, cs), shares, sp
+            at = stage.at(nb, old)
+            ats.append((at.per_micro_batch_s, at.forward_share))
+            shares.update(zip(stage.keys, at.shares))
+            sp.update(zip(stage.keys, at.speeds))
+        return pipeline_s(plan, ats), shares, sp
 
-    m = plan.num_micro_batches
-    outside = statistics.median(
-        doc["steps"][i]["step_time_s"]
-        - pipeline_s(plan, [max(times[k].compute_s[i] for k in st.keys) / m for st in stages])
-        for i in used)
-    outside = max(0.0, outside)
+    outside = max(0.0, statistics.median(
+        doc["steps"][i]["step_time_s"] - pipeline_s(plan, [stage.measured(times, i) for stage in stages])
+        for i in used))
     pipe_old, old_shares, _ = predicted(old_nb, True)
     pipe_shares, _, _ = predicted(old_nb, False)
     pipe_new, new_shares, _ = predicted(new_nb, False)
@@ -244,6 +286,27 @@ def rebalance_blocks(cluster, plan, doc: dict, times, path: str, min_share: int 
         measured_step_s=statistics.median(doc["steps"][i]["step_time_s"] for i in used),
         predicted_old_step_s=outside + pipe_old, predicted_shares_step_s=outside + pipe_shares,
         predicted_step_s=outside + pipe_new)
+
+
+def _candidate_splits(table, units: int, alpha: float, beta: float):
+    """Block counts per stage (in units) to price: every contiguous split where they are few,
+    else the closed form's DP optimum (module docstring)."""
+    import numpy as np
+
+    from planner.search.core.dp import dp_partition
+
+    p = len(table)
+    if math.comb(units - 1, p - 1) <= SPLITS_ENUMERATED:
+        for cuts in itertools.combinations(range(1, units), p - 1):
+            edges = (0, *cuts, units)
+            yield [b - a for a, b in itertools.pairwise(edges)]
+        return
+    c = np.array([[math.inf if at is None else at.per_micro_batch_s for at in row] for row in table])
+    i, j = np.indices((units + 1, units + 1))
+    cost = np.where(j > i, c[:, np.where(j > i, j - i, 0)], np.inf)
+    _, split, _ = dp_partition(cost, alpha, beta)
+    if split:
+        yield [b - a for a, b in split]
 
 
 def block_rebalanced_plan(plan, result: BlockRebalanced):

@@ -1,7 +1,7 @@
-"""``planner rebalance --blocks`` on hand-built measurements (no processes): the split the exact
-DP picks is the brute-force optimum over every split of the cost model's closed form, a
-balanced split is kept, memory refuses splits, and bad input exits 2. The real run is
-tests/test_rebalance_blocks_slow.py."""
+"""``planner rebalance --blocks`` on hand-built measurements (no processes): the split chosen is
+the brute-force optimum over every split of the action-list executor's time, the DP's split
+where the splits are too many to enumerate, a balanced split is kept, memory refuses splits,
+and bad input exits 2. The real run is tests/test_rebalance_blocks_slow.py."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from planner.launch.measurements import build, trained_record
 from planner.launch.runner import RankInfo, model_shape
 from planner.plan import Plan
 from planner.plan.schema import validate_plan_json
+from planner.simulate.actions import generate
+from planner.simulate.executor import StageTimes, execute
 
 GPU = "A100-SXM4-80GB"
 CLUSTER = f"""\
@@ -50,11 +52,12 @@ def make_plan(split, shares=((4,), (4,)), schedule="1f1b", cluster="local", v=1)
         "stages": stages})
 
 
-def stage_time_s(plan, stage: int, nb: int, slow: float, share: int | None = None) -> float:
-    """One micro-batch on a replica of ``stage`` holding ``nb`` blocks whose layers run ``slow``
-    times the cost model's time (per-micro-batch overhead as priced): the ground truth the
-    synthetic run measures, written with the cost model's public replica_compute as the runner
-    computes (float32, attention unfused, the plain loss: planner.profile.from_run.run_context)."""
+def stage_point(plan, stage: int, nb: int, slow: float, share: int | None = None) -> tuple[float, float]:
+    """(seconds, forward seconds) of one micro-batch on a replica of ``stage`` holding ``nb``
+    blocks whose layers run ``slow`` times the cost model's time (per-micro-batch overhead as
+    priced, in the forward as replica_compute puts it): the ground truth the synthetic run
+    measures, written with the cost model's public replica_compute as the runner computes
+    (float32, attention unfused, the plain loss: planner.profile.from_run.run_context)."""
     ctx = context_for_plan(plan, precision="fp32", flash_attention=False, cross_entropy="plain")
     st = plan.stages[stage]
     share = share or st.replicas[0].micro_batch_share
@@ -62,7 +65,20 @@ def stage_time_s(plan, stage: int, nb: int, slow: float, share: int | None = Non
     gpu = node.gpu
     rt = replica_compute(ctx, gpu, node.group.intra_Bps, 1, share, nb, st.embedding, st.head)
     overhead = ctx.calibration.for_gpu(gpu).microbatch_overhead_s
-    return slow * (rt.total_s - overhead) + overhead
+    return slow * (rt.total_s - overhead) + overhead, slow * (rt.forward_s - overhead) + overhead
+
+
+def stage_time_s(plan, stage: int, nb: int, slow: float, share: int | None = None) -> float:
+    return stage_point(plan, stage, nb, slow, share)[0]
+
+
+def executor_s(plan, points) -> float:
+    """The schedule's generated action lists run on (seconds, forward seconds) per stage, each
+    rank's chunks an equal part of it: how the synthetic run's steps pass."""
+    v = plan.virtual_stages
+    chunk = [StageTimes(forward_s=f / v, backward_s=(c - f) / v) for c, f in points]
+    sched = generate(plan.schedule, len(points), M, v)
+    return execute(sched, [chunk[sched.owner(s)[0]] for s in range(len(points) * v)]).makespan_s
 
 
 def _node():
@@ -75,7 +91,7 @@ def _node():
 def measurements(plan, slow: dict, steps: int = 5) -> dict:
     """Each replica (stage, replica) runs ``slow[(stage, replica)]`` times the cost model's layer
     time; step 0 three times that (a warm-up the rebalance leaves out); each step takes the 1F1B
-    closed form on the slowest replicas plus OUTSIDE_S."""
+    schedule's executor time on the slowest replicas plus OUTSIDE_S."""
     ranks, per_rank, step_time = [], {}, []
     rank = 0
     for st in plan.stages:
@@ -85,31 +101,27 @@ def measurements(plan, slow: dict, steps: int = 5) -> dict:
             rank += 1
     for i in range(steps):
         x = 3.0 if i == 0 else 1.0
-        per_stage = []
+        points = {}
         for rk in ranks:
             st = plan.stages[rk.stage]
             share = st.replicas[rk.replica].micro_batch_share
-            c = x * M * stage_time_s(plan, rk.stage, st.num_blocks, slow[(rk.stage, rk.replica)], share)
-            per_rank[rk.rank].append({"share": share, "forward_s": c / 3, "backward_s": 2 * c / 3,
+            c, f = (x * M * t for t in stage_point(plan, rk.stage, st.num_blocks, slow[(rk.stage, rk.replica)], share))
+            per_rank[rk.rank].append({"share": share, "forward_s": f, "backward_s": c - f,
                                       "recv_wait_s": 0.0, "sync_wait_s": 0.0})
-        for st in plan.stages:
-            per_stage.append(max(per_rank[rk.rank][i]["forward_s"] + per_rank[rk.rank][i]["backward_s"]
-                                 for rk in ranks if rk.stage == st.index) / M)
-        step_time.append(pipeline_time_s([StageTiming(c, 0.0) for c in per_stage], M, plan.schedule,
-                                         plan.virtual_stages) + OUTSIDE_S)
+            points[rk.stage] = max(points.get(rk.stage, (0.0, 0.0)), (c / M, f / M))
+        step_time.append(executor_s(plan, [points[s] for s in range(len(plan.stages))]) + OUTSIDE_S)
     return build(plan, ranks, per_rank, step_time, None,
                  trained_record(model_shape(plan), "float32", "gloo", False, None))
 
 
 def brute_force(plan, slow: dict) -> tuple[int, float]:
-    """(blocks on stage 0, pipeline time by the cost model's closed form) minimising over every
-    split of a 2-stage plan (in whole chunks of virtual_stages blocks), ties to the plan's own
-    split: no DP, no table."""
+    """(blocks on stage 0, pipeline time by the schedule's executor) minimising over every split
+    of a 2-stage plan (in whole chunks of virtual_stages blocks), ties to the plan's own split:
+    no DP, no table."""
     L, v = MODEL["num_layers"], plan.virtual_stages
     best = None
     for a in range(v, L, v):
-        cs = [stage_time_s(plan, 0, a, slow[(0, 0)]), stage_time_s(plan, 1, L - a, slow[(1, 0)])]
-        t = pipeline_time_s([StageTiming(c, 0.0) for c in cs], M, plan.schedule, v)
+        t = executor_s(plan, [stage_point(plan, 0, a, slow[(0, 0)]), stage_point(plan, 1, L - a, slow[(1, 0)])])
         key = (t * (1 - 1e-12) if a == plan.stages[0].num_blocks else t, a)
         if best is None or key < best[0]:
             best = (key, (a, t))
@@ -145,6 +157,27 @@ def test_slow_stage_gives_blocks_to_the_fast_one_as_brute_force_says(tmp_path, c
     assert api.evaluate(cluster, new).fits
     rank_map = json.loads(api.launch(new, "torchrun", cluster=cluster, master_addr="10.0.0.1")["rank_map.json"])
     assert len(rank_map["stages"]) == 2
+
+
+def test_too_many_splits_take_the_closed_forms_dp_split(tmp_path, capsys, monkeypatch):
+    """Where the splits are too many to run each through the executor, the DP's optimum of the
+    closed form (an upper bound on the executor's time) is the one candidate: the split that
+    brute force over the closed form gives, priced by the executor."""
+    import planner.rebalance_blocks as rb
+    monkeypatch.setattr(rb, "SPLITS_ENUMERATED", 0)
+    plan = make_plan((4, 4))
+    slow = {(0, 0): 1.0, (1, 0): 2.0}
+    assert run_cli(tmp_path, plan, measurements(plan, slow), "--blocks", "--json") == 0
+    summary = json.loads(capsys.readouterr().out)
+    L = MODEL["num_layers"]
+    closed = {a: pipeline_time_s([StageTiming(stage_time_s(plan, 0, a, 1.0), 0.0),
+                                  StageTiming(stage_time_s(plan, 1, L - a, 2.0), 0.0)], M, "1f1b")
+              for a in range(1, L)}
+    a = min(closed, key=closed.get)
+    assert summary["blocks"]["new"] == [[0, a], [a, L]]
+    t = executor_s(plan, [stage_point(plan, 0, a, 1.0), stage_point(plan, 1, L - a, 2.0)])
+    assert summary["predicted_step_s"] == pytest.approx(t + OUTSIDE_S, rel=1e-9)
+    assert t < closed[a]     # the early stage is now the slowest: the form is above the executor
 
 
 def test_interleaved_split_moves_whole_chunks_as_brute_force_says(tmp_path, capsys):

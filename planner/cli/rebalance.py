@@ -21,8 +21,8 @@ from planner.cli.common import check_writable, console, echo_json, write_atomic
 def rebalance(cluster_file, plan_file, measurements_file, output, blocks, as_json):
     """Re-solve PLAN's micro-batch shares from measured per-replica speeds, same devices and
     stages, and report the predicted step time; with --blocks, the block split first (measured
-    time per block per replica, the pipeline's closed form minimised by the exact DP, memory
-    checked). Exit 2 for bad input (measurements of another plan, a replica missing, a time
+    time per block per replica, every split or the closed form's DP optimum priced by the
+    schedule's action-list executor, memory checked). Exit 2 for bad input (measurements of another plan, a replica missing, a time
     that is not positive, --blocks on a one-stage plan or another schedule)."""
     from planner import api
 
