@@ -600,3 +600,25 @@ def test_position_lp_time_limit_counts_from_now_not_from_its_first_run():
         lp.least_fill(*args)
     lp.deadline = time.monotonic() + 0.1        # less time left than the instance has run
     assert lp.least_fill(*args) == free
+
+
+def test_the_reported_space_is_the_one_the_training_lists():
+    """The plan's ``solver.space`` states the freedoms searched: a training that lists fewer
+    schedules, recompute modes or ZeRO stages, or caps stages and micro-batch sizes, is told so
+    (the plan found keeps within them)."""
+    from planner import api
+    from planner.spec import Training
+
+    cluster = api.load_cluster("cluster_specs/tiny-mixed.yaml")
+    narrow = Training(global_batch_size=16, seq_len=512, schedules=("1f1b", "zb-h1"), recompute_modes=("full",),
+                      zero_stages=(1,), max_stages=2, micro_batch_sizes=(2, 4), max_tp=2)
+    plan = api.plan(cluster, "opt-350m", narrow, time_limit_s=20).plan
+    space = plan.solver.space
+    assert "stages 1..2;" in space and "per-replica sizes 2/4;" in space and "up to 2 within" in space
+    assert "schedules 1f1b, zb-h1 (rows bound its time" in space and "gpipe" not in space
+    assert "recompute full;" in space and "ZeRO 1;" in space
+    assert len(plan.stages) <= 2 and plan.schedule in ("1f1b", "zb-h1") and (plan.recompute, plan.zero_stage) == ("full", 1)
+    assert {r.micro_batch_share for st in plan.stages for r in st.replicas} <= {2, 4}
+    default = api.plan(cluster, "opt-350m", Training(global_batch_size=16, seq_len=512), time_limit_s=20).plan
+    assert "schedules 1f1b, gpipe, interleaved-1f1b (v=2); recompute none/selective/full; ZeRO 0/1;" \
+        in default.solver.space

@@ -44,13 +44,6 @@ class SearchResult:
         return self.report
 
 
-
-SPACE = ("stages 1..L; contiguous uneven block ranges; per stage one node class, a TP degree "
-         "(power of two within a node, dividing the heads), n replicas (the fewest giving their "
-         "largest share), shares differing by at most one; micro-batch size x count = global "
-         "batch; training.schedules of gpipe/1f1b/interleaved-1f1b(v=2)/zb-h1 "
-         "(zb-h1 priced by a lower bound, its plans exactly; not with a launcher); recompute none/selective/full; ZeRO 0/1; "
-         "idle GPUs allowed (docs/search-space.md)")
 def finish(cluster, model, training, spec, classes, best, bounds, stats, t0, profiles, launcher):
     if not best.items:
         raise InfeasibleError(explain_infeasible(cluster, model, training, spec, classes, stats))
@@ -151,17 +144,32 @@ def _baseline_fields(base, value: float, top, time_like: bool) -> dict:
             "baselines_priced": base.priced, "baselines_wall_s": base.wall_s, "baselines_complete": base.complete}
 
 
+# How each schedule's time enters the search (docs/search-space.md, "Schedules")
+_SCHEDULE_NOTES = {"interleaved-1f1b": " (v=2)",
+                   "zb-h1": " (rows bound its time, its plans priced exactly; torch pipelining only)",
+                   "zb-v": " (v=2; rows bound its time, its plans priced exactly; torch pipelining only)",
+                   "dualpipev": " (v=2; rows bound its time, its plans priced exactly; torch pipelining only)"}
+
+
 def _space(training, launcher: str | None) -> str:
-    """The searched space, as the plan's solver report states it."""
-    space = SPACE
-    sharded = [z for z in training.zero_stages if z >= 2]
-    if sharded:     # only when listed: the default space's report keeps its words
-        space += "; also ZeRO " + "/".join(map(str, sorted(set(sharded))))
-        if 3 in sharded:
-            space += " (reshard_after_forward " + "/".join(
-                sorted({str(r).lower() for r in training.reshard_after_forward})) + ")"
-    cps = sorted({cp for cp in getattr(training, "context_parallel_degrees", (1,)) if cp > 1})
-    if cps:         # only when listed, as ZeRO 2/3
+    """The searched space, as the plan's solver report states it: the freedoms ``training``
+    lists, not the defaults', so a plan searched with fewer says so."""
+    stages = f"stages 1..{training.max_stages}" if training.max_stages else "stages 1..L"
+    sizes = "micro-batch size x count = global batch" + (
+        ", per-replica sizes " + "/".join(map(str, training.micro_batch_sizes)) if training.micro_batch_sizes else "")
+    zero = "ZeRO " + "/".join(map(str, sorted(set(training.zero_stages))))
+    if 3 in training.zero_stages:
+        zero += " (reshard_after_forward " + "/".join(
+            sorted({str(r).lower() for r in training.reshard_after_forward})) + ")"
+    space = (f"{stages}; contiguous uneven block ranges; per stage one node class, a TP degree "
+             f"(power of two up to {training.max_tp} within a node, dividing the heads), n replicas "
+             "(the fewest giving their largest share), shares differing by at most one; "
+             f"{sizes}; schedules "
+             + ", ".join(s + _SCHEDULE_NOTES.get(s, "") for s in training.schedules)
+             + "; recompute " + "/".join(training.recompute_modes) + f"; {zero}; "
+             "idle GPUs allowed (docs/search-space.md)")
+    cps = sorted({cp for cp in training.context_parallel_degrees if cp > 1})
+    if cps:
         space += "; also context parallel " + "/".join(map(str, cps)) + " (replicas of tp x cp GPUs)"
     if launcher:
         return space + f"; launcher {launcher}: same tp and replicas per stage, equal shares"
