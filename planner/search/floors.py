@@ -13,10 +13,16 @@ objectives need the price too; two facts about every plan of a tuple give it:
 - **Work floor.**  Every schedule the search prices keeps each stage busy for at least m
   cycles of its forward and backward (1F1B ``F + (m-1) max c >= m c_s``, interleaved
   ``m max c + ... >= m c_s``, GPipe's two flow shops likewise; the DP sync and the optimizer
-  step only add), so ``time >= m (f_s + b_s)`` for every stage s, and with
-  ``f_s + b_s >= r_o nb_s`` (``r_o``: the option's least forward + backward per unit of
-  blocks at any position; ``nb_s >= 1``)
-  ``price * time >= sum_s pi_s m r_s nb_s >= m L min_o (pi_o r_o)``.
+  step only add), so ``time >= m (f_s + b_s)`` for every stage s.  A stage's forward +
+  backward is its option's line at its position, ``a_o nb_s + c_o(pos_s)``, and with
+  ``nb_s >= 1`` it is at least ``r_o nb_s + e_o(pos_s)``: ``r_o = a_o + min(0, least
+  intercept)`` per unit of blocks, ``e_o(pos) = max(0, c_o(pos))`` what the position adds
+  (the embedding on the first stage, the head and loss on the last, the per-micro-batch
+  overhead on every one).  So
+  ``price * time >= sum_s pi_s m (r_s nb_s + e_s(pos_s)) >= m (L min_o (pi_o r_o) + E)``,
+  ``E`` the least ``pi_o e_o`` of each position the tuple's p stages take (first, last and
+  p - 2 middle; one stage: the only position).  Without ``E`` a model whose head is a tenth of
+  its work (OPT-350M's 50k vocabulary) left the cost search's bound a tenth under the plans.
 
 Hence, with T the tuple's time bound:
 
@@ -39,6 +45,7 @@ import numpy as np
 from planner.search import clock
 from planner.search.knobs import Knobs, OptionKey
 from planner.search.objectives import ObjectiveSpec
+from planner.search.option_lines import POSITIONS
 from planner.search.space import Pricer
 
 
@@ -124,7 +131,7 @@ def tuple_floors(pricer: Pricer, knobs: Knobs, ctx, keys: list[OptionKey]) -> Tu
         return TupleFloors(math.inf, math.inf)
     unit = knobs.block_unit
     blocks = pricer.model.num_layers // unit
-    prices, rates = [], []
+    prices, rates, extras = [], [], []
     one_class: dict[int, float] = {}      # per class, the least a plan using it rents
     least_share: dict[int, float] = {}    # per class, its cheapest option's rent share
     for key in keys:
@@ -132,10 +139,17 @@ def tuple_floors(pricer: Pricer, knobs: Knobs, ctx, keys: list[OptionKey]) -> Tu
         one_class[key.cls] = min(one_class.get(key.cls, math.inf), key.least_rent_in(pricer.classes))
         least_share[key.cls] = min(least_share.get(key.cls, math.inf), prices[-1])
         (slope_f, slope_b, icpt), _ = pricer.lines(ctx, knobs, key, unit)
-        least_icpt = float(np.min(icpt.sum(axis=1)))
+        per_position = icpt.sum(axis=1)                   # forward + backward, POSITIONS order
+        least_icpt = float(np.min(per_position))
         # per unit of blocks, at the worst nb >= 1 for a negative intercept
         rates.append(max(0.0, slope_f + slope_b + min(0.0, least_icpt)))
+        extras.append(np.maximum(per_position, 0.0))
     pi, r = np.array(prices), np.array(rates)
-    return TupleFloors(max(knobs.num_stages * float(pi.min()), min(one_class.values())),
-                       knobs.num_micro_batches * blocks * float((pi * r).min()),
+    positioned = pi[:, None] * np.array(extras)        # [option, position]: what a stage there adds
+    least = dict(zip(POSITIONS, positioned.min(axis=0).tolist()))
+    p = knobs.num_stages
+    added = (least[(True, True)] if p == 1
+             else least[(True, False)] + least[(False, True)] + (p - 2) * least[(False, False)])
+    return TupleFloors(max(p * float(pi.min()), min(one_class.values())),
+                       knobs.num_micro_batches * (blocks * float((pi * r).min()) + added),
                        tuple(sorted(one_class.items())), tuple(sorted(least_share.items())), knobs.num_stages)
