@@ -44,6 +44,7 @@ import numpy as np
 
 from planner.search import clock
 from planner.search.knobs import Knobs, OptionKey
+from planner.search.mixed import StandIn
 from planner.search.objectives import ObjectiveSpec
 from planner.search.option_lines import POSITIONS
 from planner.search.space import Pricer
@@ -134,16 +135,21 @@ def tuple_floors(pricer: Pricer, knobs: Knobs, ctx, keys: list[OptionKey]) -> Tu
     prices, rates, extras = [], [], []
     one_class: dict[int, float] = {}      # per class, the least a plan using it rents
     least_share: dict[int, float] = {}    # per class, its cheapest option's rent share
+    memo = pricer.floor_terms
+    tuple_id = (pricer.cache_id(ctx), knobs.micro_batch_size, unit)
     for key in keys:
-        prices.append(key.rent_share_in(pricer.classes))
-        one_class[key.cls] = min(one_class.get(key.cls, math.inf), key.least_rent_in(pricer.classes))
-        least_share[key.cls] = min(least_share.get(key.cls, math.inf), prices[-1])
-        (slope_f, slope_b, icpt), _ = pricer.lines(ctx, knobs, key, unit)
-        per_position = icpt.sum(axis=1)                   # forward + backward, POSITIONS order
-        least_icpt = float(np.min(per_position))
-        # per unit of blocks, at the worst nb >= 1 for a negative intercept
-        rates.append(max(0.0, slope_f + slope_b + min(0.0, least_icpt)))
-        extras.append(np.maximum(per_position, 0.0))
+        # a mixed stage's stand-in reads the schedule and stage count (option_lines); the
+        # others' lines only the context, B and the unit, which the tuples of a search share
+        mk = tuple_id + ((key, knobs.schedule, knobs.num_stages) if isinstance(key, StandIn) else (key,))
+        terms = memo.get(mk)
+        if terms is None:
+            terms = memo[mk] = _option_terms(pricer, ctx, knobs, key, unit)
+        price, least_rent, rate, extra = terms
+        prices.append(price)
+        rates.append(rate)
+        extras.append(extra)
+        one_class[key.cls] = min(one_class.get(key.cls, math.inf), least_rent)
+        least_share[key.cls] = min(least_share.get(key.cls, math.inf), price)
     pi, r = np.array(prices), np.array(rates)
     positioned = pi[:, None] * np.array(extras)        # [option, position]: what a stage there adds
     least = dict(zip(POSITIONS, positioned.min(axis=0).tolist()))
@@ -153,3 +159,13 @@ def tuple_floors(pricer: Pricer, knobs: Knobs, ctx, keys: list[OptionKey]) -> Tu
     return TupleFloors(max(p * float(pi.min()), min(one_class.values())),
                        knobs.num_micro_batches * (blocks * float((pi * r).min()) + added),
                        tuple(sorted(one_class.items())), tuple(sorted(least_share.items())), knobs.num_stages)
+
+
+def _option_terms(pricer: Pricer, ctx, knobs: Knobs, key, unit: int):
+    """(rent share, least rent of its class, r_o, e_o per position) of one option."""
+    (slope_f, slope_b, icpt), _ = pricer.lines(ctx, knobs, key, unit)
+    per_position = icpt.sum(axis=1)                   # forward + backward, POSITIONS order
+    # per unit of blocks, at the worst nb >= 1 for a negative intercept
+    rate = max(0.0, slope_f + slope_b + min(0.0, float(np.min(per_position))))
+    return (key.rent_share_in(pricer.classes), key.least_rent_in(pricer.classes), rate,
+            np.maximum(per_position, 0.0))

@@ -61,6 +61,7 @@ class Pricer(OptionLines, SendPricing):
         self._mixed_positions: dict = {}
         self._stand_ins: dict = {}
         self._pure: dict = {}
+        self.floor_terms: dict = {}     # floors.tuple_floors: each option's price and work terms
 
     def cache_id(self, ctx) -> int:
         """The context's id for cache keys; the pricer holds the context so the id is not reused."""
