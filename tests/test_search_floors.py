@@ -143,3 +143,33 @@ def test_floors_on_each_set_of_classes_hold_on_every_plan():
         checked += 1
         lifted += floors.by_classes(floor, by, tokens) > floors.value(floor, kb, tokens) * (1 + 1e-9)
     assert checked >= 100 and lifted >= 20, (checked, lifted)
+
+
+def test_capacity_floor_holds_on_every_plan_within_the_cap():
+    """Under a cap on the time, every plan within it rents at least the capacity floor, on any
+    set of classes it uses; ``inf`` only where no plan is within the cap.  Not vacuous: on some
+    tuples and caps it is above both the price floor and the work floor over the cap (29 of
+    381 here when written: it counts whole options, the work floor fractions of them)."""
+    checked = above = 0
+    for seed, pricer, _kb, _tokens, knobs, ctx, keys, prob in _sampled_tuples(range(16), 8):
+        plans = [(prob.price(a), prob.objective(a), tuple(sorted({prob.options[o].resource for o, _ in a})))
+                 for a in assignments(prob)]
+        if not plans:
+            continue
+        floors = tuple_floors(pricer, knobs, ctx, keys)
+        fastest = min(t for _, t, _ in plans)
+        for stretch in (0.9, 1.0, 1.05, 1.3, 2.0):
+            cap = fastest * stretch
+            within = [(p, used) for p, t, used in plans if t <= cap * (1 + 1e-12)]
+            floor = floors.capacity.least_price(cap)
+            if math.isinf(floor):
+                assert not within, (seed, knobs, stretch)
+                continue
+            for price, used in within:
+                assert price >= floor * (1 - 1e-9), (seed, knobs, stretch)
+                assert price >= floors.capacity.least_price(cap, used) * (1 - 1e-9), (seed, knobs, stretch, used)
+            checked += 1
+            above += bool(within) and floor > max(floors.price_usd_per_hour,
+                                                   floors.work_usd_s_per_hour / cap) * (1 + 1e-6)
+    assert checked >= 100
+    assert above >= checked // 20, (above, checked)

@@ -24,11 +24,16 @@ objectives need the price too; two facts about every plan of a tuple give it:
   p - 2 middle; one stage: the only position).  Without ``E`` a model whose head is a tenth of
   its work (OPT-350M's 50k vocabulary) left the cost search's bound a tenth under the plans.
 
+- **Capacity floor** (under a cap on the time): each stage holds at most the blocks its
+  option runs m times within the cap, so the plan rents enough whole options to hold all
+  L (capacity.py).
+
 Hence, with T the tuple's time bound:
 
 - ``cost`` (price x time): ``max(p min pi x T, m L min (pi r))``;
 - ``cost-above-floor`` (price, with time <= cap = tokens per iteration / floor): no plan if
-  ``T > cap``, else ``max(p min pi, m L min (pi r) / cap)``;
+  ``T > cap`` or no options hold the blocks within it, else ``max(p min pi,
+  m L min (pi r) / cap, capacity floor)``;
 - ``throughput-under-budget``: no plan if ``p min pi > budget``, else T.
 
 Egress charges are outside the search's objective (docs/search-space.md), so outside these too.
@@ -43,6 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.search import clock
+from planner.search.capacity import Capacity
 from planner.search.knobs import Knobs, OptionKey
 from planner.search.mixed import StandIn
 from planner.search.objectives import ObjectiveSpec
@@ -61,6 +67,8 @@ class TupleFloors:
     class_rent: tuple[tuple[int, float], ...] = ()
     class_least_share: tuple[tuple[int, float], ...] = ()
     num_stages: int = 1
+    capacity: Capacity | None = None
+    classes: tuple[int, ...] | None = None      # the plans on exactly these (on_classes); None: any
 
     def by_classes(self, spec: ObjectiveSpec, time_by_classes: dict, tokens_per_iteration: float) -> float:
         """A lower bound on the tuple's value from the time bounds of the plans on each set S
@@ -82,7 +90,8 @@ class TupleFloors:
         """The floors of the plans on exactly the classes ``subset``."""
         rent, share = dict(self.class_rent), dict(self.class_least_share)
         price = max(sum(rent[c] for c in subset), self.num_stages * min(share[c] for c in subset))
-        return TupleFloors(max(price, self.price_usd_per_hour), self.work_usd_s_per_hour)
+        return TupleFloors(max(price, self.price_usd_per_hour), self.work_usd_s_per_hour,
+                           capacity=self.capacity, classes=subset)
 
     def value(self, spec: ObjectiveSpec, time_s: float, tokens_per_iteration: float) -> float:
         """A lower bound on the tuple's objective value (``ObjectiveSpec.key``'s first entry)
@@ -97,7 +106,8 @@ class TupleFloors:
         cap_s = tokens_per_iteration / spec.min_tokens_per_s
         if time_s > cap_s * (1 + 1e-12):
             return math.inf
-        return max(self.price_usd_per_hour, self.work_usd_s_per_hour / cap_s)
+        held = self.capacity.least_price(cap_s, self.classes) if self.capacity is not None else 0.0
+        return max(self.price_usd_per_hour, self.work_usd_s_per_hour / cap_s, held)
 
     def time_enough(self, spec: ObjectiveSpec, threshold: float, tokens_per_iteration: float) -> float:
         """The time bound from which ``value`` reaches ``threshold`` (what the knob bound is
@@ -132,7 +142,7 @@ def tuple_floors(pricer: Pricer, knobs: Knobs, ctx, keys: list[OptionKey]) -> Tu
         return TupleFloors(math.inf, math.inf)
     unit = knobs.block_unit
     blocks = pricer.model.num_layers // unit
-    prices, rates, extras = [], [], []
+    prices, rates, extras, slopes, icpts, cls = [], [], [], [], [], []
     one_class: dict[int, float] = {}      # per class, the least a plan using it rents
     least_share: dict[int, float] = {}    # per class, its cheapest option's rent share
     memo = pricer.floor_terms
@@ -144,10 +154,13 @@ def tuple_floors(pricer: Pricer, knobs: Knobs, ctx, keys: list[OptionKey]) -> Tu
         terms = memo.get(mk)
         if terms is None:
             terms = memo[mk] = _option_terms(pricer, ctx, knobs, key, unit)
-        price, least_rent, rate, extra = terms
+        price, least_rent, rate, slope, per_position = terms
         prices.append(price)
         rates.append(rate)
-        extras.append(extra)
+        extras.append(np.maximum(per_position, 0.0))
+        slopes.append(slope)
+        icpts.append(per_position)
+        cls.append(key.cls)
         one_class[key.cls] = min(one_class.get(key.cls, math.inf), least_rent)
         least_share[key.cls] = min(least_share.get(key.cls, math.inf), price)
     pi, r = np.array(prices), np.array(rates)
@@ -158,14 +171,16 @@ def tuple_floors(pricer: Pricer, knobs: Knobs, ctx, keys: list[OptionKey]) -> Tu
              else least[(True, False)] + least[(False, True)] + (p - 2) * least[(False, False)])
     return TupleFloors(max(p * float(pi.min()), min(one_class.values())),
                        knobs.num_micro_batches * (blocks * float((pi * r).min()) + added),
-                       tuple(sorted(one_class.items())), tuple(sorted(least_share.items())), knobs.num_stages)
+                       tuple(sorted(one_class.items())), tuple(sorted(least_share.items())), p,
+                       Capacity(pi, np.array(cls), np.array(slopes), np.array(icpts), knobs.num_micro_batches,
+                                blocks, p))
 
 
 def _option_terms(pricer: Pricer, ctx, knobs: Knobs, key, unit: int):
-    """(rent share, least rent of its class, r_o, e_o per position) of one option."""
+    """(rent share, least rent of its class, r_o, a_o, c_o per position) of one option."""
     (slope_f, slope_b, icpt), _ = pricer.lines(ctx, knobs, key, unit)
     per_position = icpt.sum(axis=1)                   # forward + backward, POSITIONS order
     # per unit of blocks, at the worst nb >= 1 for a negative intercept
     rate = max(0.0, slope_f + slope_b + min(0.0, float(np.min(per_position))))
     return (key.rent_share_in(pricer.classes), key.least_rent_in(pricer.classes), rate,
-            np.maximum(per_position, 0.0))
+            slope_f + slope_b, per_position)

@@ -1,0 +1,98 @@
+"""The capacity floor: a lower bound on the rent of a knob tuple's plans that meet a cap on the
+iteration time (``cost-above-floor``: time <= tokens per iteration / the tokens/s floor).
+
+Every schedule the search prices keeps each stage busy for m cycles of its forward and backward
+(floors.py, the work floor), and a stage of option o at position pos runs
+``a_o nb + c_o(pos)`` per micro-batch (its lines: slope per unit of blocks, the position's
+intercept). Within the cap it therefore holds at most
+``n_o(pos) = floor((cap / m - c_o(pos)) / a_o)`` units of blocks, and an option with
+``n_o(pos) < 1`` cannot take that position at all.
+
+So the stages' options, whatever else they do, must hold all L units between them: the
+least rent of p options, one per stage position (first, p - 2 middle, last; one stage: the
+only position), whose ``n`` add up to L is a lower bound on the plan's rent. That is a small
+covering knapsack, solved exactly by a min-plus recursion over the stages on the units held
+(``least_price``: p steps over an (L + 1)-square table), memoised per cap and class set.
+
+The work floor over the cap (floors.py) prices fractions of a replica's time; this counts
+whole options: on bench scenario d at 5M tokens/s (OPT-350M on A100s) the answer needs 114
+replicas in 15 nodes, where the work floor allowed 13.4 nodes' rent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.search.option_lines import POSITIONS
+
+MIDDLE, FIRST, LAST, ONLY = (POSITIONS.index(p) for p in ((False, False), (True, False), (False, True), (True, True)))
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """A knob tuple's options, as the capacity floor reads them."""
+
+    price_usd_per_hour: np.ndarray   # [option] rent share
+    cls: np.ndarray                  # [option] node class
+    slope_s: np.ndarray              # [option] forward + backward per unit of blocks
+    icpt_s: np.ndarray               # [option, position] intercepts, POSITIONS order
+    num_micro_batches: int
+    units: int                       # blocks / the tuple's block unit
+    num_stages: int
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def held_units(self, cap_s: float) -> np.ndarray:
+        """[option, position]: the most units of blocks a stage there runs m times within
+        ``cap_s`` (at most all of them; 0: the option cannot take the position)."""
+        per_mb_s = cap_s * (1 + 1e-12) / self.num_micro_batches
+        room = per_mb_s - self.icpt_s
+        with np.errstate(divide="ignore", invalid="ignore"):
+            units = np.where(self.slope_s[:, None] > 0, room / self.slope_s[:, None],
+                             np.where(room >= 0, np.inf, -np.inf))
+        return np.clip(np.floor(np.minimum(units, self.units) + 1e-9), 0, None)
+
+    def least_price(self, cap_s: float, classes: tuple[int, ...] | None = None) -> float:
+        """A lower bound on the rent of every plan on ``classes`` (None: any) whose time is
+        within ``cap_s`` (module docstring); ``inf``: no such plan."""
+        key = (cap_s, classes)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._least_price(cap_s, classes)
+        return hit
+
+    def _least_price(self, cap_s: float, classes) -> float:
+        held = self.held_units(cap_s).astype(int)
+        if classes is not None:
+            held[~np.isin(self.cls, classes)] = 0
+        L = self.units
+        if self.num_stages == 1:
+            return float(_cover_price(held[:, ONLY], self.price_usd_per_hour, L)[L])
+        # least rent to hold b units (b = L: all or more) after each stage, in stage order
+        price = self.price_usd_per_hour
+        covered = _cover_price(held[:, FIRST], price, L)
+        middle = _cover_price(held[:, MIDDLE], price, L)
+        for _ in range(self.num_stages - 2):
+            covered = _min_plus(covered, middle, L)
+        return float(_min_plus(covered, _cover_price(held[:, LAST], price, L), L)[L])
+
+
+def _cover_price(held: np.ndarray, price: np.ndarray, L: int) -> np.ndarray:
+    """[h] the least price of one option holding at least h >= 1 units (inf at h = 0: a stage
+    holds a block)."""
+    exact = np.full(L + 1, np.inf)
+    usable = held >= 1
+    np.minimum.at(exact, held[usable], price[usable])
+    out = np.minimum.accumulate(exact[::-1])[::-1]
+    out[0] = np.inf
+    return out
+
+
+def _min_plus(before: np.ndarray, stage: np.ndarray, L: int) -> np.ndarray:
+    """[b] the least of before[i] + stage[h] over i + h >= b (capped at L)."""
+    total = before[:, None] + stage[None, :]
+    reach = np.minimum(np.add.outer(np.arange(L + 1), np.arange(L + 1)), L)
+    out = np.full(L + 1, np.inf)
+    np.minimum.at(out, reach.ravel(), total.ravel())
+    return np.minimum.accumulate(out[::-1])[::-1]
