@@ -124,16 +124,16 @@ def schedule_form(plan) -> tuple[float, float, int]:
                      "(rebalance without --blocks re-solves the shares of any schedule)")
 
 
-def pipeline_s(plan, stages: list[tuple[float, float]]) -> float:
-    """The executor's makespan of the plan's schedule on (time per micro-batch, forward share)
-    per stage, sends left out (module docstring)."""
-    from planner.simulate.actions import generate
+def executor_pipeline_s(sched, stages: list[tuple[float, float]]) -> float:
+    """The makespan of the action lists ``sched`` (the plan's schedule, generated once) on
+    (time per micro-batch, forward share) per stage, sends left out (module docstring); a
+    rank's chunks each take an equal part of its time."""
     from planner.simulate.engine import SimStage
     from planner.simulate.executor import execute, stage_times_from_ranks
 
     ranks = [SimStage(forward_s=c * f, backward_s=c * (1 - f)) for c, f in stages]
-    sched = generate(plan.schedule, len(stages), plan.num_micro_batches, plan.virtual_stages)
-    return execute(sched, stage_times_from_ranks(ranks, plan.virtual_stages), check=False).makespan_s
+    times = stage_times_from_ranks(ranks, sched.chunks, sched.stage_map)
+    return execute(sched, times, check=False).makespan_s
 
 
 def replica_lines(ctx, cluster, plan, times, used: range, path: str) -> dict[tuple[int, int], ReplicaLine]:
@@ -190,7 +190,8 @@ class _Stage:
         if shares is None:
             shares = solve_shares(speeds, self.plan.micro_batch_size, self.min_share)
         step, slowest = max((sp.time_s(x), j) for j, (sp, x) in enumerate(zip(speeds, shares)))
-        return StageAt(step / self.plan.num_micro_batches, self.lines[slowest].forward_share(nb), shares, speeds)
+        forward_share = self.lines[slowest].forward_share(nb)
+        return StageAt(step / self.plan.num_micro_batches, forward_share, shares, speeds)
 
     def measured(self, times, step: int) -> tuple[float, float]:
         """(time per micro-batch, forward share) of the measured ``step``: its slowest replica."""
@@ -215,6 +216,7 @@ def rebalance_blocks(cluster, plan, doc: dict, times, path: str, min_share: int 
     (``planner.launch.measurements.load``), read from ``path`` (named in errors)."""
     from planner.cost.evaluate import context_for_plan
     from planner.profile.from_run import check_trained, run_context
+    from planner.simulate.actions import generate
 
     p = len(plan.stages)
     if p < 2:
@@ -232,6 +234,7 @@ def rebalance_blocks(cluster, plan, doc: dict, times, path: str, min_share: int 
     stages = [_Stage(ctx, cluster, plan, st, speeds, lines, min_share) for st in plan.stages]
     total = plan.stages[-1].blocks[1]
     units = total // unit
+    sched = generate(plan.schedule, p, plan.num_micro_batches, plan.virtual_stages)
 
     # each stage at every block count, its shares re-solved there; None where it does not fit
     table: list[list[StageAt | None]] = []
@@ -246,7 +249,7 @@ def rebalance_blocks(cluster, plan, doc: dict, times, path: str, min_share: int 
         ats = [table[s][n] for s, n in enumerate(split_units)]
         if any(at is None for at in ats):
             return math.inf
-        return pipeline_s(plan, [(at.per_micro_batch_s, at.forward_share) for at in ats])
+        return executor_pipeline_s(sched, [(at.per_micro_batch_s, at.forward_share) for at in ats])
 
     old_nb = [st.num_blocks for st in plan.stages]
     old_units = [n // unit for n in old_nb]
@@ -268,10 +271,11 @@ def rebalance_blocks(cluster, plan, doc: dict, times, path: str, min_share: int 
             ats.append((at.per_micro_batch_s, at.forward_share))
             shares.update(zip(stage.keys, at.shares))
             sp.update(zip(stage.keys, at.speeds))
-        return pipeline_s(plan, ats), shares, sp
+        return executor_pipeline_s(sched, ats), shares, sp
 
     outside = max(0.0, statistics.median(
-        doc["steps"][i]["step_time_s"] - pipeline_s(plan, [stage.measured(times, i) for stage in stages])
+        doc["steps"][i]["step_time_s"]
+        - executor_pipeline_s(sched, [stage.measured(times, i) for stage in stages])
         for i in used))
     pipe_old, old_shares, _ = predicted(old_nb, True)
     pipe_shares, _, _ = predicted(old_nb, False)

@@ -105,7 +105,8 @@ def measurements(plan, slow: dict, steps: int = 5) -> dict:
         for rk in ranks:
             st = plan.stages[rk.stage]
             share = st.replicas[rk.replica].micro_batch_share
-            c, f = (x * M * t for t in stage_point(plan, rk.stage, st.num_blocks, slow[(rk.stage, rk.replica)], share))
+            point = stage_point(plan, rk.stage, st.num_blocks, slow[(rk.stage, rk.replica)], share)
+            c, f = (x * M * t for t in point)
             per_rank[rk.rank].append({"share": share, "forward_s": f, "backward_s": c - f,
                                       "recv_wait_s": 0.0, "sync_wait_s": 0.0})
             points[rk.stage] = max(points.get(rk.stage, (0.0, 0.0)), (c / M, f / M))
@@ -121,7 +122,8 @@ def brute_force(plan, slow: dict) -> tuple[int, float]:
     L, v = MODEL["num_layers"], plan.virtual_stages
     best = None
     for a in range(v, L, v):
-        t = executor_s(plan, [stage_point(plan, 0, a, slow[(0, 0)]), stage_point(plan, 1, L - a, slow[(1, 0)])])
+        points = [stage_point(plan, 0, a, slow[(0, 0)]), stage_point(plan, 1, L - a, slow[(1, 0)])]
+        t = executor_s(plan, points)
         key = (t * (1 - 1e-12) if a == plan.stages[0].num_blocks else t, a)
         if best is None or key < best[0]:
             best = (key, (a, t))

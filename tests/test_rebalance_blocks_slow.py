@@ -1,7 +1,7 @@
 """``planner rebalance --blocks`` on a real run: a 2-stage 1F1B plan whose stage 1 rank is made
 3x slower (``--slow-rank``, the runner sleeps twice each action's compute after it) moves
-blocks to stage 0, making it the slowest stage, and a rerun of the new plan under the same slow-down takes the predicted
-step time within TOLERANCE."""
+blocks to stage 0, making it the slowest stage, and a rerun of the new plan under the same
+slow-down takes the predicted step time within TOLERANCE."""
 
 from __future__ import annotations
 

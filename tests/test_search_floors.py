@@ -20,11 +20,14 @@ from planner.search.oracle import oracle
 COST = ObjectiveSpec("cost")
 
 
-def _sampled_tuples(seeds, per_case: int, min_classes: int = 1):
+def _sampled_tuples(seeds, per_case: int, min_classes: int = 1, schedules=None):
     """Knob tuples sampled from the oracle cases, priced: (seed, knob bound, tokens per
-    iteration, knobs, context, option keys, CoreProblem); the knob bound is one per case."""
+    iteration, knobs, context, option keys, CoreProblem); the knob bound is one per case.
+    ``schedules``: the cases' training.schedules instead of the default space's."""
     for seed in seeds:
         cluster, model, training = make_case(seed)
+        if schedules:
+            training = training.model_copy(update={"schedules": schedules})
         classes, pricer = case_pricer(cluster, model, training)
         if len(classes) < min_classes:
             continue
@@ -167,9 +170,39 @@ def test_capacity_floor_holds_on_every_plan_within_the_cap():
                 continue
             for price, used in within:
                 assert price >= floor * (1 - 1e-9), (seed, knobs, stretch)
-                assert price >= floors.capacity.least_price(cap, used) * (1 - 1e-9), (seed, knobs, stretch, used)
+                on_used = floors.capacity.least_price(cap, used)
+                assert price >= on_used * (1 - 1e-9), (seed, knobs, stretch, used)
             checked += 1
             above += bool(within) and floor > max(floors.price_usd_per_hour,
                                                    floors.work_usd_s_per_hour / cap) * (1 + 1e-6)
     assert checked >= 100
     assert above >= checked // 20, (above, checked)
+
+
+def test_floors_hold_on_the_v_schedules_whose_first_stage_holds_both_ends():
+    """ZB-V and DualPipeV put the embedding and the head on their first stage and a middle
+    stage last (``role_positions``): the work floor's position term and the capacity floor
+    read each stage's role there, and hold on every plan's exact time (the executor's; the
+    rows only bound it).  (Read as first / last positions, the last stage would be charged
+    for a head it does not hold; on these small cases the intercepts add up alike either way,
+    so this guards the floors' validity on the V schedules, not that difference.)"""
+    from planner.search.schedules import SCHEDULES
+    checked = 0
+    for seed, pricer, _kb, _tokens, knobs, ctx, keys, prob in _sampled_tuples(
+            (*range(12), 59), 15, schedules=("zb-v", "dualpipev")):
+        if knobs.schedule not in ("zb-v", "dualpipev"):
+            continue
+        entry, m = SCHEDULES[knobs.schedule], knobs.num_micro_batches
+        plans = [(prob.price(a), entry.exact_time_s(prob, a, m, prob.objective(a)))
+                 for a in assignments(prob)]
+        if not plans:
+            continue
+        floors = tuple_floors(pricer, knobs, ctx, keys)
+        assert min(p * t for p, t in plans) >= floors.work_usd_s_per_hour * (1 - 1e-9), (seed, knobs)
+        fastest = min(t for _, t in plans)
+        for stretch in (1.0, 1.3, 2.0):
+            cap = fastest * stretch
+            within = [p for p, t in plans if t <= cap * (1 + 1e-12)]
+            assert min(within) >= floors.capacity.least_price(cap) * (1 - 1e-9), (seed, knobs, stretch)
+        checked += 1
+    assert checked >= 20, checked

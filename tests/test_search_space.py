@@ -610,15 +610,31 @@ def test_the_reported_space_is_the_one_the_training_lists():
     from planner.spec import Training
 
     cluster = api.load_cluster("cluster_specs/tiny-mixed.yaml")
-    narrow = Training(global_batch_size=16, seq_len=512, schedules=("1f1b", "zb-h1"), recompute_modes=("full",),
+    narrow = Training(global_batch_size=16, seq_len=512, schedules=("1f1b", "zb-h1"),
+                      recompute_modes=("full",),
                       zero_stages=(1,), max_stages=2, micro_batch_sizes=(2, 4), max_tp=2)
     plan = api.plan(cluster, "opt-350m", narrow, time_limit_s=20).plan
     space = plan.solver.space
     assert "stages 1..2;" in space and "per-replica sizes 2/4;" in space and "up to 2 within" in space
     assert "schedules 1f1b, zb-h1 (rows bound its time" in space and "gpipe" not in space
     assert "recompute full;" in space and "ZeRO 1;" in space
-    assert len(plan.stages) <= 2 and plan.schedule in ("1f1b", "zb-h1") and (plan.recompute, plan.zero_stage) == ("full", 1)
+    assert len(plan.stages) <= 2 and plan.schedule in ("1f1b", "zb-h1")
+    assert (plan.recompute, plan.zero_stage) == ("full", 1)
     assert {r.micro_batch_share for st in plan.stages for r in st.replicas} <= {2, 4}
     default = api.plan(cluster, "opt-350m", Training(global_batch_size=16, seq_len=512), time_limit_s=20).plan
     assert "schedules 1f1b, gpipe, interleaved-1f1b (v=2); recompute none/selective/full; ZeRO 0/1;" \
         in default.solver.space
+
+
+def test_the_reported_space_leaves_out_what_the_launcher_cannot_run():
+    """With --launcher deepspeed the space states the schedules and context-parallel degrees
+    searched (schedules_for, context_degrees), not the ones the training lists."""
+    from planner.search.answer import _space
+    from planner.spec import Training
+
+    listed = Training(global_batch_size=8, seq_len=64, schedules=("1f1b", "interleaved-1f1b", "zb-h1"),
+                      context_parallel_degrees=(1, 2))
+    assert "schedules 1f1b, interleaved-1f1b (v=2), zb-h1 (rows bound" in _space(listed, None)
+    assert "context parallel 2" in _space(listed, None)
+    deepspeed = _space(listed, "deepspeed")
+    assert "schedules 1f1b;" in deepspeed and "context parallel" not in deepspeed

@@ -16,8 +16,10 @@ from planner.search.classes import classes_without_bf16
 from planner.search.core.problem import relative_gap
 from planner.search.diagnose import explain_infeasible
 from planner.search.given import as_answer
+from planner.search.knobs import context_degrees
 from planner.search.naming import build_plan
 from planner.search.objectives import ObjectiveSpec
+from planner.search.schedules import schedules_for
 
 
 @dataclass
@@ -144,11 +146,15 @@ def _baseline_fields(base, value: float, top, time_like: bool) -> dict:
             "baselines_priced": base.priced, "baselines_wall_s": base.wall_s, "baselines_complete": base.complete}
 
 
-# How each schedule's time enters the search (docs/search-space.md, "Schedules")
-_SCHEDULE_NOTES = {"interleaved-1f1b": " (v=2)",
-                   "zb-h1": " (rows bound its time, its plans priced exactly; torch pipelining only)",
-                   "zb-v": " (v=2; rows bound its time, its plans priced exactly; torch pipelining only)",
-                   "dualpipev": " (v=2; rows bound its time, its plans priced exactly; torch pipelining only)"}
+def _schedule_words(entry) -> str:
+    """A schedule as the space states it: its virtual stages, and how its time is priced
+    (the registry's fields, planner/search/schedules.py)."""
+    notes = [f"v={entry.virtual_stages}"] if entry.virtual_stages > 1 else []
+    if not entry.exact:
+        notes.append("rows bound its time, its plans priced exactly")
+    if not entry.launchers:     # neither Megatron-LM nor DeepSpeed runs it
+        notes.append("torch pipelining only")
+    return entry.name + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _space(training, launcher: str | None) -> str:
@@ -164,13 +170,17 @@ def _space(training, launcher: str | None) -> str:
     space = (f"{stages}; contiguous uneven block ranges; per stage one node class, a TP degree "
              f"(power of two up to {training.max_tp} within a node, dividing the heads), n replicas "
              "(the fewest giving their largest share), shares differing by at most one; "
-             f"{sizes}; schedules "
-             + ", ".join(s + _SCHEDULE_NOTES.get(s, "") for s in training.schedules)
+             f"{sizes}; schedules " + ", ".join(map(_schedule_words, schedules_for(training, launcher)))
              + "; recompute " + "/".join(training.recompute_modes) + f"; {zero}; "
              "idle GPUs allowed (docs/search-space.md)")
-    cps = sorted({cp for cp in training.context_parallel_degrees if cp > 1})
+    cps = sorted({cp for cp in context_degrees(training, launcher) if cp > 1})
     if cps:
         space += "; also context parallel " + "/".join(map(str, cps)) + " (replicas of tp x cp GPUs)"
+    eps = sorted({ep for ep in training.expert_parallel_degrees if ep > 1})
+    if eps:
+        space += "; also expert parallel " + "/".join(map(str, eps)) + " (MoE models)"
+    if tuple(training.zero_shard_degrees) != ("all",):
+        space += "; ZeRO shard groups " + "/".join(map(str, training.zero_shard_degrees)) + " (HSDP)"
     if launcher:
         return space + f"; launcher {launcher}: same tp and replicas per stage, equal shares"
     if training.mixed_stages:

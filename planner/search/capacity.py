@@ -9,10 +9,11 @@ intercept). Within the cap it therefore holds at most
 ``n_o(pos) < 1`` cannot take that position at all.
 
 So the stages' options, whatever else they do, must hold all L units between them: the
-least rent of p options, one per stage position (first, p - 2 middle, last; one stage: the
-only position), whose ``n`` add up to L is a lower bound on the plan's rent. That is a small
-covering knapsack, solved exactly by a min-plus recursion over the stages on the units held
-(``least_price``: p steps over an (L + 1)-square table), memoised per cap and class set.
+least rent of p options, one per stage role (first, p - 2 middle, last; one stage: the only
+one; each role at its position, ``SearchSchedule.role_positions``), whose ``n`` add up to L
+is a lower bound on the plan's rent. That is a small covering knapsack, solved exactly by a
+min-plus recursion over the stages on the units held (``least_price``: p steps over an
+(L + 1)-square table), memoised per cap and class set.
 
 The work floor over the cap (floors.py) prices fractions of a replica's time; this counts
 whole options: on bench scenario d at 5M tokens/s (OPT-350M on A100s) the answer needs 114
@@ -25,26 +26,26 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.search.option_lines import POSITIONS
+# stage roles, the columns of Capacity.icpt_s (SearchSchedule.role_positions maps them to
+# POSITIONS: the V schedules' first stage holds the embedding and the head, their last none)
+MIDDLE, FIRST, LAST, ONLY = range(4)
 
-MIDDLE, FIRST, LAST, ONLY = (POSITIONS.index(p) for p in ((False, False), (True, False), (False, True), (True, True)))
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)     # ndarrays and a memo: compared by identity
 class Capacity:
     """A knob tuple's options, as the capacity floor reads them."""
 
     price_usd_per_hour: np.ndarray   # [option] rent share
     cls: np.ndarray                  # [option] node class
     slope_s: np.ndarray              # [option] forward + backward per unit of blocks
-    icpt_s: np.ndarray               # [option, position] intercepts, POSITIONS order
+    icpt_s: np.ndarray               # [option, role] intercepts: middle, first, last, only
     num_micro_batches: int
     units: int                       # blocks / the tuple's block unit
     num_stages: int
     _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     def held_units(self, cap_s: float) -> np.ndarray:
-        """[option, position]: the most units of blocks a stage there runs m times within
+        """[option, role]: the most units of blocks a stage there runs m times within
         ``cap_s`` (at most all of them; 0: the option cannot take the position)."""
         per_mb_s = cap_s * (1 + 1e-12) / self.num_micro_batches
         room = per_mb_s - self.icpt_s

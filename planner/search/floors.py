@@ -21,8 +21,10 @@ objectives need the price too; two facts about every plan of a tuple give it:
   overhead on every one).  So
   ``price * time >= sum_s pi_s m (r_s nb_s + e_s(pos_s)) >= m (L min_o (pi_o r_o) + E)``,
   ``E`` the least ``pi_o e_o`` of each position the tuple's p stages take (first, last and
-  p - 2 middle; one stage: the only position).  Without ``E`` a model whose head is a tenth of
-  its work (OPT-350M's 50k vocabulary) left the cost search's bound a tenth under the plans.
+  p - 2 middle; one stage: the only position; the V schedules' first stage holds the
+  embedding and the head, their last is a middle one: ``role_positions``).  Without ``E`` a
+  model whose head is a tenth of its work (OPT-350M's 50k vocabulary) left the cost search's
+  bound a tenth under the plans.
 
 - **Capacity floor** (under a cap on the time): each stage holds at most the blocks its
   option runs m times within the cap, so the plan rents enough whole options to hold all
@@ -48,11 +50,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.search import clock
-from planner.search.capacity import Capacity
+from planner.search.capacity import FIRST, LAST, MIDDLE, ONLY, Capacity
 from planner.search.knobs import Knobs, OptionKey
 from planner.search.mixed import StandIn
 from planner.search.objectives import ObjectiveSpec
-from planner.search.option_lines import POSITIONS
+from planner.search.schedules import SCHEDULES
 from planner.search.space import Pricer
 
 
@@ -142,7 +144,7 @@ def tuple_floors(pricer: Pricer, knobs: Knobs, ctx, keys: list[OptionKey]) -> Tu
         return TupleFloors(math.inf, math.inf)
     unit = knobs.block_unit
     blocks = pricer.model.num_layers // unit
-    prices, rates, extras, slopes, icpts, cls = [], [], [], [], [], []
+    prices, rates, slopes, icpts, cls = [], [], [], [], []
     one_class: dict[int, float] = {}      # per class, the least a plan using it rents
     least_share: dict[int, float] = {}    # per class, its cheapest option's rent share
     memo = pricer.floor_terms
@@ -157,22 +159,22 @@ def tuple_floors(pricer: Pricer, knobs: Knobs, ctx, keys: list[OptionKey]) -> Tu
         price, least_rent, rate, slope, per_position = terms
         prices.append(price)
         rates.append(rate)
-        extras.append(np.maximum(per_position, 0.0))
         slopes.append(slope)
         icpts.append(per_position)
         cls.append(key.cls)
         one_class[key.cls] = min(one_class.get(key.cls, math.inf), least_rent)
         least_share[key.cls] = min(least_share.get(key.cls, math.inf), price)
     pi, r = np.array(prices), np.array(rates)
-    positioned = pi[:, None] * np.array(extras)        # [option, position]: what a stage there adds
-    least = dict(zip(POSITIONS, positioned.min(axis=0).tolist()))
+    # intercepts per stage role (middle, first, last, only): the V schedules put the embedding
+    # and the head on their first stage and a middle stage last (SearchSchedule.role_positions)
+    by_role = np.array(icpts)[:, list(SCHEDULES[knobs.schedule].role_positions())]
+    least = (pi[:, None] * np.maximum(by_role, 0.0)).min(axis=0)    # what a stage in the role adds
     p = knobs.num_stages
-    added = (least[(True, True)] if p == 1
-             else least[(True, False)] + least[(False, True)] + (p - 2) * least[(False, False)])
+    added = float(least[ONLY] if p == 1 else least[FIRST] + least[LAST] + (p - 2) * least[MIDDLE])
     return TupleFloors(max(p * float(pi.min()), min(one_class.values())),
                        knobs.num_micro_batches * (blocks * float((pi * r).min()) + added),
                        tuple(sorted(one_class.items())), tuple(sorted(least_share.items())), p,
-                       Capacity(pi, np.array(cls), np.array(slopes), np.array(icpts), knobs.num_micro_batches,
+                       Capacity(pi, np.array(cls), np.array(slopes), by_role, knobs.num_micro_batches,
                                 blocks, p))
 
 
