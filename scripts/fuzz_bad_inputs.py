@@ -116,6 +116,11 @@ def run_bad_case(seed: int, index: int, out_dir: Path) -> dict:
     shutil.rmtree(case_dir, ignore_errors=True)
     case_dir.mkdir(parents=True)
     cluster = random_cluster(rng, f"bad-{seed}-{index}")
+    # fuzz_plans leaves a GPU type of its own without a NIC speed at times (an error path it
+    # checks); here the base must be valid, or a model's mutation is reported as the cluster's
+    for group in cluster["nodes"]:
+        if isinstance(group["gpu"], dict):
+            group.setdefault("network_bandwidth", "100 Gbit/s")
     model = random_model(rng)
     if rng.random() < 0.7:
         cluster = copy.deepcopy(cluster)
