@@ -7,6 +7,7 @@ import math
 import random
 from pathlib import Path
 
+import pytest
 from test_oracle import case_pricer, make_case
 
 from planner.search import solve
@@ -206,3 +207,30 @@ def test_floors_hold_on_the_v_schedules_whose_first_stage_holds_both_ends():
             assert min(within) >= floors.capacity.least_price(cap) * (1 - 1e-9), (seed, knobs, stretch)
         checked += 1
     assert checked >= 20, checked
+
+
+def test_capacity_knapsack_is_exact_against_brute_force():
+    """``Capacity.least_price`` is the least rent of p options, one per stage role, whose held
+    units (each at least 1) add up to L: every choice of options enumerated on random small
+    cases, where each option's held units per role come from its slope and intercepts."""
+    import itertools as it
+
+    import numpy as np
+
+    from planner.search.capacity import FIRST, LAST, MIDDLE, ONLY, Capacity
+    rng = random.Random(7)
+    for _ in range(300):
+        K, p, L, m = rng.randint(1, 4), rng.randint(1, 4), rng.randint(1, 9), rng.randint(1, 4)
+        price = np.array([rng.choice((1.0, 2.0, 3.5, 5.0)) for _ in range(K)])
+        slope = np.array([rng.uniform(0.05, 1.0) for _ in range(K)])
+        icpt = np.array([[rng.uniform(0, 0.5) for _ in range(4)] for _ in range(K)])
+        cap = rng.uniform(0.2, 6.0)
+        c = Capacity(price, np.zeros(K, int), slope, icpt, m, L, p)
+        held = c.held_units(cap)
+        roles = [ONLY] if p == 1 else [FIRST, *[MIDDLE] * (p - 2), LAST]
+        best = math.inf
+        for choice in it.product(range(K), repeat=p):
+            units = [held[o, r] for o, r in zip(choice, roles)]
+            if min(units) >= 1 and sum(units) >= L and p <= L:
+                best = min(best, float(price[list(choice)].sum()))
+        assert c.least_price(cap) == pytest.approx(best) if math.isfinite(best) else math.isinf(c.least_price(cap))

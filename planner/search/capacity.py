@@ -22,6 +22,8 @@ replicas in 15 nodes, where the work floor allowed 13.4 nodes' rent.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,6 +70,8 @@ class Capacity:
         if classes is not None:
             held[~np.isin(self.cls, classes)] = 0
         L = self.units
+        if self.num_stages > L:         # a stage holds a block at least
+            return math.inf
         if self.num_stages == 1:
             return float(_cover_price(held[:, ONLY], self.price_usd_per_hour, L)[L])
         # least rent to hold b units (b = L: all or more) after each stage, in stage order
@@ -91,9 +95,14 @@ def _cover_price(held: np.ndarray, price: np.ndarray, L: int) -> np.ndarray:
 
 
 def _min_plus(before: np.ndarray, stage: np.ndarray, L: int) -> np.ndarray:
-    """[b] the least of before[i] + stage[h] over i + h >= b (capped at L)."""
-    total = before[:, None] + stage[None, :]
-    reach = np.minimum(np.add.outer(np.arange(L + 1), np.arange(L + 1)), L)
-    out = np.full(L + 1, np.inf)
-    np.minimum.at(out, reach.ravel(), total.ravel())
-    return np.minimum.accumulate(out[::-1])[::-1]
+    """[b] the least of before[i] + stage[h] over i + h >= b, h >= 1 (capped at L): both
+    arrays are least prices to hold *at least* so many units, so the stage needs at least
+    ``max(b - i, 1)``."""
+    return (before[None, :] + stage[_need(L)]).min(axis=1)
+
+
+@functools.lru_cache(maxsize=64)
+def _need(L: int) -> np.ndarray:
+    """[b, i]: the units a stage must hold after ``i`` to reach ``b``, at least 1."""
+    b, i = np.indices((L + 1, L + 1))
+    return np.clip(b - i, 1, L)

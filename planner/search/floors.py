@@ -85,7 +85,8 @@ class TupleFloors:
         for size in range(1, min(len(present), self.num_stages) + 1):
             for subset in itertools.combinations(present, size):
                 floors = self.on_classes(subset)
-                best = min(best, floors.value(spec, time_by_classes.get(subset, 0.0), tokens_per_iteration))
+                best = min(best, floors.value(spec, time_by_classes.get(subset, 0.0), tokens_per_iteration,
+                                              capacity=False))
         return best
 
     def on_classes(self, subset: tuple[int, ...]) -> TupleFloors:
@@ -95,10 +96,13 @@ class TupleFloors:
         return TupleFloors(max(price, self.price_usd_per_hour), self.work_usd_s_per_hour,
                            capacity=self.capacity, classes=subset)
 
-    def value(self, spec: ObjectiveSpec, time_s: float, tokens_per_iteration: float) -> float:
+    def value(self, spec: ObjectiveSpec, time_s: float, tokens_per_iteration: float,
+              capacity: bool = True) -> float:
         """A lower bound on the tuple's objective value (``ObjectiveSpec.key``'s first entry)
         given a lower bound ``time_s`` on its iteration time; ``inf``: the tuple has no plan
-        under the objective's budget or floor."""
+        under the objective's budget or floor.  ``capacity`` False leaves out the capacity
+        floor (a knapsack per tuple: the heap's first ranking of thousands of tuples and the
+        class sets skip it; a tuple's later bound levels add it)."""
         if spec.kind == "throughput":
             return time_s
         if spec.kind == "throughput-under-budget":
@@ -108,7 +112,8 @@ class TupleFloors:
         cap_s = tokens_per_iteration / spec.min_tokens_per_s
         if time_s > cap_s * (1 + 1e-12):
             return math.inf
-        held = self.capacity.least_price(cap_s, self.classes) if self.capacity is not None else 0.0
+        held = (self.capacity.least_price(cap_s, self.classes)
+                if capacity and self.capacity is not None else 0.0)
         return max(self.price_usd_per_hour, self.work_usd_s_per_hour / cap_s, held)
 
     def time_enough(self, spec: ObjectiveSpec, threshold: float, tokens_per_iteration: float) -> float:

@@ -272,7 +272,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     # price and work floors it gives); ``tb`` is the tuple's time bound behind it.
     heap = []
     for tb, i, knobs, ctx, keys in ranked:
-        value = floors.get(knobs, no_floors).value(spec, tb, tokens)
+        value = floors.get(knobs, no_floors).value(spec, tb, tokens, capacity=False)
         if math.isinf(value):           # no plan: none fits, or over the budget / under the floor
             stats.empty += 1
             stats.out_of_reach += math.isfinite(tb)
