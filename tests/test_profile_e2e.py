@@ -15,7 +15,14 @@ import statistics
 from pathlib import Path
 
 import pytest
-from timing import STEADY_SPREAD, probe_spread, require_quiet_machine, speed_probe_s, timing_forced
+from timing import (
+    STEADY_SPREAD,
+    probe_spread,
+    require_quiet_machine,
+    speed_probe_s,
+    steady_errors,
+    timing_forced,
+)
 
 from planner.plan import Plan
 from planner.spec import load_model
@@ -138,35 +145,27 @@ MAX_MEASUREMENTS = 4
 
 
 def _measure_and_compare(name: str, clusters_here: tuple[Path, list[float]], tmp_path: Path) -> None:
-    forced = timing_forced()
-    clusters, probes = clusters_here
-    steady_errors: list[float] = []
-    for attempt in range(1, MAX_MEASUREMENTS + 1):
-        if attempt > 1:
-            probes = [speed_probe_s()]
-            clusters = profile_here(tmp_path / f"measurement{attempt}")
-        probes = probes + [speed_probe_s()]
-        predicted, steps, breakdown = predict_and_run(name, clusters=clusters)
-        probes.append(speed_probe_s())
-        measured = statistics.median(steps)
-        error = measured / predicted - 1
-        spread = probe_spread(probes)
-        steady = forced or spread <= STEADY_SPREAD
-        print(f"{name} (measurement {attempt}{'' if steady else ', void: the machine changed speed'}): "
-              f"predicted {predicted * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms, error {error:+.1%}, "
-              f"fastest step {min(steps) * 1e3:.1f} ms, probes {[round(p * 1e3, 1) for p in probes]} ms "
-              f"(spread {spread:.0%}), breakdown {breakdown}")
-        if not steady:
-            continue
-        steady_errors.append(error)
-        # One steady measurement outside the tolerance is measured once more (a disturbance
-        # shorter than the probes' spacing can still hide in one); the second must agree.
-        if abs(error) <= TOLERANCE or len(steady_errors) == 2:
-            break
-    if not steady_errors:
-        pytest.skip(f"the machine's speed did not hold through any of {MAX_MEASUREMENTS} measurements "
-                    f"(probe spread > {STEADY_SPREAD:.0%}): the comparison would measure other tenants")
-    assert abs(steady_errors[-1]) <= TOLERANCE, steady_errors
+    def measurements():
+        clusters, probes = clusters_here
+        for attempt in range(1, MAX_MEASUREMENTS + 1):
+            if attempt > 1:
+                probes = [speed_probe_s()]
+                clusters = profile_here(tmp_path / f"measurement{attempt}")
+            probes = probes + [speed_probe_s()]
+            predicted, steps, breakdown = predict_and_run(name, clusters=clusters)
+            probes.append(speed_probe_s())
+            measured = statistics.median(steps)
+            error = measured / predicted - 1
+            spread = probe_spread(probes)
+            void = "" if timing_forced() or spread <= STEADY_SPREAD else ", void: the machine changed speed"
+            print(f"{name} (measurement {attempt}{void}): "
+                  f"predicted {predicted * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms, error {error:+.1%}, "
+                  f"fastest step {min(steps) * 1e3:.1f} ms, probes {[round(p * 1e3, 1) for p in probes]} ms "
+                  f"(spread {spread:.0%}), breakdown {breakdown}")
+            yield error, probes
+
+    errors = steady_errors(measurements(), TOLERANCE, MAX_MEASUREMENTS)
+    assert abs(errors[-1]) <= TOLERANCE, errors
 
 
 @pytest.mark.slow

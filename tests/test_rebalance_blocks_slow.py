@@ -9,7 +9,7 @@ import json
 import statistics
 
 import pytest
-from timing import STEADY_SPREAD, probe_spread, require_quiet_machine, speed_probe_s, timing_forced
+from timing import probe_spread, require_quiet_machine, speed_probe_s, steady_errors
 
 from planner.cli.main import main
 from planner.plan import Plan
@@ -76,23 +76,17 @@ def measure(tmp_path, capsys) -> tuple[float, float, float, list[float]]:
 
 
 def test_rebalanced_split_runs_at_the_predicted_step_time(tmp_path, capsys):
-    errors: list[float] = []
-    for attempt in range(1, MAX_MEASUREMENTS + 1):
-        predicted, after, before, probes = measure(tmp_path / f"measurement{attempt}", capsys)
-        assert after < before, (before, after)
-        require_quiet_machine()  # the prediction's tolerance holds for the plan's time, not a loaded machine's
-        spread = probe_spread(probes)
-        error = predicted / after - 1
-        with capsys.disabled():
-            print(f"measurement {attempt}: predicted {predicted * 1e3:.1f} ms, measured {after * 1e3:.1f} ms "
-                  f"({error:+.1%}), probes {[round(p * 1e3, 1) for p in probes]} ms (spread {spread:.0%})")
-        if not (timing_forced() or spread <= STEADY_SPREAD):
-            continue
-        errors.append(error)
-        # a steady measurement outside the tolerance is measured once more; the second decides
-        if abs(error) <= TOLERANCE or len(errors) == 2:
-            break
-    if not errors:
-        pytest.skip(f"the machine's speed did not hold through any of {MAX_MEASUREMENTS} measurements "
-                    f"(probe spread > {STEADY_SPREAD:.0%})")
+    def measurements():
+        for attempt in range(1, MAX_MEASUREMENTS + 1):
+            predicted, after, before, probes = measure(tmp_path / f"measurement{attempt}", capsys)
+            assert after < before, (before, after)
+            require_quiet_machine()  # the tolerance holds for the plan's time, not a loaded machine's
+            error = predicted / after - 1
+            with capsys.disabled():
+                print(f"measurement {attempt}: predicted {predicted * 1e3:.1f} ms, measured {after * 1e3:.1f} ms "
+                      f"({error:+.1%}), probes {[round(p * 1e3, 1) for p in probes]} ms "
+                      f"(spread {probe_spread(probes):.0%})")
+            yield error, probes
+
+    errors = steady_errors(measurements(), TOLERANCE, MAX_MEASUREMENTS)
     assert abs(errors[-1]) <= TOLERANCE, errors
