@@ -68,8 +68,8 @@ class ReplicaLine:
     fixed_s: float       # embedding / head, TP collectives of those, per-micro-batch overhead
     per_block_s: float   # one block's measured forward + backward (its TP collectives in)
     k: float             # measured / cost-model layer time (planner.profile.from_run)
-    forward_fixed_s: float = 0.0      # the forward's part of fixed_s (the overhead counted here,
-    forward_per_block_s: float = 0.0  # as replica_compute does) and of per_block_s
+    forward_fixed_s: float       # the forward's part of fixed_s (the overhead counted here,
+    forward_per_block_s: float   # as replica_compute does) and of per_block_s
 
     def time_s(self, num_blocks: int) -> float:
         return self.fixed_s + self.per_block_s * num_blocks

@@ -23,8 +23,8 @@ def rebalance(cluster_file, plan_file, measurements_file, output, blocks, as_jso
     stages, and report the predicted step time; with --blocks, the block split first (measured
     time per block per replica, every split or the closed form's DP optimum priced by the
     schedule's action-list executor, memory checked). Exit 2 for bad input (measurements of
-    another plan, a replica missing, a time
-    that is not positive, --blocks on a one-stage plan or another schedule)."""
+    another plan, a replica missing, a time that is not positive, --blocks on a one-stage plan
+    or another schedule)."""
     from planner import api
 
     if output:

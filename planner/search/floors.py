@@ -101,8 +101,9 @@ class TupleFloors:
         """A lower bound on the tuple's objective value (``ObjectiveSpec.key``'s first entry)
         given a lower bound ``time_s`` on its iteration time; ``inf``: the tuple has no plan
         under the objective's budget or floor.  ``capacity`` False leaves out the capacity
-        floor (a knapsack per tuple: the heap's first ranking of thousands of tuples and the
-        class sets skip it; a tuple's later bound levels add it)."""
+        floor (a knapsack per tuple and class set: the heap's first ranking of thousands of
+        tuples and ``by_classes`` skip it; a tuple's later bound levels, and what a class set
+        must show there, solve._enough_on, read it)."""
         if spec.kind == "throughput":
             return time_s
         if spec.kind == "throughput-under-budget":
@@ -149,7 +150,7 @@ def tuple_floors(pricer: Pricer, knobs: Knobs, ctx, keys: list[OptionKey]) -> Tu
         return TupleFloors(math.inf, math.inf)
     unit = knobs.block_unit
     blocks = pricer.model.num_layers // unit
-    prices, rates, slopes, icpts, cls = [], [], [], [], []
+    prices, slopes, icpts, cls = [], [], [], []
     one_class: dict[int, float] = {}      # per class, the least a plan using it rents
     least_share: dict[int, float] = {}    # per class, its cheapest option's rent share
     memo = pricer.floor_terms
@@ -161,33 +162,30 @@ def tuple_floors(pricer: Pricer, knobs: Knobs, ctx, keys: list[OptionKey]) -> Tu
         terms = memo.get(mk)
         if terms is None:
             terms = memo[mk] = _option_terms(pricer, ctx, knobs, key, unit)
-        price, least_rent, rate, slope, per_position = terms
+        price, least_rent, slope, per_position = terms
         prices.append(price)
-        rates.append(rate)
         slopes.append(slope)
         icpts.append(per_position)
         cls.append(key.cls)
         one_class[key.cls] = min(one_class.get(key.cls, math.inf), least_rent)
         least_share[key.cls] = min(least_share.get(key.cls, math.inf), price)
-    pi, r = np.array(prices), np.array(rates)
+    pi, a, c = np.array(prices), np.array(slopes), np.array(icpts)
+    # per unit of blocks, at the worst nb >= 1 for a negative intercept
+    r = np.maximum(0.0, a + np.minimum(0.0, c.min(axis=1)))
     # intercepts per stage role (middle, first, last, only): the V schedules put the embedding
     # and the head on their first stage and a middle stage last (SearchSchedule.role_positions)
-    by_role = np.array(icpts)[:, list(SCHEDULES[knobs.schedule].role_positions())]
+    by_role = c[:, list(SCHEDULES[knobs.schedule].role_positions())]
     least = (pi[:, None] * np.maximum(by_role, 0.0)).min(axis=0)    # what a stage in the role adds
     p = knobs.num_stages
     added = float(least[ONLY] if p == 1 else least[FIRST] + least[LAST] + (p - 2) * least[MIDDLE])
     return TupleFloors(max(p * float(pi.min()), min(one_class.values())),
                        knobs.num_micro_batches * (blocks * float((pi * r).min()) + added),
                        tuple(sorted(one_class.items())), tuple(sorted(least_share.items())), p,
-                       Capacity(pi, np.array(cls), np.array(slopes), by_role, knobs.num_micro_batches,
-                                blocks, p))
+                       Capacity(pi, np.array(cls), a, by_role, knobs.num_micro_batches, blocks, p))
 
 
 def _option_terms(pricer: Pricer, ctx, knobs: Knobs, key, unit: int):
-    """(rent share, least rent of its class, r_o, a_o, c_o per position) of one option."""
+    """(rent share, least rent of its class, a_o, c_o per position) of one option."""
     (slope_f, slope_b, icpt), _ = pricer.lines(ctx, knobs, key, unit)
-    per_position = icpt.sum(axis=1)                   # forward + backward, POSITIONS order
-    # per unit of blocks, at the worst nb >= 1 for a negative intercept
-    rate = max(0.0, slope_f + slope_b + min(0.0, float(np.min(per_position))))
-    return (key.rent_share_in(pricer.classes), key.least_rent_in(pricer.classes), rate,
-            slope_f + slope_b, per_position)
+    return (key.rent_share_in(pricer.classes), key.least_rent_in(pricer.classes), slope_f + slope_b,
+            icpt.sum(axis=1))                         # forward + backward, POSITIONS order
