@@ -234,3 +234,72 @@ def test_capacity_knapsack_is_exact_against_brute_force():
             if min(units) >= 1 and sum(units) >= L and p <= L:
                 best = min(best, float(price[list(choice)].sum()))
         assert c.least_price(cap) == pytest.approx(best) if math.isfinite(best) else math.isinf(c.least_price(cap))
+
+
+def test_budget_time_floor_holds_on_every_plan_within_the_budget():
+    """Under a budget, every plan that rents at most it takes at least the floors' time (the
+    work floor over the budget, and the least cap whose capacity floor fits it), on any set
+    of classes it uses; ``inf`` only where no plan is within the budget.  Not vacuous: on
+    some tuples and budgets it is above the tuple's knob bound."""
+    checked = above = 0
+    for seed, pricer, knob_bound, tokens, knobs, ctx, keys, prob in _sampled_tuples(range(16), 8):
+        plans = [(prob.price(a), prob.objective(a), tuple(sorted({prob.options[o].resource for o, _ in a})))
+                 for a in assignments(prob)]
+        if not plans:
+            continue
+        floors = tuple_floors(pricer, knobs, ctx, keys)
+        kb = knob_bound(knobs, ctx, keys)
+        for budget in sorted({p for p, _, _ in plans})[:6] + [0.999 * min(p for p, _, _ in plans)]:
+            spec = ObjectiveSpec("throughput-under-budget", budget_usd_per_hour=budget)
+            within = [(t, used) for p, t, used in plans if p <= budget * (1 + 1e-12)]
+            floor = floors.value(spec, kb, tokens)
+            if math.isinf(floor):
+                assert not within, (seed, knobs, budget)
+                continue
+            for time_s, used in within:
+                assert time_s >= floor * (1 - 1e-9), (seed, knobs, budget)
+                assert time_s >= floors.capacity.least_time(budget, used) * (1 - 1e-9), (seed, knobs, used)
+            checked += 1
+            above += floor > kb * (1 + 1e-6)
+    assert checked >= 100
+    assert above >= checked // 20, (above, checked)
+
+
+def test_budget_time_floor_is_the_least_cap_of_a_choice_within_the_budget():
+    """``Capacity.least_time`` is, up to its rounding, the least cap at which some choice of
+    p options (one per stage role) within the budget holds all L units: every choice
+    enumerated, each at every cap where one of its options' held units changes."""
+    import itertools as it
+
+    import numpy as np
+
+    from planner.search.capacity import FIRST, LAST, MIDDLE, ONLY, Capacity
+    rng = random.Random(11)
+    finite = 0
+    for _ in range(300):
+        K, p, L, m = rng.randint(1, 4), rng.randint(1, 4), rng.randint(1, 9), rng.randint(1, 4)
+        price = np.array([rng.choice((1.0, 2.0, 3.5, 5.0)) for _ in range(K)])
+        slope = np.array([rng.uniform(0.05, 1.0) for _ in range(K)])
+        icpt = np.array([[rng.uniform(-0.1, 0.5) for _ in range(4)] for _ in range(K)])
+        budget = rng.uniform(1.0, 12.0)
+        c = Capacity(price, np.zeros(K, int), slope, icpt, m, L, p)
+        roles = [ONLY] if p == 1 else [FIRST, *[MIDDLE] * (p - 2), LAST]
+        caps = sorted({0.0} | {m * (icpt[o, r] + k * slope[o]) for o in range(K) for r in set(roles)
+                               for k in range(1, L + 1) if icpt[o, r] + k * slope[o] > 0})
+        best = math.inf
+        for choice in it.product(range(K), repeat=p):
+            if p > L or price[list(choice)].sum() > budget:
+                continue
+            for cap in caps:
+                held = c.held_units(cap)
+                units = [held[o, r] for o, r in zip(choice, roles)]
+                if min(units) >= 1 and sum(units) >= L:
+                    best = min(best, cap)
+                    break
+        got = c.least_time(budget)
+        if math.isinf(best):
+            assert math.isinf(got)
+        else:
+            finite += 1
+            assert got == pytest.approx(best, rel=1e-8, abs=1e-12)
+    assert finite >= 100, finite

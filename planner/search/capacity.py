@@ -15,6 +15,9 @@ is a lower bound on the plan's rent. That is a small covering knapsack, solved e
 min-plus recursion over the stages on the units held (``least_price``: p steps over an
 (L + 1)-square table), memoised per cap and class set.
 
+Under a budget on the rent it reads the other way (``least_time``): the least cap whose
+capacity floor fits the budget bounds the time of every plan within it.
+
 The work floor over the cap (floors.py) prices fractions of a replica's time; this counts
 whole options: on bench scenario d at 5M tokens/s (OPT-350M on A100s) the answer needs 114
 replicas in 15 nodes, where the work floor allowed 13.4 nodes' rent.
@@ -64,6 +67,37 @@ class Capacity:
         if hit is None:
             hit = self._memo[key] = self._least_price(cap_s, classes)
         return hit
+
+    def least_time(self, budget_usd_per_hour: float, classes: tuple[int, ...] | None = None) -> float:
+        """A lower bound on the time of every plan on ``classes`` (None: any) that rents at
+        most ``budget_usd_per_hour``; ``inf``: no such plan (the budget's time floor,
+        module docstring)."""
+        key = ("time", budget_usd_per_hour, classes)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._least_time(budget_usd_per_hour, classes)
+        return hit
+
+    def _least_time(self, budget: float, classes) -> float:
+        # held_units only changes at the caps m (c_o(role) + k a_o), k = 1..L: between two of
+        # them least_price is constant, and it only falls as the cap grows, so the least such
+        # cap whose floor fits the budget is found by bisection over them, and no plan within
+        # the budget is faster (a plan faster than it would fit a smaller cap's floor)
+        roles = [ONLY] if self.num_stages == 1 else [FIRST, MIDDLE, LAST]
+        k = np.arange(1, self.units + 1)
+        per_mb_s = self.icpt_s[:, roles, None] + self.slope_s[:, None, None] * k
+        # 0 first: held_units at a cap below every positive breakpoint is held_units(0)
+        caps = np.unique(np.concatenate(([0.0], self.num_micro_batches * per_mb_s[per_mb_s > 0])))
+        if self.least_price(float(caps[-1]), classes) > budget:
+            return math.inf
+        lo, hi = -1, len(caps) - 1          # least_price(caps[lo]) > budget >= least_price(caps[hi])
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._least_price(float(caps[mid]), classes) > budget:
+                lo = mid
+            else:
+                hi = mid
+        return float(caps[hi]) * (1 - 1e-9)     # held_units' rounding may admit a cap a hair early
 
     def _least_price(self, cap_s: float, classes) -> float:
         held = self.held_units(cap_s).astype(int)

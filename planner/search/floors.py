@@ -28,7 +28,7 @@ objectives need the price too; two facts about every plan of a tuple give it:
 
 - **Capacity floor** (under a cap on the time): each stage holds at most the blocks its
   option runs m times within the cap, so the plan rents enough whole options to hold all
-  L (capacity.py).
+  L (capacity.py); under a budget, the least cap whose floor fits it is a time floor.
 
 Hence, with T the tuple's time bound:
 
@@ -36,7 +36,9 @@ Hence, with T the tuple's time bound:
 - ``cost-above-floor`` (price, with time <= cap = tokens per iteration / floor): no plan if
   ``T > cap`` or no options hold the blocks within it, else ``max(p min pi,
   m L min (pi r) / cap, capacity floor)``;
-- ``throughput-under-budget``: no plan if ``p min pi > budget``, else T.
+- ``throughput-under-budget``: no plan if ``p min pi > budget``, else
+  ``max(T, m L min (pi r) / budget, the least cap whose capacity floor fits the budget)``
+  (a plan within the budget and faster than that cap would rent less than its floor).
 
 Egress charges are outside the search's objective (docs/search-space.md), so outside these too.
 """
@@ -107,7 +109,12 @@ class TupleFloors:
         if spec.kind == "throughput":
             return time_s
         if spec.kind == "throughput-under-budget":
-            return time_s if self.price_usd_per_hour <= spec.budget_usd_per_hour * (1 + 1e-12) else math.inf
+            budget = spec.budget_usd_per_hour * (1 + 1e-12)
+            if self.price_usd_per_hour > budget:
+                return math.inf
+            held = (self.capacity.least_time(budget, self.classes)
+                    if capacity and self.capacity is not None else 0.0)
+            return max(time_s, self.work_usd_s_per_hour / budget, held)
         if spec.kind == "cost":
             return max(self.price_usd_per_hour * time_s, self.work_usd_s_per_hour)
         cap_s = tokens_per_iteration / spec.min_tokens_per_s
