@@ -28,6 +28,7 @@ from planner.search.option_arrays import OptionArrayCache, both_classes
 from planner.search.packed import KNAPSACK_STAGES, PackedBound, partner_sends
 from planner.search.pieces import block_limits, most_speed
 from planner.search.schedules import SCHEDULES
+from planner.search.slots import ENDS_ORDER, Position
 from planner.search.space import Pricer
 
 SUBSET_CLASSES = 4          # classes up to which the knob bound goes over every set of them (2^4 - 1)
@@ -339,9 +340,10 @@ class KnobBound:
         every stage is at such a boundary."""
         c_min, (c_out, c_in) = part.c_min, part.sends
         if p == 1:
-            return float(c_min[3]), float(c_min[3])
-        c_sum = float(c_min[1] + c_min[2] + (p - 2) * c_min[0])
-        c_stage = float(min(c_min[1], c_min[2], c_min[0] if p > 2 else math.inf))
+            return float(c_min[Position.ONLY]), float(c_min[Position.ONLY])
+        first, middle, last = (c_min[pos] for pos in ENDS_ORDER)
+        c_sum = float(first + last + (p - 2) * middle)
+        c_stage = float(min(first, last, middle if p > 2 else math.inf))
         if c_out or c_in:
             wraps = SCHEDULES[knobs.schedule].wraps
             e = self._least_send(ctx, knobs, keys)

@@ -31,9 +31,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# stage roles, the columns of Capacity.icpt_s (SearchSchedule.role_positions maps them to
-# POSITIONS: the V schedules' first stage holds the embedding and the head, their last none)
-MIDDLE, FIRST, LAST, ONLY = range(4)
+from planner.search.slots import ENDS_ORDER, Position
+
+# the stage roles, the columns of Capacity.icpt_s (slots.Position), by the names callers
+# have imported from here
+MIDDLE, FIRST, LAST, ONLY = Position.MIDDLE, Position.FIRST, Position.LAST, Position.ONLY
 
 
 @dataclass(frozen=True, eq=False)     # ndarrays and a memo: compared by identity
@@ -43,7 +45,7 @@ class Capacity:
     price_usd_per_hour: np.ndarray   # [option] rent share
     cls: np.ndarray                  # [option] node class
     slope_s: np.ndarray              # [option] forward + backward per unit of blocks
-    icpt_s: np.ndarray               # [option, role] intercepts: middle, first, last, only
+    icpt_s: np.ndarray               # [option, role] intercepts, in Position order
     num_micro_batches: int
     units: int                       # blocks / the tuple's block unit
     num_stages: int
@@ -83,7 +85,7 @@ class Capacity:
         # them least_price is constant, and it only falls as the cap grows, so the least such
         # cap whose floor fits the budget is found by bisection over them, and no plan within
         # the budget is faster (a plan faster than it would fit a smaller cap's floor)
-        roles = [ONLY] if self.num_stages == 1 else [FIRST, MIDDLE, LAST]
+        roles = [Position.ONLY] if self.num_stages == 1 else list(ENDS_ORDER)
         k = np.arange(1, self.units + 1)
         per_mb_s = self.icpt_s[:, roles, None] + self.slope_s[:, None, None] * k
         # 0 first: held_units at a cap below every positive breakpoint is held_units(0)
@@ -107,14 +109,14 @@ class Capacity:
         if self.num_stages > L:         # a stage holds a block at least
             return math.inf
         if self.num_stages == 1:
-            return float(_cover_price(held[:, ONLY], self.price_usd_per_hour, L)[L])
+            return float(_cover_price(held[:, Position.ONLY], self.price_usd_per_hour, L)[L])
         # least rent to hold b units (b = L: all or more) after each stage, in stage order
         price = self.price_usd_per_hour
-        covered = _cover_price(held[:, FIRST], price, L)
-        middle = _cover_price(held[:, MIDDLE], price, L)
+        covered = _cover_price(held[:, Position.FIRST], price, L)
+        middle = _cover_price(held[:, Position.MIDDLE], price, L)
         for _ in range(self.num_stages - 2):
             covered = _min_plus(covered, middle, L)
-        return float(_min_plus(covered, _cover_price(held[:, LAST], price, L), L)[L])
+        return float(_min_plus(covered, _cover_price(held[:, Position.LAST], price, L), L)[L])
 
 
 def _cover_price(held: np.ndarray, price: np.ndarray, L: int) -> np.ndarray:

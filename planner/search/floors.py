@@ -52,11 +52,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.search import clock
-from planner.search.capacity import FIRST, LAST, MIDDLE, ONLY, Capacity
+from planner.search.capacity import Capacity
 from planner.search.knobs import Knobs, OptionKey
 from planner.search.mixed import StandIn
 from planner.search.objectives import ObjectiveSpec
 from planner.search.schedules import SCHEDULES
+from planner.search.slots import Position
 from planner.search.space import Pricer
 
 
@@ -184,7 +185,8 @@ def tuple_floors(pricer: Pricer, knobs: Knobs, ctx, keys: list[OptionKey]) -> Tu
     by_role = c[:, list(SCHEDULES[knobs.schedule].role_positions())]
     least = (pi[:, None] * np.maximum(by_role, 0.0)).min(axis=0)    # what a stage in the role adds
     p = knobs.num_stages
-    added = float(least[ONLY] if p == 1 else least[FIRST] + least[LAST] + (p - 2) * least[MIDDLE])
+    added = float(least[Position.ONLY] if p == 1
+                  else least[Position.FIRST] + least[Position.LAST] + (p - 2) * least[Position.MIDDLE])
     return TupleFloors(max(p * float(pi.min()), min(one_class.values())),
                        knobs.num_micro_batches * (blocks * float((pi * r).min()) + added),
                        tuple(sorted(one_class.items())), tuple(sorted(least_share.items())), p,

@@ -35,6 +35,7 @@ from planner.cost.memory import logits_in_flight, stage_holds
 from planner.search.core import CoreOption
 from planner.search.pieces import _max_units
 from planner.search.schedules import SCHEDULES
+from planner.search.slots import per_quantity
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,9 @@ def _piece(ctx, key, classes, curves: list[_Curves], caps: list[int], ranges: li
             continue
         fwd, bwd = c.forward[slow_kind], c.backward[slow_kind]
         rsync, ag = exposed_sync_parts(ctx, c.sync, fwd, bwd)
-        q = np.stack([fwd, bwd, rsync, c.optimizer[opt_kind], ag, c.backward_input[slow_kind]], axis=1)   # [L_units, 6]
+        q = np.stack(per_quantity(forward=fwd, backward=bwd, sync_less_backward=rsync, optimizer=c.optimizer[opt_kind],
+                                  gather_less_forward=ag, backward_input=c.backward_input[slow_kind]),
+                     axis=1)                                                           # [L_units, quantities]
         # every per-stage quantity is affine in the block count: take the line from the
         # whole curve (two points), the range only selects where it applies
         sl = q[1] - q[0] if len(q) >= 2 else np.zeros(q.shape[1])

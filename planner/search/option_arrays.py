@@ -13,7 +13,8 @@ import numpy as np
 from planner.cost import CostContext
 from planner.search.knobs import Knobs, OptionKey
 from planner.search.schedules import SCHEDULES
-from planner.search.space import POSITIONS, QUANTITIES, Pricer
+from planner.search.slots import POSITIONS, QUANTITIES, Quantity, per_quantity
+from planner.search.space import Pricer
 
 
 class OptionArrays(NamedTuple):
@@ -108,7 +109,8 @@ class OptionArrayCache:
         W apart is a second backward per option (bench b: 1.6 of 9 s), and other rows weigh it 0."""
         (sf, sb, _), (so, _) = self.pricer.lines(ctx, knobs, key, unit)
         reads = SCHEDULES[knobs.schedule].reads_input
-        return (sf, sb, 0.0, so, 0.0, self.pricer.input_line(ctx, knobs, key, unit)[0] if reads else 0.0)
+        return per_quantity(forward=sf, backward=sb, sync_less_backward=0.0, optimizer=so, gather_less_forward=0.0,
+                            backward_input=self.pricer.input_line(ctx, knobs, key, unit)[0] if reads else 0.0)
 
     def _intercepts(self, ctx, knobs, key: OptionKey, unit: int) -> np.ndarray:
         """Per stage position (middle, first, last, only) the intercepts of the same
@@ -117,8 +119,9 @@ class OptionArrayCache:
         count, so the least intercept over options is a valid addition to the knob bound."""
         (_, _, fb), (_, opt) = self.pricer.lines(ctx, knobs, key, unit)
         out = np.zeros((len(POSITIONS), len(QUANTITIES)))
-        out[:, 0], out[:, 1], out[:, 3] = fb[:, 0], fb[:, 1], opt
+        out[:, Quantity.FORWARD], out[:, Quantity.BACKWARD] = fb.T
+        out[:, Quantity.OPTIMIZER] = opt
         if SCHEDULES[knobs.schedule].reads_input:    # else weighed 0 by every row (_light)
-            out[:, 5] = self.pricer.input_line(ctx, knobs, key, unit)[1]
+            out[:, Quantity.BACKWARD_INPUT] = self.pricer.input_line(ctx, knobs, key, unit)[1]
         # a V (zb-v, dualpipev): the first stage carries the embedding and the head, the last neither
         return out[list(SCHEDULES[knobs.schedule].role_positions())]

@@ -17,8 +17,7 @@ from planner.search.knobs import OptionKey
 from planner.search.mixed import StandIn
 from planner.search.pieces import shares
 from planner.search.schedules import SCHEDULES
-
-POSITIONS = ((False, False), (True, False), (False, True), (True, True))   # middle, first, last, only
+from planner.search.slots import POSITIONS, Position
 
 
 class OptionLines:
@@ -67,7 +66,7 @@ class OptionLines:
         if SCHEDULES[knobs.schedule].reads_apart:
             return (min(fb[0][0], fb[1][0]), min(fb[0][1], fb[1][1]), np.minimum(fb[0][2], fb[1][2])), least_opt
         mid = max(1, self.model.num_layers // unit // max(1, knobs.num_stages) // 2)
-        total = [(f[0] + f[1]) * mid + f[2][0].sum() for f in fb]
+        total = [(f[0] + f[1]) * mid + f[2][Position.MIDDLE].sum() for f in fb]
         return fb[int(total[1] > total[0])], least_opt
 
     def kind_lines(self, ctx, cls: int, tp: int, share: int, unit: int):
@@ -80,7 +79,8 @@ class OptionLines:
             gpu, intra = info.gpu, info.node_class.intra_Bps
             at = [replica_compute(ctx, gpu, intra, tp, share, unit, emb, head) for emb, head in POSITIONS]
             r2 = replica_compute(ctx, gpu, intra, tp, share, 2 * unit, False, False)
-            sf, sb = r2.total_forward_s - at[0].total_forward_s, r2.total_backward_s - at[0].total_backward_s
+            sf = r2.total_forward_s - at[Position.MIDDLE].total_forward_s
+            sb = r2.total_backward_s - at[Position.MIDDLE].total_backward_s
             fb = self._fb[fk] = (sf, sb, np.array([(r.total_forward_s - sf, r.total_backward_s - sb) for r in at]))
         return fb
 
@@ -94,7 +94,7 @@ class OptionLines:
             info = self.classes[cls]
             gpu, intra = info.gpu, info.node_class.intra_Bps
             at = np.array([backward_weight_s(ctx, gpu, intra, tp, share, unit, emb, head) for emb, head in POSITIONS])
-            slope = backward_weight_s(ctx, gpu, intra, tp, share, 2 * unit) - at[0]
+            slope = backward_weight_s(ctx, gpu, intra, tp, share, 2 * unit) - at[Position.MIDDLE]
             hit = self._fb[wk] = (slope, at - slope)
         return hit
 
@@ -111,7 +111,8 @@ class OptionLines:
     def _input_of(self, ctx, cls: int, tp: int, share: int, unit: int):
         _, sb, fb = self.kind_lines(ctx, cls, tp, share, unit)
         sw, iw = self.weight_lines(ctx, cls, tp, share, unit)
-        return sb - sw, fb[:, 1] - iw
+        _, b_icpt = fb.T
+        return sb - sw, b_icpt - iw
 
     def optimizer_lines(self, ctx, cls: int, tp: int, shard: int, unit: int):
         """(slope, [positions] intercepts) of the optimizer step over a stage's parameters
@@ -124,7 +125,7 @@ class OptionLines:
             def local(nb, emb, head):
                 return optimizer_params(ctx, stage_params(ctx, nb, emb, head), _experts(ctx, nb), tp, shard)
             at = [optimizer_time_s(ctx, gpu, local(unit, emb, head)) for emb, head in POSITIONS]
-            so = optimizer_time_s(ctx, gpu, local(2 * unit, False, False)) - at[0]
+            so = optimizer_time_s(ctx, gpu, local(2 * unit, False, False)) - at[Position.MIDDLE]
             opt = self._opt[ok] = (so, np.array(at) - so)
         return opt
 

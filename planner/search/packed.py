@@ -37,7 +37,7 @@ from planner.search.packing import Packing, Sends, Tables
 from planner.search.pieces import block_limits
 from planner.search.position_lp import Cross, PositionLP
 from planner.search.schedules import SCHEDULES
-from planner.search.space import POSITIONS
+from planner.search.slots import ENDS_ORDER, POSITIONS, End, Position, Quantity
 
 KNAPSACK_STAGES = 128       # stage counts up to which the knob bound packs whole options (all, for the models we know)
 STAGE_COST_ENTRIES = 256    # [options x blocks] tables kept (~0.25 MB each on c)
@@ -116,8 +116,10 @@ class PackedBound:
         rep_slope = np.array([r[0] for r in rep])
         rep_icpt = np.array([r[1] for r in rep]).reshape(len(keys), len(POSITIONS))
         rep_icpt = rep_icpt[:, list(SCHEDULES[knobs.schedule].role_positions())]
-        slope[:, 2], slope[:, 4] = exposed_sync_parts(ctx, d_slope, slope[:, 0], slope[:, 1], rep_slope)
-        at[:, :, 2], at[:, :, 4] = exposed_sync_parts(ctx, d_icpt, at[:, :, 0], at[:, :, 1], rep_icpt)
+        f, b = Quantity.FORWARD, Quantity.BACKWARD
+        rs, ag = Quantity.SYNC_LESS_BACKWARD, Quantity.GATHER_LESS_FORWARD
+        slope[:, rs], slope[:, ag] = exposed_sync_parts(ctx, d_slope, slope[:, f], slope[:, b], rep_slope)
+        at[:, :, rs], at[:, :, ag] = exposed_sync_parts(ctx, d_icpt, at[:, :, f], at[:, :, b], rep_icpt)
         nbs = np.arange(1, L + 1, dtype=float)
         Q = slope[:, None, None, :] * nbs[None, None, :, None] + at[:, :, None, :]    # [K, positions, L, quantities]
         rows, terms = knob_rows(knobs, any(isinstance(k, StandIn) for k in keys))
@@ -138,13 +140,13 @@ class PackedBound:
             sends[t.kind][0] += t.weight * sum(row.out)
             sends[t.kind][1] += t.weight * sum(row.inn)
         if p == 1:
-            return Tables(g[:, 3], None, None, None, r_slope, r_at[:, [3, 3, 3]])
+            return Tables(g[:, Position.ONLY], None, None, None, r_slope, r_at[:, [Position.ONLY] * len(End)])
         out2, in2 = self._option_sends(ctx, knobs, keys)
-        bare = Sends(np.stack([g[:, 1], g[:, 0], g[:, 2]]), r_at[:, [1, 0, 2]], tuple(sends["max"]),
+        bare = Sends(np.stack([g[:, pos] for pos in ENDS_ORDER]), r_at[:, list(ENDS_ORDER)], tuple(sends["max"]),
                       tuple(sends["sum"]), out2, in2, SCHEDULES[knobs.schedule].wraps)
         # without crossings each side pays its least send, to any partner
         (first, r_first), (mid, r_mid), (last, r_last) = (bare.priced(k, out2.min(axis=0), in2.min(axis=0))
-                                                           for k in range(3))
+                                                           for k in End)
         r_icpt = np.stack([r_first, r_mid, r_last], axis=1)
         end = np.minimum(first, last)
         if p == 2:

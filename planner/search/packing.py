@@ -14,6 +14,7 @@ from planner.search import clock
 from planner.search.knobs import Knobs
 from planner.search.pieces import most_speed
 from planner.search.position_lp import VARIANTS, Cross, PositionLP, PositionModel
+from planner.search.slots import End
 
 FILL_STEP = 0.01            # grid step of the bottleneck M for the bound with the fill, of the objective
 FILL_POINTS = 24            # grid points at most (above the last, the fill with no bottleneck)
@@ -26,8 +27,8 @@ class Tables:
     """Per option, without memory limits: ``g`` [K, L] the least max-term sum at any
     position; ``first``, ``mid``, ``last`` the same at that position (None for p = 1, mid
     None for p = 2); the summed rows, affine in the blocks: ``r_slope`` [K] and ``r_icpt``
-    [K, 3] (first, middle, last; sends included).  ``sends`` (None for p = 1): the same
-    without sends and what each side's send adds, for the crossing variants."""
+    [K, End] (sends included).  ``sends`` (None for p = 1): the same without sends and what
+    each side's send adds, for the crossing variants."""
     g: np.ndarray
     first: np.ndarray | None
     mid: np.ndarray | None
@@ -39,10 +40,10 @@ class Tables:
 
 @dataclass
 class Sends:
-    """A stage's max-term sum and summed-row intercept without its sends (``g`` [3, K, L] and
-    ``r`` [K, 3] at the first, middle, last position), the sends' weights in each (``w_max``,
-    ``w_sum``: (out, in)) and each side's least send within the class and to another class
-    (``out``, ``inn``: [2, K], index 1 = crossing; inf when no other class)."""
+    """A stage's max-term sum and summed-row intercept without its sends (``g`` [End, K, L] and
+    ``r`` [K, End]), the sends' weights in each (``w_max``, ``w_sum``: (out, in)) and each
+    side's least send within the class and to another class (``out``, ``inn``: [2, K], index
+    1 = crossing; inf when no other class)."""
     g: np.ndarray
     r: np.ndarray
     w_max: tuple[float, float]
@@ -51,11 +52,11 @@ class Sends:
     inn: np.ndarray
     wraps: bool
 
-    def sides(self, k: int) -> tuple[bool, bool]:
-        """Whether a stage at position kind k (0 first, 1 middle, 2 last) sends out and in."""
-        return k != 2 or self.wraps, k != 0 or self.wraps
+    def sides(self, k: End) -> tuple[bool, bool]:
+        """Whether a stage at position kind k sends out and in."""
+        return k != End.LAST or self.wraps, k != End.FIRST or self.wraps
 
-    def priced(self, k: int, out: np.ndarray, inn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def priced(self, k: End, out: np.ndarray, inn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """([K, L] max-term sums, [K] summed-row intercept) at position kind k with the sends
         ``out`` and ``inn`` [K] on the sides it has."""
         has_out, has_in = self.sides(k)
@@ -65,12 +66,12 @@ class Sends:
                 self.r[:, k] + self.w_sum[0] * o + self.w_sum[1] * n)
 
     def variants(self) -> tuple[np.ndarray, np.ndarray]:
-        """([3, 4, K, L] max-term sums, [3, 4, K] summed-row intercepts) per position kind
+        """([End, 4, K, L] max-term sums, [End, 4, K] summed-row intercepts) per position kind
         and crossing variant (position_lp.VARIANTS); inf where the variant's crossing side
         does not exist (the first stage's in side, the last's out side, unless it wraps)."""
-        g = np.empty((3, len(VARIANTS)) + self.g.shape[1:])
-        r = np.empty((3, len(VARIANTS), self.g.shape[1]))
-        for k in range(3):
+        g = np.empty((len(End), len(VARIANTS)) + self.g.shape[1:])
+        r = np.empty((len(End), len(VARIANTS), self.g.shape[1]))
+        for k in End:
             has_out, has_in = self.sides(k)
             for i, (co, ci) in enumerate(VARIANTS):
                 if (co and not has_out) or (ci and not has_in):
@@ -97,7 +98,7 @@ class Packing:
         finite = [x[np.isfinite(x)] for x in tables if x is not None]
         at = None
         if self.p > 1:
-            # per position kind (first, middle, last) [and crossing variant], [K, L]
+            # per position kind (End) [and crossing variant], [K, L]
             if cross is not None:
                 g, self.r_var = t.sends.variants()
                 at = np.where(over[None, None], math.inf, g)
@@ -117,8 +118,8 @@ class Packing:
     def _most(self, table: np.ndarray, M: float) -> np.ndarray:
         return np.where(table <= M, self.nbs, 0.0).max(axis=1)
 
-    def _kinds(self) -> list[int]:
-        return [0] + [1] * (self.p - 2) + [2]
+    def _kinds(self) -> list[End]:
+        return [End.FIRST] + [End.MIDDLE] * (self.p - 2) + [End.LAST]
 
     def _most_at_positions(self, M: float) -> np.ndarray:
         """[K, p] the most blocks each option holds at each position under M ([4, K, p] per

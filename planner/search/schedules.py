@@ -12,7 +12,7 @@ wrap from the last stage to the first, whether its rows read forward and backwar
 launchers that can run it, and which (p, m, L) it admits.  Its in-flight micro-batches (the
 memory rule) are ``planner.cost.in_flight_micro_batches`` under its name.
 
-Quantities per stage (space.QUANTITIES): forward, backward, sync less backward, optimizer,
+Quantities per stage (slots.Quantity): forward, backward, sync less backward, optimizer,
 gather less forward, backward input (the I of zero-bubble schedules, backward less W).
 
 The V schedules (zb-v, dualpipev; v_rows.py) are priced by the action-list executor: rows
@@ -29,14 +29,15 @@ from dataclasses import dataclass
 
 from planner.cost.schedule import StageTiming, pipeline_time_s
 from planner.search.core import Row, Term
+from planner.search.slots import Position, Quantity, per_quantity
 from planner.search.v_rows import v_iteration_s, v_rows
 
-# Row coefficient vectors over the six quantities (space.QUANTITIES)
-F, B = (1, 0, 0, 0, 0, 0), (0, 1, 0, 0, 0, 0)
-CYCLE = (1, 1, 0, 0, 0, 0)             # f + b
-CYCLE_LESS_W = (1, 0, 0, 0, 0, 1)      # f + i = f + b - w
-DPX = Row(stage=(0, 0, 0, 0, 0, 0), hinges=((0, 0, 1, 0, 0, 0), (0, 0, 0, 0, 1, 0)))
-OPT = Row(stage=(0, 0, 0, 1, 0, 0))
+F, B = per_quantity(forward=1), per_quantity(backward=1)
+CYCLE = per_quantity(forward=1, backward=1)
+CYCLE_LESS_W = per_quantity(forward=1, backward_input=1)       # f + i = f + b - w
+# the exposed DP sync: each of its two parts counts only where it exceeds what hides it
+DPX = Row(stage=per_quantity(), hinges=(per_quantity(sync_less_backward=1), per_quantity(gather_less_forward=1)))
+OPT = Row(stage=per_quantity(optimizer=1))
 LAUNCHERS = ("megatron", "deepspeed")
 
 
@@ -81,10 +82,11 @@ class SearchSchedule:
             return s == 0, s == 0
         return s == 0, s == p - 1
 
-    def role_positions(self) -> tuple[int, int, int, int]:
-        """Per stage role (middle, first, last, only): the index into space.POSITIONS
-        ((False, False), (True, False), (False, True), (True, True)) of its (embedding, head)."""
-        return (0, 3, 0, 3) if self.head_on_first else (0, 1, 2, 3)
+    def role_positions(self) -> tuple[Position, Position, Position, Position]:
+        """Per stage role (a Position): the position whose (embedding, head) it holds."""
+        if self.head_on_first:
+            return Position.MIDDLE, Position.ONLY, Position.MIDDLE, Position.ONLY
+        return tuple(Position)
 
     def exact_time_s(self, prob, assign, m: int, rows_value: float) -> float:
         """The cost model's iteration time of ``assign`` on the CoreProblem ``prob``
@@ -112,7 +114,7 @@ def _interleaved(p: int, m: int, v: int):
     return rows, [Term("max", 0, m - 1.0 / v), Term("sum", 0, 1.0 / v), Term("max", 1), Term("max", 2)]
 
 
-W = (0, 1, 0, 0, 0, -1)                # w = b - i, the weight-gradient part of the backward
+W = per_quantity(backward=1, backward_input=-1)     # w = b - i, the weight-gradient part of the backward
 
 
 def zb_h1_mu_weight(p: int, m: int) -> int:
@@ -149,11 +151,11 @@ def _zb_h1_knob(p: int, m: int, v: int, stand_ins: bool = False):
         return _one_f_one_b(p, m, v)
     if stand_ins:
         beta = zb_h1_beta(p, m)
-        top = (1, 1 - beta, 0, 0, 0, beta)      # f + b - beta (b - i)
+        top = per_quantity(forward=1, backward=1 - beta, backward_input=beta)      # f + b - beta (b - i)
         rows = [Row(stage=top, out=(1,), inn=(1,)), Row(stage=CYCLE_LESS_W, out=(1,), inn=(1,)), DPX, OPT]
     else:
         kappa = zb_h1_mu_weight(p, m) / p
-        fill = (1, -kappa, 0, 0, 0, 1 + kappa)   # f + i - kappa (b - i)
+        fill = per_quantity(forward=1, backward=-kappa, backward_input=1 + kappa)   # f + i - kappa (b - i)
         rows = [Row(stage=CYCLE, out=(1,), inn=(1,)), Row(stage=fill, out=(1,), inn=(1,)), DPX, OPT]
     return rows, [Term("max", 0, m - 1), Term("sum", 1), Term("max", 2), Term("max", 3)]
 
@@ -215,9 +217,10 @@ def stage_timings(prob, assign) -> list[StageTiming]:
     vals = prob.stage_values(assign)
     dpx = next((vals[j] for j, r in enumerate(prob.rows) if r == DPX), [0.0] * p)
     opt = next((vals[j] for j, r in enumerate(prob.rows) if r == OPT), [0.0] * p)
-    return [StageTiming(forward_s=q[0], backward_s=q[1], backward_weight_s=q[1] - q[5],
+    fwd, bwd, inp = Quantity.FORWARD, Quantity.BACKWARD, Quantity.BACKWARD_INPUT
+    return [StageTiming(forward_s=q[fwd], backward_s=q[bwd], backward_weight_s=q[bwd] - q[inp],
                         send_forward_s=sends[s] if s < p - 1 else 0.0,
                         send_backward_s=sends[s - 1] if s > 0 else 0.0,
                         dp_sync_exposed_s=max(0.0, float(dpx[s])), optimizer_s=max(0.0, float(opt[s])),
-                        compute_s=q[0] + q[1])
+                        compute_s=q[fwd] + q[bwd])
             for s, q in enumerate(quantities)]

@@ -28,12 +28,12 @@ from planner.search.classes import ClassInfo
 from planner.search.core import CoreOption, CoreProblem, Row
 from planner.search.knobs import Knobs, OptionKey, pipeline_rows, tp_degrees
 from planner.search.mixed import StandIn, key_of, mixed_keys, mixed_options
-from planner.search.option_lines import POSITIONS, OptionLines, _experts, zero_shard
+from planner.search.option_lines import OptionLines, _experts, zero_shard
 from planner.search.pieces import _busiest_points, _max_units, model_units, replica_counts, shares  # noqa: F401
 from planner.search.schedules import SCHEDULES
 from planner.search.sends import SendPricing
+from planner.search.slots import POSITIONS, QUANTITIES, Quantity, per_quantity  # noqa: F401
 
-QUANTITIES = ("forward", "backward", "sync_less_backward", "optimizer", "gather_less_forward", "backward_input")
 
 def _affine(f, unit: int) -> tuple[float, float]:
     """(slope, intercept) per core unit of a function affine in blocks for blocks >= 1."""
@@ -201,8 +201,9 @@ class Pricer(OptionLines, SendPricing):
                 dp = (dp_sync_time_s(ctx, params, key.ranks, t, ring.bandwidth_Bps, ring.latency_s, ring.kind, gpu)
                       if ring else 0.0)
             rs, ag = exposed_sync_parts(ctx, dp, fwd, bwd, replicate)
-            return (fwd, bwd, rs, optimizer_time_s(ctx, gpu, optimizer_params(ctx, params, experts, t, shard)),
-                    ag, 0.0)
+            return per_quantity(forward=fwd, backward=bwd, sync_less_backward=rs, gather_less_forward=ag,
+                                optimizer=optimizer_time_s(ctx, gpu, optimizer_params(ctx, params, experts, t, shard)),
+                                backward_input=0.0)     # set below, from the W's own lines
 
         if hit is None:
             q1, q2 = quantities(unit), quantities(2 * unit)
@@ -210,8 +211,10 @@ class Pricer(OptionLines, SendPricing):
             fx = tuple(a - d for a, d in zip(q1, sl))
             # the input part of the backward, I = backward - W (zero-bubble schedules)
             w_slope, w_icpt = self.weight_lines(ctx, key.cls, t, share, unit)
-            sl = sl[:5] + (sl[1] - w_slope,)
-            fx = fx[:5] + (fx[1] - float(w_icpt[POSITIONS.index((emb, head))]),)
+            sl, fx = list(sl), list(fx)
+            sl[Quantity.BACKWARD_INPUT] = sl[Quantity.BACKWARD] - w_slope
+            fx[Quantity.BACKWARD_INPUT] = fx[Quantity.BACKWARD] - float(w_icpt[POSITIONS.index((emb, head))])
+            sl, fx = tuple(sl), tuple(fx)
         else:
             sl, fx = hit[0], hit[1]
         if timing_only:

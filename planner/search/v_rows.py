@@ -23,12 +23,13 @@ Rows can only add terms, so a tuple takes one of the two: the one larger at unit
 from __future__ import annotations
 
 from planner.search.core import Row, Term
+from planner.search.slots import per_quantity
 
-# Row coefficient vectors over the six quantities (space.QUANTITIES)
-_CYCLE = (1, 1, 0, 0, 0, 0)              # f + b
-_CYCLE_LESS_W = (1, 0, 0, 0, 0, 1)       # f + i
-_DPX = Row(stage=(0, 0, 0, 0, 0, 0), hinges=((0, 0, 1, 0, 0, 0), (0, 0, 0, 0, 1, 0)))
-_OPT = Row(stage=(0, 0, 0, 1, 0, 0))
+# schedules.py's rows of the same names (it imports this module, so they cannot be shared)
+_CYCLE = per_quantity(forward=1, backward=1)
+_CYCLE_LESS_W = per_quantity(forward=1, backward_input=1)       # f + i
+_DPX = Row(stage=per_quantity(), hinges=(per_quantity(sync_less_backward=1), per_quantity(gather_less_forward=1)))
+_OPT = Row(stage=per_quantity(optimizer=1))
 
 
 def uses_work_floor(p: int, m: int) -> bool:
