@@ -109,6 +109,10 @@ class KnobBound:
         objectives' floors per set of classes (floors.py)."""
         return self._by_subset.get((knobs, id(keys)), {})
 
+    def support(self, knobs: Knobs, most: int) -> list[OptionKey]:
+        """The ``most`` options the tuple's position LPs weighed most (packed.py)."""
+        return self._packed.support_of(knobs, most)
+
     def set_deadline(self, deadline: float) -> None:
         """Past ``deadline`` (clock.now()) the packed bound's LPs stop early with the
         (lower) bound they have proved: the search's time limit holds."""

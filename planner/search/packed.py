@@ -41,6 +41,7 @@ from planner.search.slots import ENDS_ORDER, POSITIONS, End, Position, Quantity
 
 KNAPSACK_STAGES = 128       # stage counts up to which the knob bound packs whole options (all, for the models we know)
 STAGE_COST_ENTRIES = 256    # [options x blocks] tables kept (~0.25 MB each on c)
+SUPPORT_ENTRIES = 4096      # knob tuples whose fill LPs' options are kept (a few options each)
 
 
 class PackedBound:
@@ -55,6 +56,9 @@ class PackedBound:
         # stop where they are, with the bound they have proved (one tuple's LPs can take
         # seconds)
         self.deadline = math.inf
+        # per knob tuple, the options its fill LPs' optima take, with their weights: a few
+        # options that a plan near the bound is likely made of (incumbent.from_support)
+        self.support: dict = {}
 
     def __call__(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple, L: int,
                  enough: float, sums: float, lp: bool = True, num_classes: int = 0) -> float:
@@ -87,7 +91,33 @@ class PackedBound:
             return enough                       # M = need did not hold the blocks (sums + need may round below)
         if p == 1 or not lp:
             return sums + M
-        return max(sums + M, packing.with_fill(M, sums, enough))
+        bound = max(sums + M, packing.with_fill(M, sums, enough))
+        self._keep_support(knobs, pieces[1].keys, packing, num_classes, bound)     # the LP's options, in its order
+        return bound
+
+    def support_of(self, knobs: Knobs, most: int) -> list[OptionKey]:
+        """The ``most`` options the tuple's fill LPs' optima weighed most, on the set of
+        classes with the least bound (the bound over all classes where no set has its own):
+        a plan near the bound is likely made of them.  (Each set's LP makes every class of
+        the set hold a stage: the union over the sets would mix in the slow classes.)"""
+        by_set = self.support.get(knobs, {})
+        own = {classes: entry for classes, entry in by_set.items() if classes} or by_set
+        if not own:
+            return []
+        _, weights = min(own.values(), key=lambda entry: entry[0])
+        return sorted(weights, key=lambda k: -weights[k])[:most]
+
+    def _keep_support(self, knobs: Knobs, keys: list[OptionKey], packing: Packing, num_classes: int,
+                      bound: float) -> None:
+        """Per tuple and set of classes (0: the bound over all of them, any set), the bound
+        and the options its LPs' optima weighed, with their largest weight."""
+        model = packing.lp_model
+        if model is None or not model.option_weights:
+            return
+        if knobs not in self.support and len(self.support) >= SUPPORT_ENTRIES:
+            del self.support[next(iter(self.support))]          # the oldest
+        classes = tuple(sorted({k.cls for k in keys})) if num_classes else ()
+        self.support.setdefault(knobs, {})[classes] = (bound, {keys[o]: w for o, w in model.option_weights.items()})
 
     def _stage_tables(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple,
                       L: int) -> Tables:

@@ -194,6 +194,11 @@ class Packing:
                                            icpt, self.extra) or False
         return self._lp_model or None
 
+    @property
+    def lp_model(self) -> PositionModel | None:
+        """The position LP, when one was built."""
+        return self._lp_model or None
+
     def fill(self, M: float, args: tuple | None = None) -> float:
         """The least the summed rows can total over p stages whose g is at most M (the LP;
         ``args``: ``_fill_args(M)`` when the caller has them)."""

@@ -146,6 +146,7 @@ class PositionModel:
         self._r, self._val = r[order].astype(np.int32), val[order].astype(float)
         self._start = np.searchsorted(c[order], np.arange(len(o) + 1))
         self._weights = None        # the last optimal solution, per slot (reaches)
+        self.option_weights: dict[int, float] = {}   # option -> its most weight in a fill's optimum
 
     @classmethod
     def build(cls_, lp, most, units, cls, capacity, cross, slope, icpt, extra=None) -> PositionModel | None:
@@ -225,6 +226,11 @@ class PositionModel:
             return None
         x = np.clip(np.asarray(h.getSolution().col_value), 0.0, None)
         self._weights = np.bincount(slot, weights=x, minlength=len(self.v))
+        if mode == "fill":
+            # which options the fill's optimum takes, for a plan on them (packed.PackedBound.support)
+            per_option = np.bincount(self.o, weights=self._weights)
+            for o in np.flatnonzero(per_option > 1e-6):
+                self.option_weights[int(o)] = max(self.option_weights.get(int(o), 0.0), float(per_option[o]))
         return float(h.getInfo().objective_function_value)
 
     def _load(self, h, hs, slot: np.ndarray, nb: np.ndarray, cost: np.ndarray, L: int | None) -> None:

@@ -37,7 +37,6 @@ from planner.search.incumbent import (
     Shared,
     exact_solver,
     priced,
-    relaxed,
     warm_start,
 )
 from planner.search.knobs import check_expert_degrees, enumerate_knobs, make_context
@@ -47,6 +46,7 @@ from planner.search.queue import BoundLevel, Pending, Ranked
 from planner.search.schedules import schedules_for
 from planner.search.space import Pricer
 from planner.search.stats import SearchStats
+from planner.search.support_plans import SearchState, too_big
 from planner.search.twins import gpipe_dominated, one_stage_zb_h1_twins
 
 MEGATRON_LAUNCHERS = ("megatron", "deepspeed")
@@ -279,6 +279,8 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             continue
         heap.append(Pending(value, i, BoundLevel.MEMORY_FREE, knobs, ctx, keys, tb))
     heapq.heapify(heap)
+    tuple_state = SearchState(pricer, knob_bound, spec, launcher, best, bounds, stats, settings, deadline, gap_rel,
+                              time_like)
     j = 0
     while heap:
         kb, i, level, knobs, ctx, keys, tb = heap[0]
@@ -324,9 +326,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         j += 1
         small = enum.fits_size(knobs.num_stages, len(keys), model.num_layers // knobs.block_unit)
         if not small and len(keys) ** 2 * max(1, knobs.num_stages - 1) > MAX_PAIR_TERMS and warm:
-            stats.too_big += 1     # see below: too big to build
-            relaxed(pricer, knobs, ctx, keys, kb, spec, launcher, best, bounds, stats, settings, deadline,
-                    gap_rel, time_like)
+            too_big(tuple_state, knobs, ctx, keys, kb)      # see below: too big to build
             continue
         # pricing cannot be interrupted (mixed stages' take up to ~2 s on lab-mixed): start it
         # only when the longest so far still fits in the time left
@@ -350,9 +350,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         if not enum.fits(prob) and (pairs > MAX_PAIR_TERMS or pairs / PAIR_TERMS_PER_S > deadline - clock.now()):
             # the pairwise send constraints alone would make the MILP too big to build in the
             # time we have: leave this tuple unexplored (its bound still counts)
-            stats.too_big += 1
-            relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, settings, deadline,
-                    gap_rel, time_like)
+            too_big(tuple_state, knobs, ctx, keys, lb)
             continue
         say(f"[{j}/{len(ranked)}] {knobs.label()}: {K} options, bound {lb:.4g}{' s' if time_like else ''}")
         milp = exact_solver(prob)

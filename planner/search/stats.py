@@ -22,6 +22,7 @@ class SearchStats:
     twins: int = 0                      # left out for a twin that bounds them (twins.py)
     too_big: int = 0                    # too big for the exact MILP (incumbent.relaxed)
     relaxed: int = 0                    # send-free relaxations solved for those
+    support_plans: int = 0              # better plans found on their position LPs' options (support_plans.py)
     timed_out: int = 0                  # per-tuple MILPs stopped by the time limit
     out_of_reach: int = 0               # empty by a finite bound over the budget or floor
     no_options: int = 0                 # no replica count gives an allowed share
