@@ -185,9 +185,10 @@ def test_warm_start_past_its_time_still_enumerates_one_tuple_when_no_plan_exists
 
     from planner.search.bound import KnobBound
     from planner.search.core.milp import MilpSettings
-    from planner.search.incumbent import Best, warm_start
+    from planner.search.incumbent import Best
     from planner.search.knobs import enumerate_knobs, make_context
     from planner.search.objectives import parse_objective
+    from planner.search.warm import warm_start
 
     cluster, model, training = make_case(30)
     classes, pricer = case_pricer(cluster, model, training)

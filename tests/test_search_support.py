@@ -18,8 +18,7 @@ from planner.search.incumbent import Best
 from planner.search.knobs import enumerate_knobs, make_context
 from planner.search.objectives import ObjectiveSpec
 from planner.search.oracle import oracle
-from planner.search.stats import SearchStats
-from planner.search.support_plans import SearchState, from_support
+from planner.search.support_plans import Planning, support_plan
 
 
 def _lp_tuples(seeds, per_case: int):
@@ -55,9 +54,9 @@ def test_support_plans_are_plans_of_the_tuple_and_no_better_than_its_optimum():
         if not times:
             continue
         best = Best(1)
-        state = SearchState(pricer, knob_bound, spec, None, best, [], SearchStats(knobs=1),
-                            MilpSettings(time_limit_s=10), math.inf, 0.0, True)
-        from_support(state, knobs, ctx, keys)
+        improved = support_plan(Planning(pricer, knob_bound, spec, None, best, MilpSettings(time_limit_s=10),
+                                         math.inf), knobs, ctx, keys, until=math.inf)
+        assert improved == bool(best.items)
         if not best.items:
             continue
         cand = best.items[0]

@@ -12,10 +12,11 @@ from test_search_baselines import MIXED, all_baselines
 
 from planner.cost import evaluate
 from planner.cost.memory import in_flight_micro_batches
-from planner.search.incumbent import Best, _warm_order, add_twins
+from planner.search.incumbent import Best, add_twins
 from planner.search.naming import build_plan
 from planner.search.objectives import ObjectiveSpec
 from planner.search.twin_plans import has_exact_twin, twin_index, twin_key, twins_of
+from planner.search.warm import _warm_order
 from planner.spec import Training, cluster_from_dict, load_model
 
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1")

@@ -31,14 +31,7 @@ from planner.search.core import enum
 from planner.search.core.milp import MilpSettings
 from planner.search.floors import TupleFloors, floors_until
 from planner.search.given import given_candidates
-from planner.search.incumbent import (
-    WARM_KEYS_ABOVE,
-    Best,
-    Shared,
-    exact_solver,
-    priced,
-    warm_start,
-)
+from planner.search.incumbent import Best, Shared, exact_solver, priced
 from planner.search.knobs import check_expert_degrees, enumerate_knobs, make_context
 from planner.search.objectives import ObjectiveSpec, parse_objective
 from planner.search.per_tuple import loses_tie, prunes, solve_tuple
@@ -48,6 +41,7 @@ from planner.search.space import Pricer
 from planner.search.stats import SearchStats
 from planner.search.support_plans import SearchState, too_big
 from planner.search.twins import gpipe_dominated, one_stage_zb_h1_twins
+from planner.search.warm import WARM_KEYS_ABOVE, warm_start
 
 MEGATRON_LAUNCHERS = ("megatron", "deepspeed")
 
@@ -279,8 +273,8 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             continue
         heap.append(Pending(value, i, BoundLevel.MEMORY_FREE, knobs, ctx, keys, tb))
     heapq.heapify(heap)
-    tuple_state = SearchState(pricer, knob_bound, spec, launcher, best, bounds, stats, settings, deadline, gap_rel,
-                              time_like)
+    tuple_state = SearchState(pricer, knob_bound, spec, launcher, best, settings, deadline, bounds=bounds, stats=stats,
+                              gap_rel=gap_rel, time_like=time_like)
     j = 0
     while heap:
         kb, i, level, knobs, ctx, keys, tb = heap[0]

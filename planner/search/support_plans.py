@@ -1,16 +1,19 @@
-"""Incumbents from the bound's own LPs, for the knob tuples too big for the exact MILP.
+"""Incumbents from the bound's own LPs: a knob tuple solved on the few options its position
+LPs weigh.
 
-Such a tuple (hundreds of options over 6-32 stages: bench scenarios c and e) is bounded by its
-position LPs (packed.py, position_lp.py) and otherwise only gets the send-free relaxation
-(``incumbent.relaxed``), whose MILP over all its options finds poor plans in the seconds it
-is given.  The position LPs' optima, though, put nearly all their weight on a few options:
-on c's p = 12, B = 128 interleaved tuple, three (A100 at TP 8 and H100 at TP 4 and 8, each
-with 128 replicas).  The exact MILP on those few alone, sends included, solves in seconds,
-and its plan (1.922 s per iteration) beat the search's answer (1.975 s) there.
+A tuple of hundreds of options over 6-32 stages (bench scenarios c and e) is too big for the
+exact MILP; its capped MILPs over many options (the warm start's on ``warm.warm_keys``, the
+send-free relaxation's, ``incumbent.relaxed``) find poor plans in the seconds they get.  The
+knob bound's position LPs (packed.py, position_lp.py), though, put nearly all their weight
+on a few options: on c's p = 12, B = 128 interleaved tuple, three (A100 at TP 8 and H100 at
+TP 4 and 8, each with 128 replicas).  The exact MILP on those alone, sends included, finds a
+1.922-s plan in seconds, where the search's answer was 1.975 s.
 
-So before the relaxation, such a tuple is priced on the ``SUPPORT_OPTIONS`` options its LPs
-weighed most (``KnobBound.support``) and solved, capped like a warm start; its plan is then
-polished over all the tuple's options.  Proves nothing: an incumbent only.
+``support_plan``: the tuple priced on the ``SUPPORT_OPTIONS`` options its LPs weighed most
+(``KnobBound.support``), solved capped, its plan polished on them and then over all the
+tuple's options.  The warm start (warm.py) runs it on each longer tuple whose LPs it has just
+run, and the heap (``too_big``) on each tuple too big for the exact MILP, before the
+relaxation.  Proves nothing: incumbents only.
 """
 
 from __future__ import annotations
@@ -44,17 +47,22 @@ SUPPORT_OPTIONS = 6     # the options a support plan is solved on (c's best need
 
 
 @dataclass(frozen=True)
-class SearchState:
-    """What the heap's steps for one tuple share (solve.py builds it once per search)."""
+class Planning:
+    """What a support plan needs: where to price and bound, what to add to, until when."""
     pricer: Pricer
-    knob_bound: KnobBound       # the heap's, which holds the LPs' options
+    knob_bound: KnobBound       # the one whose LPs bounded the tuple: it holds their options
     spec: ObjectiveSpec
     launcher: str | None
     best: Best
-    bounds: list[float]         # the bounds of the tuples closed so far
-    stats: SearchStats
     settings: MilpSettings
     deadline: float
+
+
+@dataclass(frozen=True)
+class SearchState(Planning):
+    """What the heap's steps for one tuple share (solve.py builds it once per search)."""
+    bounds: list[float]         # the bounds of the tuples closed so far
+    stats: SearchStats
     gap_rel: float
     time_like: bool
 
@@ -64,32 +72,33 @@ def too_big(s: SearchState, knobs, ctx, keys, lb: float) -> None:
     relaxation (its dual bound, its plan)."""
     s.stats.too_big += 1
     if s.time_like:
-        from_support(s, knobs, ctx, keys)
+        until = min(s.deadline, clock.now() + WARM_TUPLE_SHARE * _horizon(s.settings))
+        s.stats.support_plans += support_plan(s, knobs, ctx, keys, until)
     relaxed(s.pricer, knobs, ctx, keys, lb, s.spec, s.launcher, s.best, s.bounds, s.stats, s.settings,
             s.deadline, s.gap_rel, s.time_like)
 
 
-def from_support(s: SearchState, knobs, ctx, keys) -> None:
-    """The exact plan on the options the tuple's position LPs weighed most, polished over
-    ``keys``, added to the incumbents when it beats them."""
+def support_plan(s: Planning, knobs, ctx, keys, until: float) -> bool:
+    """The exact plan on the options the tuple's position LPs weighed most (its MILP stops at
+    ``until``), polished on them and then over ``keys`` (each up to POLISH_SHARE of the
+    limit, before ``s.deadline``); whether it improved the incumbents."""
     own = set(keys)
     support = [k for k in s.knob_bound.support(knobs, SUPPORT_OPTIONS) if k in own]
-    if not support or clock.now() >= s.deadline:
-        return
+    if not support or clock.now() >= until:
+        return False
     prob, qb = priced(s.pricer, knobs, ctx, support, s.spec, s.launcher)
     cut = s.best.threshold()
     if qb is None or qb >= cut:
-        return
-    until = min(s.deadline, clock.now() + WARM_TUPLE_SHARE * _horizon(s.settings))
+        return False
     sol = exact_solver(prob).solve(s.settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
     if not sol.ok:
-        return
+        return False
     # local search on the few options first (milliseconds: c's 1.974-s MILP plan became
     # 1.929 s), then over all of the tuple's (pricing them all takes a second or two on c)
     polish_s = POLISH_SHARE * _horizon(s.settings)
     t, assign = polish(prob, sol.assign, deadline=min(s.deadline, clock.now() + polish_s))
     before = s.best.threshold()
     s.best.add(Candidate.of(prob, assign, t, knobs, s.spec))
-    s.stats.support_plans += s.best.threshold() < before
     polish_into(s.pricer, knobs, ctx, keys, prob, assign, s.spec, s.launcher, s.best,
                 min(s.deadline, clock.now() + polish_s))
+    return s.best.threshold() < before
