@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from planner.search import clock
 from planner.search.slots import ENDS_ORDER, Position
 
 # the stage roles, the columns of Capacity.icpt_s (slots.Position), by the names callers
@@ -70,38 +71,53 @@ class Capacity:
             hit = self._memo[key] = self._least_price(cap_s, classes)
         return hit
 
-    def least_time(self, budget_usd_per_hour: float, classes: tuple[int, ...] | None = None) -> float:
+    def least_time(self, budget_usd_per_hour: float, classes: tuple[int, ...] | None = None,
+                   above_s: float = 0.0) -> float:
         """A lower bound on the time of every plan on ``classes`` (None: any) that rents at
-        most ``budget_usd_per_hour``; ``inf``: no such plan (the budget's time floor,
-        module docstring)."""
-        key = ("time", budget_usd_per_hour, classes)
+        most ``budget_usd_per_hour``, at least ``above_s`` (the caller's bound so far: where
+        the budget's floor allows a cap of ``above_s`` one knapsack says so, without the
+        bisection); ``inf``: no such plan (the budget's time floor, module docstring)."""
+        key = ("time", budget_usd_per_hour, classes, above_s)
         hit = self._memo.get(key)
         if hit is None:
-            hit = self._memo[key] = self._least_time(budget_usd_per_hour, classes)
+            hit = self._memo[key] = self._least_time(budget_usd_per_hour, classes, above_s)
         return hit
 
-    def _least_time(self, budget: float, classes) -> float:
+    def _least_time(self, budget: float, classes, above_s: float) -> float:
         # held_units only changes at the caps m (c_o(role) + k a_o), k = 1..L: between two of
         # them least_price is constant, and it only falls as the cap grows, so the least such
         # cap whose floor fits the budget is found by bisection over them, and no plan within
         # the budget is faster (a plan faster than it would fit a smaller cap's floor)
-        roles = [Position.ONLY] if self.num_stages == 1 else list(ENDS_ORDER)
-        k = np.arange(1, self.units + 1)
-        per_mb_s = self.icpt_s[:, roles, None] + self.slope_s[:, None, None] * k
-        # 0 first: held_units at a cap below every positive breakpoint is held_units(0)
-        caps = np.unique(np.concatenate(([0.0], self.num_micro_batches * per_mb_s[per_mb_s > 0])))
+        caps = self._breakpoints()
         if self.least_price(float(caps[-1]), classes) > budget:
             return math.inf
-        lo, hi = -1, len(caps) - 1          # least_price(caps[lo]) > budget >= least_price(caps[hi])
+        lo = int(np.searchsorted(caps, above_s, side="right")) - 1     # held_units(above_s) is held_units there
+        if lo >= 0 and self._least_price(float(caps[lo]), classes) <= budget:
+            return above_s
+        hi = len(caps) - 1          # least_price(caps[lo]) > budget >= least_price(caps[hi])
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if self._least_price(float(caps[mid]), classes) > budget:
                 lo = mid
             else:
                 hi = mid
-        return float(caps[hi]) * (1 - 1e-9)     # held_units' rounding may admit a cap a hair early
+        return max(above_s, float(caps[hi]) * (1 - 1e-9))     # held_units' rounding may admit a cap a hair early
+
+    def _breakpoints(self) -> np.ndarray:
+        """The sorted caps where some option's held units change, 0 first (held_units at a cap
+        below every positive one is held_units(0)); once per tuple."""
+        caps = self._memo.get("breakpoints")
+        if caps is None:
+            roles = [Position.ONLY] if self.num_stages == 1 else list(ENDS_ORDER)
+            k = np.arange(1, self.units + 1)
+            per_mb_s = self.icpt_s[:, roles, None] + self.slope_s[:, None, None] * k
+            caps = self._memo["breakpoints"] = np.unique(
+                np.concatenate(([0.0], self.num_micro_batches * per_mb_s[per_mb_s > 0])))
+        return caps
 
     def _least_price(self, cap_s: float, classes) -> float:
+        # its work, for a deterministic search: p min-plus steps over an (L + 1)-square table
+        clock.charge(max(1.0, self.num_stages * (self.units + 1) ** 2 / clock.ENUM_PER_UNIT))
         held = self.held_units(cap_s).astype(int)
         if classes is not None:
             held[~np.isin(self.cls, classes)] = 0

@@ -113,9 +113,10 @@ class TupleFloors:
             budget = spec.budget_usd_per_hour * (1 + 1e-12)
             if self.price_usd_per_hour > budget:
                 return math.inf
-            held = (self.capacity.least_time(budget, self.classes)
-                    if capacity and self.capacity is not None else 0.0)
-            return max(time_s, self.work_usd_s_per_hour / budget, held)
+            time_s = max(time_s, self.work_usd_s_per_hour / budget)
+            if capacity and self.capacity is not None:
+                time_s = self.capacity.least_time(budget, self.classes, above_s=time_s)
+            return time_s
         if spec.kind == "cost":
             return max(self.price_usd_per_hour * time_s, self.work_usd_s_per_hour)
         cap_s = tokens_per_iteration / spec.min_tokens_per_s

@@ -57,7 +57,7 @@ class PackedBound:
         # seconds)
         self.deadline = math.inf
         # per knob tuple, the options its fill LPs' optima take, with their weights: a few
-        # options that a plan near the bound is likely made of (incumbent.from_support)
+        # options that a plan near the bound is likely made of (support_plans.support_plan)
         self.support: dict = {}
 
     def __call__(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple, L: int,

@@ -298,11 +298,17 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             # (packed.py), which only help to prune: asked to show the time from which the
             # tuple's value reaches the pruning threshold
             cut = best.threshold() * (1 - gap_rel)
-            if spec.needs_prices and floor.value(spec, tb, tokens) >= cut:
-                # the floors alone (the capacity floor joins here) reach the cut: no knob bound
-                # needed, the tuple goes back in to be pruned
-                heapq.heappush(heap, Pending(floor.value(spec, tb, tokens), i, level + 1, knobs, ctx, keys, tb))
-                continue
+            if spec.needs_prices:
+                # the floors alone (the capacity floor joins here) may settle the tuple: no plan
+                # under the budget or floor, or a bound that prunes it without a knob bound
+                early = max(kb, floor.value(spec, tb, tokens))
+                if math.isinf(early):
+                    stats.empty += 1
+                    stats.out_of_reach += math.isfinite(tb)
+                    continue
+                if prunes(spec, early, best.threshold(), gap_rel):
+                    heapq.heappush(heap, Pending(early, i, level + 1, knobs, ctx, keys, tb))
+                    continue
             enough = floor.time_enough(spec, cut, tokens)
             on = (lambda classes, floor=floor, cut=cut: _enough_on(spec, floor.on_classes(classes), cut, tokens)) \
                 if spec.needs_prices else None

@@ -11,7 +11,8 @@ from planner.search.baselines import BaselineResult
 @dataclass
 class SearchStats:
     """Counts of knob tuples by how each ended, and the figures read after the search.  One
-    object for the whole search, written by solve.py, incumbent.relaxed and per_tuple."""
+    object for the whole search, written by solve.py, support_plans.too_big, incumbent.relaxed
+    and per_tuple."""
 
     knobs: int                          # knob tuples enumerated
     solved: int = 0                     # solved exactly (MILP or enumeration)
@@ -20,7 +21,7 @@ class SearchStats:
     unexplored: int = 0                 # neither solved nor pruned when the search stopped
     milp_optimal: bool = True           # False once a MILP stopped at a limit unproved
     twins: int = 0                      # left out for a twin that bounds them (twins.py)
-    too_big: int = 0                    # too big for the exact MILP (incumbent.relaxed)
+    too_big: int = 0                    # too big for the exact MILP (support_plans.too_big)
     relaxed: int = 0                    # send-free relaxations solved for those
     support_plans: int = 0              # better plans found on their position LPs' options (support_plans.py)
     timed_out: int = 0                  # per-tuple MILPs stopped by the time limit

@@ -86,7 +86,9 @@ def support_plan(s: Planning, knobs, ctx, keys, until: float) -> bool:
     support = [k for k in s.knob_bound.support(knobs, SUPPORT_OPTIONS) if k in own]
     if not support or clock.now() >= until:
         return False
+    started = clock.now()
     prob, qb = priced(s.pricer, knobs, ctx, support, s.spec, s.launcher)
+    price_all_s = (clock.now() - started) * len(keys) / len(support)     # pricing is per option
     cut = s.best.threshold()
     if qb is None or qb >= cut:
         return False
@@ -99,6 +101,8 @@ def support_plan(s: Planning, knobs, ctx, keys, until: float) -> bool:
     t, assign = polish(prob, sol.assign, deadline=min(s.deadline, clock.now() + polish_s))
     before = s.best.threshold()
     s.best.add(Candidate.of(prob, assign, t, knobs, s.spec))
-    polish_into(s.pricer, knobs, ctx, keys, prob, assign, s.spec, s.launcher, s.best,
-                min(s.deadline, clock.now() + polish_s))
+    # pricing all the options cannot be interrupted (1-2 s on c): only when it fits the time left
+    if clock.now() + price_all_s < s.deadline:
+        polish_into(s.pricer, knobs, ctx, keys, prob, assign, s.spec, s.launcher, s.best,
+                    min(s.deadline, clock.now() + polish_s))
     return s.best.threshold() < before
