@@ -41,6 +41,12 @@ def _sampled_tuples(seeds, per_case: int, min_classes: int = 1, schedules=None):
             yield seed, pricer, knob_bound, tokens, knobs, ctx, keys, pricer.price(knobs, ctx, keys)
 
 
+def _plans_with_classes(prob) -> list[tuple[float, float, tuple[int, ...]]]:
+    """Every plan of a priced tuple, by brute force: (price, time, the classes it uses)."""
+    return [(prob.price(a), prob.objective(a), tuple(sorted({prob.options[o].resource for o, _ in a})))
+            for a in assignments(prob)]
+
+
 def test_floors_hold_on_every_plan_of_sampled_tuples():
     """For every plan of a tuple: price >= the price floor, price x time >= the work floor and
     >= the price floor x the tuple's knob bound; under a floor on tokens/s, the cheapest plan
@@ -125,8 +131,7 @@ def test_floors_on_each_set_of_classes_hold_on_every_plan():
     tuples it is above the one-floor value (the cheap classes are the slow ones)."""
     checked = lifted = 0
     for seed, pricer, knob_bound, tokens, knobs, ctx, keys, prob in _sampled_tuples(range(40), 8, min_classes=2):
-        plans = [(prob.price(a), prob.objective(a), tuple(sorted({prob.options[o].resource for o, _ in a})))
-                 for a in assignments(prob)]
+        plans = _plans_with_classes(prob)
         if not plans:
             continue
         floors = tuple_floors(pricer, knobs, ctx, keys)
@@ -156,8 +161,7 @@ def test_capacity_floor_holds_on_every_plan_within_the_cap():
     381 here when written: it counts whole options, the work floor fractions of them)."""
     checked = above = 0
     for seed, pricer, _kb, _tokens, knobs, ctx, keys, prob in _sampled_tuples(range(16), 8):
-        plans = [(prob.price(a), prob.objective(a), tuple(sorted({prob.options[o].resource for o, _ in a})))
-                 for a in assignments(prob)]
+        plans = _plans_with_classes(prob)
         if not plans:
             continue
         floors = tuple_floors(pricer, knobs, ctx, keys)
@@ -243,8 +247,7 @@ def test_budget_time_floor_holds_on_every_plan_within_the_budget():
     some tuples and budgets it is above the tuple's knob bound."""
     checked = above = 0
     for seed, pricer, knob_bound, tokens, knobs, ctx, keys, prob in _sampled_tuples(range(16), 8):
-        plans = [(prob.price(a), prob.objective(a), tuple(sorted({prob.options[o].resource for o, _ in a})))
-                 for a in assignments(prob)]
+        plans = _plans_with_classes(prob)
         if not plans:
             continue
         floors = tuple_floors(pricer, knobs, ctx, keys)
