@@ -47,6 +47,15 @@ def _plans_with_classes(prob) -> list[tuple[float, float, tuple[int, ...]]]:
             for a in assignments(prob)]
 
 
+def _tuples_with_plans(seeds, per_case: int):
+    """The sampled tuples that have plans: (seed, knob bound, tokens per iteration, knobs,
+    plans with their classes, the tuple's floors)."""
+    for seed, pricer, knob_bound, tokens, knobs, ctx, keys, prob in _sampled_tuples(seeds, per_case):
+        plans = _plans_with_classes(prob)
+        if plans:
+            yield seed, knob_bound(knobs, ctx, keys), tokens, knobs, plans, tuple_floors(pricer, knobs, ctx, keys)
+
+
 def test_floors_hold_on_every_plan_of_sampled_tuples():
     """For every plan of a tuple: price >= the price floor, price x time >= the work floor and
     >= the price floor x the tuple's knob bound; under a floor on tokens/s, the cheapest plan
@@ -160,11 +169,7 @@ def test_capacity_floor_holds_on_every_plan_within_the_cap():
     tuples and caps it is above both the price floor and the work floor over the cap (29 of
     381 here when written: it counts whole options, the work floor fractions of them)."""
     checked = above = 0
-    for seed, pricer, _kb, _tokens, knobs, ctx, keys, prob in _sampled_tuples(range(16), 8):
-        plans = _plans_with_classes(prob)
-        if not plans:
-            continue
-        floors = tuple_floors(pricer, knobs, ctx, keys)
+    for seed, _kb, _tokens, knobs, plans, floors in _tuples_with_plans(range(16), 8):
         fastest = min(t for _, t, _ in plans)
         for stretch in (0.9, 1.0, 1.05, 1.3, 2.0):
             cap = fastest * stretch
@@ -246,12 +251,7 @@ def test_budget_time_floor_holds_on_every_plan_within_the_budget():
     of classes it uses; ``inf`` only where no plan is within the budget.  Not vacuous: on
     some tuples and budgets it is above the tuple's knob bound."""
     checked = above = 0
-    for seed, pricer, knob_bound, tokens, knobs, ctx, keys, prob in _sampled_tuples(range(16), 8):
-        plans = _plans_with_classes(prob)
-        if not plans:
-            continue
-        floors = tuple_floors(pricer, knobs, ctx, keys)
-        kb = knob_bound(knobs, ctx, keys)
+    for seed, kb, tokens, knobs, plans, floors in _tuples_with_plans(range(16), 8):
         for budget in sorted({p for p, _, _ in plans})[:6] + [0.999 * min(p for p, _, _ in plans)]:
             spec = ObjectiveSpec("throughput-under-budget", budget_usd_per_hour=budget)
             within = [(t, used) for p, t, used in plans if p <= budget * (1 + 1e-12)]
