@@ -10,7 +10,8 @@ Communication, all on torch.distributed (point-to-point always over gloo, see ``
   point-to-point sends, one message per overlap of the two replicas' sample ranges, always
   between the tp-rank-0 processes ("leaders"); a leader broadcasts what it received to the
   rest of its tp group (a tp group's output is whole on every tp rank after the row-parallel
-  all-reduce, so the leader's copy is the full activation).
+  all-reduce, so the leader's copy is the full activation). These messages (``overlaps``, the
+  sends, receives and tags) moved to ``planner.launch.p2p``, a base class of ``Worker``.
 - each stage runs its action list of the plan's ``actions.Schedule`` (F, B, I, W on its chunks;
   ``planner.launch.run_schedule``): global stage ``k`` receives from ``k - 1`` and sends to
   ``k + 1``, on whichever stages the schedule's stage map puts them (the same stage: handed
@@ -20,9 +21,10 @@ Communication, all on torch.distributed (point-to-point always over gloo, see ``
   (docs/runner.md, "Schedules");
 - context parallelism (``cp`` > 1): a plan replica's ranks are ``cp`` groups of its tp ranks
   (tp innermost); the worker treats each group as a replica of its own over the same samples
-  (``_expand_cp``), holding ``cp_positions`` of every sequence, so activations travel between
-  the stages' groups of the same cp rank, the K/V chunks are gathered inside a tp position's cp
-  ranks (``tiny_model.CPContext``), and the gradient sum over the replicas covers the cp ranks.
+  (``cp_layout.expand_cp``), holding ``cp_positions`` of every sequence, so activations travel
+  between the stages' groups of the same cp rank, the K/V chunks are gathered inside a tp
+  position's cp ranks (``tiny_model.CPContext``), and the gradient sum over the replicas covers
+  the cp ranks.
 - gradients of a stage are summed over its replicas once per step (``planner.launch.grad_sync``).
   When its replicas share one tp degree, the ranks holding the same shard all-reduce it (one
   flat buffer). When they
@@ -51,26 +53,19 @@ import torch.distributed as dist
 
 from planner.launch import tiny_model as tm
 from planner.launch.backward_split import SplitBackward
-from planner.launch.cp_layout import cp_groups, expand_cp, peers_of
+from planner.launch.cp_layout import cp_groups, expand_cp
 from planner.launch.grad_sync import GradSync
+from planner.launch.p2p import (
+    PointToPoint,
+    overlaps,  # noqa: F401 - tests import it from here
+)
 from planner.launch.run_schedule import schedule_from_json
 
 FAIL_ENV = "PLANNER_RUNNER_FAIL_RANK"  # fault injection for tests: this rank raises at step 0
 PARENT_ENV = "PLANNER_RUNNER_PARENT_PID"
 
 
-def overlaps(lo: int, hi: int, other: list[dict]):
-    """(replica index, start, end) of each replica in ``other`` whose sample range meets [lo, hi),
-    in sample order: the pieces a micro-batch is cut into between two stages."""
-    out = []
-    for j, rep in enumerate(other):
-        a, b = max(lo, rep["offset"]), min(hi, rep["offset"] + rep["share"])
-        if a < b:
-            out.append((j, a, b))
-    return out
-
-
-class Worker(GradSync):
+class Worker(PointToPoint, GradSync):
     def __init__(self, cfg: dict, rank: int, progress_path: Path):
         self.cfg, self.rank, self.progress_path = cfg, rank, progress_path
         self.shape = tm.Shape(**cfg["shape"])
@@ -188,53 +183,7 @@ class Worker(GradSync):
         self.tpc = tm.TPContext(self.tp, self.tp_group)
         self.cpc = tm.CPContext(self.cp, self.cp_rank, self.cp_group, self.shape.seq_len)
 
-    # -- point-to-point ----------------------------------------------------------------------
-    def _leader_of(self, si: int, qi: int) -> int:
-        return self.stages[si]["replicas"][qi]["ranks"][0]
-
-    def _recv_pieces(self, from_stage: int, m: int, tag: int) -> torch.Tensor:
-        """Whole activation (or gradient) of this replica's samples of micro-batch m, gathered
-        from the replicas of ``from_stage`` that hold them, then shared with the tp group."""
-        lo, hi = self.rep["offset"], self.rep["offset"] + self.rep["share"]
-        seq, h = self.seq_local, self.shape.hidden_size
-        if self.tp_rank == 0:
-            pieces = []
-            idx, peers = peers_of(self.stages[from_stage], self.cp_rank)
-            for j, a, b in overlaps(lo, hi, peers):
-                src = self._leader_of(from_stage, idx[j])
-                if src == self.rank:
-                    pieces.append(self.mailbox.pop(tag))
-                    continue
-                buf = torch.empty((b - a, seq, h), dtype=self.dtype)
-                dist.recv(buf, src=src, tag=tag, group=self.p2p_group)
-                pieces.append(buf.to(self.device))
-            x = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-        else:
-            x = torch.empty((hi - lo, seq, h), dtype=self.dtype, device=self.device)
-        if self.tp > 1:
-            dist.broadcast(x, src=self.leader, group=self.tp_group)
-        return x
-
-    def _send_pieces(self, t: torch.Tensor, to_stage: int, tag: int):
-        if self.tp_rank != 0:
-            return
-        lo = self.rep["offset"]
-        idx, peers = peers_of(self.stages[to_stage], self.cp_rank)
-        for j, a, b in overlaps(lo, lo + self.rep["share"], peers):
-            piece = t[a - lo:b - lo].detach().contiguous()
-            dst = self._leader_of(to_stage, idx[j])
-            if dst == self.rank:
-                self.mailbox[tag] = piece
-            else:
-                piece = piece.cpu()
-                self.pending.append((dist.isend(piece, dst=dst, tag=tag, group=self.p2p_group), piece))
-
     # -- one step ----------------------------------------------------------------------------
-    def _tag(self, k: int, m: int, backward: bool) -> int:
-        """Distinct per (virtual stage, micro-batch, direction) so no two messages between the
-        same pair of ranks can be confused, whatever the schedule's order."""
-        return (m * len(self.chunks) + k) * 2 + int(backward)
-
     def _forward(self, k: int, m: int, tokens: torch.Tensor, saved: dict) -> float:
         """F of global stage ``k`` on micro-batch ``m``; the loss piece when ``k`` has the head."""
         shape = self.shape

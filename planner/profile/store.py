@@ -20,6 +20,10 @@ calibrated with ``planner profile --calibrate``, is the better-founded guess the
 Every lookup is recorded as measured, interpolated or estimated (a miss); ``usage()`` sums them
 up for the plan's ``inputs.profiles``, with the reason for a miss that a dtype caused and, per
 file, why it was skipped.
+
+Reading one profile file (``parse_profile``, ``profile_gpu_type``, ``gpu_type_for_device``,
+``gpu_key``, ``LoadedProfile`` and the path expansion) moved to ``planner.profile.files``; the
+names other modules import from here still resolve here.
 """
 
 from __future__ import annotations
@@ -31,47 +35,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
-from planner import catalog
 from planner.errors import InputError, Location
-from planner.profile.schema import MEMORY_NOT_MEASURED, SCHEMA_ID, Dtype, ProfileFile, layer_shape
-from planner.spec.source import Document, load_yaml, validate_model
+from planner.profile.files import (
+    LoadedProfile,
+    expand_paths,
+    gpu_key,
+    gpu_type_for_device,  # noqa: F401 - imported from here (planner.profile, measure)
+    parse_profile,
+    profile_gpu_type,
+)
+from planner.profile.schema import Dtype, layer_shape
+from planner.spec.source import Document, load_yaml
 
 DTYPES: tuple[str, ...] = get_args(Dtype)
-
-# Vendor prefixes torch puts before the product name; stripped when the full name is no alias.
-_DEVICE_PREFIXES = ("NVIDIA GeForce ", "NVIDIA ", "Tesla ", "AMD Instinct ", "AMD ")
-
-
-def gpu_type_for_device(device_name: str) -> str | None:
-    """The catalog id a device name (as torch reports it) maps to, or None."""
-    found = catalog.find_gpu(device_name)
-    if found is None:
-        for prefix in _DEVICE_PREFIXES:
-            if device_name.startswith(prefix):
-                found = catalog.find_gpu(device_name[len(prefix):])
-                if found is not None:
-                    break
-    return found.name if found else None
-
-
-def gpu_key(name: str) -> str:
-    """One spelling per GPU type: the catalog id through its aliases, else the name itself."""
-    found = catalog.find_gpu(name)
-    return (found.name if found else name.strip()).lower()
-
 
 def _model_mapping(model: Any) -> dict:
     if hasattr(model, "to_mapping"):
         return model.to_mapping()
     from planner.spec import load_model  # a name or a mapping; rare, so resolved lazily
     return load_model(model).to_mapping()
-
-
-@dataclass(frozen=True)
-class LoadedProfile:
-    path: str
-    gpu_type: str  # as the user spells it (catalog id or inline name)
-    profile: ProfileFile
 
 
 @dataclass
@@ -134,7 +116,7 @@ class ProfileSet:
     def load(cls, paths: str | Path | Iterable[str | Path], gpu_type: str | None = None) -> ProfileSet:
         """Profile files, or directories of them (``*.yaml``, ``*.yml``), in sorted order."""
         out = cls()
-        for path in _expand(paths):
+        for path in expand_paths(paths):
             out._load_file(path, gpu_type)
         return out
 
@@ -346,54 +328,6 @@ def _interpolate_fraction(points: list[_Point], micro_batch: int) -> float | Non
         return None
     w = (micro_batch - lo.micro_batch) / (hi.micro_batch - lo.micro_batch)
     return lo.weight_fraction + w * (hi.weight_fraction - lo.weight_fraction)
-
-
-def _expand(paths: str | Path | Iterable[str | Path]) -> list[Path]:
-    if isinstance(paths, (str, Path)):
-        paths = [paths]
-    out: list[Path] = []
-    for p in paths:
-        p = Path(p)
-        if p.is_dir():
-            found = sorted([*p.glob("*.yaml"), *p.glob("*.yml")])
-            if not found:
-                raise InputError(f"no profile files (*.yaml) in directory {p}")
-            out.extend(found)
-        elif p.is_file():
-            out.append(p)
-        else:
-            raise InputError(f"profile file or directory not found: {p}")
-    return out
-
-
-def parse_profile(doc: Document) -> ProfileFile:
-    """Check a profile document; every problem names file:line:column and the field."""
-    if not isinstance(doc.data, dict):
-        raise doc.error((), f"a profile is a mapping with 'schema: {SCHEMA_ID}', device, entries, ...")
-    schema = doc.data.get("schema")
-    if schema is None:
-        raise doc.error((), f"missing required field 'schema' (this planner reads '{SCHEMA_ID}')")
-    if schema != SCHEMA_ID:
-        raise doc.error(("schema",), f"unsupported profile schema {schema!r}; this planner reads "
-                        f"'{SCHEMA_ID}' (re-run 'planner profile' to write one)")
-    settings = doc.data.get("settings")
-    no_memory = isinstance(settings, dict) and settings.get("memory") == MEMORY_NOT_MEASURED
-    return validate_model(ProfileFile, doc, context={MEMORY_NOT_MEASURED: no_memory})
-
-
-def profile_gpu_type(profile: ProfileFile, doc: Document) -> str:
-    """The GPU type a profile counts for: its ``device.gpu_type``, else its device name through
-    the catalog; CPU profiles default to the pseudo type ``cpu``."""
-    if profile.device.gpu_type:
-        return profile.device.gpu_type
-    if profile.device.kind == "cpu":
-        return "cpu"
-    found = gpu_type_for_device(profile.device.name)
-    if found is None:
-        raise doc.error(("device", "name"), f"device {profile.device.name!r} matches no catalog GPU "
-                        "type; add 'gpu_type:' under device (a catalog id such as A100-SXM4-80GB, "
-                        "or the name of an inline GPU in your cluster), or pass --gpu-type")
-    return found
 
 
 def load_profiles(dir_or_files: str | Path | Iterable[str | Path] | None = None, cluster=None,
