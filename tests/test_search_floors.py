@@ -226,7 +226,8 @@ def test_capacity_knapsack_is_exact_against_brute_force():
 
     import numpy as np
 
-    from planner.search.capacity import FIRST, LAST, MIDDLE, ONLY, Capacity
+    from planner.search.capacity import Capacity
+    from planner.search.slots import Position
     rng = random.Random(7)
     for _ in range(300):
         K, p, L, m = rng.randint(1, 4), rng.randint(1, 4), rng.randint(1, 9), rng.randint(1, 4)
@@ -236,7 +237,7 @@ def test_capacity_knapsack_is_exact_against_brute_force():
         cap = rng.uniform(0.2, 6.0)
         c = Capacity(price, np.zeros(K, int), slope, icpt, m, L, p)
         held = c.held_units(cap)
-        roles = [ONLY] if p == 1 else [FIRST, *[MIDDLE] * (p - 2), LAST]
+        roles = [Position.ONLY] if p == 1 else [Position.FIRST, *[Position.MIDDLE] * (p - 2), Position.LAST]
         best = math.inf
         for choice in it.product(range(K), repeat=p):
             units = [held[o, r] for o, r in zip(choice, roles)]
@@ -276,7 +277,8 @@ def test_budget_time_floor_is_the_least_cap_of_a_choice_within_the_budget():
 
     import numpy as np
 
-    from planner.search.capacity import FIRST, LAST, MIDDLE, ONLY, Capacity
+    from planner.search.capacity import Capacity
+    from planner.search.slots import Position
     rng = random.Random(11)
     finite = 0
     for _ in range(300):
@@ -286,7 +288,7 @@ def test_budget_time_floor_is_the_least_cap_of_a_choice_within_the_budget():
         icpt = np.array([[rng.uniform(-0.1, 0.5) for _ in range(4)] for _ in range(K)])
         budget = rng.uniform(1.0, 12.0)
         c = Capacity(price, np.zeros(K, int), slope, icpt, m, L, p)
-        roles = [ONLY] if p == 1 else [FIRST, *[MIDDLE] * (p - 2), LAST]
+        roles = [Position.ONLY] if p == 1 else [Position.FIRST, *[Position.MIDDLE] * (p - 2), Position.LAST]
         caps = sorted({0.0} | {m * (icpt[o, r] + k * slope[o]) for o in range(K) for r in set(roles)
                                for k in range(1, L + 1) if icpt[o, r] + k * slope[o] > 0})
         best = math.inf

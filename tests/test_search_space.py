@@ -133,7 +133,7 @@ def test_exposed_sync_lines_match_the_cost_model():
     from planner.cost import dp_exposed_s, dp_sync_time_s, replica_compute, stage_params
     from planner.cost.comm import exposed_sync_parts
     from planner.search.knobs import Knobs, make_context
-    from planner.search.space import POSITIONS
+    from planner.search.slots import POSITIONS
 
     cluster, model, training = make_case(3)
     classes, pricer = case_pricer(cluster, model, training)

@@ -105,7 +105,7 @@ def test_priced_input_part_is_the_cost_models():
     W (cost.compute.backward_weight_s) on a real option, and W is a part of it, neither 0 nor all."""
     from planner.cost.compute import backward_weight_s
     from planner.search.knobs import make_context
-    from planner.search.space import POSITIONS
+    from planner.search.slots import POSITIONS
     cluster, model, training = make_case(28)
     training = training.model_copy(update={"schedules": ("zb-h1",)})
     classes, pricer = case_pricer(cluster, model, training)
@@ -323,7 +323,7 @@ def test_reads_input_flag_matches_the_rows_of_every_schedule():
     ``reads_input`` (bound._light); a schedule whose rows weigh that quantity without the
     flag would be bounded with it at 0, too low for zero-bubble and silently loose."""
     from planner.search.schedules import SCHEDULES
-    from planner.search.space import QUANTITIES
+    from planner.search.slots import QUANTITIES
 
     col = QUANTITIES.index("backward_input")
     for name, entry in SCHEDULES.items():

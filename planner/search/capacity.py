@@ -34,10 +34,6 @@ import numpy as np
 from planner.search import clock
 from planner.search.slots import ENDS_ORDER, Position
 
-# the stage roles, the columns of Capacity.icpt_s (slots.Position), by the names callers
-# have imported from here
-MIDDLE, FIRST, LAST, ONLY = Position.MIDDLE, Position.FIRST, Position.LAST, Position.ONLY
-
 
 @dataclass(frozen=True, eq=False)     # ndarrays and a memo: compared by identity
 class Capacity:

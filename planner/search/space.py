@@ -32,7 +32,7 @@ from planner.search.option_lines import OptionLines, _experts, zero_shard
 from planner.search.pieces import _busiest_points, _max_units, model_units, replica_counts, shares  # noqa: F401
 from planner.search.schedules import SCHEDULES
 from planner.search.sends import SendPricing
-from planner.search.slots import POSITIONS, QUANTITIES, Quantity, per_quantity  # noqa: F401
+from planner.search.slots import POSITIONS, Quantity, per_quantity
 
 
 def _affine(f, unit: int) -> tuple[float, float]:
