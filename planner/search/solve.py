@@ -268,8 +268,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     for tb, i, knobs, ctx, keys in ranked:
         value = floors.get(knobs, no_floors).value(spec, tb, tokens, capacity=False)
         if math.isinf(value):           # no plan: none fits, or over the budget / under the floor
-            stats.empty += 1
-            stats.out_of_reach += math.isfinite(tb)
+            stats.out_of_reach_tuple(tb)
             continue
         heap.append(Pending(value, i, BoundLevel.MEMORY_FREE, knobs, ctx, keys, tb))
     heapq.heapify(heap)
@@ -303,8 +302,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
                 # under the budget or floor, or a bound that prunes it without a knob bound
                 early = max(kb, floor.value(spec, tb, tokens))
                 if math.isinf(early):
-                    stats.empty += 1
-                    stats.out_of_reach += math.isfinite(tb)
+                    stats.out_of_reach_tuple(tb)
                     continue
                 if prunes(spec, early, best.threshold(), gap_rel):
                     heapq.heappush(heap, Pending(early, i, level + 1, knobs, ctx, keys, tb))
@@ -318,8 +316,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             if by_classes:
                 value = max(value, floor.by_classes(spec, by_classes, tokens))
             if math.isinf(value):
-                stats.empty += 1
-                stats.out_of_reach += math.isfinite(tb2)
+                stats.out_of_reach_tuple(tb2)
                 continue
             heapq.heappush(heap, Pending(value, i, level + 1, knobs, ctx, keys, tb2))
             continue

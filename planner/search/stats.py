@@ -3,6 +3,7 @@ frontier (watch.py) and the reason given when no plan comes back (diagnose.py)."
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from planner.search.baselines import BaselineResult
@@ -41,3 +42,9 @@ class SearchStats:
     # the longest set-up so far, so that the next starts only with the time to finish
     price_s: float = 0.0                # pricing one tuple
     relaxed_setup_s: float = 0.0        # pricing and building one relaxation
+
+    def out_of_reach_tuple(self, time_bound_s: float) -> None:
+        """A tuple whose value bound is inf: no plan under the budget or floor (or none at
+        all); out of reach when its time bound is finite (diagnose.py reads the two apart)."""
+        self.empty += 1
+        self.out_of_reach += math.isfinite(time_bound_s)
