@@ -55,7 +55,7 @@ def test_support_plans_are_plans_of_the_tuple_and_no_better_than_its_optimum():
             continue
         best = Best(1)
         improved = support_plan(Planning(pricer, knob_bound, spec, None, best, MilpSettings(time_limit_s=10),
-                                         math.inf), knobs, ctx, keys, until=math.inf)
+                                         math.inf), knobs, ctx, keys)
         assert improved == bool(best.items)
         if not best.items:
             continue

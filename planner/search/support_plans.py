@@ -72,19 +72,18 @@ def too_big(s: SearchState, knobs, ctx, keys, lb: float) -> None:
     relaxation (its dual bound, its plan)."""
     s.stats.too_big += 1
     if s.time_like:
-        until = min(s.deadline, clock.now() + WARM_TUPLE_SHARE * _horizon(s.settings))
-        s.stats.support_plans += support_plan(s, knobs, ctx, keys, until)
+        s.stats.support_plans += support_plan(s, knobs, ctx, keys)
     relaxed(s.pricer, knobs, ctx, keys, lb, s.spec, s.launcher, s.best, s.bounds, s.stats, s.settings,
             s.deadline, s.gap_rel, s.time_like)
 
 
-def support_plan(s: Planning, knobs, ctx, keys, until: float) -> bool:
-    """The exact plan on the options the tuple's position LPs weighed most (its MILP stops at
-    ``until``), polished on them and then over ``keys`` (each up to POLISH_SHARE of the
-    limit, before ``s.deadline``); whether it improved the incumbents."""
+def support_plan(s: Planning, knobs, ctx, keys) -> bool:
+    """The exact plan on the options the tuple's position LPs weighed most (its MILP capped
+    like a warm start's), polished on them and then over ``keys`` (each up to POLISH_SHARE
+    of the limit), all before ``s.deadline``; whether it improved the incumbents."""
     own = set(keys)
     support = [k for k in s.knob_bound.support(knobs, SUPPORT_OPTIONS) if k in own]
-    if not support or clock.now() >= until:
+    if not support or clock.now() >= s.deadline:
         return False
     started = clock.now()
     prob, qb = priced(s.pricer, knobs, ctx, support, s.spec, s.launcher)
@@ -92,6 +91,7 @@ def support_plan(s: Planning, knobs, ctx, keys, until: float) -> bool:
     cut = s.best.threshold()
     if qb is None or qb >= cut:
         return False
+    until = min(s.deadline, clock.now() + WARM_TUPLE_SHARE * _horizon(s.settings))
     sol = exact_solver(prob).solve(s.settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
     if not sol.ok:
         return False

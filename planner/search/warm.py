@@ -95,8 +95,7 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
         if knobs.num_stages > ENUM_STAGES and not late:
             # first on the options its position LPs (just run by _cannot_beat) weighed: e's
             # 12-stage tuple 2.278 s -> 2.144 s, where the MILP on warm_keys found none better
-            support_plan(Planning(pricer, knob_bound, spec, launcher, best, settings, stop_milp), knobs, ctx, keys,
-                         min(stop_milp, clock.now() + WARM_TUPLE_SHARE * _horizon(settings)))
+            support_plan(Planning(pricer, knob_bound, spec, launcher, best, settings, stop_milp), knobs, ctx, keys)
         prob, qb = priced(pricer, knobs, ctx, warm_keys(pricer, knobs, keys), spec, launcher)
         if qb is None:
             continue
