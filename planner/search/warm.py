@@ -76,6 +76,7 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
     found: dict = {}
     polished: set = set()
     late = False
+    on_support = Planning(pricer, knob_bound, spec, launcher, best, settings, stop_milp)
     for kb, _, knobs, ctx, keys in order:
         if knobs.num_stages > ENUM_STAGES and best.items and clock.now() > stop_milp:
             continue
@@ -95,7 +96,7 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
         if knobs.num_stages > ENUM_STAGES and not late:
             # first on the options its position LPs (just run by _cannot_beat) weighed: e's
             # 12-stage tuple 2.278 s -> 2.144 s, where the MILP on warm_keys found none better
-            support_plan(Planning(pricer, knob_bound, spec, launcher, best, settings, stop_milp), knobs, ctx, keys)
+            support_plan(on_support, knobs, ctx, keys)
         prob, qb = priced(pricer, knobs, ctx, warm_keys(pricer, knobs, keys), spec, launcher)
         if qb is None:
             continue
