@@ -5,6 +5,7 @@ or the launcher rules it out."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -337,3 +338,40 @@ def test_reads_input_flag_matches_the_rows_of_every_schedule():
                     forms += [entry.knob_rows(p, m, entry.virtual_stages, s)[0] for s in (False, True)]
                 reads |= any(r.stage[col] or any(h[col] for h in r.hinges) for rows in forms for r in rows)
         assert reads == entry.reads_input, name
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-v"])
+def test_knob_bound_does_not_depend_on_the_tuples_bounded_before(schedule):
+    """ZB-H1's knob rows weigh the W by ``(q - 1) / p`` and the V rows pick their term by p,
+    so tuples differing only in p must not share the bound's per-row work: a bound computed
+    after the same tuple of another p equals the one computed first (before, a tuple of p = 3
+    after one of p = 12 was bounded with p = 12's W weight, above its own rows' optimum).
+    Largest p first, then smallest first: both orders against a fresh bound per tuple.
+    (``whole``: ``__call__`` also keeps each class set's last bound, by design a history.)"""
+    from planner.search.bound import KnobBound
+    from planner.search.knobs import make_context
+    checked = differed = 0
+    for seed in range(16):
+        cluster, model, training = make_case(seed)
+        training = training.model_copy(update={"schedules": (schedule,), "max_stages": None})
+        classes, pricer = case_pricer(cluster, model, training)
+        groups: dict = {}
+        for k in enumerate_knobs(model, training, classes):
+            if k.num_stages >= 2:
+                groups.setdefault(dataclasses.replace(k, num_stages=0), []).append(k)
+        for group in groups.values():
+            if len({k.num_stages for k in group}) < 2:
+                continue
+            ctx = make_context(model, training, group[0])
+            keys = pricer.option_keys(group[0])
+            fresh = {k: [KnobBound(pricer).whole(k, ctx, keys, True, packed=level) for level in range(3)]
+                     for k in group}
+            for order in (sorted(group, key=lambda k: -k.num_stages), sorted(group, key=lambda k: k.num_stages)):
+                shared = KnobBound(pricer)
+                for k in order:
+                    got = [shared.whole(k, ctx, keys, True, packed=level) for level in range(3)]
+                    assert got == pytest.approx(fresh[k], rel=1e-9), (seed, k.label(), got, fresh[k])
+                    checked += 1
+            differed += len({tuple(v) for v in fresh.values()}) > 1
+    print(f"{checked} bounds checked, {differed} groups whose bounds differ by p")
+    assert checked >= 40 and differed >= 5

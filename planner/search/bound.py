@@ -45,9 +45,11 @@ class KnobBound:
         self.model, self.classes = pricer.model, pricer.classes
         self._arrays = OptionArrayCache(pricer)
         self._term_parts: dict = {}
+        self._row_pieces: dict = {}     # per (options, schedule, m, f_min[, row]): U and each row's pieces
         self._fmin: dict = {}
         self._least: dict = {}
         self._present: dict = {}
+        self._stand_ins: dict = {}
         self._by_subset: dict = {}      # (knobs, id(keys)) -> {classes: their last bound}
         self._packed = PackedBound(pricer)
 
@@ -118,6 +120,14 @@ class KnobBound:
         (lower) bound they have proved: the search's time limit holds."""
         self._packed.deadline = deadline
 
+    def _has_stand_ins(self, keys: list[OptionKey]) -> bool:
+        """Whether ``keys`` holds a mixed stage's stand-in (its rows differ: knob_rows)."""
+        ck = (id(keys), len(keys))
+        hit = self._stand_ins.get(ck)
+        if hit is None:
+            hit = self._stand_ins[ck] = (any(isinstance(k, StandIn) for k in keys), keys)   # keys kept alive
+        return hit[0]
+
     def _classes_of(self, keys: list[OptionKey]) -> tuple[int, ...]:
         ck = (id(keys), len(keys))
         hit = self._present.get(ck)
@@ -163,11 +173,16 @@ class KnobBound:
             # tuples share the work below
             f_min = self._fmin[fk] = max((b for b in _F_BUCKETS if b <= f_min), default=f_min)
         # Per (options, rows, fewest in flight): nothing below depends on p but the last lines,
-        # so knob tuples differing in p cost almost nothing.
-        tk = (sk, knobs.schedule, v, m, f_min)
+        # so knob tuples differing in p cost almost nothing where their rows are the same
+        # (1F1B's and interleaving's; ZB-H1's and the V schedules' change with p: keyed by the
+        # rows themselves, not the schedule, a bound stays a bound; f_min last: packed.py's
+        # tables key by the rest)
+        rows = knob_rows(knobs, self._has_stand_ins(keys))
+        tk = (sk, knobs.schedule, v, m, rows, f_min)
         parts = self._term_parts.get(tk)
         if parts is None:
-            parts = self._term_parts[tk] = self._parts(knobs, hit, L, f_min, memory)
+            parts = _remember(self._term_parts, tk, self._parts(knobs, hit, L, f_min, memory, rows,
+                                                                (sk, knobs.schedule, v, m, f_min)))
         parts, U = parts
         total = sums = 0.0
         rows: dict[int, dict] = {}       # per row, its max and sum terms' pieces for the joint bound
@@ -240,46 +255,64 @@ class KnobBound:
                 used_sum.add(r2)
         return gain
 
-    def _parts(self, knobs: Knobs, arrays: tuple, L: int, f_min: float, memory: bool) -> tuple[list, np.ndarray]:
+    def _parts(self, knobs: Knobs, arrays: tuple, L: int, f_min: float, memory: bool,
+               rows_terms: tuple, base: tuple) -> tuple[list, np.ndarray]:
         """(parts, U): per objective term (pipeline rows only; hinge rows are skipped) what
         ``whole`` needs for every p (None for a term no option can take), and every option's
         block limit U at ``f_min`` micro-batches in flight (0: it cannot hold one block).  A
-        row's max and sum terms share their pieces; only the max term reads ``m_cap``."""
-        _, units, cls, _, coef, exact, caps, _, _ = arrays
-        rows, terms = knob_rows(knobs, any(isinstance(k, StandIn) for k in arrays.keys))
-        # with the fewest W-waiting micro-batches of any stage (ZB-H1: 1 on its first, ZB-V: half
-        # a stage on every one; the same for every p, which these parts' cache key leaves out);
-        # that and f_min may come from different stages, which only loosens
-        p, m = knobs.num_stages, knobs.num_micro_batches
-        d_min = min(deferred_w_micro_batches(knobs.schedule, p, s, m) for s in range(p))
-        U = block_limits(coef, exact, caps, [f_min], L, [d_min])[:, 0]
-        usable = U >= 1
-        capacity = [c.capacity_units for c in self.classes]
-        # the most stages a tuple sharing these parts can have (they differ only in p): an
-        # interleaved schedule needs p to divide m; a larger p reads no rate cap (still a bound)
-        most_p = min(KNAPSACK_STAGES, L, knobs.num_micro_batches if knobs.virtual_stages > 1 else L)
-        parts, built = [], {}
+        row's max and sum terms share their pieces; only the max term reads ``m_cap``.  Each
+        row's pieces are kept under ``base`` (the options, schedule, m, f_min): rows that do
+        not change with p (ZB-H1's max row) are not computed again for every p."""
+        rows, terms = rows_terms
+        U, usable, most_p = self._limits(knobs, arrays, L, f_min, base)
+        parts = []
         for t in terms:
             row = rows[t.row]
             if row.hinges:
                 continue
-            if t.row not in built:
-                built[t.row] = self._row_part(row, arrays, U, usable, L, memory, most_p)
-            base = built[t.row]
-            if base is None:
+            piece = self._row_pieces.get((base, row))
+            if piece is None:
+                piece = _remember(self._row_pieces, (base, row),
+                                  (self._row_part(row, arrays, U, usable, L, memory, most_p),))
+            base_part = piece[0]
+            if base_part is None:
                 parts.append(None)
                 continue
             m_cap = 0.0
-            if t.kind == "max" and memory and base.a_min > 0:
-                vals = (arrays.slopes @ np.array(row.stage, dtype=float))[usable]
-                m_cap = max_row_bound(L, *both_classes(vals, U[usable], units[usable], cls[usable],
-                                                        arrays.extra[usable]), capacity, [L], rel_tol=1e-5)
-            parts.append(replace(base, kind=t.kind, row=t.row, weight=t.weight, m_cap=m_cap))
+            if t.kind == "max" and memory and base_part.a_min > 0:
+                cap = self._row_pieces.get((base, row, "m_cap"))
+                if cap is None:
+                    cap = _remember(self._row_pieces, (base, row, "m_cap"), self._max_row_cap(row, arrays, U, usable, L))
+                m_cap = cap
+            parts.append(replace(base_part, kind=t.kind, row=t.row, weight=t.weight, m_cap=m_cap))
         max_rows = {t.row for t in terms if t.kind == "max" and not rows[t.row].hinges}
         for i, part in enumerate(parts):
             if part is not None and part.kind == "sum" and part.row not in max_rows and memory:
                 parts[i] = replace(part, ratios=self._ratios(rows, part.row, max_rows, arrays.slopes[usable]))
         return parts, U
+
+    def _limits(self, knobs: Knobs, arrays: tuple, L: int, f_min: float, base: tuple) -> tuple:
+        """(U, usable, most_p) of ``_parts``, once per ``base``."""
+        hit = self._row_pieces.get((base, "limits"))
+        if hit is not None:
+            return hit
+        # with the fewest W-waiting micro-batches of any stage (ZB-H1: 1 on its first, ZB-V: half
+        # a stage on every one; the same for every p, which the key leaves out); that and
+        # f_min may come from different stages, which only loosens
+        p, m = knobs.num_stages, knobs.num_micro_batches
+        d_min = min(deferred_w_micro_batches(knobs.schedule, p, s, m) for s in range(p))
+        U = block_limits(arrays.coef, arrays.exact, arrays.caps, [f_min], L, [d_min])[:, 0]
+        # the most stages a tuple sharing these parts can have (they differ only in p): an
+        # interleaved schedule needs p to divide m; a larger p reads no rate cap (still a bound)
+        most_p = min(KNAPSACK_STAGES, L, knobs.num_micro_batches if knobs.virtual_stages > 1 else L)
+        return _remember(self._row_pieces, (base, "limits"), (U, U >= 1, most_p))
+
+    def _max_row_cap(self, row, arrays: tuple, U: np.ndarray, usable: np.ndarray, L: int) -> float:
+        """The memory/capacity bound on a max row (``_TermPart.m_cap``)."""
+        capacity = [c.capacity_units for c in self.classes]
+        vals = (arrays.slopes @ np.array(row.stage, dtype=float))[usable]
+        return max_row_bound(L, *both_classes(vals, U[usable], arrays.units[usable], arrays.cls[usable],
+                                              arrays.extra[usable]), capacity, [L], rel_tol=1e-5)
 
     @staticmethod
     def _ratios(rows, summed: int, max_rows: set, slopes: np.ndarray) -> tuple[tuple[int, float], ...]:
@@ -380,6 +413,17 @@ class KnobBound:
             hit = self._least[ck] = (least, keys)   # keys kept alive: id() stays unique
         return hit[0]
 
+
+
+PARTS_ENTRIES = 8192     # per-row and per-term pieces kept (~0.1 MB each on c's 540 options)
+
+
+def _remember(store: dict, key, value):
+    """``store[key] = value``, the oldest entry dropped past PARTS_ENTRIES; returns ``value``."""
+    if len(store) >= PARTS_ENTRIES:
+        del store[next(iter(store))]
+    store[key] = value
+    return value
 
 
 @dataclass
