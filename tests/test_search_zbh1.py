@@ -123,13 +123,15 @@ def test_priced_input_part_is_the_cost_models():
             assert 0 < w < backward
 
 
-@pytest.mark.parametrize("seed", [6, 24, 28, 30, 0, 1, 3])
+@pytest.mark.parametrize("seed", [6, 24, 28, 30, 37, 0, 1, 3])
 def test_oracle_agrees_within_the_reported_gap(seed):
     """With zb-h1 in the space: the search's bound is at most the oracle's optimum, its
     plan at least it, the plan's time is evaluate's (the closed form, not the rows), so the
-    oracle's optimum lies within the reported gap.  Seeds 6, 24, 28, 30: zb-h1 is the
+    oracle's optimum lies within the reported gap.  Seeds 6, 24, 28, 30, 37: zb-h1 is the
     oracle's best; 0, 1, 3: it is not (seed 1 was, until the weight-op gradients waiting for
-    W were counted: tests/test_zb_memory.py)."""
+    W were counted: tests/test_zb_memory.py).  Seed 37: while the knob bound's per-row work
+    was keyed by the schedule, not its rows (which change with p), the search proved a plan
+    2.2% slower than the oracle's optimal (gap 0)."""
     cluster, model, training = _zb_case(seed)
     ref = oracle(cluster, model, training)
     res = solve(cluster, model, training, time_limit_s=60.0)
@@ -138,7 +140,7 @@ def test_oracle_agrees_within_the_reported_gap(seed):
     assert rep.objective >= ref.value * (1 - 1e-9)
     assert (rep.objective - ref.value) <= rep.gap * rep.objective * (1 + 1e-9)
     assert rep.priced_vs_evaluated_rel < 1e-9
-    assert (ref.plan.schedule == "zb-h1") == (seed in (6, 24, 28, 30))
+    assert (ref.plan.schedule == "zb-h1") == (seed in (6, 24, 28, 30, 37))
 
 
 def test_oracle_case_where_zb_h1_wins_closes():

@@ -38,7 +38,8 @@ _F_BUCKETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 6
 
 class KnobBound:
     """Knob-tuple bounds over one Pricer's options; caches per (context, B, options), so the
-    knob tuples of one search that differ only in p, m or the schedule share the work."""
+    knob tuples of one search that differ only in p, m or the schedule share the work (the
+    per-row pieces are keyed by the rows themselves, which for some schedules change with p)."""
 
     def __init__(self, pricer: Pricer):
         self.pricer = pricer
@@ -415,7 +416,7 @@ class KnobBound:
 
 
 
-PARTS_ENTRIES = 8192     # per-row and per-term pieces kept (~0.1 MB each on c's 540 options)
+PARTS_ENTRIES = 2048     # per-row and per-term pieces kept (~50 kB each on c's 540 options)
 
 
 def _remember(store: dict, key, value):
