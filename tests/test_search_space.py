@@ -253,6 +253,60 @@ def test_joint_row_bound_under_every_allocation():
             assert math.isclose(got, best, rel_tol=1e-9)
 
 
+def _joint_row_bound_scalar(L, rates, m_lb, fill_lb, w_max, w_sum):
+    """fill.joint_row_bound one candidate at a time (its first form): the reference the
+    vectorised one is held to."""
+    import math
+
+    import numpy as np
+    d = np.sort(np.diff(np.concatenate([[0.0], np.asarray(rates, dtype=float)])))[::-1]
+    d = d[d > 0]
+    if not len(d):
+        return 0.0
+    P = np.cumsum(d)
+
+    def fill(M):
+        j = int(np.searchsorted(M * P * (1 + 1e-12), L, side="left"))
+        if j >= len(d):
+            return math.inf
+        done = min(L, M * P[j - 1]) if j else 0.0
+        return j * M + (L - done) / d[j]
+
+    candidates = {max(m_lb, L / P[-1])}
+    for j in range(len(d)):
+        lo, hi = L / P[j], (L / P[j - 1] if j else math.inf)
+        for M in (lo, hi):
+            if math.isfinite(M) and M >= m_lb:
+                candidates.add(M)
+        slope = j - (P[j - 1] if j else 0.0) / d[j]
+        if slope:
+            M = (fill_lb - L / d[j]) / slope
+            if lo <= M <= hi and M >= m_lb:
+                candidates.add(M)
+    return min(w_max * M + w_sum * max(fill_lb, fill(M)) for M in candidates)
+
+
+def test_joint_row_bound_matches_its_scalar_form():
+    """The vectorised joint_row_bound equals the candidate-by-candidate form on random rate
+    caps (ties, zero increments, bottleneck and fill floors that bind or not)."""
+    import random
+
+    import numpy as np
+
+    from planner.search.fill import joint_row_bound
+    for seed in range(400):
+        rng = random.Random(seed)
+        k = rng.randint(1, 40)
+        inc = [rng.choice([0.0, rng.uniform(0.01, 3.0), 1.0]) for _ in range(k)]
+        rates = np.cumsum(sorted(inc, reverse=rng.random() < 0.8))
+        L = rng.randint(1, 120)
+        m_lb = rng.choice([0.0, rng.uniform(0, 5 * L / max(rates[-1], 1e-9))])
+        fill_lb = rng.choice([0.0, rng.uniform(0, 3 * L / max(rates[-1], 1e-9))])
+        args = (L, rates, m_lb, fill_lb, rng.choice([1.0, 7.0, 63.0]), rng.choice([0.5, 1.0]))
+        want, got = _joint_row_bound_scalar(*args), joint_row_bound(*args)
+        assert got == want or abs(got - want) <= 1e-12 * abs(want), (seed, got, want)
+
+
 def _subset_bounds(cluster, model, training):
     """(bound over class subsets, bound over all options at once, brute-force optimum) per
     knob tuple with a feasible plan."""
@@ -310,14 +364,14 @@ def test_class_subset_bound_counts_each_crossing_once():
 
 
 def test_class_slots_bound_the_blocks_of_every_feasible_stage_set():
-    """slot_blocks: for each slope prefix, at least the most blocks any set of at most p
+    """Slots.blocks: for each slope prefix, at least the most blocks any set of at most p
     stages (options among the prefix, within the classes' capacities) holds; equal when a
     class's options all take the same units."""
     import random
 
     import numpy as np
 
-    from planner.search.fill import class_slots, slot_blocks
+    from planner.search.fill import class_slots
 
     equal = 0
     for seed in range(60):
@@ -329,7 +383,7 @@ def test_class_slots_bound_the_blocks_of_every_feasible_stage_set():
         cls = np.array([rng.randrange(2) for _ in range(K)])
         capacity = [rng.randint(1, 7), rng.randint(1, 7)]
         p = rng.randint(1, 4)
-        got = slot_blocks(*class_slots(U, units, cls, capacity), p)
+        got = class_slots(U, units, cls, capacity).blocks(p)
         for j in range(1, K + 1):
             best = _best_multiset(U, units, cls, capacity, p, range(j))
             assert got[j - 1] >= best - 1e-9, (seed, j, got, best)

@@ -21,7 +21,7 @@ from planner.cost import CostContext, in_flight_micro_batches
 from planner.cost.memory import deferred_w_micro_batches
 from planner.search import clock
 from planner.search.core.problem import max_row_bound
-from planner.search.fill import class_slots, joint_row_bound, slot_blocks, sum_bound
+from planner.search.fill import Slots, class_slots, joint_row_bound, sum_bound
 from planner.search.knobs import Knobs, OptionKey, knob_rows
 from planner.search.mixed import StandIn
 from planner.search.option_arrays import OptionArrayCache, both_classes
@@ -201,7 +201,7 @@ class KnobBound:
             else:
                 N = np.minimum(p * part.u_cum, L)
                 if part.slots is not None:
-                    N = np.minimum(N, slot_blocks(*part.slots, p))
+                    N = np.minimum(N, part.slots.blocks(p))
                 if N[-1] < L:
                     return math.inf                        # p stages cannot hold the blocks
                 fill = float(part.da @ N)
@@ -443,5 +443,5 @@ class _TermPart:
     u_cum: np.ndarray | None = None
     u_desc: np.ndarray | None = None
     a_prefix: np.ndarray | None = None
-    slots: tuple[np.ndarray, np.ndarray] | None = None   # see fill.class_slots
+    slots: Slots | None = None          # see fill.class_slots
     ratios: tuple[tuple[int, float], ...] = ()  # a summed row's least slope ratio to each max row (_ratios)

@@ -6,15 +6,34 @@ Each takes plain numbers and arrays, so the tests check it against enumeration d
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 
+@dataclass(frozen=True)
+class Slots:
+    """Per option prefix j (options in slope order) and class, the most blocks one stage can
+    hold and how many stages the class allows (``class_slots``), each row sorted once by those
+    blocks, largest first: ``blocks(p)`` is then a clip and a sum for every p."""
+    most: np.ndarray        # [J, C] blocks per stage, each row sorted largest first
+    count: np.ndarray       # [J, C] stages the class allows, in the same order
+    before: np.ndarray      # [J, C] stages of the classes ahead in that order
+
+    def blocks(self, p: int) -> np.ndarray:
+        """Per prefix j, the most blocks that stages using options among the first j can
+        hold: at most p stages, at most ``count`` of each class, each at most ``most``
+        blocks; filled from the class whose stages hold the most (a greedy that is exact for
+        this bound)."""
+        take = np.clip(p - self.before, 0.0, self.count)
+        return (take * self.most).sum(axis=1)
+
+
 def class_slots(u_sorted: np.ndarray, units_sorted: np.ndarray, cls_sorted: np.ndarray,
-                 capacity: list[int]) -> tuple[np.ndarray, np.ndarray]:
+                capacity: list[int]) -> Slots:
     """For the options in slope order, per prefix j and class c: the most blocks one stage of
     class c can hold with an option among the first j, and how many stages of class c such
-    options allow at most (its capacity over their fewest units): arrays [J, C] each."""
+    options allow at most (its capacity over their fewest units)."""
     classes = np.unique(cls_sorted)
     most = np.zeros((len(u_sorted), len(classes)))
     count = np.zeros_like(most)
@@ -23,19 +42,9 @@ def class_slots(u_sorted: np.ndarray, units_sorted: np.ndarray, cls_sorted: np.n
         most[:, i] = np.maximum.accumulate(np.where(mine, u_sorted, 0.0))
         fewest = np.minimum.accumulate(np.where(mine, units_sorted, np.inf))
         count[:, i] = np.floor(capacity[int(c)] / fewest)       # 0 before the class's first option
-    return most, count
-
-
-def slot_blocks(most: np.ndarray, count: np.ndarray, p: int) -> np.ndarray:
-    """Per prefix j, the most blocks that stages using options among the first j can hold: at
-    most p stages, at most ``count`` of class c, each at most ``most`` blocks; filled from the
-    class whose stages hold the most (a greedy that is exact for this bound)."""
     by = np.argsort(-most, axis=1, kind="stable")
-    m = np.take_along_axis(most, by, axis=1)
-    n = np.take_along_axis(count, by, axis=1)
-    before = np.cumsum(n, axis=1) - n
-    take = np.clip(p - before, 0.0, n)
-    return (take * m).sum(axis=1)
+    most, count = np.take_along_axis(most, by, axis=1), np.take_along_axis(count, by, axis=1)
+    return Slots(most, count, np.cumsum(count, axis=1) - count)
 
 
 def joint_row_bound(L: int, rates: np.ndarray, m_lb: float, fill_lb: float, w_max: float,
@@ -48,34 +57,31 @@ def joint_row_bound(L: int, rates: np.ndarray, m_lb: float, fill_lb: float, w_ma
     costs fill.  With the bottleneck M, the least fill puts M on the fastest stages in turn;
     the increments of R, sorted, dominate every real set of rates prefix by prefix, so that
     fill T(M) is a lower bound.  ``w_max M + w_sum max(fill_lb, T(M))`` is piecewise linear
-    in M; its least value over M >= m_lb is at a segment end or where T(M) crosses fill_lb."""
+    in M; its least value over M >= m_lb is at a segment end or where T(M) crosses fill_lb.
+    All candidates at once (the knob bound asks this tens of thousands of times a search)."""
     d = np.sort(np.diff(np.concatenate([[0.0], np.asarray(rates, dtype=float)])))[::-1]
     d = d[d > 0]
     if not len(d):
         return 0.0
     P = np.cumsum(d)
-
-    def fill(M: float) -> float:
-        # j stages full (time M each), the next takes the rest
-        j = int(np.searchsorted(M * P * (1 + 1e-12), L, side="left"))   # slack: M = L / P exactly
-        if j >= len(d):
-            return math.inf
-        done = min(L, M * P[j - 1]) if j else 0.0
-        return j * M + (L - done) / d[j]
-
-    candidates = {max(m_lb, L / P[-1])}
-    for j in range(len(d)):
-        lo, hi = L / P[j], (L / P[j - 1] if j else math.inf)      # segment of j full stages
-        for M in (lo, hi):
-            if math.isfinite(M) and M >= m_lb:
-                candidates.add(M)
-        # where j M + (L - M P_{j-1}) / d_j equals fill_lb, inside the segment
-        slope = j - (P[j - 1] if j else 0.0) / d[j]
-        if slope:
-            M = (fill_lb - L / d[j]) / slope
-            if lo <= M <= hi and M >= m_lb:
-                candidates.add(M)
-    return min(w_max * M + w_sum * max(fill_lb, fill(M)) for M in candidates)
+    n = len(d)
+    P_before = np.concatenate([[0.0], P[:-1]])           # P_{j-1}, 0 for j = 0
+    ends = L / P                                         # segment j: [L / P_j, L / P_{j-1}]
+    hi = np.concatenate([[math.inf], ends[:-1]])
+    # where j M + (L - M P_{j-1}) / d_j equals fill_lb, inside segment j (j = 0 has slope 0)
+    slope = np.arange(n) - P_before / d
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cross = (fill_lb - L / d) / slope
+    inside = (slope != 0) & (ends <= cross) & (cross <= hi)
+    M = np.concatenate([[max(m_lb, L / P[-1])], ends, cross[inside]])
+    M = M[M >= m_lb]
+    # j stages full (time M each), the next takes the rest (slack: M = L / P exactly)
+    j = (M[:, None] * P[None, :] * (1 + 1e-12) < L).sum(axis=1)
+    full = j >= n
+    jj = np.minimum(j, n - 1)
+    done = np.minimum(L, M * P_before[jj])               # 0 for j = 0
+    fill = np.where(full, math.inf, j * M + (L - done) / d[jj])
+    return float(np.min(w_max * M + w_sum * np.maximum(fill_lb, fill)))
 
 
 def sum_bound(L: int, p: int, a_min: float, speed: float) -> float:
