@@ -84,3 +84,28 @@ def test_search_takes_support_plans_for_tuples_too_big_for_the_milp(monkeypatch)
     assert report.priced_vs_evaluated_rel < 1e-9
     ref = oracle(cluster, model, training)
     assert res.plan.solver.objective >= ref.value * (1 - 1e-9)
+
+
+def test_run_layouts_are_plans_no_better_than_the_optimum_and_often_it():
+    """runs.run_layouts on the tuples' support options (with the LPs' weights): every plan it
+    returns is feasible and priced as CoreProblem prices it, never below the brute-force
+    optimum over the same options, and equal to it on many tuples (the layouts it builds are
+    the regular ones good plans have)."""
+    from planner.search.runs import run_layouts
+    built = optimal = 0
+    for pricer, knob_bound, knobs, ctx, keys in _lp_tuples(range(24), 6):
+        weights = knob_bound.support(knobs, 6)
+        if not weights:
+            continue
+        prob = pricer.price(knobs, ctx, list(weights))
+        feasible = [prob.objective(a) for a in assignments(prob) if prob.feasible(a)]
+        got = run_layouts(prob, [weights[o.label] for o in prob.options], math.inf)
+        if got is None:
+            continue
+        t, assign = got
+        built += 1
+        assert prob.feasible(assign) and math.isclose(t, prob.objective(assign), rel_tol=1e-12)
+        assert feasible and t >= min(feasible) * (1 - 1e-9), (knobs.label(), t, min(feasible))
+        optimal += t <= min(feasible) * (1 + 1e-9)
+    print(f"{built} tuples with a run layout, {optimal} at the optimum over their options")
+    assert built >= 30 and optimal >= built // 2, (built, optimal)

@@ -112,8 +112,9 @@ class KnobBound:
         objectives' floors per set of classes (floors.py)."""
         return self._by_subset.get((knobs, id(keys)), {})
 
-    def support(self, knobs: Knobs, most: int) -> list[OptionKey]:
-        """The ``most`` options the tuple's position LPs weighed most (packed.py)."""
+    def support(self, knobs: Knobs, most: int) -> dict[OptionKey, float]:
+        """The ``most`` options the tuple's position LPs weighed most, with their weights
+        (packed.py), heaviest first."""
         return self._packed.support_of(knobs, most)
 
     def set_deadline(self, deadline: float) -> None:

@@ -95,17 +95,18 @@ class PackedBound:
         self._keep_support(knobs, pieces[1].keys, packing, num_classes, bound)     # the LP's options, in its order
         return bound
 
-    def support_of(self, knobs: Knobs, most: int) -> list[OptionKey]:
-        """The ``most`` options the tuple's fill LPs' optima weighed most, on the set of
-        classes with the least bound (the bound over all classes where no set has its own):
-        a plan near the bound is likely made of them.  (Each set's LP makes every class of
-        the set hold a stage: the union over the sets would mix in the slow classes.)"""
+    def support_of(self, knobs: Knobs, most: int) -> dict[OptionKey, float]:
+        """The ``most`` options the tuple's fill LPs' optima weighed most, with their weights
+        (about how many stages each took), on the set of classes with the least bound (the
+        bound over all classes where no set has its own): a plan near the bound is likely made
+        of them.  (Each set's LP makes every class of the set hold a stage: the union over the
+        sets would mix in the slow classes.)  Heaviest first."""
         by_set = self.support.get(knobs, {})
         own = {classes: entry for classes, entry in by_set.items() if classes} or by_set
         if not own:
-            return []
+            return {}
         _, weights = min(own.values(), key=lambda entry: entry[0])
-        return sorted(weights, key=lambda k: -weights[k])[:most]
+        return {k: weights[k] for k in sorted(weights, key=lambda k: -weights[k])[:most]}
 
     def _keep_support(self, knobs: Knobs, keys: list[OptionKey], packing: Packing, num_classes: int,
                       bound: float) -> None:

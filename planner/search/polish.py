@@ -76,12 +76,7 @@ class Evaluator:
         N, p = opts.shape
         stages = np.arange(p)
         q = self.slope[opts] * blocks[..., None] + self.fixed[opts, stages]        # [N, p, Q]
-        nb_ = prob.num_boundaries
-        R = prob.num_boundary_kinds
-        E = np.zeros((N, nb_, R))
-        for r in range(R):
-            for b in range(nb_):
-                E[:, b, r] = self.boundary[r, opts[:, b], opts[:, (b + 1) % p]]
+        E = self._boundaries(opts)
         total = np.zeros(N)
         spread = np.zeros(N)
         vals = []
@@ -89,20 +84,41 @@ class Evaluator:
             v = q @ np.asarray(row.stage, dtype=float)                            # [N, p]
             for h in row.hinges:
                 v = v + np.maximum(0.0, q @ np.asarray(h, dtype=float))
-            if row.out and nb_:
-                v[:, :nb_] += E @ np.asarray(row.out, dtype=float)
-            if row.inn and nb_:
-                inn = E @ np.asarray(row.inn, dtype=float)                          # [N, nb_]
-                v[:, 1:] += inn[:, :p - 1]
-                if prob.wrap:
-                    v[:, 0] += inn[:, p - 1]
-            vals.append(v)
+            vals.append(v + self._sends(E, row, p))
         for t in prob.terms:
             v = vals[t.row]
             total += t.weight * t.over_stages(v, axis=1)
             if t.kind == "max":
                 spread += t.weight * (np.maximum(0.0, v) ** 2).sum(axis=1)
         return total, spread
+
+    def sends(self, opts: np.ndarray, row: int) -> np.ndarray:
+        """[N, p] what the boundary sends add to row ``row`` of each stage (each stage's send
+        out of it and into it, as the row weighs them)."""
+        return self._sends(self._boundaries(opts), self.prob.rows[row], opts.shape[1])
+
+    def _boundaries(self, opts: np.ndarray) -> np.ndarray:
+        """[N, boundaries, kinds] each boundary's quantities between its two stages' options."""
+        prob = self.prob
+        N, p = opts.shape
+        nb_ = prob.num_boundaries
+        E = np.zeros((N, nb_, prob.num_boundary_kinds))
+        for r in range(prob.num_boundary_kinds):
+            for b in range(nb_):
+                E[:, b, r] = self.boundary[r, opts[:, b], opts[:, (b + 1) % p]]
+        return E
+
+    def _sends(self, E: np.ndarray, row, p: int) -> np.ndarray:
+        nb_ = E.shape[1]
+        v = np.zeros((E.shape[0], p))
+        if row.out and nb_:
+            v[:, :nb_] += E @ np.asarray(row.out, dtype=float)
+        if row.inn and nb_:
+            inn = E @ np.asarray(row.inn, dtype=float)                              # [N, nb_]
+            v[:, 1:] += inn[:, :p - 1]
+            if self.prob.wrap:
+                v[:, 0] += inn[:, p - 1]
+        return v
 
     def feasible(self, opts: np.ndarray, blocks: np.ndarray) -> np.ndarray:
         """[N] booleans: memory and least block counts per position, capacities (every resource

@@ -10,8 +10,8 @@ TP 4 and 8, each with 128 replicas).  The exact MILP on those alone, sends inclu
 1.922-s plan in seconds, where the search's answer was 1.975 s.
 
 ``support_plan``: the tuple priced on the ``SUPPORT_OPTIONS`` options its LPs weighed most
-(``KnobBound.support``), solved capped, its plan polished on them and then over all the
-tuple's options.  The warm start (warm.py) runs it on each longer tuple whose LPs it has just
+(``KnobBound.support``), laid out as runs (runs.py: stage counts near the LPs' weights) and
+then solved capped, its best plan polished on them and then over all the tuple's options.  The warm start (warm.py) runs it on each longer tuple whose LPs it has just
 run, and the heap (``too_big``) on each tuple too big for the exact MILP, before the
 relaxation.  Proves nothing: incumbents only.
 """
@@ -34,6 +34,7 @@ from planner.search.incumbent import (
     relaxed,
 )
 from planner.search.polish import polish
+from planner.search.runs import run_layouts
 
 if TYPE_CHECKING:       # annotations only: bound.py and solve.py import the search's modules
     from planner.search.bound import KnobBound
@@ -78,29 +79,39 @@ def too_big(s: SearchState, knobs, ctx, keys, lb: float) -> None:
 
 
 def support_plan(s: Planning, knobs, ctx, keys) -> bool:
-    """The exact plan on the options the tuple's position LPs weighed most (its MILP capped
-    like a warm start's), polished on them and then over ``keys`` (each up to POLISH_SHARE
-    of the limit), all before ``s.deadline``; whether it improved the incumbents."""
+    """Plans on the options the tuple's position LPs weighed most: their run layouts
+    (runs.py), then the exact MILP on them (capped like a warm start's), polished; the better
+    of the two then polished over ``keys`` (each step up to POLISH_SHARE of the limit), all
+    before ``s.deadline``; whether it improved the incumbents."""
     own = set(keys)
-    support = [k for k in s.knob_bound.support(knobs, SUPPORT_OPTIONS) if k in own]
+    weights = {k: w for k, w in s.knob_bound.support(knobs, SUPPORT_OPTIONS).items() if k in own}
+    support = list(weights)
     if not support or clock.now() >= s.deadline:
         return False
     started = clock.now()
     prob, qb = priced(s.pricer, knobs, ctx, support, s.spec, s.launcher)
     price_all_s = (clock.now() - started) * len(keys) / len(support)     # pricing is per option
-    cut = s.best.threshold()
+    before = cut = s.best.threshold()
     if qb is None or qb >= cut:
         return False
+    polish_s = POLISH_SHARE * _horizon(s.settings)
+    # the options as runs first (runs.py: e's 12-stage tuple, 2.057 s where the capped MILP
+    # alone ended at 2.105 s), which also gives the MILP its cutoff
+    found = []
+    ran = run_layouts(prob, [weights[o.label] for o in prob.options], min(s.deadline, clock.now() + polish_s))
+    if ran is not None:
+        found.append(ran)
+        s.best.add(Candidate.of(prob, ran[1], ran[0], knobs, s.spec))
+        cut = s.best.threshold()
     until = min(s.deadline, clock.now() + WARM_TUPLE_SHARE * _horizon(s.settings))
     sol = exact_solver(prob).solve(s.settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
-    if not sol.ok:
+    if sol.ok:
+        # local search on the few options (milliseconds: c's 1.974-s MILP plan became 1.929 s)
+        found.append(polish(prob, sol.assign, deadline=min(s.deadline, clock.now() + polish_s)))
+        s.best.add(Candidate.of(prob, found[-1][1], found[-1][0], knobs, s.spec))
+    if not found:
         return False
-    # local search on the few options first (milliseconds: c's 1.974-s MILP plan became
-    # 1.929 s), then over all of the tuple's (pricing them all takes a second or two on c)
-    polish_s = POLISH_SHARE * _horizon(s.settings)
-    t, assign = polish(prob, sol.assign, deadline=min(s.deadline, clock.now() + polish_s))
-    before = s.best.threshold()
-    s.best.add(Candidate.of(prob, assign, t, knobs, s.spec))
+    _, assign = min(found, key=lambda f: f[0])
     # pricing all the options cannot be interrupted (1-2 s on c): only when it fits the time left
     if clock.now() + price_all_s < s.deadline:
         polish_into(s.pricer, knobs, ctx, keys, prob, assign, s.spec, s.launcher, s.best,
