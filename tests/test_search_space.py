@@ -289,6 +289,7 @@ def _joint_row_bound_scalar(L, rates, m_lb, fill_lb, w_max, w_sum):
 def test_joint_row_bound_matches_its_scalar_form():
     """The vectorised joint_row_bound equals the candidate-by-candidate form on random rate
     caps (ties, zero increments, bottleneck and fill floors that bind or not)."""
+    import math
     import random
 
     import numpy as np
@@ -305,6 +306,8 @@ def test_joint_row_bound_matches_its_scalar_form():
         args = (L, rates, m_lb, fill_lb, rng.choice([1.0, 7.0, 63.0]), rng.choice([0.5, 1.0]))
         want, got = _joint_row_bound_scalar(*args), joint_row_bound(*args)
         assert got == want or abs(got - want) <= 1e-12 * abs(want), (seed, got, want)
+    # a bottleneck floor at infinity: no plan (not NaN from 0 x inf)
+    assert joint_row_bound(8, np.cumsum([1.0, 0.5]), math.inf, 0.0, 7.0, 1.0) == math.inf
 
 
 def _subset_bounds(cluster, model, training):

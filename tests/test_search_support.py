@@ -109,3 +109,22 @@ def test_run_layouts_are_plans_no_better_than_the_optimum_and_often_it():
         optimal += t <= min(feasible) * (1 + 1e-9)
     print(f"{built} tuples with a run layout, {optimal} at the optimum over their options")
     assert built >= 30 and optimal >= built // 2, (built, optimal)
+
+
+def test_run_layouts_take_the_mixes_nearest_the_weights_first():
+    """With more layouts than the cap (six options, twelve stages), the stage-count mixes
+    nearest the LP's weights are laid out first: the weights' own mix is among those kept
+    (the first version walked the mixes from the fewest stages up and dropped it), and the
+    cap holds."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from planner.search.runs import _sequences
+    prob = SimpleNamespace(num_stages=12, options=[None] * 6, wrap=False)
+    ev = SimpleNamespace(units=np.zeros((6, 1)), capacity=np.array([1.0]))
+    seqs = _sequences(prob, ev, [2.0] * 6, 20_000)
+    assert 0 < len(seqs) <= 20_000
+    counts = {tuple(np.bincount(s, minlength=6)) for s in seqs}
+    assert (2,) * 6 in counts
+    assert len(_sequences(prob, ev, [2.0] * 6, 10**9)) > 20_000       # the cap did bind

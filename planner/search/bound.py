@@ -179,11 +179,11 @@ class KnobBound:
         # (1F1B's and interleaving's; ZB-H1's and the V schedules' change with p: keyed by the
         # rows themselves, not the schedule, a bound stays a bound; f_min last: packed.py's
         # tables key by the rest)
-        rows = knob_rows(knobs, self._has_stand_ins(keys))
-        tk = (sk, knobs.schedule, v, m, rows, f_min)
+        rows_terms = knob_rows(knobs, self._has_stand_ins(keys))
+        tk = (sk, knobs.schedule, v, m, rows_terms, f_min)
         parts = self._term_parts.get(tk)
         if parts is None:
-            parts = _remember(self._term_parts, tk, self._parts(knobs, hit, L, f_min, memory, rows,
+            parts = _remember(self._term_parts, tk, self._parts(knobs, hit, L, f_min, memory, rows_terms,
                                                                 (sk, knobs.schedule, v, m, f_min)))
         parts, U = parts
         total = sums = 0.0

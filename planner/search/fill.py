@@ -59,6 +59,8 @@ def joint_row_bound(L: int, rates: np.ndarray, m_lb: float, fill_lb: float, w_ma
     fill T(M) is a lower bound.  ``w_max M + w_sum max(fill_lb, T(M))`` is piecewise linear
     in M; its least value over M >= m_lb is at a segment end or where T(M) crosses fill_lb.
     All candidates at once (the knob bound asks this tens of thousands of times a search)."""
+    if m_lb == math.inf:
+        return math.inf             # no bottleneck below it (the scalar form's answer too)
     d = np.sort(np.diff(np.concatenate([[0.0], np.asarray(rates, dtype=float)])))[::-1]
     d = d[d > 0]
     if not len(d):

@@ -36,8 +36,9 @@ from planner.search.core.problem import CoreProblem
 from planner.search.polish import Evaluator, polish
 
 SPREAD = 2              # stage counts within this of the LP's weight, each way
-MOST_LAYOUTS = 20_000   # layouts priced at most (stage-count mixes x orders)
+MOST_CELLS = 400_000    # layouts x stages priced at most (~0.3 s on this machine's 2 cores)
 POLISHED = 3            # the best layouts polished
+CELLS_PER_UNIT = 75     # layout stages priced per unit of counted work (clock.py: 50 us; ~0.65 us each here)
 BISECT_STEPS = 50
 
 
@@ -48,13 +49,14 @@ def run_layouts(prob: CoreProblem, weights: list[float], deadline: float) -> tup
     if p < 2 or not prob.options:
         return None
     ev = Evaluator(prob)
-    seqs = _sequences(prob, ev, weights)
-    if not len(seqs):
+    seqs = _sequences(prob, ev, weights, max(1, MOST_CELLS // p))
+    if not len(seqs) or clock.now() > deadline:
         return None
+    clock.charge(seqs.size / CELLS_PER_UNIT)      # the pricing below, for a deterministic search
     row = _heaviest_max_row(prob)
     blocks = _balanced(ev, prob, seqs, row, L)
     ok = ev.feasible(seqs, blocks)
-    if not ok.any():
+    if not ok.any() or clock.now() > deadline:
         return None
     seqs, blocks = seqs[ok], blocks[ok]
     values = ev.objective(seqs, blocks)
@@ -69,15 +71,16 @@ def run_layouts(prob: CoreProblem, weights: list[float], deadline: float) -> tup
     return best
 
 
-def _sequences(prob: CoreProblem, ev: Evaluator, weights: list[float]) -> np.ndarray:
-    """[N, p] option per stage: every mix of stage counts near the weights, within capacity,
-    each as runs in every order (and, where the pipeline wraps, the first run split)."""
+def _sequences(prob: CoreProblem, ev: Evaluator, weights: list[float], most: int) -> np.ndarray:
+    """[N, p] option per stage, N <= ``most``: the mixes of stage counts near the weights,
+    within capacity, nearest the weights first, each as runs in every order (and mirrored,
+    and where the pipeline wraps with the first run split)."""
     p, K = prob.num_stages, len(prob.options)
     ranges = [range(max(0, math.floor(w) - SPREAD), min(p, math.ceil(w) + SPREAD) + 1) for w in weights]
+    mixes = [c for c in itertools.product(*ranges) if sum(c) == p]
+    mixes.sort(key=lambda c: sum(abs(n - w) for n, w in zip(c, weights)))
     out: list[list[int]] = []
-    for counts in itertools.product(*ranges):
-        if sum(counts) != p:
-            continue
+    for counts in mixes:
         units = np.asarray(counts, dtype=float) @ ev.units            # [resources]
         if (units > ev.capacity + 1e-9).any():
             continue
@@ -95,8 +98,8 @@ def _sequences(prob: CoreProblem, ev: Evaluator, weights: list[float]) -> np.nda
             if prob.wrap and counts[order[0]] > 1:
                 half = counts[order[0]] // 2
                 out.append(runs[half:] + runs[:half])
-            if len(out) >= MOST_LAYOUTS:
-                return np.array(out, dtype=int)
+            if len(out) >= most:
+                return np.array(out[:most], dtype=int)
     return np.array(out, dtype=int).reshape(-1, p)
 
 
@@ -120,7 +123,8 @@ def _balanced(ev: Evaluator, prob: CoreProblem, seqs: np.ndarray, row: int, L: i
     least = ev.min_blocks[seqs, stages]
 
     def held(M: np.ndarray) -> np.ndarray:
-        n = np.floor((M[:, None] - icpt) / slope)
+        # the slack: at the top of the range each stage holds its cap (not cap - 1 by rounding)
+        n = np.floor((M[:, None] - icpt) / slope + 1e-9)
         return np.clip(n, least, cap)
 
     lo = np.zeros(N)

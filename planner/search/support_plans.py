@@ -97,21 +97,22 @@ def support_plan(s: Planning, knobs, ctx, keys) -> bool:
     polish_s = POLISH_SHARE * _horizon(s.settings)
     # the options as runs first (runs.py: e's 12-stage tuple, 2.057 s where the capped MILP
     # alone ended at 2.105 s), which also gives the MILP its cutoff
-    found = []
+    found = []          # (its Candidate, its assignment): compared on their true times
     ran = run_layouts(prob, [weights[o.label] for o in prob.options], min(s.deadline, clock.now() + polish_s))
     if ran is not None:
-        found.append(ran)
-        s.best.add(Candidate.of(prob, ran[1], ran[0], knobs, s.spec))
+        found.append((Candidate.of(prob, ran[1], ran[0], knobs, s.spec), ran[1]))
+        s.best.add(found[-1][0])
         cut = s.best.threshold()
     until = min(s.deadline, clock.now() + WARM_TUPLE_SHARE * _horizon(s.settings))
     sol = exact_solver(prob).solve(s.settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
     if sol.ok:
         # local search on the few options (milliseconds: c's 1.974-s MILP plan became 1.929 s)
-        found.append(polish(prob, sol.assign, deadline=min(s.deadline, clock.now() + polish_s)))
-        s.best.add(Candidate.of(prob, found[-1][1], found[-1][0], knobs, s.spec))
+        t, assign = polish(prob, sol.assign, deadline=min(s.deadline, clock.now() + polish_s))
+        found.append((Candidate.of(prob, assign, t, knobs, s.spec), assign))
+        s.best.add(found[-1][0])
     if not found:
         return False
-    _, assign = min(found, key=lambda f: f[0])
+    _, assign = min(found, key=lambda f: f[0].time_s)
     # pricing all the options cannot be interrupted (1-2 s on c): only when it fits the time left
     if clock.now() + price_all_s < s.deadline:
         polish_into(s.pricer, knobs, ctx, keys, prob, assign, s.spec, s.launcher, s.best,
