@@ -61,6 +61,7 @@ def _run(sc: Scenario, queue, limit_factor: float = 1.0) -> None:
                    "tokens_per_s": res.evaluation.tokens_per_s, "gap": rep.gap, "status": rep.status,
                    "gpus": cluster.num_gpus, "classes": rep.node_classes,
                    "tuples": f"{rep.knob_tuples_solved}/{rep.knob_tuples}", "schedule": res.plan.schedule,
+                   "answer_found_s": (rep.model_extra or {}).get("answer_found_s"),
                    **baseline_columns(rep)})
     except Exception as exc:  # noqa: BLE001 - a bench row reports its failure instead of dying
         queue.put({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"})

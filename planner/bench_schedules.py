@@ -124,8 +124,13 @@ def choice_summary(base: dict, with_zb: dict) -> str:
             f"{with_zb['wall_median_s']:.2f} s with it (ratio {ratio:.2f}); target <= {CHOICE_RATIO_TARGET:g}x, "
             f"judged on {how}: {'met' if met else 'missed'}; knob tuples {base['tuples']} -> "
             f"{with_zb['tuples']}; tokens/s {base['tokens_per_s']:,.0f} -> {with_zb['tokens_per_s']:,.0f}; "
-            f"gap {_pct(base['gap'])} -> {_pct(with_zb['gap'])}; schedule {base.get('schedule')} -> "
-            f"{with_zb.get('schedule')}")
+            f"gap {_pct(base['gap'])} -> {_pct(with_zb['gap'])}; answer found at {_secs(base)} -> "
+            f"{_secs(with_zb)}; schedule {base.get('schedule')} -> {with_zb.get('schedule')}")
+
+
+def _secs(row: dict) -> str:
+    found = row.get("answer_found_s")
+    return "n/a" if found is None else f"{found:.2f} s"
 
 
 def _pct(gap) -> str:

@@ -38,15 +38,16 @@ def test_the_same_inputs_give_the_same_plan_bytes_under_any_hash_seed(tmp_path):
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         stdout, stderr = proc.communicate(timeout=240)
         assert proc.returncode == 0, stderr
-        assert "search: " in stderr and " s, " in stderr          # the timing went to stderr
+        assert "search: " in stderr and " s, " in stderr and "answer found at " in stderr   # timing: stderr
         assert "search: " not in stdout and "solver: optimal" in stdout
         plans.append(out.read_bytes())
         reports.append(json.loads(report.read_text()))
     assert plans[0] == plans[1] == plans[2]
     solver = json.loads(plans[0])["solver"]
-    assert set(solver) <= set(PLAN_SOLVER_FIELDS) and "wall_s" not in solver
+    assert set(solver) <= set(PLAN_SOLVER_FIELDS) and "wall_s" not in solver and "answer_found_s" not in solver
     for report in reports:      # the report holds what the plan left out, and the plan's verdict
         assert report["wall_s"] > 0 and report["knob_tuples"] >= report["knob_tuples_solved"] > 0
+        assert 0 <= report["answer_found_s"] <= report["wall_s"]      # when the answer first entered
         assert report["status"] == solver["status"] and report["gap"] == solver["gap"]
 
 

@@ -134,7 +134,9 @@ def egress_warning(ev) -> str | None:
 
 def _run_line(rep) -> str:
     """How long the search ran and how far it got: stderr only, never the plan file."""
-    return (f"search: {rep.wall_s:.2f} s, {rep.candidates} knob tuples examined of {rep.knob_tuples} "
+    found = getattr(rep, "answer_found_s", None)
+    return (f"search: {rep.wall_s:.2f} s, " + (f"answer found at {found:.2f} s, " if found is not None else "")
+            + f"{rep.candidates} knob tuples examined of {rep.knob_tuples} "
             f"({rep.knob_tuples_solved} solved exactly, {_pruned_text(rep)})")
 
 

@@ -78,6 +78,9 @@ def finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pro
         "knob_tuples_gpipe_twins": stats.twins,
         "aggregate_compute_bound_s": agg, "objective_kind": spec.kind, "node_classes": len(classes),
         "objective_unit": OBJECTIVE_UNITS[spec.kind]}
+    found = best.found_at(top)
+    if found is not None:       # when the answer first entered: the rest of the time went to proving it
+        report_fields["answer_found_s"] = max(0.0, found - t0)
     if stats.interrupted:
         report_fields["interrupted"] = True
     if stats.given:      # plans given whole (given.py): how many, and whether one is the answer

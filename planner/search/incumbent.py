@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from dataclasses import dataclass, replace
 
 from planner.search import clock
@@ -71,13 +72,21 @@ class Best:
         self.k, self.items = k, []
         self._lock = threading.Lock()
         self._closed = False
+        self._found: dict[tuple, float] = {}     # signature -> time.monotonic() it first entered
 
     def add(self, cand: Candidate) -> None:
         sig = cand.signature
         with self._lock:
             if self._closed or any(c.signature == sig for c in self.items):
                 return
-            self.items = sorted([*self.items, cand], key=lambda c: c.key)[:self.k]
+            items = sorted([*self.items, cand], key=lambda c: c.key)[:self.k]
+            if any(c is cand for c in items):
+                self._found.setdefault(sig, time.monotonic())
+            self.items = items
+
+    def found_at(self, cand: Candidate) -> float | None:
+        """When ``cand`` first entered (time.monotonic()), None if it never did."""
+        return self._found.get(cand.signature)
 
     def close(self) -> None:
         """No more candidates: the answer is built from ``items`` as they are now (a warm start
