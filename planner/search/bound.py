@@ -177,10 +177,11 @@ class KnobBound:
         # Per (options, rows, fewest in flight): nothing below depends on p but the last lines,
         # so knob tuples differing in p cost almost nothing where their rows are the same
         # (1F1B's and interleaving's; ZB-H1's and the V schedules' change with p: keyed by the
-        # rows themselves, not the schedule, a bound stays a bound; f_min last: packed.py's
-        # tables key by the rest)
+        # rows themselves, not the schedule, a bound stays a bound); packed.py's stage tables
+        # key by the same less f_min (it reaches them through U only)
         rows_terms = knob_rows(knobs, self._has_stand_ins(keys))
-        tk = (sk, knobs.schedule, v, m, rows_terms, f_min)
+        table_key = (sk, knobs.schedule, v, m, rows_terms)
+        tk = (*table_key, f_min)
         parts = self._term_parts.get(tk)
         if parts is None:
             parts = _remember(self._term_parts, tk, self._parts(knobs, hit, L, f_min, memory, rows_terms,
@@ -225,7 +226,7 @@ class KnobBound:
             rows.setdefault(part.row, {})["max"] = (part.weight, m_lb, c_stage, (fill + c_sum) / p, rates)
         total += self._joint_gain(rows, L, p)
         if memory and packed and total < enough:
-            total = max(total, self._packed(knobs, ctx, keys, (tk, hit, U), L, enough, sums, lp=packed >= 2,
+            total = max(total, self._packed(knobs, ctx, keys, (table_key, hit, U), L, enough, sums, lp=packed >= 2,
                                                 num_classes=num_classes))
         return total
 

@@ -63,8 +63,8 @@ class PackedBound:
     def __call__(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple, L: int,
                  enough: float, sums: float, lp: bool = True, num_classes: int = 0) -> float:
         """A lower bound on the whole objective of every plan of the tuple (``pieces``: the
-        knob bound's (cache key, arrays, U at the fewest in flight); ``sums``: its bound on
-        the sum terms).  At least ``enough`` once that is shown (the search's pruning
+        knob bound's (key of its options and rows, arrays, U at the fewest in flight);
+        ``sums``: its bound on the sum terms).  At least ``enough`` once that is shown (the search's pruning
         threshold); the bound with the fill only while below it.  ``lp=False``: the
         knapsacks alone (no LP over positions, no fill).  ``num_classes`` >= 2: for plans
         using exactly that many classes (those of ``keys``), whose LPs count the crossings
@@ -122,8 +122,8 @@ class PackedBound:
 
     def _stage_tables(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple,
                       L: int) -> Tables:
-        tk, arrays, _ = pieces
-        ck = (tk[:-1], min(knobs.num_stages, 3))  # not the fewest in flight: it reaches the tables through U only
+        table_key, arrays, _ = pieces
+        ck = (table_key, min(knobs.num_stages, 3))
         hit = self._tables.get(ck)
         if hit is None:
             if len(self._tables) >= STAGE_COST_ENTRIES:
