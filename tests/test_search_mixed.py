@@ -185,6 +185,7 @@ def test_a_gpipe_tuple_reads_its_own_stand_in_lines_after_its_1f1b_twin(monkeypa
     twin's.  Every forward line the GPipe tuple reads stays at most the mixed stage's own."""
     from planner.search.bound import KnobBound
     from planner.search.knobs import Knobs
+    from planner.search.term_parts import TermParts
     checked = 0
     for seed in MIXED_SEEDS[:10]:
         cluster, model, training = mixed_case(seed)
@@ -199,13 +200,13 @@ def test_a_gpipe_tuple_reads_its_own_stand_in_lines_after_its_1f1b_twin(monkeypa
             keys = pricer.stand_ins(k1)
             bound = KnobBound(pricer)
             read = {}
-            parts = KnobBound._parts
+            parts = TermParts._build
 
             def spy(self, knobs, arrays, *args, parts=parts, read=read):
                 read[knobs.schedule] = arrays
                 return parts(self, knobs, arrays, *args)
 
-            monkeypatch.setattr(KnobBound, "_parts", spy)
+            monkeypatch.setattr(TermParts, "_build", spy)
             bound(k1, ctx, keys, memory=False)
             bound(kg, ctx, keys, memory=False)
             monkeypatch.undo()
