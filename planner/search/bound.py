@@ -45,8 +45,7 @@ class KnobBound:
         self._term_parts = TermParts(self.classes)
         self._fmin: dict = {}
         self._least: dict = {}
-        self._present: dict = {}
-        self._stand_ins: dict = {}
+        self._about_keys: dict = {}     # (id(keys), len(keys)) -> (classes, holds a stand-in, keys)
         self._by_subset: dict = {}      # (knobs, id(keys)) -> {classes: their last bound}
         self._packed = PackedBound(pricer)
 
@@ -118,20 +117,22 @@ class KnobBound:
         (lower) bound they have proved: the search's time limit holds."""
         self._packed.deadline = deadline
 
+    def _classes_of(self, keys: list[OptionKey]) -> tuple[int, ...]:
+        return self._about(keys)[0]
+
     def _has_stand_ins(self, keys: list[OptionKey]) -> bool:
         """Whether ``keys`` holds a mixed stage's stand-in (its rows differ: knob_rows)."""
-        ck = (id(keys), len(keys))
-        hit = self._stand_ins.get(ck)
-        if hit is None:
-            hit = self._stand_ins[ck] = (any(isinstance(k, StandIn) for k in keys), keys)   # keys kept alive
-        return hit[0]
+        return self._about(keys)[1]
 
-    def _classes_of(self, keys: list[OptionKey]) -> tuple[int, ...]:
+    def _about(self, keys: list[OptionKey]) -> tuple:
+        """(the classes of ``keys``, whether one is a stand-in), once per key list (kept alive
+        with them: the key is its id)."""
         ck = (id(keys), len(keys))
-        hit = self._present.get(ck)
+        hit = self._about_keys.get(ck)
         if hit is None:
-            hit = self._present[ck] = (tuple(sorted({k.cls for k in keys})), keys)   # keys kept alive
-        return hit[0]
+            hit = self._about_keys[ck] = (tuple(sorted({k.cls for k in keys})),
+                                          any(isinstance(k, StandIn) for k in keys), keys)
+        return hit
 
     def whole(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool,
               num_classes: int = 0, enough: float = math.inf, packed: int = 2) -> float:

@@ -177,7 +177,7 @@ def relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, s
     stats.relaxed_setup_s = max(stats.relaxed_setup_s, clock.now() - started)
     # capped like a warm start: a relaxation that cannot prune in a few seconds rarely does
     # later, and the time is better spent on the next tuples
-    until = min(deadline, clock.now() + WARM_TUPLE_SHARE * _horizon(settings))
+    until = min(deadline, clock.now() + WARM_TUPLE_SHARE * warm_horizon_s(settings))
     sol = solver.solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
     stats.relaxed += 1
     if sol.status == "infeasible":
@@ -202,10 +202,11 @@ def relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, s
     if t < best.threshold():
         best.add(Candidate.of(full, assign, t, knobs, spec))
         polish_into(pricer, knobs, ctx, keys, full, assign, spec, launcher, best,
-                    min(deadline, clock.now() + POLISH_SHARE * _horizon(settings)))
+                    min(deadline, clock.now() + POLISH_SHARE * warm_horizon_s(settings)))
 
 
-def _horizon(settings) -> float:
+def warm_horizon_s(settings) -> float:
+    """The limit the warm start's shares are of (WARM_HORIZON_S at most)."""
     return min(settings.time_limit_s, WARM_HORIZON_S)
 
 
@@ -238,7 +239,8 @@ def add_twins(pricer, twins: dict, cand: Candidate | None, spec, launcher, best)
             best.add(Candidate.of(prob, assign, prob.objective(assign), tw.knobs, spec))
 
 
-def _best_of(best, knobs: Knobs) -> Candidate | None:
+def best_of(best, knobs: Knobs) -> Candidate | None:
+    """The best incumbent of ``knobs``, if any."""
     return next((c for c in best.items if c.knobs == knobs), None)
 
 

@@ -27,11 +27,11 @@ from planner.search.incumbent import (
     POLISH_SHARE,
     WARM_TUPLE_SHARE,
     Candidate,
-    _horizon,
     exact_solver,
     polish_into,
     priced,
     relaxed,
+    warm_horizon_s,
 )
 from planner.search.polish import polish
 from planner.search.runs import run_layouts
@@ -94,7 +94,7 @@ def support_plan(s: Planning, knobs, ctx, keys) -> bool:
     before = cut = s.best.threshold()
     if qb is None or qb >= cut:
         return False
-    polish_s = POLISH_SHARE * _horizon(s.settings)
+    polish_s = POLISH_SHARE * warm_horizon_s(s.settings)
     # the options as runs first (runs.py: e's 12-stage tuple, 2.057 s where the capped MILP
     # alone ended at 2.105 s), which also gives the MILP its cutoff
     found = []          # (its Candidate, its assignment): compared on their true times
@@ -103,7 +103,7 @@ def support_plan(s: Planning, knobs, ctx, keys) -> bool:
         found.append((Candidate.of(prob, ran[1], ran[0], knobs, s.spec), ran[1]))
         s.best.add(found[-1][0])
         cut = s.best.threshold()
-    until = min(s.deadline, clock.now() + WARM_TUPLE_SHARE * _horizon(s.settings))
+    until = min(s.deadline, clock.now() + WARM_TUPLE_SHARE * warm_horizon_s(s.settings))
     sol = exact_solver(prob).solve(s.settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
     if sol.ok:
         # local search on the few options (milliseconds: c's 1.974-s MILP plan became 1.929 s)
