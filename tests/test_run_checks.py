@@ -168,10 +168,10 @@ def test_tiny_override_keeps_blocks_and_tp_validity():
 
 
 def test_overlaps_cut_a_micro_batch_between_replicas():
-    worker = pytest.importorskip("planner.launch.worker")
+    p2p = pytest.importorskip("planner.launch.p2p")
     nxt = [{"offset": 0, "share": 3}, {"offset": 3, "share": 1}]
-    assert worker.overlaps(0, 2, nxt) == [(0, 0, 2)]
-    assert worker.overlaps(2, 4, nxt) == [(0, 2, 3), (1, 3, 4)]
+    assert p2p.overlaps(0, 2, nxt) == [(0, 0, 2)]
+    assert p2p.overlaps(2, 4, nxt) == [(0, 2, 3), (1, 3, 4)]
 
 
 def test_cli_bad_plan_exits_2(tmp_path, capsys):

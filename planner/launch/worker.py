@@ -55,10 +55,7 @@ from planner.launch import tiny_model as tm
 from planner.launch.backward_split import SplitBackward
 from planner.launch.cp_layout import cp_groups, expand_cp
 from planner.launch.grad_sync import GradSync
-from planner.launch.p2p import (
-    PointToPoint,
-    overlaps,  # noqa: F401 - tests import it from here
-)
+from planner.launch.p2p import PointToPoint
 from planner.launch.run_schedule import schedule_from_json
 
 FAIL_ENV = "PLANNER_RUNNER_FAIL_RANK"  # fault injection for tests: this rank raises at step 0

@@ -6,8 +6,9 @@ its co-tenant helper ``planner.profile.cotenants``) imports torch and is loaded 
 ``planner profile``.  docs/profiles.md describes the file format and the lookup rules.
 """
 
+from planner.profile.files import gpu_type_for_device
 from planner.profile.schema import LAYER_KINDS, SCHEMA_ID, ProfileEntry, ProfileFile
-from planner.profile.store import ProfileSet, gpu_type_for_device, load_profiles
+from planner.profile.store import ProfileSet, load_profiles
 
 __all__ = ["LAYER_KINDS", "SCHEMA_ID", "ProfileEntry", "ProfileFile", "ProfileSet",
            "gpu_type_for_device", "load_profiles"]

@@ -359,7 +359,7 @@ def measure_profile(model: ModelSpec, device_name: str, micro_batches: list[int]
         torch.set_num_threads(threads)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model_name()
     if gpu_type is None and device.type == "cuda":
-        from planner.profile.store import gpu_type_for_device
+        from planner.profile.files import gpu_type_for_device
         gpu_type = gpu_type_for_device(name)
         if gpu_type is None:
             raise InputError(f"device {name!r} matches no catalog GPU type; pass --gpu-type with "

@@ -40,7 +40,6 @@ from planner.profile.files import (
     LoadedProfile,
     expand_paths,
     gpu_key,
-    gpu_type_for_device,  # noqa: F401 - imported from here (planner.profile, measure)
     parse_profile,
     profile_gpu_type,
 )
