@@ -119,7 +119,7 @@ def test_knob_bounds_with_stand_ins_hold():
                 if not best.ok:
                     continue
                 bounds = [knob_bound(knobs, ctx, keys, memory=False),
-                          *(knob_bound(knobs, ctx, keys, packed=level) for level in range(3)),
+                          *(knob_bound(knobs, ctx, keys, packed=level) for level in range(4)),
                           knob_bound(knobs, ctx, keys, enough=best.objective * 0.98),
                           knob_bound(knobs, ctx, keys, enough=best.objective * 1.02)]
                 assert max(bounds) <= best.objective * (1 + 1e-9), (seed, knobs.label(), bounds, best.objective)

@@ -287,7 +287,7 @@ def test_knob_bounds_hold_under_the_closed_form(mixed):
             t = SCHEDULES["zb-h1"].exact_time_s(prob, a, knobs.num_micro_batches, 0.0)
             assert math.isclose(t, ev.iteration_time_s, rel_tol=1e-9), (knobs.label(), a)
             evaluated += 1
-        levels = [kb(knobs, ctx, keys, memory=False), *(kb(knobs, ctx, keys, packed=level) for level in range(3))]
+        levels = [kb(knobs, ctx, keys, memory=False), *(kb(knobs, ctx, keys, packed=level) for level in range(4))]
         assert max(levels) <= rows_best.objective * (1 + 1e-9), (knobs.label(), levels, rows_best.objective)
         assert rows_best.objective <= min(exact) * (1 + 1e-12)
         gaps.append(1 - rows_best.objective / min(exact))

@@ -61,8 +61,9 @@ class KnobBound:
         (the search's pruning threshold) may be returned before the subsets are tried: it
         prunes the tuple all the same.  ``packed``: 0 (or False) without ``PackedBound``
         (packed.py); 1 with its knapsacks alone (milliseconds); 2 (or True) also with its LPs
-        over positions and the fill (a tenth of a second on c).  The search asks for each in
-        turn, for the tuples still in the way.  ``enough_on(classes)``: for the cost
+        over positions and the fill (a tenth of a second on c); 3 also with the max terms
+        apart (apart.py; seconds on c, for the tuples too big for the exact MILP).  The
+        search asks for each in turn, for the tuples still in the way.  ``enough_on(classes)``: for the cost
         objectives, the time each set of classes must be shown to take (its plans rent more
         or less): every set is then bounded to its own threshold, not only the least one
         (``by_classes`` reads them)."""
@@ -221,7 +222,7 @@ class KnobBound:
         total += self._joint_gain(rows, L, p)
         if memory and packed and total < enough:
             total = max(total, self._packed(knobs, ctx, keys, (table_key, hit, U), L, enough, sums, lp=packed >= 2,
-                                                num_classes=num_classes))
+                                                num_classes=num_classes, apart=packed >= 3))
         return total
 
     @staticmethod

@@ -31,9 +31,10 @@ from planner.cost import CostContext
 from planner.cost.comm import exposed_sync_parts
 from planner.cost.memory import stage_holds
 from planner.search import clock
+from planner.search.apart import bound_apart
 from planner.search.knobs import Knobs, OptionKey, knob_rows
 from planner.search.mixed import StandIn
-from planner.search.packing import Packing, Sends, Tables
+from planner.search.packing import MaxTerms, Packing, Sends, Tables
 from planner.search.pieces import block_limits
 from planner.search.position_lp import Cross, PositionLP
 from planner.search.schedules import SCHEDULES
@@ -61,24 +62,37 @@ class PackedBound:
         self.support: dict = {}
 
     def __call__(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple, L: int,
-                 enough: float, sums: float, lp: bool = True, num_classes: int = 0) -> float:
+                 enough: float, sums: float, lp: bool = True, num_classes: int = 0, apart: bool = False) -> float:
         """A lower bound on the whole objective of every plan of the tuple (``pieces``: the
         knob bound's (key of its options and rows, arrays, U at the fewest in flight);
         ``sums``: its bound on the sum terms).  At least ``enough`` once that is shown (the search's pruning
         threshold); the bound with the fill only while below it.  ``lp=False``: the
         knapsacks alone (no LP over positions, no fill).  ``num_classes`` >= 2: for plans
         using exactly that many classes (those of ``keys``), whose LPs count the crossings
-        between classes (position_lp.Cross)."""
+        between classes (position_lp.Cross).  ``apart``: then also with the pipeline's max
+        terms and the stages' own bounded apart (apart.py; seconds, for the tuples too big for
+        the exact MILP)."""
         p = knobs.num_stages
         if p > KNAPSACK_STAGES:
             return sums
         lp = lp and clock.now() <= self.deadline
+        t = self.stage_tables(knobs, ctx, keys, pieces, L)
+        U_pos = self.position_limits(knobs, pieces[1], L) if p > 1 and lp else None
+        bound = self.bound_on(knobs, t, pieces, L, U_pos, num_classes, enough, sums, lp=lp, keep=True)
+        if apart and lp and p > 1 and bound < enough:
+            bound = max(bound, bound_apart(self, knobs, ctx, keys, pieces, L, enough, sums, bound, num_classes))
+        return bound
+
+    def bound_on(self, knobs: Knobs, t: Tables, pieces: tuple, L: int, U_pos: np.ndarray | None,
+                 num_classes: int, enough: float, sums: float, lp: bool = True, keep: bool = False) -> float:
+        """``__call__``'s bound on the max terms ``t`` sums (with ``sums`` and the fill),
+        each option holding at most ``U_pos`` [K, p] blocks at each position; ``keep``: keep
+        the fill LP's options as the tuple's support."""
+        p = knobs.num_stages
         self._lp.deadline = self.deadline
-        t = self._stage_tables(knobs, ctx, keys, pieces, L)
         U = pieces[2]
         over = np.arange(1, L + 1)[None, :] > U[:, None]
         tables = [None if x is None else np.where(over, math.inf, x) for x in (t.g, t.first, t.mid, t.last)]
-        U_pos = self._position_limits(knobs, pieces[1], L) if p > 1 and lp else None
         cross = (Cross(num_classes, SCHEDULES[knobs.schedule].wraps)
                   if num_classes >= 2 and p > 1 and lp and t.sends is not None else None)
         packing = Packing(self._lp, knobs, pieces[1], [c.capacity_units for c in self.classes], L,
@@ -92,7 +106,8 @@ class PackedBound:
         if p == 1 or not lp:
             return sums + M
         bound = max(sums + M, packing.with_fill(M, sums, enough))
-        self._keep_support(knobs, pieces[1].keys, packing, num_classes, bound)     # the LP's options, in its order
+        if keep:
+            self._keep_support(knobs, pieces[1].keys, packing, num_classes, bound)     # the LP's options, in its order
         return bound
 
     def support_of(self, knobs: Knobs, most: int) -> dict[OptionKey, float]:
@@ -120,21 +135,24 @@ class PackedBound:
         classes = tuple(sorted({k.cls for k in keys})) if num_classes else ()
         self.support.setdefault(knobs, {})[classes] = (bound, {keys[o]: w for o, w in model.option_weights.items()})
 
-    def _stage_tables(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple,
-                      L: int) -> Tables:
+    def stage_tables(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple,
+                     L: int, terms: MaxTerms = None) -> Tables:
+        """The tuple's tables summing the max terms of ``terms`` (all of them by default)."""
+        terms = MaxTerms.ALL if terms is None else terms
         table_key, arrays, _ = pieces
-        ck = (table_key, min(knobs.num_stages, 3))
+        ck = (table_key, min(knobs.num_stages, 3), terms)
         hit = self._tables.get(ck)
         if hit is None:
             if len(self._tables) >= STAGE_COST_ENTRIES:
                 del self._tables[next(iter(self._tables))]      # the oldest
-            hit = self._tables[ck] = self._unlimited(knobs, ctx, keys, arrays, L)
+            hit = self._tables[ck] = self._unlimited(knobs, ctx, keys, arrays, L, terms)
         return hit
 
-    def _unlimited(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], arrays, L: int) -> Tables:
+    def _unlimited(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], arrays, L: int,
+                   max_terms: MaxTerms) -> Tables:
         """Each option's lines (forward, backward, optimizer, and the sync less backward /
         gather less forward through ``exposed_sync_parts``) at every block count and
-        position, plus the sends the stage pays there (``_option_sends``): a middle stage
+        position, its ``max_terms`` summed, plus the sends the stage pays there (``_option_sends``): a middle stage
         both ways, the first stage out and the last in (both ends both ways, v each, when the
         schedule wraps)."""
         p = knobs.num_stages
@@ -159,6 +177,8 @@ class PackedBound:
         sends = {"max": [0.0, 0.0], "sum": [0.0, 0.0]}      # weighted send coefficients, out / in
         for t in terms:
             row = rows[t.row]
+            if t.kind == "max" and not max_terms.takes(row):
+                continue
             coef = np.array(row.stage, dtype=float)
             if t.kind == "max":
                 val = Q @ coef
@@ -198,7 +218,7 @@ class PackedBound:
             hit = self._syncs[ck] = (d_slope, d_icpt, keys)     # keys kept alive: id() stays unique
         return hit[0], hit[1]
 
-    def _position_limits(self, knobs: Knobs, arrays, L: int) -> np.ndarray:
+    def position_limits(self, knobs: Knobs, arrays, L: int) -> np.ndarray:
         """[K, p] blocks each option can hold at each position: the middle stage's memory model
         (the ends add the embedding / head: more memory, so this only loosens) at that
         position's micro-batches in flight and waiting for their W; L where the model is not

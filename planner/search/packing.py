@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 
@@ -20,6 +21,20 @@ FILL_STEP = 0.01            # grid step of the bottleneck M for the bound with t
 FILL_POINTS = 24            # grid points at most (above the last, the fill with no bottleneck)
 FILL_REFINE = 4             # halvings of the grid interval that binds
 BISECT_STEPS = 6            # halvings of the bottleneck's interval once M = need holds (for the reported gap)
+
+
+class MaxTerms(Enum):
+    """Which max terms a stage table sums: all of them, or one of the two groups that apart.py
+    bounds apart (every plan pays each group's largest stage, not only the largest sum)."""
+
+    ALL = "all"
+    PIPELINE = "pipeline"     # rows with sends: the pipeline's own
+    STAGE = "stage"           # rows without: each stage's exposed DP sync and optimizer step
+
+    def takes(self, row) -> bool:
+        if self is MaxTerms.ALL:
+            return True
+        return (any(row.out) or any(row.inn)) == (self is MaxTerms.PIPELINE)
 
 
 @dataclass

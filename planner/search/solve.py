@@ -260,8 +260,9 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         first_warm_start(knob_bound)
     # A heap on the bounds: a tuple first comes up with its memory-free bound, is then given
     # its memory-aware bound and goes back in, then the same with the packed bottleneck's
-    # knapsacks and with its LPs (each level dearer than the last); it is priced and solved
-    # when it comes up once more.  The least bound in the heap bounds the rest.  Bounds are
+    # knapsacks and with its LPs (each level dearer than the last; a tuple too big for the
+    # exact MILP also with the max terms apart); it is priced and solved when it comes up
+    # once more.  The least bound in the heap bounds the rest.  Bounds are
     # on the objective's value (floors.py: the time bound, or for the cost objectives the
     # price and work floors it gives); ``tb`` is the tuple's time bound behind it.
     heap = []
@@ -292,10 +293,13 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             bounds.append(kb)
             continue
         floor = floors.get(knobs, no_floors)
-        if level < BoundLevel.LP:
+        small = enum.fits_size(knobs.num_stages, len(keys), model.num_layers // knobs.block_unit)
+        too_big_to_build = not small and len(keys) ** 2 * max(1, knobs.num_stages - 1) > MAX_PAIR_TERMS
+        if level < BoundLevel.LP or (level == BoundLevel.LP and too_big_to_build):
             # memory-aware, then with the packed bottleneck's knapsacks, then with its LPs
-            # (packed.py), which only help to prune: asked to show the time from which the
-            # tuple's value reaches the pruning threshold
+            # (packed.py), then for a tuple too big for the exact MILP with the max terms
+            # apart (apart.py), which only help to prune: asked to show the time from which
+            # the tuple's value reaches the pruning threshold
             cut = best.threshold() * (1 - gap_rel)
             if spec.needs_prices:
                 # the floors alone (the capacity floor joins here) may settle the tuple: no plan
@@ -321,8 +325,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             heapq.heappush(heap, Pending(value, i, level + 1, knobs, ctx, keys, tb2))
             continue
         j += 1
-        small = enum.fits_size(knobs.num_stages, len(keys), model.num_layers // knobs.block_unit)
-        if not small and len(keys) ** 2 * max(1, knobs.num_stages - 1) > MAX_PAIR_TERMS and warm:
+        if too_big_to_build and warm:
             too_big(tuple_state, knobs, ctx, keys, kb)      # see below: too big to build
             continue
         # pricing cannot be interrupted (mixed stages' take up to ~2 s on lab-mixed): start it
