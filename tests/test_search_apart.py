@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from test_oracle import case_pricer, make_case
 
-from planner.search.apart import has_both_groups
+from planner.search import apart as apart_level
 from planner.search.bound import KnobBound
 from planner.search.core.brute import solve_brute
 from planner.search.knobs import enumerate_knobs, make_context
@@ -35,6 +36,34 @@ def test_apart_bound_holds_on_the_oracle_cases_and_lifts_some():
             assert together <= apart <= best.objective * (1 + 1e-9), (seed, knobs.label(), together, apart, best.objective)
             assert max(per_set) <= best.objective * (1 + 1e-9), (seed, knobs.label(), per_set, best.objective)
             checked += 1
-            lifted += has_both_groups(knobs, keys) and apart > together * (1 + 1e-6)
+            lifted += apart_level.applies(knobs, keys) and apart > together * (1 + 1e-6)
     print(f"{checked} tuples, {lifted} lifted by taking the max terms apart")
     assert checked >= 100 and lifted >= 20, (checked, lifted)
+
+
+@pytest.mark.parametrize("step, points, refine", [(0.5, 2, 0), (0.001, 3, 1), (0.0, 1, 2)])
+def test_apart_bound_holds_when_its_grid_stops_early(monkeypatch, step, points, refine):
+    """The grid's other exits (the point cap, a step too small to reach hi, none at all)
+    end in a tail that must still bound the plans past it: cases with zb-h1 and GPipe, whose
+    rows split differently, beside the cases' own schedules."""
+    monkeypatch.setattr(apart_level, "APART_STEP", step)
+    monkeypatch.setattr(apart_level, "APART_POINTS", points)
+    monkeypatch.setattr(apart_level, "APART_REFINE", refine)
+    checked = 0
+    for seed in range(16, 40):
+        cluster, model, training = make_case(seed)
+        schedules = (None, ("zb-h1",), ("gpipe", "1f1b"))[seed % 3]
+        if schedules:
+            training = training.model_copy(update={"schedules": schedules})
+        classes, pricer = case_pricer(cluster, model, training)
+        tuples = [k for k in enumerate_knobs(model, training, classes) if apart_level.applies(k, [])]
+        for knobs in random.Random(seed).sample(tuples, min(4, len(tuples))):
+            ctx = make_context(model, training, knobs)
+            keys = pricer.option_keys(knobs)
+            best = solve_brute(pricer.price(knobs, ctx, keys))[0]
+            if not best.ok:
+                continue
+            bound = KnobBound(pricer).whole(knobs, ctx, keys, True, packed=3)
+            assert bound <= best.objective * (1 + 1e-9), (seed, knobs.label(), bound, best.objective)
+            checked += 1
+    assert checked >= 50, checked

@@ -1,5 +1,6 @@
 """The max terms of a knob tuple bounded together, and then with the pipeline's fill (the
-knob bound's last level; docs/search-space.md, "How it is searched", step 2).
+knob bound's knapsack and LP levels; docs/search-space.md, "How it is searched", step 2;
+the level after them, the max terms apart, is apart.py).
 
 The separate bounds of bound.py price each objective term on its own.  Here every stage
 counts all its max-term rows at once, ``g(s) = sum_t w_t row_t(s)`` (pipeline rows with their
@@ -34,13 +35,12 @@ from planner.search import clock
 from planner.search.apart import bound_apart
 from planner.search.knobs import Knobs, OptionKey, knob_rows
 from planner.search.mixed import StandIn
-from planner.search.packing import MaxTerms, Packing, Sends, Tables
+from planner.search.packing import KNAPSACK_STAGES, MaxTerms, Packing, Sends, Tables
 from planner.search.pieces import block_limits
 from planner.search.position_lp import Cross, PositionLP
 from planner.search.schedules import SCHEDULES
 from planner.search.slots import ENDS_ORDER, POSITIONS, End, Position, Quantity
 
-KNAPSACK_STAGES = 128       # stage counts up to which the knob bound packs whole options (all, for the models we know)
 STAGE_COST_ENTRIES = 256    # [options x blocks] tables kept (~0.25 MB each on c)
 SUPPORT_ENTRIES = 4096      # knob tuples whose fill LPs' options are kept (a few options each)
 
@@ -80,7 +80,8 @@ class PackedBound:
         U_pos = self.position_limits(knobs, pieces[1], L) if p > 1 and lp else None
         bound = self.bound_on(knobs, t, pieces, L, U_pos, num_classes, enough, sums, lp=lp, keep=True)
         if apart and lp and p > 1 and bound < enough:
-            bound = max(bound, bound_apart(self, knobs, ctx, keys, pieces, L, enough, sums, bound, num_classes))
+            bound = max(bound, bound_apart(self, knobs, ctx, keys, pieces, L, U_pos, enough, sums, bound,
+                                           num_classes))
         return bound
 
     def bound_on(self, knobs: Knobs, t: Tables, pieces: tuple, L: int, U_pos: np.ndarray | None,
@@ -136,23 +137,22 @@ class PackedBound:
         self.support.setdefault(knobs, {})[classes] = (bound, {keys[o]: w for o, w in model.option_weights.items()})
 
     def stage_tables(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple,
-                     L: int, terms: MaxTerms = None) -> Tables:
-        """The tuple's tables summing the max terms of ``terms`` (all of them by default)."""
-        terms = MaxTerms.ALL if terms is None else terms
+                     L: int, group: MaxTerms = MaxTerms.ALL) -> Tables:
+        """The tuple's tables summing the max terms of ``group``."""
         table_key, arrays, _ = pieces
-        ck = (table_key, min(knobs.num_stages, 3), terms)
+        ck = (table_key, min(knobs.num_stages, 3), group)
         hit = self._tables.get(ck)
         if hit is None:
             if len(self._tables) >= STAGE_COST_ENTRIES:
                 del self._tables[next(iter(self._tables))]      # the oldest
-            hit = self._tables[ck] = self._unlimited(knobs, ctx, keys, arrays, L, terms)
+            hit = self._tables[ck] = self._unlimited(knobs, ctx, keys, arrays, L, group)
         return hit
 
     def _unlimited(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], arrays, L: int,
-                   max_terms: MaxTerms) -> Tables:
+                   group: MaxTerms) -> Tables:
         """Each option's lines (forward, backward, optimizer, and the sync less backward /
         gather less forward through ``exposed_sync_parts``) at every block count and
-        position, its ``max_terms`` summed, plus the sends the stage pays there (``_option_sends``): a middle stage
+        position, the max terms of ``group`` summed, plus the sends the stage pays there (``_option_sends``): a middle stage
         both ways, the first stage out and the last in (both ends both ways, v each, when the
         schedule wraps)."""
         p = knobs.num_stages
@@ -177,7 +177,7 @@ class PackedBound:
         sends = {"max": [0.0, 0.0], "sum": [0.0, 0.0]}      # weighted send coefficients, out / in
         for t in terms:
             row = rows[t.row]
-            if t.kind == "max" and not max_terms.takes(row):
+            if t.kind == "max" and not group.takes(row):
                 continue
             coef = np.array(row.stage, dtype=float)
             if t.kind == "max":

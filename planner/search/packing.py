@@ -20,6 +20,7 @@ from planner.search.slots import End
 FILL_STEP = 0.01            # grid step of the bottleneck M for the bound with the fill, of the objective
 FILL_POINTS = 24            # grid points at most (above the last, the fill with no bottleneck)
 FILL_REFINE = 4             # halvings of the grid interval that binds
+KNAPSACK_STAGES = 128       # stage counts up to which the knob bound packs whole options (all, for the models we know)
 BISECT_STEPS = 6            # halvings of the bottleneck's interval once M = need holds (for the reported gap)
 
 
@@ -32,9 +33,25 @@ class MaxTerms(Enum):
     STAGE = "stage"           # rows without: each stage's exposed DP sync and optimizer step
 
     def takes(self, row) -> bool:
+        """Whether a max term on ``row`` is summed: any split of the max terms into two groups
+        bounds every plan (each is floored at 0 and paid at its own largest stage); rows with
+        sends apart from those without is the split that pays (apart.py)."""
         if self is MaxTerms.ALL:
             return True
         return (any(row.out) or any(row.inn)) == (self is MaxTerms.PIPELINE)
+
+
+def suffix_min(at: np.ndarray) -> np.ndarray:
+    """The suffix minimum over block counts (the last axis): the most blocks under M (the
+    largest nb with a value <= M) is then how many entries are at most M.  A memory limit is
+    applied after that (the largest nb within it with a value <= M may be smaller where the
+    value falls as nb grows: only loosens)."""
+    return np.flip(np.minimum.accumulate(np.flip(at, axis=-1), axis=-1), axis=-1)
+
+
+def position_kinds(p: int) -> list[End]:
+    """Each of p >= 2 positions' kind: the first, the middle ones, the last."""
+    return [End.FIRST] + [End.MIDDLE] * (p - 2) + [End.LAST]
 
 
 @dataclass
@@ -120,11 +137,7 @@ class Packing:
                 finite.append(at[np.isfinite(at)])
             else:
                 at = np.stack([self.first, self.first if self.mid is None else self.mid, self.last])
-            # the suffix minimum over block counts: the most blocks under M (the largest nb
-            # with g <= M) is then how many entries are at most M; the memory limit per
-            # position is applied after that (the largest nb <= U_pos with g <= M may be
-            # smaller where g falls as nb grows: only loosens)
-            at = np.flip(np.minimum.accumulate(np.flip(at, axis=-1), axis=-1), axis=-1)
+            at = suffix_min(at)
         self.at = at
         self.lo = float(finite[0].min()) if len(finite[0]) else math.inf
         # every table's largest entry: no M below it fails for want of an M
@@ -134,7 +147,7 @@ class Packing:
         return np.where(table <= M, self.nbs, 0.0).max(axis=1)
 
     def _kinds(self) -> list[End]:
-        return [End.FIRST] + [End.MIDDLE] * (self.p - 2) + [End.LAST]
+        return position_kinds(self.p)
 
     def _most_at_positions(self, M: float) -> np.ndarray:
         """[K, p] the most blocks each option holds at each position under M ([4, K, p] per

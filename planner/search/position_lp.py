@@ -1,4 +1,4 @@
-"""LP relaxations of choosing one option per pipeline position (packed.py's last level).
+"""LP relaxations of choosing one option per pipeline position (packed.py's LP level, and apart.py's).
 
 Each position s takes one option o; at s it holds at most ``most[o, s]`` blocks (below 1: o
 is not allowed there), within every class's capacity in units.  Any plan is one integer

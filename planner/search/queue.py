@@ -16,8 +16,8 @@ class BoundLevel(IntEnum):
     MEMORY_FREE = 0      # ranking: forward, backward and optimizer slopes only
     MEMORY_AWARE = 1     # block limits per option, class subsets, sends between classes
     KNAPSACK = 2         # and the packed bottleneck's knapsacks (packed.py)
-    LP = 3               # and its position LPs; at the head again, the tuple is priced and solved,
-    APART = 4            # or, too big for the exact MILP, bounded with the max terms apart (apart.py) first
+    LP = 3               # and its position LPs; at the head again, priced and solved, unless too big for the exact MILP
+    APART = 4            # (too big) and the max terms apart (apart.py); at the head again, support_plans.too_big
 
 
 class Ranked(NamedTuple):

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from planner.cost import topology_for
 from planner.errors import InfeasibleError, InputError
 from planner.plan.model import SolverReport
-from planner.search import clock
+from planner.search import apart, clock
 from planner.search.answer import SearchResult, finish
 from planner.search.background import BackgroundWarmStart, concurrent_allowed
 from planner.search.baselines import BASELINE_SHARE, admits, seed
@@ -295,7 +295,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         floor = floors.get(knobs, no_floors)
         small = enum.fits_size(knobs.num_stages, len(keys), model.num_layers // knobs.block_unit)
         too_big_to_build = not small and len(keys) ** 2 * max(1, knobs.num_stages - 1) > MAX_PAIR_TERMS
-        if level < BoundLevel.LP or (level == BoundLevel.LP and too_big_to_build):
+        if level < BoundLevel.LP or (level == BoundLevel.LP and too_big_to_build and apart.applies(knobs, keys)):
             # memory-aware, then with the packed bottleneck's knapsacks, then with its LPs
             # (packed.py), then for a tuple too big for the exact MILP with the max terms
             # apart (apart.py), which only help to prune: asked to show the time from which

@@ -20,7 +20,7 @@ from planner.search.core.problem import max_row_bound
 from planner.search.fill import Slots, class_slots
 from planner.search.knobs import Knobs
 from planner.search.option_arrays import both_classes
-from planner.search.packed import KNAPSACK_STAGES
+from planner.search.packing import KNAPSACK_STAGES
 from planner.search.pieces import block_limits, most_speed
 
 PARTS_ENTRIES = 2048     # per-term and per-row pieces kept, each store (~50 kB each on c's 540 options)
