@@ -15,28 +15,36 @@ from planner.search.core.brute import solve_brute
 from planner.search.knobs import enumerate_knobs, make_context
 
 
-def test_apart_bound_holds_on_the_oracle_cases_and_lifts_some():
-    checked = lifted = 0
-    for seed in range(16, 48):
+def _solved_tuples(seeds, per_case: int, keep, schedules=lambda seed: None):
+    """(seed, pricer, knobs, ctx, keys, optimum) for up to ``per_case`` tuples of each oracle
+    case that ``keep`` takes and that have a plan (``schedules(seed)``: the case's own, or
+    these)."""
+    for seed in seeds:
         cluster, model, training = make_case(seed)
+        if schedules(seed):
+            training = training.model_copy(update={"schedules": schedules(seed)})
         classes, pricer = case_pricer(cluster, model, training)
-        tuples = [k for k in enumerate_knobs(model, training, classes) if k.num_stages > 1]
-        for knobs in random.Random(seed).sample(tuples, min(6, len(tuples))):
+        tuples = [k for k in enumerate_knobs(model, training, classes) if keep(k)]
+        for knobs in random.Random(seed).sample(tuples, min(per_case, len(tuples))):
             ctx = make_context(model, training, knobs)
             keys = pricer.option_keys(knobs)
             best = solve_brute(pricer.price(knobs, ctx, keys))[0]
-            if not best.ok:
-                continue
-            # over all classes (``whole``: the same joint bound under both), then per set of
-            # classes (the search's call), whose early exits at ``enough`` differ
-            together = KnobBound(pricer).whole(knobs, ctx, keys, True, packed=2)
-            apart = KnobBound(pricer).whole(knobs, ctx, keys, True, packed=3)
-            per_set = [KnobBound(pricer)(knobs, ctx, keys, packed=3, enough=best.objective * x)
-                       for x in (0.99, 1.02, float("inf"))]
-            assert together <= apart <= best.objective * (1 + 1e-9), (seed, knobs.label(), together, apart, best.objective)
-            assert max(per_set) <= best.objective * (1 + 1e-9), (seed, knobs.label(), per_set, best.objective)
-            checked += 1
-            lifted += apart_level.applies(knobs, keys) and apart > together * (1 + 1e-6)
+            if best.ok:
+                yield seed, pricer, knobs, ctx, keys, best.objective
+
+
+def test_apart_bound_holds_on_the_oracle_cases_and_lifts_some():
+    checked = lifted = 0
+    for seed, pricer, knobs, ctx, keys, best in _solved_tuples(range(16, 48), 6, lambda k: k.num_stages > 1):
+        # over all classes (``whole``: the same joint bound under both), then per set of
+        # classes (the search's call), whose early exits at ``enough`` differ
+        together = KnobBound(pricer).whole(knobs, ctx, keys, True, packed=2)
+        apart = KnobBound(pricer).whole(knobs, ctx, keys, True, packed=3)
+        per_set = [KnobBound(pricer)(knobs, ctx, keys, packed=3, enough=best * x) for x in (0.99, 1.02, float("inf"))]
+        assert together <= apart <= best * (1 + 1e-9), (seed, knobs.label(), together, apart, best)
+        assert max(per_set) <= best * (1 + 1e-9), (seed, knobs.label(), per_set, best)
+        checked += 1
+        lifted += apart_level.applies(knobs, keys) and apart > together * (1 + 1e-6)
     print(f"{checked} tuples, {lifted} lifted by taking the max terms apart")
     assert checked >= 100 and lifted >= 20, (checked, lifted)
 
@@ -50,20 +58,10 @@ def test_apart_bound_holds_when_its_grid_stops_early(monkeypatch, step, points, 
     monkeypatch.setattr(apart_level, "APART_POINTS", points)
     monkeypatch.setattr(apart_level, "APART_REFINE", refine)
     checked = 0
-    for seed in range(16, 40):
-        cluster, model, training = make_case(seed)
-        schedules = (None, ("zb-h1",), ("gpipe", "1f1b"))[seed % 3]
-        if schedules:
-            training = training.model_copy(update={"schedules": schedules})
-        classes, pricer = case_pricer(cluster, model, training)
-        tuples = [k for k in enumerate_knobs(model, training, classes) if apart_level.applies(k, [])]
-        for knobs in random.Random(seed).sample(tuples, min(4, len(tuples))):
-            ctx = make_context(model, training, knobs)
-            keys = pricer.option_keys(knobs)
-            best = solve_brute(pricer.price(knobs, ctx, keys))[0]
-            if not best.ok:
-                continue
-            bound = KnobBound(pricer).whole(knobs, ctx, keys, True, packed=3)
-            assert bound <= best.objective * (1 + 1e-9), (seed, knobs.label(), bound, best.objective)
-            checked += 1
+    for seed, pricer, knobs, ctx, keys, best in _solved_tuples(
+            range(16, 40), 4, lambda k: apart_level.applies(k, []),
+            schedules=lambda seed: (None, ("zb-h1",), ("gpipe", "1f1b"))[seed % 3]):
+        bound = KnobBound(pricer).whole(knobs, ctx, keys, True, packed=3)
+        assert bound <= best * (1 + 1e-9), (seed, knobs.label(), bound, best)
+        checked += 1
     assert checked >= 50, checked
