@@ -177,7 +177,7 @@ def relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, s
     stats.relaxed_setup_s = max(stats.relaxed_setup_s, clock.now() - started)
     # capped like a warm start: a relaxation that cannot prune in a few seconds rarely does
     # later, and the time is better spent on the next tuples
-    until = min(deadline, clock.now() + WARM_TUPLE_SHARE * warm_horizon_s(settings))
+    until = share_until(deadline, WARM_TUPLE_SHARE, settings)
     sol = solver.solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
     stats.relaxed += 1
     if sol.status == "infeasible":
@@ -202,12 +202,18 @@ def relaxed(pricer, knobs, ctx, keys, lb, spec, launcher, best, bounds, stats, s
     if t < best.threshold():
         best.add(Candidate.of(full, assign, t, knobs, spec))
         polish_into(pricer, knobs, ctx, keys, full, assign, spec, launcher, best,
-                    min(deadline, clock.now() + POLISH_SHARE * warm_horizon_s(settings)))
+                    share_until(deadline, POLISH_SHARE, settings))
 
 
 def warm_horizon_s(settings) -> float:
     """The limit the warm start's shares are of (WARM_HORIZON_S at most)."""
     return min(settings.time_limit_s, WARM_HORIZON_S)
+
+
+def share_until(deadline: float, share: float, settings) -> float:
+    """When a step given ``share`` of the warm horizon from now must stop (``deadline`` at the
+    latest): the caps of the warm start's and the support plans' MILPs and polishes."""
+    return min(deadline, clock.now() + share * warm_horizon_s(settings))
 
 
 def polish_into(pricer, knobs, ctx, keys, prob, assign, spec, launcher, best, deadline) -> None:

@@ -11,9 +11,10 @@ TP 4 and 8, each with 128 replicas).  The exact MILP on those alone, sends inclu
 
 ``support_plan``: the tuple priced on the ``SUPPORT_OPTIONS`` options its LPs weighed most
 (``KnobBound.support``), laid out as runs (runs.py: stage counts near the LPs' weights) and
-then solved capped, its best plan polished on them and then over all the tuple's options.  The warm start (warm.py) runs it on each longer tuple whose LPs it has just
-run, and the heap (``too_big``) on each tuple too big for the exact MILP, before the
-relaxation.  Proves nothing: incumbents only.
+then solved capped, its best plan polished on them and then over all the tuple's options.
+The warm start (warm.py) runs it on each longer tuple whose LPs it has just run, and the
+heap (``too_big``) on each tuple too big for the exact MILP, before the relaxation.  Proves
+nothing: incumbents only.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from planner.search.incumbent import (
     polish_into,
     priced,
     relaxed,
-    warm_horizon_s,
+    share_until,
 )
 from planner.search.polish import polish
 from planner.search.runs import run_layouts
@@ -94,20 +95,19 @@ def support_plan(s: Planning, knobs, ctx, keys) -> bool:
     before = cut = s.best.threshold()
     if qb is None or qb >= cut:
         return False
-    polish_s = POLISH_SHARE * warm_horizon_s(s.settings)
     # the options as runs first (runs.py: e's 12-stage tuple, 2.057 s where the capped MILP
     # alone ended at 2.105 s), which also gives the MILP its cutoff
     found = []          # (its Candidate, its assignment): compared on their true times
-    ran = run_layouts(prob, [weights[o.label] for o in prob.options], min(s.deadline, clock.now() + polish_s))
+    ran = run_layouts(prob, [weights[o.label] for o in prob.options], share_until(s.deadline, POLISH_SHARE, s.settings))
     if ran is not None:
         found.append((Candidate.of(prob, ran[1], ran[0], knobs, s.spec), ran[1]))
         s.best.add(found[-1][0])
         cut = s.best.threshold()
-    until = min(s.deadline, clock.now() + WARM_TUPLE_SHARE * warm_horizon_s(s.settings))
+    until = share_until(s.deadline, WARM_TUPLE_SHARE, s.settings)
     sol = exact_solver(prob).solve(s.settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
     if sol.ok:
         # local search on the few options (milliseconds: c's 1.974-s MILP plan became 1.929 s)
-        t, assign = polish(prob, sol.assign, deadline=min(s.deadline, clock.now() + polish_s))
+        t, assign = polish(prob, sol.assign, deadline=share_until(s.deadline, POLISH_SHARE, s.settings))
         found.append((Candidate.of(prob, assign, t, knobs, s.spec), assign))
         s.best.add(found[-1][0])
     if not found:
@@ -116,5 +116,5 @@ def support_plan(s: Planning, knobs, ctx, keys) -> bool:
     # pricing all the options cannot be interrupted (1-2 s on c): only when it fits the time left
     if clock.now() + price_all_s < s.deadline:
         polish_into(s.pricer, knobs, ctx, keys, prob, assign, s.spec, s.launcher, s.best,
-                    min(s.deadline, clock.now() + polish_s))
+                    share_until(s.deadline, POLISH_SHARE, s.settings))
     return s.best.threshold() < before

@@ -20,7 +20,7 @@ from planner.search.incumbent import (
     exact_solver,
     polish_into,
     priced,
-    warm_horizon_s,
+    share_until,
 )
 from planner.search.knobs import Knobs
 from planner.search.support_plans import Planning, support_plan
@@ -106,8 +106,8 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
         solver = exact_solver(prob)
         if late and not isinstance(solver, enum.CoreEnum):
             break                   # a MILP is not milliseconds
-        until = None if late else min(stop_milp if knobs.num_stages > ENUM_STAGES else stop,
-                                      clock.now() + WARM_TUPLE_SHARE * warm_horizon_s(settings))
+        until = None if late else share_until(stop_milp if knobs.num_stages > ENUM_STAGES else stop,
+                                              WARM_TUPLE_SHARE, settings)
         sol = solver.solve(settings, deadline=until, cutoff=cut if math.isfinite(cut) else None)
         if sol.ok and sol.objective < best.threshold():
             say(f"warm start {knobs.label()}: {sol.objective:.4g} s")
@@ -117,7 +117,7 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
             if not late and knobs.num_stages > ENUM_STAGES:
                 # at once, so that the next MILPs have its cutoff (c: 2.565 s to 2.409 s)
                 polish_into(pricer, knobs, ctx, keys, prob, sol.assign, spec, launcher, best,
-                            min(stop_milp, clock.now() + POLISH_SHARE * warm_horizon_s(settings)))
+                            share_until(stop_milp, POLISH_SHARE, settings))
                 polished.add(knobs)
             # the polished plan where it leads, else the one found (its time exact either way)
             add_twins(pricer, twins, best_of(best, knobs) or cand, spec, launcher, best)
@@ -126,7 +126,7 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
     if top is not None and top.knobs in found and top.knobs not in polished:
         ctx, keys, prob, assign = found[top.knobs]
         polish_into(pricer, top.knobs, ctx, keys, prob, assign, spec, launcher, best,
-                    min(deadline, clock.now() + POLISH_SHARE * warm_horizon_s(settings)))
+                    share_until(deadline, POLISH_SHARE, settings))
 
 
 def _cannot_beat(knob_bound, knobs, ctx, keys, threshold: float) -> bool:
