@@ -124,6 +124,48 @@ def test_packed_bottleneck_lifts_and_still_holds(monkeypatch):
     assert checked >= 100 and lifted >= checked // 10 and filled >= checked // 20
 
 
+def test_knapsack_level_with_positions_holds_and_lifts_some(monkeypatch):
+    """The knapsack level (``packed=1``) also tests each position's own memory limit
+    (``Packing.positions_hold``): still at most the brute-force optimum, and above the level
+    without that test on some tuples (the first stages of 1F1B and zb-h1 hold more
+    micro-batches in flight)."""
+    import random
+
+    from test_oracle import case_pricer, make_case
+
+    from planner.search import packing
+    from planner.search.bound import KnobBound
+    from planner.search.core.brute import solve_brute
+    from planner.search.knobs import enumerate_knobs, make_context
+
+    checked = lifted = 0
+    for seed in range(16, 48):
+        cluster, model, training = make_case(seed)
+        training = training.model_copy(update={"schedules": ("1f1b", "zb-h1", "interleaved-1f1b")})
+        classes, pricer = case_pricer(cluster, model, training)
+        tuples = [k for k in enumerate_knobs(model, training, classes) if k.num_stages > 1]
+        for knobs in random.Random(seed).sample(tuples, min(8, len(tuples))):
+            ctx = make_context(model, training, knobs)
+            keys = pricer.option_keys(knobs)
+            best = solve_brute(pricer.price(knobs, ctx, keys))[0]
+            if not best.ok:
+                continue
+            # over all classes (``whole``: no early exits, so the two compare), then per set
+            # of classes (the search's call)
+            with_positions = KnobBound(pricer).whole(knobs, ctx, keys, True, packed=1)
+            per_set = KnobBound(pricer)(knobs, ctx, keys, packed=1)
+            monkeypatch.setattr(packing.Packing, "positions_hold", lambda self, M: True)
+            without = KnobBound(pricer).whole(knobs, ctx, keys, True, packed=1)
+            monkeypatch.undo()
+            assert without * (1 - 1e-12) <= with_positions <= best.objective * (1 + 1e-9), \
+                (seed, knobs.label(), without, with_positions, best.objective)
+            assert per_set <= best.objective * (1 + 1e-9), (seed, knobs.label(), per_set, best.objective)
+            checked += 1
+            lifted += with_positions > without * (1 + 1e-6)
+    print(f"{checked} tuples, {lifted} lifted by the positions' own limits")
+    assert checked >= 100 and lifted >= 5, (checked, lifted)
+
+
 def test_exposed_sync_lines_match_the_cost_model():
     """The bound's lines of the gradient sync, through ``exposed_sync_parts``, give
     ``comm.dp_exposed_s`` at every block count and position (ZeRO 0 to 3): the hinge form is

@@ -10,8 +10,10 @@ sends, the last the head; each position has its own memory limit (micro-batches 
 
 1. **Bottleneck.** With ``max_s g(s) <= M`` option o holds at most the largest nb with
    ``G[o, nb] <= M`` at a position.  p stages must hold all L blocks: a knapsack over exactly
-   p whole options within the classes' capacities (pieces.most_speed), and the LP relaxation
-   of one option per position (position_lp.PositionLP.most_blocks); for a set of two or more
+   p whole options within the classes' capacities (pieces.most_speed), the positions each on
+   its own (the most any option holds at each position's memory limit, summed; these two are
+   the knapsack level), and the LP relaxation of one option per position
+   (position_lp.PositionLP.most_blocks); for a set of two or more
    classes, in the LP each stage's sends depend on whether its neighbours are of its class
    (position_lp.Cross).  The least such M, by bisection.
 2. **With the fill.** The same blocks also pay the summed rows (1F1B's ``sum_s (F + B)``,
@@ -77,7 +79,7 @@ class PackedBound:
             return sums
         lp = lp and clock.now() <= self.deadline
         t = self.stage_tables(knobs, ctx, keys, pieces, L)
-        U_pos = self.position_limits(knobs, pieces[1], L) if p > 1 and lp else None
+        U_pos = self.position_limits(knobs, pieces[1], L) if p > 1 else None
         bound = self.bound_on(knobs, t, pieces, L, U_pos, num_classes, enough, sums, lp=lp, keep=True)
         if apart and lp and p > 1 and bound < enough:
             bound = max(bound, bound_apart(self, knobs, ctx, keys, pieces, L, U_pos, enough, sums, bound,
@@ -97,7 +99,7 @@ class PackedBound:
         cross = (Cross(num_classes, SCHEDULES[knobs.schedule].wraps)
                   if num_classes >= 2 and p > 1 and lp and t.sends is not None else None)
         packing = Packing(self._lp, knobs, pieces[1], [c.capacity_units for c in self.classes], L,
-                           tables, U_pos, t, cross, over, self.deadline)
+                           tables, U_pos, t, cross, over, self.deadline, use_lp=lp)
         need = enough - sums
         M = packing.bottleneck(need)
         if not math.isfinite(M):

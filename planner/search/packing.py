@@ -114,12 +114,15 @@ class Sends:
 
 
 class Packing:
-    """One tuple's tables with its memory limits applied: the tests of a bottleneck M."""
+    """One tuple's tables with its memory limits applied: the tests of a bottleneck M.
+    ``U_pos`` [K, p]: the blocks each option holds at each position (None for p = 1);
+    ``use_lp``: also the LP over positions (the LP level), else the knapsack level's tests."""
 
     def __init__(self, lp: PositionLP, knobs: Knobs, arrays, caps: list[int], L: int, tables: list,
                  U_pos: np.ndarray | None, t: Tables, cross: Cross | None = None, over=None,
-                 deadline: float = math.inf):
+                 deadline: float = math.inf, use_lp: bool = True):
         self.lp, self.p, self.L, self.caps = lp, knobs.num_stages, L, caps
+        self.use_lp = use_lp
         self.units, self.cls = arrays.units, arrays.cls
         self.extra = arrays.extra if arrays.extra.any() else None
         self.G, self.first, self.mid, self.last = tables
@@ -156,6 +159,15 @@ class Packing:
         most = np.moveaxis(most, 0, -1)
         return np.minimum(most, self.U_pos)
 
+    def positions_hold(self, M: float) -> bool:
+        """Whether the p positions, each on its own, can hold the L blocks under M: the most
+        any option holds at each position, summed (no capacities; microseconds, where the LP
+        takes milliseconds).  A 1F1B pipeline's first stages hold the most micro-batches in
+        flight: with large micro-batches they hold few blocks of any option, which the
+        positionless knapsack cannot see."""
+        most = self._most_at_positions(M)
+        return float(most.reshape(-1, self.p).max(axis=0).sum()) >= self.L
+
     def holds(self, M: float) -> bool:
         """Whether p stages whose g is at most M can hold the L blocks (necessary conditions)."""
         p, L = self.p, self.L
@@ -175,6 +187,10 @@ class Packing:
             if float(most_speed(mid, u, c, self.caps, p, exact=True)[p - 1]) + gain < L:
                 return False
         if self.U_pos is None:
+            return True
+        if not self.positions_hold(M):
+            return False
+        if not self.use_lp:
             return True
         model = self._model()
         return model is not None and model.reaches(self._most_at_positions(M), L)
