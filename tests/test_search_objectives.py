@@ -76,10 +76,24 @@ def test_top_k_plans_are_distinct_and_ordered():
     {"budget_usd_per_hour": 1.0, "min_tokens_per_s": 1.0},
     {"budget_usd_per_hour": math.nan}, {"budget_usd_per_hour": math.inf},
     {"objective": "cost", "min_tokens_per_s": math.nan}, {"objective": "cost", "min_tokens_per_s": math.inf},
+    # a named objective is never swapped for the other constrained one
+    {"objective": "cost-above-floor", "budget_usd_per_hour": 100.0},
+    {"objective": "throughput-under-budget", "min_tokens_per_s": 1e5},
 ])
 def test_contradictory_objectives_are_input_errors(args):
     with pytest.raises(InputError):
         parse_objective(**args)
+
+
+@pytest.mark.parametrize("args, kind", [
+    ({"budget_usd_per_hour": 10.0}, "throughput-under-budget"),
+    ({"objective": "throughput", "budget_usd_per_hour": 10.0}, "throughput-under-budget"),
+    ({"objective": "throughput-under-budget", "budget_usd_per_hour": 10.0}, "throughput-under-budget"),
+    ({"objective": "cost", "min_tokens_per_s": 5.0}, "cost-above-floor"),
+    ({"objective": "cost-above-floor", "min_tokens_per_s": 5.0}, "cost-above-floor"),
+])
+def test_a_budget_or_floor_refines_the_objective_it_goes_with(args, kind):
+    assert parse_objective(**args).kind == kind
 
 
 def test_bad_time_limit_and_top_are_input_errors():

@@ -59,13 +59,16 @@ def parse_objective(objective: str | ObjectiveSpec = "throughput", budget_usd_pe
         if kind == "cost":
             raise InputError("a USD/hour budget goes with the throughput objective, not 'cost' "
                              "(cost already minimises USD per token)")
+        if kind == "cost-above-floor":
+            raise InputError("a USD/hour budget goes with the throughput objective, not 'cost-above-floor' "
+                             "(which takes a tokens/s floor: --min-tokens-per-s)")
         kind = "throughput-under-budget"
     if min_tokens_per_s is not None:
         if not math.isfinite(min_tokens_per_s) or min_tokens_per_s <= 0:
             raise InputError(f"the tokens/s floor must be a positive, finite number, got {min_tokens_per_s}")
-        if kind == "throughput":
-            raise InputError("a tokens/s floor goes with the cost objective (minimise USD/hour above "
-                             "the floor); use --objective cost")
+        if kind in ("throughput", "throughput-under-budget"):
+            raise InputError(f"a tokens/s floor goes with the cost objective (minimise USD/hour above "
+                             f"the floor), not {kind!r}; use --objective cost")
         kind = "cost-above-floor"
     if kind == "throughput-under-budget" and budget_usd_per_hour is None:
         raise InputError("objective throughput-under-budget needs a USD/hour budget")
