@@ -291,3 +291,101 @@ def test_a_price_beyond_any_real_one_is_refused_naming_its_field(tmp_path, where
     with pytest.raises(InputError) as err:
         load_cluster(path)
     assert where in str(err.value) and "10000000" in str(err.value)
+
+
+@pytest.mark.parametrize("char", ["\x00", "\x07", "\x1b", "\x7f", "\x9b"])
+def test_a_control_character_is_bad_input_at_its_line_and_column(tmp_path, capsys, char):
+    """PyYAML refuses these before parsing, with a ReaderError that carries a character
+    offset only: it came out as an internal error (exit 3) instead of a located one."""
+    path = write(tmp_path, GOOD.replace("gpus_per_node: 4", f"gpus_per_node: 4{char}"))
+    with pytest.raises(InputError) as info:
+        load_cluster(path)
+    code = f"U+{ord(char):04X}"
+    column = GOOD.splitlines()[6].index("gpus_per_node: 4") + len("gpus_per_node: 4") + 1
+    assert str(info.value).startswith(f"{path}:7:{column}: control character {code} is not allowed in YAML")
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert code in err and "internal error" not in err
+
+
+def test_a_control_character_in_a_model_file_is_bad_input(tmp_path, capsys):
+    path = tmp_path / "m.yaml"
+    path.write_text("num_layers: 4\nhidden_size: 6\x074\nnum_attention_heads: 4\nvocab_size: 100\n")
+    with pytest.raises(InputError, match=r"m\.yaml:2:15: control character U\+0007 is not allowed"):
+        load_model(path)
+    code = main(["plan", "cluster_specs/tiny-2gpu.yaml", "--model", str(path), "--global-batch-size", "8",
+                 "--seq-len", "1024", "--time-limit", "5"])
+    assert code == 2
+    assert "U+0007" in capsys.readouterr().err
+
+
+def test_a_control_character_after_crlf_lines_counts_columns_from_the_line_start(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_bytes(b"num_layers: 4\r\nhidden_size: 64\r\nname: a\x00b\r\n")
+    with pytest.raises(InputError, match=r"m\.yaml:3:8: control character U\+0000 is not allowed in YAML "
+                                         r"\(is this a binary file\?\)"):
+        load_model(path)
+
+
+MERGED = """\
+name: merged
+nodes:
+  - &dgx
+    name: rack1
+    count: 2
+    gpu: A100-SXM4-80GB
+    gpus_per_node: 8
+    network_bandwidth: 800 Gbit/s
+  - <<: *dgx
+    name: rack2
+"""
+
+
+def test_merge_keys_fill_in_the_fields_a_mapping_lacks(tmp_path):
+    cluster = load_cluster(write(tmp_path, MERGED))
+    assert [n.name for n in cluster.node_list] == ["rack1-0", "rack1-1", "rack2-0", "rack2-1"]
+    assert cluster.node_by_name["rack2-1"].gpu.name == "A100-SXM4-80GB"
+    # the flow style of a robustness sweep's file: the anchored mapping is itself a node group
+    flow = ("name: merge-keys2\nnodes:\n  - &dgx {name: rack1, count: 2, gpu: A100-SXM4-80GB, "
+            "gpus_per_node: 8, network_bandwidth: 800 Gbit/s}\n  - <<: *dgx\n    name: rack2\n")
+    assert load_cluster(write(tmp_path, flow)).num_gpus == 32
+
+
+def test_an_explicit_key_overrides_the_merged_one_wherever_it_stands(tmp_path):
+    # explicit keys win over merged ones whether written before or after the <<
+    text = MERGED.replace("  - <<: *dgx\n    name: rack2\n",
+                          "  - count: 1\n    <<: *dgx\n    name: rack2\n    gpus_per_node: 4\n")
+    cluster = load_cluster(write(tmp_path, text))
+    assert [n.name for n in cluster.node_list] == ["rack1-0", "rack1-1", "rack2-0"]
+    assert cluster.node_by_name["rack2-0"].group.gpus_per_node == 4
+    assert cluster.num_gpus == 2 * 8 + 4
+
+
+def test_a_list_of_merged_mappings_gives_the_first_listed_precedence(tmp_path):
+    text = MERGED.replace("  - <<: *dgx\n", "  - <<: [{count: 3, gpus_per_node: 4}, *dgx]\n")
+    group = load_cluster(write(tmp_path, text)).node_by_name["rack2-2"].group
+    assert (group.count, group.gpus_per_node, group.gpu.name) == (3, 4, "A100-SXM4-80GB")
+
+
+def test_a_merged_field_is_located_at_the_line_that_wrote_it(tmp_path):
+    # count: 0 is wrong in the anchor and so in every mapping that merges it; an explicit
+    # field of the merging mapping keeps its own line
+    text = MERGED.replace("count: 2", "count: 0") + "    gpu: B300\n"
+    with pytest.raises(InputError) as info:
+        load_cluster(write(tmp_path, text))
+    where = {(e.location.field, e.location.line) for e in info.value.errors}
+    assert where == {("nodes[0].count", 5), ("nodes[1].count", 5), ("nodes[1].gpu", 11)}
+
+
+@pytest.mark.parametrize("merge, where, needle", [
+    ("<<: 5", "7:19", "a merge key (<<) takes a mapping"),
+    ("<<: [*a, 5]", "7:24", "a merge key (<<) takes a mapping"),
+    ("<<: *a, <<: *a", "7:23", "duplicate key '<<'"),
+])
+def test_a_bad_merge_key_is_one_located_error(tmp_path, merge, where, needle):
+    path = write(tmp_path, GOOD.replace("name: t\n", "name: t\nx: &a {count: 1}\n").replace(
+        "count: 2, zone: a", merge + ", zone: a"))
+    with pytest.raises(InputError) as info:
+        load_cluster(path)
+    message = str(info.value)
+    assert f"{path}:{where}" in message and needle in message and len(message.splitlines()) == 1

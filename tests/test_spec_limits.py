@@ -26,6 +26,10 @@ links:
 ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{b}: &{b} [{', '.join([f'*{a}'] * 10)}]\n" for a, b in zip("abcdefgh", "bcdefghi"))
 
+# The same through merge keys: each level merges the one before ten times.
+MERGE_BOMB = "a: &a {x: 1}\n" + "".join(
+    f"{b}: &{b} {{<<: [{', '.join([f'*{a}'] * 10)}]}}\n" for a, b in zip("abcdefgh", "bcdefghi"))
+
 
 def _refused_quickly(path: Path, capsys) -> str:
     """validate's stderr, after checking it exits 2 within a second without a traceback."""
@@ -75,6 +79,14 @@ def test_a_yaml_alias_bomb_is_refused_within_a_second(tmp_path, capsys):
     # the same bomb inside a training file, a model file: one loader, one bound
     with pytest.raises(InputError, match="MAX_ALIAS_VALUES"):
         load_training(path)
+
+
+def test_a_merge_key_bomb_is_refused_within_a_second(tmp_path, capsys):
+    assert len(MERGE_BOMB) < 500
+    path = tmp_path / "bomb.yaml"
+    path.write_text(MERGE_BOMB)
+    err = _refused_quickly(path, capsys)
+    assert "MAX_ALIAS_VALUES" in err and f"{path}:" in err
 
 
 def test_a_few_aliases_are_still_fine(tmp_path):

@@ -3,12 +3,14 @@
 PyYAML's composer keeps a mark (line, column) on every node; we build plain Python data from
 the node tree and keep a map from field path to mark, so that any later check (pydantic's or
 our own cross-field ones) can name ``file:line:column`` and the field path.  Duplicate keys,
-which PyYAML silently overwrites, are caught here.
+which PyYAML silently overwrites, are caught here.  Merge keys (``<<: *defaults``) are resolved
+here too, so that a merged-in field keeps the line that wrote it.
 """
 
 from __future__ import annotations
 
 import math
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +89,9 @@ class _BoundedLoader(yaml.SafeLoader):
             self.depth -= 1
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _Builder:
     def __init__(self, file: str, loader: yaml.SafeLoader):
         self.file = file
@@ -116,26 +121,7 @@ class _Builder:
         self._check_bounds(node, path, repeated)
         self.marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
         if isinstance(node, yaml.MappingNode):
-            out: dict[str, Any] = {}
-            key_marks: dict[str, tuple[int, int]] = {}
-            for key_node, value_node in node.value:
-                key = self.loader.construct_object(key_node, deep=True)
-                where = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-                if not isinstance(key, (str, int)) or isinstance(key, bool):
-                    self.errors.append(InputError(
-                        f"keys must be strings, got {key!r}",
-                        Location(self.file, *where, format_field_path(path) or None)))
-                    continue
-                key = str(key)
-                if key in out:
-                    first = key_marks[key]
-                    self.errors.append(InputError(
-                        f"duplicate key {key!r} (first given at line {first[0]})",
-                        Location(self.file, *where, format_field_path(path + (key,)))))
-                    continue
-                key_marks[key] = where
-                out[key] = self.build(value_node, path + (key,), repeated)
-            return out
+            return self._build_mapping(node, path, repeated)
         if isinstance(node, yaml.SequenceNode):
             return [self.build(item, path + (i,), repeated) for i, item in enumerate(node.value)]
         value = self.loader.construct_object(node, deep=True)
@@ -144,6 +130,65 @@ class _Builder:
                 f"{node.value!r} is not a finite number",
                 Location(self.file, *self.marks[path], format_field_path(path) or None)))
         return value
+
+    def _build_mapping(self, node: yaml.MappingNode, path: PathKey, repeated: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        key_marks: dict[str, tuple[int, int]] = {}
+        merges: list[yaml.Node] = []
+        for key_node, value_node in node.value:
+            where = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+            # SafeConstructor knows ``<<`` only through flatten_mapping, which we bypass to keep
+            # each field's mark; constructing it as a key fails with "no constructor for merge"
+            is_merge = key_node.tag == _MERGE_TAG
+            key = "<<" if is_merge else self.loader.construct_object(key_node, deep=True)
+            if not isinstance(key, (str, int)) or isinstance(key, bool):
+                self.errors.append(InputError(
+                    f"keys must be strings, got {key!r}",
+                    Location(self.file, *where, format_field_path(path) or None)))
+                continue
+            key = str(key)
+            if key in key_marks:
+                first = key_marks[key]
+                self.errors.append(InputError(
+                    f"duplicate key {key!r} (first given at line {first[0]})",
+                    Location(self.file, *where, format_field_path(path + (key,)))))
+                continue
+            key_marks[key] = where
+            if is_merge:
+                merges.extend(self._merge_sources(value_node, path))
+            else:
+                out[key] = self.build(value_node, path + (key,), repeated)
+        for source in merges:
+            self._merge(out, source, path, repeated)
+        return out
+
+    def _merge_sources(self, node: yaml.Node, path: PathKey) -> list[yaml.MappingNode]:
+        """The mappings a ``<<`` key merges, first-listed first (it wins, per the YAML spec)."""
+        sources = node.value if isinstance(node, yaml.SequenceNode) else [node]
+        wrong = next((source for source in sources if not isinstance(source, yaml.MappingNode)), None)
+        if wrong is None:
+            return sources
+        self.errors.append(InputError(
+            "a merge key (<<) takes a mapping, e.g. '<<: *defaults', or a list of them",
+            self._where(wrong, path + ("<<",))))
+        return []
+
+    def _merge(self, out: dict[str, Any], source: yaml.MappingNode, path: PathKey,
+               repeated: bool) -> None:
+        """Add the keys of ``source`` that ``out`` lacks; each keeps the mark of the line that
+        wrote it (in the anchored mapping), not that of the ``<<``."""
+        outer_marks, self.marks = self.marks, {}
+        try:
+            merged = self.build(source, path, repeated)
+        finally:
+            source_marks, self.marks = self.marks, outer_marks
+        taken = {key for key in merged if key not in out}
+        for key in taken:
+            out[key] = merged[key]
+        depth = len(path)
+        for at, mark in source_marks.items():
+            if len(at) > depth and at[depth] in taken:
+                self.marks[at] = mark
 
 
 def read_text(path: str | Path, what: str = "file") -> str:
@@ -160,12 +205,34 @@ def read_text(path: str | Path, what: str = "file") -> str:
         raise InputError(f"cannot read {what} {path}: {exc}") from None
 
 
+def _loader(text: str, file: str) -> _BoundedLoader:
+    """PyYAML checks the whole text for characters YAML forbids as it builds the loader, and
+    says where by character offset only: translate that to line and column."""
+    try:
+        return _BoundedLoader(text, file)
+    except yaml.reader.ReaderError as exc:
+        raise InputError(_forbidden_character(exc.character),
+                         _text_location(file, text, exc.position)) from None
+
+
+def _forbidden_character(code: int) -> str:
+    kind = "control character" if unicodedata.category(chr(code)) == "Cc" else "character"
+    hint = " (is this a binary file?)" if code == 0 else ""
+    return (f"{kind} U+{code:04X} is not allowed in YAML{hint}; delete it, or inside a "
+            f"double-quoted string write it as the escape \\u{code:04X}")
+
+
+def _text_location(file: str, text: str, position: int) -> Location:
+    line_start = text.rfind("\n", 0, position) + 1
+    return Location(file, text.count("\n", 0, position) + 1, position - line_start + 1)
+
+
 def load_yaml(path: str | Path, text: str | None = None) -> Document:
     """Read a YAML file into a ``Document``; syntax errors become ``InputError``."""
     file = str(path)
     if text is None:
         text = read_text(path)
-    loader = _BoundedLoader(text, file)
+    loader = _loader(text, file)
     try:
         node = loader.get_single_node()
         if node is None:
