@@ -3,6 +3,7 @@ files or none."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -13,6 +14,9 @@ from test_launch_formats import make_plan, rep
 from planner.cli.main import main
 from planner.errors import InputError
 from planner.launch import render, write
+from planner.launch.output import NODE_SCRIPT_MARK
+
+ONE_NODE = [[rep(["a:0", "a:1"]), rep(["a:2", "a:3"])], [rep(["a:4", "a:5"]), rep(["a:6", "a:7"])]]
 
 UNEVEN = [[rep(["a:0", "a:1"]), rep(["a:2", "a:3"])],
           [rep(["b:0", "b:1"], 1), rep(["b:2", "b:3"], 2), rep(["b:4", "b:5"], 1)]]
@@ -38,7 +42,8 @@ def test_writes_every_file_and_the_same_bytes_twice(plan_file, tmp_path, capsys)
     assert main(["launch", str(plan_file), "--format", "megatron", "-o", str(out),
                  "--master-addr", "10.0.0.1", "--master-port", "6000"]) == 0
     assert {n: (out / n).read_bytes() for n in names} == first
-    assert "wrote 4 files" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "wrote 4 files" in err and "removed" not in err
 
 
 def test_prints_files_without_output_folder(plan_file, capsys):
@@ -117,3 +122,147 @@ def test_a_broken_plan_file_is_refused_naming_the_file(plan_file, tmp_path, caps
     assert main(["launch", str(edited), "--format", fmt, "--master-addr", "10.0.0.1"]) == 2
     err = capsys.readouterr().err
     assert f"{edited}: num_micro_batches: " in err and "<plan>" not in err
+
+
+# -- an earlier launch in the folder ------------------------------------------------------------
+# Found by a robustness sweep: a launch of a 1-node plan into a folder holding a 12-node launch
+# said it wrote 2 files and left the other 11 node scripts, so `node*.sh` started a mixture.
+
+def _launch(plan_file, out, fmt="torchrun", *extra):
+    return main(["launch", str(plan_file), "--format", fmt, "--master-addr", "h", "-o", str(out), *extra])
+
+
+@pytest.fixture()
+def one_node_file(tmp_path):
+    path = tmp_path / "one-node.json"
+    path.write_text(make_plan(ONE_NODE).dumps())
+    return path
+
+
+def test_an_earlier_launchs_files_are_removed_and_named(plan_file, one_node_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert _launch(plan_file, out, "megatron") == 0
+    # a person's files beside the launch, one of them named like a node script
+    (out / "notes.txt").write_text("mine\n")
+    (out / "node7-mine.sh").write_text("#!/bin/sh\n")
+    capsys.readouterr()
+    assert _launch(one_node_file, out) == 0
+    err = capsys.readouterr().err
+    assert "wrote 2 files" in err
+    assert "removed 2 files of an earlier launch: megatron_args.json, node1-b.sh" in err
+    assert sorted(p.name for p in out.iterdir()) == ["node0-a.sh", "node7-mine.sh", "notes.txt", "rank_map.json"]
+    assert (out / "rank_map.json").read_text() == render(make_plan(ONE_NODE), "torchrun", master_addr="h")["rank_map.json"]
+    # --json: the same, as paths
+    assert _launch(plan_file, out, "deepspeed", "--json") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["removed"] == [] and data["kept"] == []
+    assert _launch(one_node_file, out, "torchrun", "--json") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert sorted(os.path.basename(p) for p in data["removed"]) == [
+        "deepspeed_pipeline.json", "ds_config.json", "node1-b.sh", "pipeline_module.py"]
+
+
+def test_files_changed_since_the_launch_are_kept_with_a_warning(plan_file, one_node_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert _launch(plan_file, out, "deepspeed") == 0
+    (out / "ds_config.json").write_text('{"optimizer": "completed by hand"}\n')
+    capsys.readouterr()
+    assert _launch(one_node_file, out) == 0
+    err = capsys.readouterr().err
+    assert "warning: kept 1 files of an earlier launch" in err and "ds_config.json" in err
+    assert "removed 3 files of an earlier launch: deepspeed_pipeline.json, node1-b.sh, pipeline_module.py" in err
+    assert (out / "ds_config.json").read_text() == '{"optimizer": "completed by hand"}\n'
+    # the new rank map lists only its own files: the kept one is the person's from now on
+    assert _launch(one_node_file, out) == 0
+    assert "ds_config.json" not in capsys.readouterr().err
+
+
+def test_a_rank_map_without_a_file_list_names_its_node_scripts(plan_file, one_node_file, tmp_path, capsys):
+    """A launch written before rank maps listed their files (the sweep's folder)."""
+    out = tmp_path / "out"
+    assert _launch(plan_file, out, "megatron") == 0
+    old = json.loads((out / "rank_map.json").read_text())
+    del old["files"]
+    (out / "rank_map.json").write_text(json.dumps(old))
+    (out / "node0-a.sh").write_text("#!/bin/sh\n")      # overwritten either way
+    assert NODE_SCRIPT_MARK.decode() in (out / "node1-b.sh").read_text()
+    capsys.readouterr()
+    assert _launch(one_node_file, out) == 0
+    err = capsys.readouterr().err
+    assert "removed 1 files of an earlier launch: node1-b.sh" in err
+    # the old map did not say megatron_args.json was the planner's: left alone
+    assert sorted(p.name for p in out.iterdir()) == ["megatron_args.json", "node0-a.sh", "rank_map.json"]
+    # a script the old map names but that someone rewrote is kept
+    assert _launch(plan_file, out) == 0
+    (out / "rank_map.json").write_text(json.dumps(old))
+    (out / "node1-b.sh").write_text("#!/bin/sh\necho mine\n")
+    capsys.readouterr()
+    assert _launch(one_node_file, out) == 0
+    assert "warning: kept 1 files of an earlier launch" in capsys.readouterr().err
+    assert (out / "node1-b.sh").read_text() == "#!/bin/sh\necho mine\n"
+
+
+def test_a_rank_map_never_reaches_outside_the_folder_or_through_links(one_node_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim.sh"
+    victim.write_text("precious\n")
+    (out / "node5-link.sh").symlink_to(victim)
+    sha = hashlib.sha256(b"precious\n").hexdigest()
+    names = ["../victim.sh", str(victim), ".hidden", "node5-link.sh", "rank_map.json"]
+    (out / ".hidden").write_text("precious\n")
+    (out / "rank_map.json").write_text(json.dumps({"schema": "planner.rank_map/v1",
+                                                   "files": dict.fromkeys(names, sha)}))
+    assert _launch(one_node_file, out) == 0
+    err = capsys.readouterr().err
+    assert "removed" not in err and "kept" not in err
+    assert victim.read_text() == "precious\n" and (out / ".hidden").exists() and (out / "node5-link.sh").is_symlink()
+    # a rank_map.json that is not the planner's (another schema, not JSON) names nothing
+    for text in (json.dumps({"files": {"notes.txt": sha}}), "not json", "[1, 2]",
+                 '{"schema": "planner.rank_map/v1", "nodes": 3}'):
+        (out / "notes.txt").write_text("precious\n")
+        (out / "rank_map.json").write_text(text)
+        assert _launch(one_node_file, out) == 0
+        assert (out / "notes.txt").exists()
+
+
+def test_a_failed_write_keeps_the_earlier_launch_whole(plan_file, one_node_file, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    assert _launch(plan_file, out, "megatron") == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    files = render(make_plan(ONE_NODE), "torchrun", master_addr="h")
+    real_rename, real_fsync = os.rename, os.fsync
+
+    def failing_fsync(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)    # while staging: nothing set aside yet
+    with pytest.raises(InputError, match="No space left on device"):
+        write(files, out, replace_launch=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    calls = {"n": 0}
+
+    def failing_rename(src, dst):       # the second stale file cannot be moved (a sticky folder)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise PermissionError(1, "Operation not permitted", str(src))
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", failing_rename)
+    with pytest.raises(InputError, match="node1-b.sh, a file of an earlier launch: Operation not permitted"):
+        write(files, out, replace_launch=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before   # no temporaries, nothing hidden
+    monkeypatch.setattr(os, "rename", real_rename)
+    written = write(files, out, replace_launch=True)
+    assert [p.name for p in written.removed] == ["megatron_args.json", "node1-b.sh"]
+    assert sorted(p.name for p in out.iterdir()) == ["node0-a.sh", "rank_map.json"]
+
+
+def test_without_replace_launch_write_removes_nothing(plan_file, one_node_file, tmp_path):
+    """write() is also every command's atomic file write (plan -o, profile): it only replaces
+    the files it is given unless told the files are a launch."""
+    out = tmp_path / "out"
+    assert _launch(plan_file, out, "megatron") == 0
+    written = write(render(make_plan(ONE_NODE), "torchrun", master_addr="h"), out)
+    assert written.removed == [] and (out / "node1-b.sh").exists() and (out / "megatron_args.json").exists()

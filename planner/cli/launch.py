@@ -14,7 +14,9 @@ from planner.cli.common import console, echo_json
               type=click.Choice(["torchrun", "megatron", "deepspeed", "pipelining", "torchtitan"]),
               help="Which launcher's inputs to write.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False),
-              help="Folder to write the files to (all or none); without it they are printed.")
+              help="Folder to write the files to (all or none); an earlier launch's files there "
+                   "that this one does not overwrite are removed with it, unless changed since the "
+                   "planner wrote them. Without -o the files are printed.")
 @click.option("--master-addr", help="Host name or IP of node rank 0, reachable from every node.")
 @click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True)
 @click.option("--script", help="Training script the launcher runs "
@@ -36,12 +38,9 @@ def launch(plan_file: str, fmt: str, out_dir: str | None, master_addr: str | Non
     files = api.launch(plan, fmt, master_addr=master_addr, master_port=master_port,
                        script=script, cluster=cluster, schedule_csv=schedule_csv, file=plan_file)
     if out_dir:
-        written = api.write_files(files, out_dir)
-        if as_json:
-            echo_json({"written": [str(p) for p in written]})
-        else:
-            out = console(quiet=True)
-            out.print(f"wrote {len(written)} files to {out_dir}: {', '.join(p.name for p in written)}")
+        # node scripts of an earlier launch left beside these would start with `node*.sh`
+        written = api.write_files(files, out_dir, replace_launch=True)
+        _report_written(written, out_dir, as_json)
         return
     if as_json:
         echo_json(files)
@@ -49,3 +48,23 @@ def launch(plan_file: str, fmt: str, out_dir: str | None, master_addr: str | Non
     for name in sorted(files):
         click.echo(f"==> {name} <==")
         click.echo(files[name], nl=False)
+
+
+def _report_written(written, out_dir: str, as_json: bool) -> None:
+    if written.kept:
+        # click.echo, not rich: a warning stays one line whatever the terminal width.
+        click.echo(f"warning: kept {len(written.kept)} files of an earlier launch in {out_dir} that were "
+                   f"changed since the planner wrote them: {_names(written.kept)}; delete them if they "
+                   "are stale (a node script among them would still start with node*.sh)", err=True)
+    if as_json:
+        echo_json({"written": [str(p) for p in written], "removed": [str(p) for p in written.removed],
+                   "kept": [str(p) for p in written.kept]})
+        return
+    out = console(quiet=True)
+    out.print(f"wrote {len(written)} files to {out_dir}: {_names(written)}")
+    if written.removed:
+        out.print(f"removed {len(written.removed)} files of an earlier launch: {_names(written.removed)}")
+
+
+def _names(paths) -> str:
+    return ", ".join(p.name for p in paths)

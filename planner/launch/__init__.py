@@ -4,7 +4,10 @@ torchtitan job-config fragment.
 
     from planner.launch import render, write
     files = render(plan, "megatron", master_addr="10.0.0.1")   # {file name: text}
-    write(files, "launch/")                                     # all files or none
+    write(files, "launch/", replace_launch=True)                # all files or none
+
+``replace_launch`` also removes an earlier launch's files in the folder that this one does not
+overwrite, as long as they are what the planner wrote (planner.launch.output).
 
 A format that cannot express a plan refuses it with an ``InputError`` naming the stage and the
 feature; a launch never changes the plan.
@@ -17,7 +20,7 @@ from collections.abc import Callable
 from planner.errors import InputError
 from planner.launch import deepspeed, megatron, pipelining, torchrun, torchtitan
 from planner.launch.common import DEFAULT_MASTER_PORT, LaunchOptions
-from planner.launch.output import write
+from planner.launch.output import record_files, write
 from planner.plan import Plan
 
 # format name -> writer(plan, options, cluster) -> {file name: text}
@@ -44,7 +47,8 @@ def render(plan: Plan, fmt: str, master_addr: str | None = None,
     ``schedule_csv`` runs the schedule from its per-rank action CSV even where torch has a class
     (formats that run torch's pipelining: pipelining, torchtitan).  ``file``: the plan's file,
     so that a plan edited into a broken layout is refused naming it (the writers' own layout
-    check names ``<plan>``: a hand-edited plan's errors did not say which file was wrong)."""
+    check names ``<plan>``: a hand-edited plan's errors did not say which file was wrong).
+    The rank map lists the other files with their SHA-256 (``output.record_files``)."""
     writer = FORMATS.get(fmt)
     if writer is None:
         raise InputError(f"launch: unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -61,7 +65,7 @@ def render(plan: Plan, fmt: str, master_addr: str | None = None,
         _check_devices_exist(plan, gpus)
     opts = LaunchOptions(master_addr=master_addr, master_port=master_port, script=script,
                          gpus_per_node=gpus, schedule_csv=schedule_csv)
-    return writer(plan, opts, cluster=cluster)
+    return record_files(writer(plan, opts, cluster=cluster))
 
 
 def _check_devices_exist(plan: Plan, gpus_per_node: dict[str, int]) -> None:
