@@ -1,7 +1,10 @@
-"""What changed between two plans (``planner diff A.json B.json``): the global settings
-(degrees, schedule, micro-batches, recompute, ZeRO), each stage (blocks, GPUs, TP, replicas,
-shares, devices), which devices joined, left or changed stage, and the predictions.  Stages
-are matched by index; a stage only one plan has is listed with the other side empty."""
+"""What changed between two plans (``planner diff A.json B.json``): first the inputs each plan
+was made for (model, training settings, cluster), then the global settings (degrees, schedule,
+micro-batches, recompute, ZeRO), each stage (blocks, GPUs, TP, replicas, shares, devices),
+which devices joined, left or changed stage, and the predictions.  Stages are matched by index;
+a stage only one plan has is listed with the other side empty.  Plans for different jobs
+(another model, sequence length, global batch or precision) still get their predictions'
+ratios, with a warning that those compare different jobs, not two layouts of one."""
 
 from __future__ import annotations
 
@@ -12,11 +15,15 @@ from planner.spec.training import KERNEL_CHOICES
 
 SETTINGS = ("micro_batch_size", "num_micro_batches", "schedule", "virtual_stages", "recompute",
             "zero_stage", "reshard_after_forward", "zero_shard_degree", "sequence_parallel", "context_parallel")
+# inputs.training keys that define the job: with any of them changed, a prediction's ratio mixes
+# the layout's effect with the job's.  The other keys are the search's freedoms.
+JOB_TRAINING = ("global_batch_size", "seq_len", "precision")
 PREDICTED = ("iteration_time_s", "tokens_per_s", "samples_per_s", "mfu", "usd_per_hour", "usd_per_million_tokens")
 
 
 @dataclass
 class PlanDiff:
+    inputs: list[dict] = field(default_factory=list)        # {field, a, b}: "model", "training.seq_len"...
     settings: list[dict] = field(default_factory=list)      # {field, a, b}
     stages: list[dict] = field(default_factory=list)        # {stage, field, a, b}
     devices_added: list[str] = field(default_factory=list)
@@ -26,12 +33,30 @@ class PlanDiff:
 
     @property
     def same(self) -> bool:
-        """No change in the layout, settings or predictions."""
-        return not (self.settings or self.stages or self.devices_added or self.devices_removed
+        """No change in the inputs, layout, settings or predictions."""
+        return not (self.inputs or self.settings or self.stages or self.devices_added or self.devices_removed
                     or self.devices_moved or any(r["a"] != r["b"] for r in self.predicted))
 
+    @property
+    def job_changes(self) -> list[str]:
+        """The inputs that make A and B different jobs (model, JOB_TRAINING), in row order."""
+        job = {"model", *(f"training.{k}" for k in JOB_TRAINING)}
+        return [r["field"] for r in self.inputs if r["field"] in job or r["field"].startswith("model.")]
+
+    @property
+    def comparable(self) -> bool:
+        """Whether the predictions' ratios compare two layouts of one job."""
+        return not self.job_changes
+
+    def warnings(self) -> list[str]:
+        if self.comparable:
+            return []
+        return [(f"the plans are for different jobs ({', '.join(self.job_changes)} differ): the predicted "
+                 "time, throughput and cost ratios compare different jobs, not two layouts of one")]
+
     def as_dict(self) -> dict:
-        return {"same": self.same, "settings": self.settings, "stages": self.stages,
+        return {"same": self.same, "comparable": self.comparable, "warnings": self.warnings(),
+                "inputs": self.inputs, "settings": self.settings, "stages": self.stages,
                 "devices_added": self.devices_added, "devices_removed": self.devices_removed,
                 "devices_moved": self.devices_moved, "predicted": self.predicted}
 
@@ -42,6 +67,33 @@ def degrees(plan: Plan) -> dict:
             "tp_per_stage": [sorted({r.tp for r in s.replicas}) for s in plan.stages],
             "replicas_per_stage": [len(s.replicas) for s in plan.stages],
             "gpus": len(plan.devices())}
+
+
+def _model_name(model: dict | str) -> str | None:
+    return model if isinstance(model, str) else model.get("name")
+
+
+def _model_rows(a: dict | str, b: dict | str) -> list[tuple]:
+    """The model by name; under one name (an edited model file), the fields that differ."""
+    if _model_name(a) != _model_name(b) or isinstance(a, str) or isinstance(b, str):
+        return [("model", _model_name(a), _model_name(b))]
+    return [(f"model.{k}", a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys())]
+
+
+def input_rows(a: Plan, b: Plan) -> list[dict]:
+    """What each plan was made for, where it differs: model, ``inputs.training``, cluster.
+    ``inputs.profiles`` is left out: which cost entries were measured follows from the layout
+    and the profile files, not from the job."""
+    ia, ib = a.inputs, b.inputs
+    rows = _model_rows(ia.model, ib.model)
+    # the kernel choices are settings rows, read with their absent-key meaning (training_choice)
+    rows += [(f"training.{k}", ia.training.get(k), ib.training.get(k))
+             for k in sorted(ia.training.keys() | ib.training.keys()) if k not in KERNEL_CHOICES]
+    rows.append(("cluster", ia.cluster, ib.cluster))
+    # a plan from before fingerprints has none: that is no evidence the spec changed
+    if ia.cluster_sha256 and ib.cluster_sha256:
+        rows.append(("cluster_sha256", ia.cluster_sha256, ib.cluster_sha256))
+    return [{"field": k, "a": va, "b": vb} for k, va, vb in rows if va != vb]
 
 
 def _stage_fields(stage) -> dict:
@@ -57,7 +109,7 @@ def _stage_of(plan: Plan) -> dict[str, int]:
 
 
 def diff_plans(a: Plan, b: Plan) -> PlanDiff:
-    out = PlanDiff()
+    out = PlanDiff(inputs=input_rows(a, b))
     rows = [(k, getattr(a, k), getattr(b, k)) for k in SETTINGS]
     # the kernels as each plan was priced (an old plan without the attention key: unfused)
     rows += [(k, a.training_choice(k), b.training_choice(k)) for k in KERNEL_CHOICES]

@@ -65,6 +65,7 @@ def test_diff_of_a_plan_with_itself_is_empty(tmp_path, capsys):
     assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "a.json"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["same"] is True and not data["settings"] and not data["stages"] and not data["devices_moved"]
+    assert data["inputs"] == [] and data["comparable"] is True and data["warnings"] == []
     assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "a.json")]) == 0
     assert "the plans are the same" in capsys.readouterr().out
 
@@ -72,3 +73,68 @@ def test_diff_of_a_plan_with_itself_is_empty(tmp_path, capsys):
 def test_diff_of_a_missing_file_is_bad_input(tmp_path, capsys):
     assert main(["diff", str(tmp_path / "nope.json"), str(tmp_path / "nope.json")]) == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+def _with_inputs(plan, **changes):
+    """``plan`` made for other inputs (its layout and predictions kept)."""
+    return plan.model_copy(update={"inputs": plan.inputs.model_copy(update=changes)})
+
+
+def test_diff_lists_the_inputs_first_and_warns_when_the_jobs_differ(tmp_path, capsys):
+    # found by a robustness sweep: seq_len 128 vs 131072 and global batch 4096 vs 16 were not
+    # listed, and the tokens_per_s ratio read as if one job had two layouts
+    _, a, _ = _plans(tmp_path)
+    training = {**a.inputs.training, "seq_len": 4096, "global_batch_size": 16}
+    b = _with_inputs(a, training=training)
+    (tmp_path / "a.json").write_text(a.dumps())
+    (tmp_path / "b.json").write_text(b.dumps())
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json"]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert data["inputs"] == [{"field": "training.global_batch_size", "a": 8, "b": 16},
+                              {"field": "training.seq_len", "a": 256, "b": 4096}]
+    assert data["same"] is False and data["comparable"] is False
+    assert "training.global_batch_size, training.seq_len differ" in data["warnings"][0]
+    assert captured.err.startswith("warning: the plans are for different jobs")
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    captured = capsys.readouterr()
+    assert "compare different jobs" in captured.err
+    rows = [line for line in captured.out.splitlines() if line.startswith("│")]
+    assert "input training.global_batch_size" in rows[0] and "input training.seq_len" in rows[1]
+
+
+def test_diff_names_another_model_or_the_fields_of_an_edited_one(tmp_path, capsys):
+    _, a, _ = _plans(tmp_path)
+    (tmp_path / "a.json").write_text(a.dumps())
+    other = _with_inputs(a, model={**a.inputs.model, "name": "other"})
+    edited = _with_inputs(a, model={**a.inputs.model, "num_layers": 8})
+    precision = _with_inputs(a, training={**a.inputs.training, "precision": "fp32"})
+    for plan, rows in ((other, [{"field": "model", "a": "small", "b": "other"}]),
+                       (edited, [{"field": "model.num_layers", "a": 4, "b": 8}]),
+                       (precision, [{"field": "training.precision", "a": "bf16", "b": "fp32"}])):
+        (tmp_path / "b.json").write_text(plan.dumps())
+        assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json"]) == 0
+        captured = capsys.readouterr()
+        data = json.loads(captured.out)
+        assert data["inputs"] == rows and data["comparable"] is False
+        assert f"({rows[0]['field']} differ)" in captured.err
+
+
+def test_diff_of_plans_for_two_clusters_lists_them_without_a_warning(tmp_path, capsys):
+    # the same job on other hardware is what diff is for: its ratios compare like with like
+    _, a, _ = _plans(tmp_path)
+    b = _with_inputs(a, cluster="other", cluster_sha256="f" * 64)
+    (tmp_path / "a.json").write_text(a.dumps())
+    (tmp_path / "b.json").write_text(b.dumps())
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json"]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert [r["field"] for r in data["inputs"]] == ["cluster", "cluster_sha256"]
+    assert data["comparable"] is True and data["warnings"] == [] and captured.err == ""
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    table = capsys.readouterr().out
+    assert "input cluster_sha256" in table and "ffffffffffff " in table and "f" * 13 not in table
+    # a plan from before fingerprints has none: not listed as a change
+    (tmp_path / "b.json").write_text(_with_inputs(a, cluster_sha256=None).dumps())
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"] == []
