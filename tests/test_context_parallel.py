@@ -287,15 +287,26 @@ def test_runner_trains_cp2_like_one_process(which):
 
 def test_no_split_fitting_a_long_sequence_names_context_parallelism():
     """With flash attention a single block of one long sequence fits, but no split of the
-    blocks does: the diagnosis names cp among the freedoms (and not for short sequences)."""
+    blocks does: the diagnosis names cp among the freedoms where cp can make the activations
+    fit (tp held to 1 on four GPUs: a pipeline's first stage holds up to four sequences, cp
+    splits each), and a plan exists with it; not for short sequences.  Two GPUs and one
+    sequence do not get it: tp 2 divides the activations as far as cp 2 would."""
     from planner.errors import InfeasibleError
     from planner.spec import cluster_from_dict
+    four = cluster_from_dict({"name": "four-3090", "nodes": [
+        {"name": "r", "count": 1, "gpu": "RTX3090-24GB", "gpus_per_node": 4}]})
+    long = Training(global_batch_size=8, seq_len=65536, precision="fp16", recompute_modes=("none",), max_tp=1)
+    with pytest.raises(InfeasibleError, match="no split of 24 blocks") as info:
+        api.plan(four, "opt-350m", long, time_limit_s=20)
+    assert "context parallelism (--context-parallel 2,4" in str(info.value)
+    assert api.plan(four, "opt-350m", long.model_copy(update={"context_parallel_degrees": (1, 2, 4)}),
+                    time_limit_s=20).plan.context_parallel > 1
     two = cluster_from_dict({"name": "two-3090", "nodes": [
         {"name": "r", "count": 1, "gpu": "RTX3090-24GB", "gpus_per_node": 2}]})
-    long = Training(global_batch_size=1, seq_len=65536, precision="fp16", recompute_modes=("none",))
+    one = Training(global_batch_size=1, seq_len=65536, precision="fp16", recompute_modes=("none",))
     with pytest.raises(InfeasibleError, match="no split of 24 blocks") as info:
-        api.plan(two, "opt-350m", long, time_limit_s=20)
-    assert "context parallelism (--context-parallel" in str(info.value)
+        api.plan(two, "opt-350m", one, time_limit_s=20)
+    assert "context parallelism" not in str(info.value)
     from planner.search.diagnose import _more_freedom
     assert not any("context" in h for h in _more_freedom(long.model_copy(update={"seq_len": 2048})))
     assert not any("context" in h for h in _more_freedom(long.model_copy(update={"context_parallel_degrees": (1, 2)})))
