@@ -126,3 +126,47 @@ def test_a_default_price_note_names_cloud_instance_region_and_date_not_the_url()
     assert price_source_text(undated).endswith("eastus, date not stated")
     other = "not re-verified: RunPod RTX 3090 ~0.43 USD/h, recalled"
     assert price_source_text(other) == other
+
+
+@pytest.mark.parametrize("gpu", [
+    # a GPU of the user's own (the sweep's B200 at 9.5 USD per GPU-hour)
+    ("{name: MyGPU, memory: 80 GB, peak_tflops: 312, memory_bandwidth: 2039 GB/s, "
+     "intra_node_bandwidth: 300 GB/s, price_per_hour: 9.5}"),
+    # the catalog's A100 written out inline at the catalog's own price: still what the user wrote
+    ("{name: A100-SXM4-80GB, memory: 80 GB, peak_tflops: 312, memory_bandwidth: 2039 GB/s, "
+     "intra_node_bandwidth: 300 GB/s, price_per_hour: 3.4309}"),
+])
+def test_a_price_on_an_inline_gpu_is_the_users_not_a_catalog_default(tmp_path, capsys, monkeypatch, gpu):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    own = tmp_path / "c.yaml"
+    own.write_text(Path(CLUSTER).read_text().replace("gpu: A100-SXM4-80GB", f"gpu: {gpu}"))
+    assert main(["plan", str(own), *BASE[2:]]) == 0
+    out = capsys.readouterr().out
+    price = 2 * float(gpu.rpartition("price_per_hour: ")[2].rstrip("}"))
+    assert "catalog default" not in out and f"{price:.2f} USD/hour" in out
+
+
+def test_stage_devices_range_from_the_first_node_to_the_last_in_numeric_order():
+    """A stage's nodes h-96 … h-191 were shown as "h-100 … h-99" (string order)."""
+    from planner.cli.plan import node_order
+
+    names = [f"h-{i}" for i in range(96, 192)]
+    assert sorted(sorted(names), key=node_order) == names       # from string order, h-100 first
+    assert sorted(["dgx-10", "dgx-9", "dgx-15", "dgx-0"], key=node_order) == ["dgx-0", "dgx-9", "dgx-10", "dgx-15"]
+    # names without digits, or with several runs of them, keep a total order
+    assert sorted(["b", "a-2-10", "a-2-9", "a-10-1", "a"], key=node_order) == ["a", "a-2-9", "a-2-10", "a-10-1", "b"]
+    assert sorted(["h-01", "h-1"], key=node_order) == sorted(["h-1", "h-01"], key=node_order)
+
+
+def test_the_summary_shows_each_stage_from_its_lowest_node_to_its_highest(capsys, monkeypatch):
+    """dgx-a100-pod's GPT-3 plan puts stages on several of its 16 nodes dgx-0 … dgx-15: each
+    range runs from the lowest to the highest (string order ended one at dgx-9, below dgx-10)."""
+    import re
+
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["plan", "cluster_specs/dgx-a100-pod.yaml", "--model", "gpt3-175b", "--global-batch-size",
+                 "1536", "--seq-len", "2048", "--time-limit", "10"]) == 0
+    ranges = re.findall(r"dgx-(\d+) … dgx-(\d+) \((\d+) nodes\)", capsys.readouterr().out)
+    assert ranges
+    for first, last, count in ranges:
+        assert int(last) - int(first) + 1 >= int(count) > 1

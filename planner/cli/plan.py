@@ -5,6 +5,7 @@ stdout machine-readable."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -59,6 +60,15 @@ def _uneven(stage) -> bool:
     return len({(r.gpu_type, r.tp) for r in stage.replicas}) > 1 or max(shares) - min(shares) > 1
 
 
+def node_order(name: str) -> tuple:
+    """Sort key of a node name with its digit runs read as numbers: a group's nodes are
+    ``name-0 … name-{count-1}``, and as strings h-100 would sort before h-99.  The name itself
+    breaks ties (h-01 and h-1), so the order never rests on a set's."""
+    parts = re.split(r"([0-9]+)", name)
+    # split on a captured group: the digit runs are the odd parts, so keys compare int with int
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), name
+
+
 def _stage_rows(plan) -> Table:
     t = Table(title="Stages", title_justify="left")
     for col in ("stage", "blocks", "GPUs", "replicas", "tp", "shares", "devices"):
@@ -72,7 +82,7 @@ def _stage_rows(plan) -> Table:
         gpus = ", ".join(f"{len(q)}x{tp}{cp} {g}" for (g, tp), q in kinds.items())
         # shares in the order of the kinds (GPUs, tp), a kind's distinct ones largest first
         shares = "/".join(",".join(map(str, sorted(set(q), reverse=True))) for q in kinds.values())
-        nodes = sorted({r.node for r in st.replicas})
+        nodes = sorted({r.node for r in st.replicas}, key=node_order)
         where = nodes[0] if len(nodes) == 1 else f"{nodes[0]} … {nodes[-1]} ({len(nodes)} nodes)"
         blocks = f"{st.blocks[0]}-{st.blocks[1]}" + (" +emb" if st.embedding else "") + (" +head" if st.head else "")
         t.add_row(str(st.index), blocks, gpus, str(len(st.replicas)),

@@ -6,7 +6,7 @@ figure not re-verified), so that nobody takes a default for what they pay."""
 
 from __future__ import annotations
 
-from planner.api import parse_price_source
+from planner.api import catalog, parse_price_source
 
 
 def price_source_text(source: str) -> str:
@@ -16,6 +16,14 @@ def price_source_text(source: str) -> str:
     return source if parsed is None else parsed.short()
 
 
+def _catalog_priced(gpu) -> bool:
+    """Whether ``gpu`` is the catalog's own entry, so that its price is the catalog default.  An
+    inline GPU mapping's price_per_hour is what its user wrote, even under a catalog id's name and
+    figures: compared whole, such a copy differs from the entry (its sources and aliases at least)."""
+    found = catalog.find_gpu(gpu.name)
+    return found is not None and gpu == found
+
+
 def default_price_notes(cluster, plan) -> list[str]:
     """One line per GPU type of the plan priced at the catalog default, in spec order."""
     used = {d.rpartition(":")[0] for d in plan.devices()}
@@ -23,7 +31,7 @@ def default_price_notes(cluster, plan) -> list[str]:
     for group in cluster.nodes:
         gpu = group.gpu
         if (group.price_per_hour_usd is not None or gpu.price_per_hour_usd is None or gpu.name in seen
-                or not used.intersection(group.node_names)):
+                or not _catalog_priced(gpu) or not used.intersection(group.node_names)):
             continue
         seen.add(gpu.name)
         source = price_source_text(gpu.sources.get("price_per_hour", "no source recorded"))
