@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner import catalog
 from planner.plan import Plan
 from planner.spec.training import KERNEL_CHOICES
 
@@ -73,11 +74,29 @@ def _model_name(model: dict | str) -> str | None:
     return model if isinstance(model, str) else model.get("name")
 
 
+def _model_mapping(model: dict | str) -> dict | None:
+    """The model's mapping: a catalog name resolved as the planner loads it (``load_model``),
+    written out as a plan writes a model; None for a name the catalog does not know."""
+    if isinstance(model, dict) and set(model) == {"name"}:
+        model = model["name"]   # load_model reads a mapping of a name alone as that name
+    if not isinstance(model, str):
+        return model
+    found = catalog.find_model(model)
+    return None if found is None else found.to_mapping()
+
+
 def _model_rows(a: dict | str, b: dict | str) -> list[tuple]:
-    """The model by name; under one name (an edited model file), the fields that differ."""
-    if _model_name(a) != _model_name(b) or isinstance(a, str) or isinstance(b, str):
+    """The model by name; under one name (an edited model file, or a catalog name against a
+    mapping), the fields that differ.  A name the catalog does not know is never the same as a
+    mapping: the row then shows both as written."""
+    if _model_name(a) != _model_name(b):
         return [("model", _model_name(a), _model_name(b))]
-    return [(f"model.{k}", a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys())]
+    if a == b:
+        return []
+    ma, mb = _model_mapping(a), _model_mapping(b)
+    if ma is None or mb is None:
+        return [("model", a, b)]
+    return [(f"model.{k}", ma.get(k), mb.get(k)) for k in sorted(ma.keys() | mb.keys())]
 
 
 def input_rows(a: Plan, b: Plan) -> list[dict]:

@@ -138,3 +138,31 @@ def test_diff_of_plans_for_two_clusters_lists_them_without_a_warning(tmp_path, c
     (tmp_path / "b.json").write_text(_with_inputs(a, cluster_sha256=None).dumps())
     assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["inputs"] == []
+
+
+def test_diff_resolves_a_catalog_model_name_against_a_mapping(tmp_path, capsys):
+    """Found in review: a plan naming "llama2-7b" and one with the model's mapping under that
+    name but num_layers 40 were "the same"; the name is read through the catalog, as the
+    planner loads a model, and the edited field is listed."""
+    _, a, _ = _plans(tmp_path)
+    mapping = api.load_model("llama2-7b").to_mapping()
+    named = _with_inputs(a, model="llama2-7b")
+    (tmp_path / "a.json").write_text(named.dumps())
+    for model, rows in (({**mapping, "num_layers": 40}, [{"field": "model.num_layers", "a": 32, "b": 40}]),
+                        (mapping, []),      # the catalog's own mapping: the same model
+                        ({"name": "llama2-7b"}, [])):
+        (tmp_path / "b.json").write_text(_with_inputs(a, model=model).dumps())
+        assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["inputs"] == rows and data["same"] is (not rows)
+    (tmp_path / "b.json").write_text(_with_inputs(a, model={**mapping, "num_layers": 40}).dumps())
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    captured = capsys.readouterr()
+    assert "the plans are the same" not in captured.out and "input model.num_layers" in captured.out
+    assert "(model.num_layers differ)" in captured.err
+    # a name the catalog does not know is never the same as a mapping under that name
+    (tmp_path / "a.json").write_text(_with_inputs(a, model="small").dumps())
+    (tmp_path / "b.json").write_text(a.dumps())
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["same"] is False and data["inputs"] == [{"field": "model", "a": "small", "b": a.inputs.model}]

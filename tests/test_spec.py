@@ -327,6 +327,53 @@ def test_a_control_character_after_crlf_lines_counts_columns_from_the_line_start
         load_model(path)
 
 
+@pytest.mark.parametrize("before", [
+    "a: 1\u2028b: ",            # LINE SEPARATOR
+    "a: 1\u2029\u2029b: ",      # PARAGRAPH SEPARATOR, twice
+    "a: 1\x85c: 2\nb: ",        # NEXT LINE
+    "a: 1\rb: ",                # a lone carriage return
+    "a: 1\r\r\nb: ",            # a lone one, then CRLF: two breaks
+    "a: 1\nb: '\ufeff' ",        # a byte order mark takes no column
+    "a: 1\nb: '\ufeff\u2028' ",  # ... and a break inside a quoted string is one too
+])
+def test_a_control_character_is_located_as_pyyaml_locates_its_own_errors(before):
+    """Found in review: only "\n" counted as a line break, so a control character after a
+    U+2028 was put on line 1 where PyYAML's reader (and every mark it gives) sees line 2.  A
+    character that cannot start a token ('@') at the same place gives PyYAML's own mark."""
+    from planner.spec.source import load_yaml
+
+    def where(text):
+        with pytest.raises(InputError) as info:
+            load_yaml("x.yaml", text)
+        return info.value.location.line, info.value.location.column
+
+    assert where(before + "\x07\n") == where(before + "@\n")
+
+
+def test_a_control_character_after_a_line_separator_is_on_the_next_line():
+    from planner.spec.source import load_yaml
+
+    with pytest.raises(InputError, match=r"^x\.yaml:2:4: control character U\+0007 is not allowed"):
+        load_yaml("x.yaml", "a: 1\u2028b: \x07\n")
+
+
+@pytest.mark.parametrize("text", [
+    "d: &d {1: a, true: b}\nf: {<<: *d}\n",
+    "d: &d {1: a, true: b}\nf: {<<: [*d]}\ng:\n  <<: *d\nh: *d\n",
+    "d: &d {x: 1, x: 2}\nf: {<<: *d, y: 3}\n",
+])
+def test_an_error_in_an_anchored_mapping_is_reported_once(text):
+    """Found in review: with merge keys (or aliases) an error inside the anchored mapping came
+    once at the anchor and again for each mapping that merged it, all at the same line."""
+    from planner.spec.source import load_yaml
+
+    with pytest.raises(InputError) as info:
+        load_yaml("x.yaml", text)
+    errors = getattr(info.value, "errors", [info.value])
+    assert len(errors) == 1 and errors[0].location.line == 1
+    assert errors[0].location.field in ("d", "d.x")
+
+
 MERGED = """\
 name: merged
 nodes:

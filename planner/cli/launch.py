@@ -16,7 +16,8 @@ from planner.cli.common import console, echo_json
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False),
               help="Folder to write the files to (all or none); an earlier launch's files there "
                    "that this one does not overwrite are removed with it, unless changed since the "
-                   "planner wrote them. Without -o the files are printed.")
+                   "planner wrote them (an older rank map, without checksums: its node scripts are "
+                   "all kept, with a warning). Without -o the files are printed.")
 @click.option("--master-addr", help="Host name or IP of node rank 0, reachable from every node.")
 @click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True)
 @click.option("--script", help="Training script the launcher runs "
@@ -56,9 +57,13 @@ def _report_written(written, out_dir: str, as_json: bool) -> None:
         click.echo(f"warning: kept {len(written.kept)} files of an earlier launch in {out_dir} that were "
                    f"changed since the planner wrote them: {_names(written.kept)}; delete them if they "
                    "are stale (a node script among them would still start with node*.sh)", err=True)
+    if written.unchecked:
+        click.echo(f"warning: kept {len(written.unchecked)} node scripts of an earlier launch in {out_dir} "
+                   "(an older rank map records no checksums; delete them yourself if stale): "
+                   f"{_names(written.unchecked)}", err=True)
     if as_json:
         echo_json({"written": [str(p) for p in written], "removed": [str(p) for p in written.removed],
-                   "kept": [str(p) for p in written.kept]})
+                   "kept": [str(p) for p in [*written.kept, *written.unchecked]]})
         return
     out = console(quiet=True)
     out.print(f"wrote {len(written)} files to {out_dir}: {_names(written)}")

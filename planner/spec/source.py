@@ -10,6 +10,7 @@ here too, so that a merged-in field keeps the line that wrote it.
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +99,9 @@ class _Builder:
         self.loader = loader
         self.marks: dict[PathKey, tuple[int, int]] = {}
         self.errors: list[InputError] = []
+        # an anchored mapping is built again for each alias or merge of it: its errors, already
+        # reported at the anchor, would come again at the same line and column
+        self._reported: set[tuple] = set()
         # PyYAML's composer shares an anchored node between its aliases; building plain data
         # copies it once per alias, which is where an alias bomb explodes.  Count those copies.
         self.built: set[int] = set()
@@ -110,6 +114,14 @@ class _Builder:
                 raise InputError("YAML aliases (*name) expand to more values than the limit of "
                                  f"{limits.named('MAX_ALIAS_VALUES')}; write the values out or "
                                  "nest fewer aliases", self._where(node, path))
+
+    def _report(self, error: InputError) -> None:
+        """Keep ``error`` unless one with its message, line and column is already kept."""
+        where = error.location
+        key = (error.message, where.line if where else None, where.column if where else None)
+        if key not in self._reported:
+            self._reported.add(key)
+            self.errors.append(error)
 
     def _where(self, node: yaml.Node, path: PathKey) -> Location:
         return Location(self.file, node.start_mark.line + 1, node.start_mark.column + 1,
@@ -126,7 +138,7 @@ class _Builder:
             return [self.build(item, path + (i,), repeated) for i, item in enumerate(node.value)]
         value = self.loader.construct_object(node, deep=True)
         if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-            self.errors.append(InputError(
+            self._report(InputError(
                 f"{node.value!r} is not a finite number",
                 Location(self.file, *self.marks[path], format_field_path(path) or None)))
         return value
@@ -142,14 +154,14 @@ class _Builder:
             is_merge = key_node.tag == _MERGE_TAG
             key = "<<" if is_merge else self.loader.construct_object(key_node, deep=True)
             if not isinstance(key, (str, int)) or isinstance(key, bool):
-                self.errors.append(InputError(
+                self._report(InputError(
                     f"keys must be strings, got {key!r}",
                     Location(self.file, *where, format_field_path(path) or None)))
                 continue
             key = str(key)
             if key in key_marks:
                 first = key_marks[key]
-                self.errors.append(InputError(
+                self._report(InputError(
                     f"duplicate key {key!r} (first given at line {first[0]})",
                     Location(self.file, *where, format_field_path(path + (key,)))))
                 continue
@@ -168,7 +180,7 @@ class _Builder:
         wrong = next((source for source in sources if not isinstance(source, yaml.MappingNode)), None)
         if wrong is None:
             return sources
-        self.errors.append(InputError(
+        self._report(InputError(
             "a merge key (<<) takes a mapping, e.g. '<<: *defaults', or a list of them",
             self._where(wrong, path + ("<<",))))
         return []
@@ -222,9 +234,21 @@ def _forbidden_character(code: int) -> str:
             f"double-quoted string write it as the escape \\u{code:04X}")
 
 
+# what PyYAML's reader counts as a line break (Reader.forward): "\r\n" is one, at its "\n"
+_LINE_BREAK = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
+
+
 def _text_location(file: str, text: str, position: int) -> Location:
-    line_start = text.rfind("\n", 0, position) + 1
-    return Location(file, text.count("\n", 0, position) + 1, position - line_start + 1)
+    """Line and column of character ``position`` as PyYAML's marks count them, so that it
+    agrees with the lines of its own errors: a line ends at "\n", "\r" (alone or before "\n"),
+    U+0085, U+2028 or U+2029, and a byte order mark (U+FEFF) takes no column."""
+    line, line_start = 1, 0
+    for match in _LINE_BREAK.finditer(text, 0, position):
+        if match.group() == "\r" and text.startswith("\n", match.end()):
+            continue   # the "\r" of a "\r\n" cut at ``position``: the line ends at the "\n"
+        line, line_start = line + 1, match.end()
+    column = position - line_start - text.count("\ufeff", line_start, position) + 1
+    return Location(file, line, column)
 
 
 def load_yaml(path: str | Path, text: str | None = None) -> Document:
