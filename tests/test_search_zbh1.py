@@ -17,6 +17,7 @@ from planner.cost.schedule import iteration_time_s as closed_form_iteration_s
 from planner.errors import InputError
 from planner.search.knobs import Knobs, enumerate_knobs
 from planner.search.oracle import oracle
+from planner.search import schedules
 from planner.search.schedules import SCHEDULES, zb_h1_beta, zb_h1_mu_weight
 from planner.search.solve import solve
 from planner.spec import Training, cluster_from_dict, load_model
@@ -30,16 +31,18 @@ def _bound_s(stages: list[StageTiming], m: int, mu_weight: float | None = None) 
     return (m - 1) * max(cycles) + sum(c - x for c, x in zip(cycles, w)) - k * min(w)
 
 
-def _knob_rows_s(stages: list[StageTiming], m: int, stand_ins: bool = False) -> float:
+def _knob_rows_s(stages: list[StageTiming], m: int, stand_ins: bool = False, coarse: bool = False) -> float:
     """The knob bounds' rows: (m - 1) max_s c_s + sum_s (c_s - w_s - k/p w_s), with stand-ins
-    (m - 1) max_s (c_s - beta w_s) + sum_s (c_s - w_s)."""
+    (m - 1) max_s (c_s - beta w_s) + sum_s (c_s - w_s); ``coarse``: k/p or beta rounded up to
+    the grid tuples of many p share."""
     p = len(stages)
     cycles = [s.cycle_s() for s in stages]
     w = [s.backward_weight_s for s in stages]
+    up = schedules._coarse if coarse else (lambda x: x)
     if stand_ins:
-        beta = zb_h1_beta(p, m)
+        beta = up(zb_h1_beta(p, m))
         return (m - 1) * max(c - beta * x for c, x in zip(cycles, w)) + sum(c - x for c, x in zip(cycles, w))
-    kappa = zb_h1_mu_weight(p, m) / p
+    kappa = up(zb_h1_mu_weight(p, m) / p)
     return (m - 1) * max(cycles) + sum(c - (1 + kappa) * x for c, x in zip(cycles, w))
 
 
@@ -70,6 +73,8 @@ def test_bound_is_below_the_closed_form_and_tight_on_equal_stages():
         bound, knob = _bound_s(stages, m), _knob_rows_s(stages, m)
         assert knob <= bound * (1 + 1e-12) + 1e-12, (p, m, stages)
         assert _knob_rows_s(stages, m, True) <= bound * (1 + 1e-12) + 1e-12, (p, m, stages)
+        for stand_ins in (False, True):     # the coarse rows are at most the knob rows
+            assert _knob_rows_s(stages, m, stand_ins, True) <= _knob_rows_s(stages, m, stand_ins) + 1e-12
         assert bound <= exact * (1 + 1e-12), (p, m, stages)
         worst, worst_knob = max(worst, bound / exact), max(worst_knob, knob / exact)
         k = zb_h1_mu_weight(p, m)
@@ -95,6 +100,13 @@ def test_registry_rows_are_the_bound_and_one_stage_is_exact():
     assert knob[1].stage == pytest.approx((1, -0.5, 0, 0, 0, 1.5))            # f + i - (2/4) w
     mixed, mixed_terms = SCHEDULES["zb-h1"].bound_rows(4, 8, 1, True)
     assert mixed[0].stage == pytest.approx((1, 1 - 2 / 7, 0, 0, 0, 2 / 7))    # c - beta w, beta = 2/7
+    # coarse: 2/4 is on the grid; 2/7 rounds up to 5/16; p = 12, m = 32: 10/12 up to 14/16
+    assert SCHEDULES["zb-h1"].bound_rows(4, 8, 1, coarse=True)[0][1].stage == knob[1].stage
+    assert SCHEDULES["zb-h1"].bound_rows(4, 8, 1, True, coarse=True)[0][0].stage == pytest.approx(
+        (1, 1 - 5 / 16, 0, 0, 0, 5 / 16))
+    assert SCHEDULES["zb-h1"].bound_rows(12, 32, 1, coarse=True)[0][1].stage == pytest.approx(
+        (1, -14 / 16, 0, 0, 0, 1 + 14 / 16))
+    assert SCHEDULES["1f1b"].bound_rows(12, 32, 1, coarse=True) == SCHEDULES["1f1b"].bound_rows(12, 32, 1)
     assert all(t.kind != "min" for t in knob_terms + mixed_terms)
     one, _ = SCHEDULES["zb-h1"].rows(1, 8, 1)
     assert one == SCHEDULES["1f1b"].rows(1, 8, 1)[0]    # p = 1: ZB-H1 is 1F1B (exact)
@@ -288,6 +300,8 @@ def test_knob_bounds_hold_under_the_closed_form(mixed):
             assert math.isclose(t, ev.iteration_time_s, rel_tol=1e-9), (knobs.label(), a)
             evaluated += 1
         levels = [kb(knobs, ctx, keys, memory=False), *(kb(knobs, ctx, keys, packed=level) for level in range(4))]
+        # the memory-aware level with a pruning threshold first tries the coarse rows
+        levels += [KnobBound(pricer)(knobs, ctx, keys, packed=0, enough=rows_best.objective * x) for x in (0.5, 0.98)]
         assert max(levels) <= rows_best.objective * (1 + 1e-9), (knobs.label(), levels, rows_best.objective)
         assert rows_best.objective <= min(exact) * (1 + 1e-12)
         gaps.append(1 - rows_best.objective / min(exact))

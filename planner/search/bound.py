@@ -177,16 +177,37 @@ class KnobBound:
         # (1F1B's and interleaving's; ZB-H1's and the V schedules' change with p: keyed by the
         # rows themselves, not the schedule, a bound stays a bound); packed.py's stage tables
         # key by the same less f_min (it reaches them through U only)
-        rows_terms = knob_rows(knobs, self._has_stand_ins(keys))
-        table_key = (sk, knobs.schedule, v, m, rows_terms)
-        tk = (*table_key, f_min)
-        parts, U = self._term_parts.get(tk, (sk, knobs.schedule, v, m, f_min), knobs, hit, L, f_min, memory,
+        stand_ins = self._has_stand_ins(keys)
+        rows_terms = knob_rows(knobs, stand_ins)
+        base = (sk, knobs.schedule, v, m, f_min)
+        if math.isfinite(enough) and not packed:
+            # first on rows that tuples of many p share (their per-row pieces are the
+            # memory-aware level's main cost where the rows change with p: ZB-H1's): a tuple
+            # they prune is pruned
+            coarse = knob_rows(knobs, stand_ins, coarse=True)
+            if coarse != rows_terms:
+                first = self._separate(knobs, ctx, keys, hit, L, f_min, memory, num_classes, coarse, base)[0]
+                if first >= enough:
+                    return first
+        total, sums, U = self._separate(knobs, ctx, keys, hit, L, f_min, memory, num_classes, rows_terms, base)
+        if memory and packed and total < enough:
+            table_key = (sk, knobs.schedule, v, m, rows_terms)
+            total = max(total, self._packed(knobs, ctx, keys, (table_key, hit, U), L, enough, sums, lp=packed >= 2,
+                                                num_classes=num_classes, apart=packed >= 3))
+        return total
+
+    def _separate(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], hit, L: int, f_min: float,
+                  memory: bool, num_classes: int, rows_terms: tuple, base: tuple) -> tuple[float, float, np.ndarray]:
+        """(the bound with each objective term priced on its own and the joint row gains, its
+        sum terms' part, every option's block limit U) on ``rows_terms`` (``whole``)."""
+        p = knobs.num_stages
+        parts, U = self._term_parts.get((*base[:-1], rows_terms, f_min), base, knobs, hit, L, f_min, memory,
                                         rows_terms)
         total = sums = 0.0
         rows: dict[int, dict] = {}       # per row, its max and sum terms' pieces for the joint bound
         for part in parts:
             if part is None:
-                return math.inf
+                return math.inf, math.inf, U
             speed = part.speed
             rates = part.rates if part.rates is not None and p <= len(part.rates) else None
             if rates is not None:
@@ -200,11 +221,11 @@ class KnobBound:
                 if part.slots is not None:
                     N = np.minimum(N, part.slots.blocks(p))
                 if N[-1] < L:
-                    return math.inf                        # p stages cannot hold the blocks
+                    return math.inf, math.inf, U           # p stages cannot hold the blocks
                 fill = float(part.da @ N)
                 j = int(np.searchsorted(-part.u_desc, -k, side="right"))   # options with U >= k: the first j
                 if j == 0:
-                    return math.inf
+                    return math.inf, math.inf, U
                 m_p = k * float(part.a_prefix[j - 1])
             if part.kind == "sum":
                 fill = max(fill, sum_bound(L, p, part.a_min, speed))
@@ -213,17 +234,14 @@ class KnobBound:
                 rows.setdefault(part.row, {})["sum"] = (part.weight, fill, c_sum, part.ratios)
                 continue
             if not math.isfinite(part.m_cap):
-                return math.inf
+                return math.inf, math.inf, U
             if part.a_min > 0:
                 speed = min(speed, p / part.a_min)
             m_lb = max(L * part.a_min / p, L / speed if speed > 0 else 0.0, part.m_cap, m_p)
             total += part.weight * max(m_lb + c_stage, (fill + c_sum) / p)
             rows.setdefault(part.row, {})["max"] = (part.weight, m_lb, c_stage, (fill + c_sum) / p, rates)
         total += self._joint_gain(rows, L, p)
-        if memory and packed and total < enough:
-            total = max(total, self._packed(knobs, ctx, keys, (table_key, hit, U), L, enough, sums, lp=packed >= 2,
-                                                num_classes=num_classes, apart=packed >= 3))
-        return total
+        return total, sums, U
 
     @staticmethod
     def _joint_gain(rows: dict, L: int, p: int) -> float:

@@ -212,16 +212,20 @@ def pipeline_rows(knobs: Knobs) -> tuple[list[Row], list[Term]]:
     return SCHEDULES[knobs.schedule].rows(knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages)
 
 
-def knob_rows(knobs: Knobs, stand_ins: bool = False) -> tuple[tuple[Row, ...], tuple[Term, ...]]:
+def knob_rows(knobs: Knobs, stand_ins: bool = False, coarse: bool = False) -> tuple[tuple[Row, ...], tuple[Term, ...]]:
     """The rows the knob bounds read (SearchSchedule.bound_rows): the core's, or rows at most
     them where the core's hold a term the knob bounds do not read (``stand_ins``: the
     options include mixed stages' stand-ins).  Hashable: the knob bounds' caches key by them,
     since some schedules' rows depend on p (ZB-H1's W weight ``(q - 1) / p``, the V rows'
-    choice of term) and others' do not (tuples differing only in p then share the work)."""
-    return _knob_rows(knobs.schedule, knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages, stand_ins)
+    choice of term) and others' do not (tuples differing only in p then share the work).
+    ``coarse``: rows at most those that tuples of many p share (the same rows where the
+    schedule has none: SearchSchedule.coarse_rows)."""
+    return _knob_rows(knobs.schedule, knobs.num_stages, knobs.num_micro_batches, knobs.virtual_stages, stand_ins,
+                      coarse)
 
 
 @functools.lru_cache(maxsize=8192)
-def _knob_rows(schedule: str, p: int, m: int, v: int, stand_ins: bool) -> tuple[tuple[Row, ...], tuple[Term, ...]]:
-    rows, terms = SCHEDULES[schedule].bound_rows(p, m, v, stand_ins)
+def _knob_rows(schedule: str, p: int, m: int, v: int, stand_ins: bool,
+               coarse: bool = False) -> tuple[tuple[Row, ...], tuple[Term, ...]]:
+    rows, terms = SCHEDULES[schedule].bound_rows(p, m, v, stand_ins, coarse)
     return tuple(rows), tuple(terms)

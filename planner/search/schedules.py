@@ -24,6 +24,7 @@ bounds' per-position intercepts (middle, first, last, only) then are.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,6 +40,8 @@ CYCLE_LESS_W = per_quantity(forward=1, backward_input=1)       # f + i = f + b -
 DPX = Row(stage=per_quantity(), hinges=(per_quantity(sync_less_backward=1), per_quantity(gather_less_forward=1)))
 OPT = Row(stage=per_quantity(optimizer=1))
 LAUNCHERS = ("megatron", "deepspeed")
+# the grid a coarse knob row's p-dependent weight is rounded up to (SearchSchedule.coarse_rows)
+KNOB_WEIGHT_STEP = 1.0 / 16
 
 
 @dataclass(frozen=True)
@@ -59,10 +62,17 @@ class SearchSchedule:
     # read (a min term): every plan's value on them is at most its value on ``rows``;
     # (p, m, v, stand_ins) -> rows, terms, ``stand_ins``: the options include mixed stages'
     # stand-ins, whose lines are only each quantity's least (then every coefficient >= 0)
-    knob_rows: Callable[[int, int, int, bool], tuple[list[Row], list[Term]]] | None = None
+    knob_rows: Callable[..., tuple[list[Row], list[Term]]] | None = None
+    # whether ``knob_rows`` takes ``coarse``: rows at most its own that many p share (a
+    # weight that changes with p rounded to KNOB_WEIGHT_STEP), for a first, cheaper try
+    coarse_rows: bool = False
 
-    def bound_rows(self, p: int, m: int, v: int, stand_ins: bool = False) -> tuple[list[Row], list[Term]]:
-        """The rows the knob bounds read: ``knob_rows``, else the core's own."""
+    def bound_rows(self, p: int, m: int, v: int, stand_ins: bool = False,
+                   coarse: bool = False) -> tuple[list[Row], list[Term]]:
+        """The rows the knob bounds read: ``knob_rows``, else the core's own; ``coarse``: rows
+        at most those that tuples of many p share (only where ``coarse_rows``)."""
+        if coarse and self.coarse_rows:
+            return self.knob_rows(p, m, v, stand_ins, coarse=True)
         return self.knob_rows(p, m, v, stand_ins) if self.knob_rows else self.rows(p, m, v)
 
     def block_unit(self) -> int:
@@ -139,22 +149,31 @@ def zb_h1_beta(p: int, m: int) -> float:
     return zb_h1_mu_weight(p, m) / (m - 1) if m > 1 else 0.0
 
 
-def _zb_h1_knob(p: int, m: int, v: int, stand_ins: bool = False):
+def _coarse(weight: float) -> float:
+    """``weight`` rounded up to a multiple of KNOB_WEIGHT_STEP (at most 1)."""
+    return min(1.0, math.ceil(weight / KNOB_WEIGHT_STEP - 1e-9) * KNOB_WEIGHT_STEP)
+
+
+def _zb_h1_knob(p: int, m: int, v: int, stand_ins: bool = False, coarse: bool = False):
     """The knob bounds' rows, at most the core rows on every plan, without the min term:
     1F1B's max row and ``sum_s (c_s - w_s - k/p w_s)``, k = q - 1 (the least W is at most the
     mean W), so the bottleneck's bounds are 1F1B's; with mixed stages' stand-ins (whose
     lines are each quantity's least, so a negative coefficient, here on b, would not stay
     below the stage) ``(m - 1) max_s (c_s - beta w_s) + sum_s (c_s - w_s)`` instead (the
     least W is at most the W of the stage where c - beta w is largest), every coefficient
-    on f, b, i and the sends >= 0."""
+    on f, b, i and the sends >= 0.  ``coarse``: k/p or beta rounded up (``_coarse``): a
+    larger weight on W >= 0 only lowers the rows, and tuples of many p then share them (the
+    knob bound's per-row pieces are the memory-aware level's main cost; bound.py)."""
     if p == 1:
         return _one_f_one_b(p, m, v)
     if stand_ins:
         beta = zb_h1_beta(p, m)
+        beta = _coarse(beta) if coarse else beta
         top = per_quantity(forward=1, backward=1 - beta, backward_input=beta)      # f + b - beta (b - i)
         rows = [Row(stage=top, out=(1,), inn=(1,)), Row(stage=CYCLE_LESS_W, out=(1,), inn=(1,)), DPX, OPT]
     else:
         kappa = zb_h1_mu_weight(p, m) / p
+        kappa = _coarse(kappa) if coarse else kappa
         fill = per_quantity(forward=1, backward=-kappa, backward_input=1 + kappa)   # f + i - kappa (b - i)
         rows = [Row(stage=CYCLE, out=(1,), inn=(1,)), Row(stage=fill, out=(1,), inn=(1,)), DPX, OPT]
     return rows, [Term("max", 0, m - 1), Term("sum", 1), Term("max", 2), Term("max", 3)]
@@ -168,7 +187,7 @@ SCHEDULES: dict[str, SearchSchedule] = {
                                        wraps=True, min_stages=2, divides_m=True, launchers=("megatron",)),
     # Megatron-LM and DeepSpeed have no zero-bubble schedule (planner launch refuses it)
     "zb-h1": SearchSchedule("zb-h1", _zb_h1, exact=False, reads_apart=True, reads_input=True, launchers=(),
-                            knob_rows=_zb_h1_knob),
+                            knob_rows=_zb_h1_knob, coarse_rows=True),
     # two chunks per rank in a V (even blocks per stage), the head on rank 0; torch's
     # ScheduleZBVZeroBubble / ScheduleDualPipeV, neither in Megatron-LM nor DeepSpeed
     "zb-v": SearchSchedule("zb-v", v_rows, exact=False, virtual_stages=2, reads_apart=True, reads_input=True, launchers=(),

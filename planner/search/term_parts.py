@@ -80,15 +80,19 @@ class TermParts:
                rows_terms: tuple, base: tuple) -> tuple[list, np.ndarray]:
         rows, terms = rows_terms
         U, usable, most_p = self._limits(knobs, arrays, L, f_min, base)
+        max_rows = {t.row for t in terms if t.kind == "max" and not rows[t.row].hinges}
         parts = []
         for t in terms:
             row = rows[t.row]
             if row.hinges:
                 continue
-            piece = self._pieces.get((base, row))
+            # the knapsack rates only where a max term reads the row (KnobBound._joint_gain):
+            # a summed row alone (ZB-H1's, one per p) takes its rate cap from its classes
+            rated = t.row in max_rows
+            piece = self._pieces.get((base, row, rated))
             if piece is None:
-                piece = remember(self._pieces, (base, row),
-                                 (self._row_part(row, arrays, U, usable, L, memory, most_p),))
+                piece = remember(self._pieces, (base, row, rated),
+                                 (self._row_part(row, arrays, U, usable, L, memory and rated, most_p, memory),))
             base_part = piece[0]
             if base_part is None:
                 parts.append(None)
@@ -100,7 +104,6 @@ class TermParts:
                     cap = remember(self._pieces, (base, row, "m_cap"), self._max_row_cap(row, arrays, U, usable, L))
                 m_cap = cap
             parts.append(replace(base_part, kind=t.kind, row=t.row, weight=t.weight, m_cap=m_cap))
-        max_rows = {t.row for t in terms if t.kind == "max" and not rows[t.row].hinges}
         for i, part in enumerate(parts):
             if part is not None and part.kind == "sum" and part.row not in max_rows and memory:
                 parts[i] = replace(part, ratios=_ratios(rows, part.row, max_rows, arrays.slopes[usable]))
@@ -130,9 +133,10 @@ class TermParts:
                                               arrays.extra[usable]), capacity, [L], rel_tol=1e-5)
 
     def _row_part(self, row, arrays: tuple, U: np.ndarray, usable: np.ndarray, L: int,
-                  memory: bool, most_p: int) -> TermPart | None:
+                  rated: bool, most_p: int, memory: bool) -> TermPart | None:
         """One row's pieces over the usable options (kind, row, weight and m_cap are the
-        caller's): least slope and per-position intercepts, rate caps, cheapest-fill pieces."""
+        caller's): least slope and per-position intercepts, rate caps (``rated``: also the
+        knapsack's, of at most p whole options), cheapest-fill pieces."""
         arr, units, cls, _, _, _, _, icpt, _ = arrays
         vals = (arr @ np.array(row.stage, dtype=float))[usable]
         if not len(vals):
@@ -150,7 +154,7 @@ class TermParts:
             ratio = 1.0 / (vx * ux)
             for c in np.unique(cx):
                 speed += capacity[int(c)] * float(ratio[cx == c].max())
-        if a_min > 0 and memory:
+        if a_min > 0 and rated:
             # at most p whole options, not the classes' capacity at their best rates
             rates = most_speed(1.0 / vals, nn, cc, capacity, most_p)
         part = TermPart("", -1, 0.0, a_min, speed, rates, 0.0, c_min, sends)
