@@ -45,13 +45,21 @@ on the split; a stage's DP sync and optimizer step grow with its blocks, which t
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import statistics
 from dataclasses import dataclass
 
 from planner.errors import InputError
-from planner.rebalance import ReplicaSpeed, fit_speed, solve_shares
+from planner.rebalance import (
+    STALE_AFTER_REBALANCE,
+    ReplicaSpeed,
+    check_finite,
+    check_measured,
+    fit_speed,
+    solve_shares,
+)
 
 SCHEDULES = ("1f1b", "interleaved-1f1b")
 # Up to this many contiguous splits each is priced by the executor (a 2-stage plan of 64
@@ -181,7 +189,7 @@ class _Stage:
         out = []
         for sp, ln in zip(self.speeds, self.lines):
             rho = ln.time_s(nb) / ln.time_s(self.stage.num_blocks)
-            out.append(ReplicaSpeed(sp.stage, sp.replica, sp.fixed_s * rho, sp.per_sequence_s * rho))
+            out.append(dataclasses.replace(sp, fixed_s=sp.fixed_s * rho, per_sequence_s=sp.per_sequence_s * rho))
         return out
 
     def at(self, nb: int, shares: list[int] | None = None) -> StageAt:
@@ -223,14 +231,16 @@ def rebalance_blocks(cluster, plan, doc: dict, times, path: str, min_share: int 
         raise InputError("rebalance --blocks moves blocks between pipeline stages; the plan has one "
                          "stage (rebalance without --blocks re-solves its shares)")
     alpha, beta, unit = schedule_form(plan)
-    trained = check_trained(path, doc, plan)  # times of another model (a --tiny run) price nothing here
     steps = doc["steps"]
+    check_measured(plan, times, [s["step_time_s"] for s in steps], path)
+    trained = check_trained(path, doc, plan)  # times of another model (a --tiny run) price nothing here
     skip = len(steps) > 1            # the first step carries one-off start-up costs (rebalance)
     used = range(1 if skip else 0, len(steps))
+    speeds = {k: fit_speed(t, skip, plan.num_micro_batches) for k, t in times.items()}
+    check_finite(path, speeds)
     ctx = context_for_plan(plan, None, profiles)     # the plan's memory, as it will run
     # the measured times split as the runner computed them, as profile --from-run does
     lines = replica_lines(run_context(plan, path, trained, None, profiles), cluster, plan, times, used, path)
-    speeds = {k: fit_speed(t, skip) for k, t in times.items()}
     stages = [_Stage(ctx, cluster, plan, st, speeds, lines, min_share) for st in plan.stages]
     total = plan.stages[-1].blocks[1]
     units = total // unit
@@ -280,6 +290,8 @@ def rebalance_blocks(cluster, plan, doc: dict, times, path: str, min_share: int 
     pipe_old, old_shares, _ = predicted(old_nb, True)
     pipe_shares, _, _ = predicted(old_nb, False)
     pipe_new, new_shares, _ = predicted(new_nb, False)
+    check_finite(path, {}, predicted_old_step_s=outside + pipe_old, predicted_step_s=outside + pipe_new,
+                 predicted_shares_only_step_s=outside + pipe_shares)
     bounds, first = [], 0
     for nb in new_nb:
         bounds.append((first, first + nb))
@@ -314,12 +326,12 @@ def _candidate_splits(table, units: int, alpha: float, beta: float):
 
 
 def block_rebalanced_plan(plan, result: BlockRebalanced):
-    """``plan`` with the new split and shares; its ``predicted`` block (the cost model's, for
-    the old ones) dropped rather than left stale."""
+    """``plan`` with the new split and shares; its ``predicted`` and ``solver`` blocks (the cost
+    model's and the search's, for the old ones) dropped rather than left stale."""
     stages = []
     for s, (st, blocks) in enumerate(zip(plan.stages, result.blocks)):
         reps = tuple(r.model_copy(update={"micro_batch_share": result.shares[(s, j)]})
                      for j, r in enumerate(st.replicas))
         stages.append(st.model_copy(update={"blocks": blocks, "replicas": reps}))
-    data = plan.model_copy(update={"stages": tuple(stages), "predicted": None}).to_json()
+    data = plan.model_copy(update={"stages": tuple(stages), **STALE_AFTER_REBALANCE}).to_json()
     return type(plan).from_json(data)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from planner.errors import InfeasibleError, InputError
+from planner.errors import InfeasibleError, InputError, InputErrors, Location
 from planner.migrate import Migration, migration
 from planner.plan import Plan, check_plan
-from planner.plan.check import plan_training
+from planner.plan.check import check_layout, plan_training
 from planner.repair import relabel, repair
 from planner.spec import Cluster, load_model
 
@@ -68,9 +68,69 @@ def _stage_of_device(plan: Plan) -> dict[str, int]:
     return {d: s.index for s in plan.stages for r in s.replicas for d in r.devices}
 
 
+class InconsistentPlan(InputErrors):
+    """The old plan contradicts itself, whatever the cluster: bad input (exit 2), not a
+    cluster change (exit 4).  ``errors`` as ``InputErrors``, each naming the field."""
+
+    def _text(self) -> str:
+        return ("the old plan is inconsistent in itself, on any cluster: bad input, not a cluster "
+                "change (`planner evaluate` refuses it too):\n" + super()._text())
+
+
+def _recorded_gpu_types(plan: Plan) -> set[str]:
+    """The GPU types the plan's own cost records name (``inputs.profiles`` keys such as
+    ``A100-SXM4-80GB/block/mb1/tp1``, ``predicted.trust``): types it was priced on."""
+    names: set[str] = set()
+    for keys in (plan.inputs.profiles or {}).values():
+        if isinstance(keys, list):
+            names.update(k.rsplit("/", 3)[0] for k in keys if isinstance(k, str) and k.count("/") >= 3)
+    for row in (plan.predicted.trust or []) if plan.predicted is not None else []:
+        if isinstance(row, dict) and isinstance(row.get("gpu_type"), str):
+            names.add(row["gpu_type"])
+    return {n.strip().lower() for n in names}
+
+
+def _unknown_gpu_types(cluster: Cluster, plan: Plan, file: str) -> list[InputError]:
+    """A replica's ``gpu_type`` that names a GPU type known nowhere: not a catalog id, not a GPU
+    of ``cluster``, not one the plan was priced on.  A known type on a node that now holds
+    another is a cluster change (``old_plan_status``); an unknown one no cluster ever held."""
+    from planner import catalog
+
+    here = sorted({n.gpu.name for n in cluster.node_list})
+    known = {n.strip().lower() for n in here} | _recorded_gpu_types(plan)
+    errors = []
+    for i, stage in enumerate(plan.stages):
+        for j, rep in enumerate(stage.replicas):
+            if rep.gpu_type.strip().lower() in known or catalog.find_gpu(rep.gpu_type) is not None:
+                continue
+            errors.append(InputError(
+                f"gpu_type {rep.gpu_type!r} is no GPU type the planner knows: not a catalog id "
+                f"(`planner catalog gpus`), not a GPU of cluster {cluster.name!r} ({', '.join(here)}), "
+                "and not one the plan's cost records (inputs.profiles) name",
+                Location(file, field=f"stages[{i}].replicas[{j}].gpu_type")))
+    return errors
+
+
+def check_old_plan(cluster: Cluster, old: Plan, file: str = "<plan>") -> None:
+    """Raise ``InconsistentPlan`` when ``old`` contradicts itself: the checks ``planner
+    evaluate`` applies that need no cluster (``check_layout``: stages, blocks against its
+    model, shares, batch, schedule, devices used once) and a ``gpu_type`` known nowhere.  What
+    is left for ``old_plan_status`` is what a changed cluster explains: devices gone, another
+    GPU type on a node, memory."""
+    errors: list[InputError] = []
+    try:
+        check_layout(old, file=file)
+    except InputErrors as exc:
+        errors.extend(exc.errors)
+    errors.extend(_unknown_gpu_types(cluster, old, file))
+    if errors:
+        raise InconsistentPlan(errors)
+
+
 def old_plan_status(cluster: Cluster, old: Plan, profiles=None, file: str = "<plan>"):
     """(problems, evaluation): why ``old`` no longer runs on ``cluster`` (devices gone, memory
-    over), or ``([], its evaluation on the new cluster)``."""
+    over), or ``([], its evaluation on the new cluster)``.  ``replan`` calls it on a plan that
+    passed ``check_old_plan``: the problems are then the cluster's doing."""
     from planner.cost import evaluate
 
     try:
@@ -98,7 +158,11 @@ def replan(cluster: Cluster, old: Plan, time_limit_s: float = 60.0, profiles=Non
         raise InputError(f"--migration-steps must be at least 1, got {migration_steps}")
     if max_moved_fraction is not None and not 0 <= max_moved_fraction <= 1:
         raise InputError(f"--max-moved-fraction must be between 0 and 1, got {max_moved_fraction}")
-    # The model and training are the job itself: without them there is nothing to re-plan (exit 2).
+    # A plan that contradicts itself is bad input (exit 2), not a cluster change (exit 4): it
+    # would otherwise be "repaired" and migrated from, and its model (a 40-layer llama3-8b, a
+    # llama3-70b of 32 blocks) searched for.  The model and training are the job itself:
+    # without them there is nothing to re-plan (exit 2).
+    check_old_plan(cluster, old, file)
     model = load_model(old.inputs.model)
     training = plan_training(old, file)
     problems, old_ev = old_plan_status(cluster, old, profiles, file)

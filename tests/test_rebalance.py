@@ -7,6 +7,7 @@ import json
 import pytest
 
 from planner.cli.main import main
+from planner.errors import InputError
 from planner.launch.measurements import SCHEMA_ID, build, load, plan_sha256
 from planner.launch.runner import RankInfo
 from planner.plan import Plan
@@ -165,3 +166,80 @@ def test_launch_carries_the_rebalanced_shares_and_their_bounds(files, capsys):
     moving = Plan.from_json({**new.to_json(), "dynamic_shares": {"min_share": 2, "max_step_fraction": 0.25}})
     rank_map = json.loads(api.launch(moving, "torchrun", cluster=cluster, master_addr="10.0.0.1")["rank_map.json"])
     assert rank_map["dynamic_shares"] == {"min_share": 2, "max_step_fraction": 0.25, "dead_band": 0.05}
+
+
+# -- measurements that contradict themselves, the speed's unit, the stale solver block ---------
+def _dup_row(d):
+    d["steps"][1]["replicas"].append(dict(d["steps"][1]["replicas"][0]))
+
+
+def _huge(d):
+    """Consistent but out of range: printed in ms it was "inf ms"."""
+    for step in d["steps"]:
+        step["step_time_s"] = 1.7e308
+        for row in step["replicas"]:
+            row["compute_s"] = 1.6e308
+
+
+def _tiny(d):
+    """A positive compute_s whose time per sequence underflows to 0 (a division by zero)."""
+    for step in d["steps"]:
+        for row in step["replicas"]:
+            row["compute_s"] = 5e-324
+
+
+@pytest.mark.parametrize("mutate, field, why", [
+    (lambda d: d["steps"][1]["replicas"][0].update(compute_s=3.0), "steps[1].replicas",
+     "stage/replica 0/0 compute_s 3 s is longer than its step"),
+    (lambda d: d["steps"][2]["replicas"][1].update(compute_s=1e308), "steps[2].replicas",
+     "stage/replica 0/1 compute_s 1e+308 s is longer than its step"),
+    (lambda d: d["steps"][0]["replicas"][1].update(sync_wait_s=5.0), "steps[0].replicas",
+     "stage/replica 0/1 sync_wait_s 5 s is longer than its step"),
+    (lambda d: d["steps"][1]["replicas"][0].update(share=1000), "steps[1].replicas",
+     "the shares of stage 0 (0/0 1000, 0/1 4) sum to 1004, but the plan's micro_batch_size is 8"),
+    (lambda d: d["steps"][3]["replicas"][1].update(share=2), "steps[3].replicas", "sum to 6"),
+    (_dup_row, "steps[*].replicas", "stage/replica 0/0 is measured 6 times in 5 steps; each step measures each replica once"),
+    (_huge, "steps[0].step_time_s", "1.7e+308 s is no measured step; a step takes seconds, at most 1e+06 s"),
+    (_tiny, "steps[*].replicas", "stage/replica 0/0 compute_s is too small to compute with"),
+])
+def test_self_contradicting_measurements_exit_2_and_write_nothing(files, capsys, mutate, field, why):
+    tmp, plan, doc = files
+    mutate(doc)
+    (tmp / "m.json").write_text(json.dumps(doc))
+    rc = main(["rebalance", str(tmp / "cluster.yaml"), str(tmp / "plan.json"), "--measurements",
+               str(tmp / "m.json"), "-o", str(tmp / "new.json"), "--json"])
+    captured = capsys.readouterr()
+    assert rc == 2, captured.err
+    assert f"{field}: " in captured.err and why in captured.err and "Traceback" not in captured.err
+    assert captured.out == "" and not (tmp / "new.json").exists()
+    with pytest.raises(InputError):   # the API alike
+        _, times = load_doc(doc, plan)
+        rebalance(plan, times, [s["step_time_s"] for s in doc["steps"]])
+
+
+def test_measured_sequences_per_s_counts_every_micro_batch(files, capsys):
+    """A step runs num_micro_batches (2) micro-batches, each replica taking its share of each:
+    share x 2 sequences in its compute_s (replica 1: 4 x 2 in 4 x 3 ms = 667/s, not 333/s)."""
+    tmp, plan, _ = files
+    assert plan.num_micro_batches == 2
+    args = ["rebalance", str(tmp / "cluster.yaml"), str(tmp / "plan.json"), "--measurements", str(tmp / "m.json")]
+    assert main([*args, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["sequences_per_s"] == {"0/0": pytest.approx(2000.0), "0/1": pytest.approx(2000.0 / 3)}
+    assert main(args) == 0
+    assert "(measured sequences/s: 2000.0, 666.7)" in capsys.readouterr().out
+
+
+def test_rebalanced_plan_drops_the_old_searchs_solver_block(tmp_path, capsys):
+    """The solver block's status and objective were proved for the searched shares: stale after
+    the rebalance, as the predicted block is (docs/runner.md)."""
+    plan = Plan.from_json({**make_plan([4, 4]).to_json(),
+                           "solver": {"method": "milp", "status": "optimal", "objective": 0.5, "gap": 0.0}})
+    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+    (tmp_path / "plan.json").write_text(plan.dumps())
+    (tmp_path / "m.json").write_text(json.dumps(synthetic(plan, [0.001, 0.003])))
+    assert main(["rebalance", str(tmp_path / "cluster.yaml"), str(tmp_path / "plan.json"), "--measurements",
+                 str(tmp_path / "m.json"), "-o", str(tmp_path / "new.json")]) == 0
+    new = json.loads((tmp_path / "new.json").read_text())
+    assert "solver" not in new and "predicted" not in new
+    assert [r["micro_batch_share"] for r in new["stages"][0]["replicas"]] == [6, 2]

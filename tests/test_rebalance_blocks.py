@@ -298,3 +298,47 @@ def test_bad_input_exits_2(tmp_path, capsys, case, expect):
     assert rc == 2, err
     assert expect in err and "Traceback" not in err
     assert not (tmp_path / "new.json").exists()
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("compute-over-step", "steps[2].replicas: stage/replica 1/0 compute_s 50 s is longer than its step"),
+    ("huge", "steps[0].replicas: stage/replica 0/0 compute_s 1e+308 s is longer than its step"),
+    ("share-over-micro-batch", "the shares of stage 0 (0/0 1000) sum to 1000, but the plan's micro_batch_size is 4"),
+    ("twice", "steps[*].replicas: stage/replica 1/0 is measured 6 times in 5 steps"),
+])
+def test_self_contradicting_measurements_exit_2_naming_the_file(tmp_path, capsys, case, expect):
+    """As rebalance without --blocks: nothing priced, nothing written, the file and step named."""
+    plan = make_plan((4, 4))
+    doc = measurements(plan, {(0, 0): 1.0, (1, 0): 2.0})
+    rows = doc["steps"]
+    if case == "compute-over-step":
+        rows[2]["replicas"][1]["compute_s"] = 50.0
+    elif case == "huge":
+        for step in rows:
+            for row in step["replicas"]:
+                row["compute_s"] = 1e308
+    elif case == "share-over-micro-batch":
+        rows[1]["replicas"][0]["share"] = 1000
+        expect = "steps[1].replicas: " + expect
+    else:
+        rows[3]["replicas"].append(dict(rows[3]["replicas"][1]))
+    rc = run_cli(tmp_path, plan, doc, "--blocks", "--json")
+    captured = capsys.readouterr()
+    assert rc == 2, captured.err
+    assert f"m.json: {expect}" in captured.err and "Traceback" not in captured.err
+    assert captured.out == "" and not (tmp_path / "new.json").exists()
+
+
+def test_block_rebalanced_plan_has_no_stale_solver_block(tmp_path, capsys):
+    plan = Plan.from_json({**make_plan((4, 4)).to_json(),
+                           "solver": {"method": "milp", "status": "optimal", "objective": 1.0, "gap": 0.0}})
+    slow = {(0, 0): 1.0, (1, 0): 2.0}
+    assert run_cli(tmp_path, plan, measurements(plan, slow), "--blocks", "--json") == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["blocks"]["moved"]
+    new = json.loads((tmp_path / "new.json").read_text())
+    assert "solver" not in new and "predicted" not in new
+    # share x num_micro_batches sequences in a step's compute_s (measured at the old split)
+    m = json.loads((tmp_path / "m.json").read_text())
+    row = m["steps"][1]["replicas"][0]
+    assert summary["sequences_per_s"]["0/0"] == pytest.approx(row["share"] * M / row["compute_s"])

@@ -280,3 +280,97 @@ def test_a_given_plan_is_priced_with_the_searchs_training(tmp_path):
     assert api.evaluate(cluster, res.plan).iteration_time_s > flash.evaluation.iteration_time_s   # kernels apart
     assert res.report.model_extra["priced_vs_evaluated_rel"] <= 1e-9
     assert res.report.objective == pytest.approx(api.evaluate(cluster, res.plan).iteration_time_s, rel=1e-9)
+
+
+# -- an old plan inconsistent in itself is bad input (exit 2), not a cluster change (exit 4) --
+def _hand_plan() -> dict:
+    """A 2-stage plan of MODEL on BIG (no search): stage 0 on a100-0, stage 1 on a100-1."""
+    def reps(node):
+        return [{"gpu_type": "A100-SXM4-80GB", "tp": 1, "micro_batch_share": 1, "devices": [f"{node}:{k}"]}
+                for k in range(2)]
+    return {"schema": "planner.plan/v1",
+            "inputs": {"cluster": "shrinking", "model": dict(MODEL),
+                       "training": {"global_batch_size": 8, "seq_len": 256},
+                       "profiles": {"estimated": ["A100-SXM4-80GB/block/mb1/tp1"], "measured": [],
+                                    "interpolated": []}},
+            "micro_batch_size": 2, "num_micro_batches": 4, "schedule": "1f1b",
+            "stages": [{"index": 0, "blocks": [0, 2], "embedding": True, "head": False, "replicas": reps("a100-0")},
+                       {"index": 1, "blocks": [2, 4], "embedding": False, "head": True, "replicas": reps("a100-1")}],
+            "solver": {"method": "milp", "status": "optimal", "objective": 1.0}}
+
+
+def _set(path, value):
+    def mutate(d):
+        *head, last = path
+        for key in head:
+            d = d[key]
+        d[last] = value
+    return mutate
+
+
+INCONSISTENT = [
+    ("blocks_short", _set(("stages", 1, "blocks"), [2, 3]), "stages[1].blocks", "cover blocks [0, 4) of small"),
+    ("blocks_beyond", _set(("stages", 1, "blocks"), [2, 6]), "stages[1].blocks", "they end at 6"),
+    ("blocks_gap", _set(("stages", 1, "blocks"), [3, 4]), "stages[1].blocks", "contiguous"),
+    ("blocks_overlap", _set(("stages", 1, "blocks"), [1, 4]), "stages[1].blocks", "contiguous"),
+    ("dev_dup", _set(("stages", 1, "replicas", 0, "devices"), ["a100-0:0"]), "stages[1].replicas[0].devices[0]",
+     "used twice"),
+    ("emb_twice", _set(("stages", 1, "embedding"), True), "stages[1].embedding", "stage 0 only"),
+    ("no_head", _set(("stages", 1, "head"), False), "stages[1].head", "must hold the head"),
+    ("share_sum_wrong", _set(("stages", 1, "replicas", 0, "micro_batch_share"), 3), "stages[1].replicas",
+     "sums to 4"),
+    ("stage_index_wrong", _set(("stages", 1, "index"), 7), "stages[1].index", "position 1 has index 7"),
+    ("mbs_mismatch_gbs", _set(("num_micro_batches",), 3), "num_micro_batches", "global_batch_size is 8"),
+    ("gpu_type_unknown", _set(("stages", 1, "replicas", 0, "gpu_type"), "Z9000"),
+     "stages[1].replicas[0].gpu_type", "'Z9000' is no GPU type"),
+    # a model of other layers under the same name: not a model to search for
+    ("model_layers", _set(("inputs", "model", "num_layers"), 6), "stages[1].blocks", "cover blocks [0, 6) of small"),
+    ("model_other", _set(("inputs", "model"), "llama3-70b"), "stages[1].blocks",
+     "cover blocks [0, 80) of llama3-70b; they end at 4"),
+]
+
+
+@pytest.mark.parametrize("mutate, field, why", [c[1:] for c in INCONSISTENT], ids=[c[0] for c in INCONSISTENT])
+def test_inconsistent_old_plan_is_bad_input_not_a_cluster_change(tmp_path, capsys, mutate, field, why):
+    (tmp_path / "big.yaml").write_text(BIG)
+    data = _hand_plan()
+    mutate(data)
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    out = tmp_path / "new.json"
+    code = main(["replan", str(tmp_path / "big.yaml"), str(tmp_path / "plan.json"), "--time-limit", "5",
+                 "-o", str(out), "--json"])
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    assert f"plan.json: {field}: " in captured.err and why in captured.err
+    assert "not a cluster change" in captured.err and "Traceback" not in captured.err
+    assert captured.out == "" and not out.exists()
+    from planner.replan import InconsistentPlan
+
+    with pytest.raises(InconsistentPlan) as exc:     # the API alike, each problem naming its field
+        api.replan(api.load_cluster(tmp_path / "big.yaml"), api.load_plan(tmp_path / "plan.json"), time_limit_s=5)
+    assert any(e.location.field == field for e in exc.value.errors)
+
+
+def test_consistent_plan_on_a_changed_cluster_is_still_exit_4(tmp_path, capsys):
+    """What a cluster change explains stays exit 4: a node gone, a node now of another (known)
+    GPU type, a GPU type of the plan's own cost records that the cluster no longer has."""
+    (tmp_path / "small.yaml").write_text(SMALL)
+    (tmp_path / "h100.yaml").write_text(BIG.replace("A100-SXM4-80GB", "H100-SXM5-80GB"))
+    custom = _hand_plan()
+    for stage in custom["stages"]:
+        for rep in stage["replicas"]:
+            rep["gpu_type"] = "my-gpu"
+    custom["inputs"]["profiles"]["estimated"] = ["my-gpu/block/mb1/tp1"]
+    for cluster, data in (("small.yaml", _hand_plan()), ("h100.yaml", _hand_plan()), ("h100.yaml", custom)):
+        (tmp_path / "plan.json").write_text(json.dumps(data))
+        code = main(["replan", str(tmp_path / cluster), str(tmp_path / "plan.json"), "--time-limit", "5", "--json"])
+        captured = capsys.readouterr()
+        assert code == 4, captured.err
+        assert json.loads(captured.out)["old_plan_valid"] is False
+
+
+def test_replan_prints_a_rounding_noise_gap_as_0_as_plan_does():
+    from planner.cli.replan import gap_text
+
+    assert gap_text(1.67e-16) == "0%" and gap_text(0.0) == "0%" and gap_text(None) == "n/a"
+    assert gap_text(0.0177) == "1.77%"

@@ -23,8 +23,10 @@ def rebalance(cluster_file, plan_file, measurements_file, output, blocks, as_jso
     stages, and report the predicted step time; with --blocks, the block split first (measured
     time per block per replica, every split or the closed form's DP optimum priced by the
     schedule's action-list executor, memory checked). Exit 2 for bad input (measurements of
-    another plan, a replica missing, a time that is not positive, --blocks on a one-stage plan
-    or another schedule)."""
+    another plan, a replica missing or twice in a step, a time that is not positive or longer
+    than its step, shares not adding up to the micro-batch, --blocks on a one-stage plan or
+    another schedule). The written plan has no predicted or solver block (both were for the
+    old shares); `planner evaluate` predicts it."""
     from planner import api
 
     if output:
@@ -37,6 +39,7 @@ def rebalance(cluster_file, plan_file, measurements_file, output, blocks, as_jso
     summary = {
         "shares": {f"{s}/{r}": v for (s, r), v in sorted(result.shares.items())},
         "old_shares": {f"{s}/{r}": v for (s, r), v in sorted(result.old_shares.items())},
+        # share x num_micro_batches sequences a step (ReplicaSpeed.sequences_per_s)
         "sequences_per_s": {f"{s}/{r}": sp.sequences_per_s for (s, r), sp in sorted(result.speeds.items())},
         "fixed_s": {f"{s}/{r}": sp.fixed_s for (s, r), sp in sorted(result.speeds.items())},
         "measured_step_s": result.measured_step_s,

@@ -13,6 +13,12 @@ from planner.cli.common import check_writable, console, echo_json, warn_precisio
 OLD_PLAN_INVALID_EXIT = 4
 
 
+def gap_text(gap: float | None) -> str:
+    """The search's gap as ``planner plan`` prints it: below the solvers' tolerance (1e-9) it is
+    rounding noise and reads 0% (``1.67e-14%`` was printed)."""
+    return "n/a" if gap is None else "0%" if gap <= 1e-9 else f"{100 * gap:.3g}%"
+
+
 @click.command()
 @click.argument("cluster_file", metavar="CLUSTER", type=click.Path(dir_okay=False))
 @click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
@@ -37,7 +43,8 @@ def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json,
     """Re-plan for a changed cluster and compare with the old plan.
 
     Exit 0: the old plan still runs; 4: it no longer does (the new plan is written with -o);
-    1: no plan fits the new cluster; 2: bad input."""
+    1: no plan fits the new cluster; 2: bad input, an old plan inconsistent in itself included
+    (blocks, shares, batch, its model, a GPU type known nowhere: what no cluster change explains)."""
     from planner import api
 
     if output:      # before the search, not after it
@@ -84,7 +91,7 @@ def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json,
                 out.print(f"  {line}")
         fresh = result.fresh.evaluation.tokens_per_s
         out.print(f"fresh search: {fresh:,.0f} tokens/s ({result.search.report.status}, gap "
-                  f"{0 if result.search.report.gap is None else 100 * result.search.report.gap:.3g}%)")
+                  f"{gap_text(result.search.report.gap)})")
         mig = result.migration
         out.print(f"answer: {result.chosen.source}, {new_ev.tokens_per_s:,.0f} tokens/s "
                   f"({result.vs_fresh:.3f}x the fresh plan"

@@ -34,6 +34,7 @@ def schedule(cluster_file, plan_file, latency_aware, exact, memory_cap, time_lim
 
     if not latency_aware:
         raise InputError("say which schedule to write: --latency-aware (the one this command builds)")
+    api.check_time_limit(time_limit_s)     # as `plan` does, before reading or writing anything
     if output:
         check_writable(output)
     cluster = api.load_cluster(cluster_file)
