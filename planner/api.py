@@ -4,9 +4,18 @@ thin layer on these functions.
     from planner import api
     cluster = api.load_cluster("cluster_specs/lab-mixed.yaml")
     model = api.load_model("llama3-70b")
-    training = api.Training(global_batch_size=1024, seq_len=4096, precision="bf16")
+    training = api.training(global_batch_size=1024, seq_len=4096, precision="bf16")
     result = api.plan(cluster, model, training, objective="throughput", time_limit_s=60)
     ev = api.evaluate(cluster, result.plan)
+
+Bad arguments are ``InputError`` (the CLI's exit 2) naming the parameter and what it may be:
+each function takes a cluster as a ``Cluster``, a spec path or a mapping; a model as a
+``ModelSpec``, a catalog name, a path or a mapping; training as a ``Training`` or a mapping;
+a plan as a ``Plan`` or a plan file path (planner.api_inputs).  The classes exported here
+(``Cluster``, ``ModelSpec``, ``Training``, ``Plan``) are pydantic models: constructing one
+directly, e.g. ``api.Training(global_batch_size=-8, ...)``, raises pydantic's
+``ValidationError``; ``api.training(...)`` and the ``load_*`` functions raise ``InputError``.
+An unknown keyword argument is Python's ``TypeError``, naming the api function.
 """
 
 from __future__ import annotations
@@ -16,11 +25,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from planner import api_inputs as args
 from planner.errors import InfeasibleError, InputError, PlannerError
 from planner.plan import Plan
-from planner.spec import Cluster, ModelSpec, Training, load_cluster, load_model, load_training
+from planner.spec import Cluster, ModelSpec, Training
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable, Mapping
+
     from planner.cost import Evaluation
 
 
@@ -61,7 +73,8 @@ _ELSEWHERE = {
 __all__ = [  # noqa: PLE0604 - the names in _ELSEWHERE are strings too
     "Cluster", "InfeasibleError", "InputError", "ModelSpec", "Plan", "PlannerError", "Training",
     "diff", "evaluate", "launch", "latency_schedule", "load_cluster", "load_model", "load_plan", "load_training", "plan",
-    "profile_from_run", "rebalance", "replan", "resolve_profiles", "run", "search_watch", "simulate", "summarize_cluster", "training_from_mapping",
+    "profile_from_run", "rebalance", "replan", "resolve_profiles", "run", "search_watch", "simulate", "summarize_cluster", "training",
+    "training_from_mapping",
     *sorted(_ELSEWHERE),
 ]
 
@@ -75,18 +88,43 @@ def __getattr__(name: str):
     return found if attr is None else getattr(found, attr)
 
 
-def training_from_mapping(data: dict, file: str) -> Training:
+def training_from_mapping(data: dict, file: str = "<training>") -> Training:
     """A ``Training`` from command-line values, its errors naming ``file`` (the flags) and the field."""
-    from planner.spec.source import document_from_data, validate_model
+    return args.training_from_fields(data, file)
 
-    return validate_model(Training, document_from_data(data, file=file))
+
+def training(**fields: Any) -> Training:
+    """A ``Training`` (global_batch_size, seq_len, precision, ...): bad values are an
+    ``InputError`` naming ``<training>`` and the field, where ``Training(...)`` itself raises
+    pydantic's ``ValidationError``."""
+    return args.training_from_fields(fields, "<training>")
+
+
+def load_cluster(spec: str | Path | Mapping[str, Any]) -> Cluster:
+    """A cluster spec from a YAML file, or from the spec as a mapping (``cluster_from_dict``);
+    every problem names the file (``<cluster>`` for a mapping), line and field."""
+    return args.cluster_arg(spec, "spec")
+
+
+def load_model(name_or_path: str | Path | Mapping[str, Any]) -> ModelSpec:
+    """A catalog model name, a YAML file with the model mapping, or the mapping itself."""
+    return args.model_arg(name_or_path, "name_or_path")
+
+
+def load_training(path: str | Path) -> Training:
+    """A training spec from a YAML file, errors naming file:line:column and the field."""
+    from planner.spec import load_training as _load
+
+    return _load(args.path_arg(path, "path", "training spec (YAML)"))
 
 
 def resolve_profiles(cluster: Cluster, profiles: Any):
-    """The profiles to price with: a ``ProfileSet`` as given; a folder or file path loaded;
-    ``None``: the ones the cluster spec names.  Every entry point uses this, so the API and
-    the commands price a plan alike."""
-    if isinstance(profiles, (str, Path)):
+    """The profiles to price with: a ``ProfileSet`` as given; a folder or file path (or a list
+    of files) loaded; ``None``: the ones the cluster spec names.  Every entry point uses this,
+    so the API and the commands price a plan alike.  Anything else is an ``InputError``."""
+    cluster = args.cluster_arg(cluster)
+    profiles = args.profiles_arg(profiles)
+    if isinstance(profiles, (str, Path, list)):
         from planner.profile import load_profiles
 
         return load_profiles(profiles, cluster=cluster)
@@ -101,7 +139,7 @@ def load_plan(path: str | Path) -> Plan:
     """Read a plan file with errors naming the file and field."""
     from planner.plan.check import load_plan as _load
 
-    return _load(path)
+    return _load(args.path_arg(path, "path", "plan file"))
 
 
 def simulate(cluster: Cluster, plan: Plan, profiles: Any = None, calibration: str | Path | None = None,
@@ -109,59 +147,112 @@ def simulate(cluster: Cluster, plan: Plan, profiles: Any = None, calibration: st
     """Run the plan's pipeline schedule event by event (see ``planner.simulate``), priced with
     the calibration file ``calibration`` (from ``planner profile --calibrate``; None: the
     shipped fit, or PLANNER_CALIBRATION)."""
-    from planner.cost.calibration import calibrated
     from planner.simulate import simulate_plan
 
-    with calibrated(calibration):
+    cluster = args.cluster_arg(cluster)
+    plan, file = args.plan_arg(plan, file=file)
+    with _calibrated(calibration):
         return simulate_plan(cluster, plan, profiles=resolve_profiles(cluster, profiles), file=file)
 
 
-def evaluate(cluster: Cluster, plan: Plan, profiles: Any = None, calibration: str | Path | None = None,
-             **options: Any) -> Evaluation:
-    """Predict a plan's iteration time, throughput, cost and memory, term by term (options:
-    ``check=False`` skips checking the plan against the cluster)."""
-    from planner.cost import evaluate as _evaluate
+def _calibrated(calibration: Any):
+    """``planner.cost.calibration.calibrated`` for a calibration file path (or None)."""
     from planner.cost.calibration import calibrated
 
-    with calibrated(calibration):
-        return _evaluate(cluster, plan, profiles=resolve_profiles(cluster, profiles), **options)
+    return calibrated(args.optional_path_arg(calibration, "calibration", "calibration file"))
 
 
-def launch(plan: Plan, fmt: str, cluster: Cluster | None = None, **options: Any) -> dict[str, str]:
-    """Launcher inputs for ``plan`` (torchrun, megatron, deepspeed, pipelining) by file name."""
-    from planner.launch import render
+def evaluate(cluster: Cluster, plan: Plan, profiles: Any = None, calibration: str | Path | None = None,
+             *, check: bool = True, model: Any = None, precision: str | None = None,
+             grad_reduce_overlap: bool | None = None, tp_comm_overlap: bool | None = None,
+             flash_attention: bool | None = None, cross_entropy: str | None = None,
+             elementwise: str | None = None) -> Evaluation:
+    """Predict a plan's iteration time, throughput, cost and memory, term by term.  ``check=False``
+    skips checking the plan against the cluster; ``model`` prices another model than the plan's
+    ``inputs.model``; the other keywords, when given, override the plan's (or the cost model's)
+    setting of that name (``planner.cost.context.CostContext``), e.g. ``grad_reduce_overlap=False``
+    for a run without Megatron's ``--overlap-grad-reduce``."""
+    from planner.cost import evaluate as _evaluate
 
-    return render(plan, fmt, cluster=cluster, **options)
+    given = {"precision": precision, "grad_reduce_overlap": grad_reduce_overlap,
+             "tp_comm_overlap": tp_comm_overlap, "flash_attention": flash_attention,
+             "cross_entropy": cross_entropy, "elementwise": elementwise}
+    cluster = args.cluster_arg(cluster)
+    plan, _ = args.plan_arg(plan)
+    if model is not None:
+        model = args.model_arg(model)
+    with _calibrated(calibration):
+        return _evaluate(cluster, plan, profiles=resolve_profiles(cluster, profiles), check=check,
+                         model=model, **{k: v for k, v in given.items() if v is not None})
+
+
+def launch(plan: Plan, fmt: str, cluster: Cluster | None = None, *, master_addr: str | None = None,
+           master_port: int | None = None, script: str | None = None, schedule_csv: bool = False,
+           file: str | None = None) -> dict[str, str]:
+    """Launcher inputs for ``plan`` (torchrun, megatron, deepspeed, pipelining, torchtitan) by
+    file name (``planner.launch.render``).  With ``cluster`` the plan is first checked against
+    it as ``evaluate`` checks it (devices, GPU types); ``file`` names the plan in errors."""
+    from planner.launch import DEFAULT_MASTER_PORT, render
+
+    plan, named = args.plan_arg(plan, file=file or "<plan>")
+    if file is None and named != "<plan>":
+        file = named        # a plan given by its path: errors name the file
+    if cluster is not None:
+        cluster = args.cluster_arg(cluster)
+    port = DEFAULT_MASTER_PORT if master_port is None else args.whole_number(master_port, "master_port")
+    return render(plan, fmt, master_addr=master_addr, master_port=port, script=script, cluster=cluster,
+                  schedule_csv=schedule_csv, file=file)
 
 
 def run(plan: Plan, steps: int = 3, backend: str = "gloo", **options: Any):
-    """Train the plan's layout for ``steps`` steps on local processes (needs the torch extra)."""
+    """Train the plan's layout for ``steps`` steps on local processes (needs the torch extra);
+    ``options``: those of ``planner.launch.runner.run_plan`` (seed, seq_len, dtype, ...)."""
     from planner.launch.runner import run_plan
 
-    return run_plan(plan, steps=steps, backend=backend, **options)
+    args.check_options("run", options, args.parameters(run_plan, skip=3))
+    plan, _ = args.plan_arg(plan)
+    return run_plan(plan, steps=args.whole_number(steps, "steps"), backend=backend, **options)
 
 
-def plan(cluster: Cluster, model: ModelSpec | str, training: Training, objective: str = "throughput",
-         time_limit_s: float = 60.0, top_k: int = 1, **options: Any):
+def plan(cluster: Cluster | str | Path | Mapping[str, Any], model: ModelSpec | str | Path | Mapping[str, Any],
+         training: Training | Mapping[str, Any], objective: str = "throughput", time_limit_s: float = 60.0,
+         top_k: int = 1, *, launcher: str | None = None, profiles: Any = None,
+         budget_usd_per_hour: float | None = None, min_tokens_per_s: float | None = None, gap_rel: float = 0.0,
+         progress: Callable[[str], None] | None = None, watch: Any = None, calibration: str | Path | None = None,
+         deterministic: bool = False, work_budget: int | None = None, incumbents: Any = ()):
     """Search the plan space (DESIGN §6) and return the best plan(s) with a solver report.
 
     ``result.plan``, ``result.evaluation`` and ``result.solver`` are the best plan, its
     prediction and how it was proved; ``result.plans`` holds the ``top_k`` best.  Options:
     ``launcher``, ``profiles``, ``budget_usd_per_hour``, ``min_tokens_per_s``, ``gap_rel``,
-    ``progress`` (called with each message), ``watch`` (``search_watch()``) and
-    ``calibration`` (a file from ``planner profile --calibrate``, for this call only).
+    ``progress`` (called with each message), ``watch`` (``search_watch()``),
+    ``calibration`` (a file from ``planner profile --calibrate``, for this call only),
+    ``deterministic`` / ``work_budget`` (count work, not seconds: ``planner.search.solve``) and
+    ``incumbents`` (plans the search starts from, as ``replan`` passes the old plan).
     """
-    from planner.cost.calibration import calibrated
     from planner.launcher_space import narrow
     from planner.search import solve
 
-    if isinstance(model, str):
-        model = load_model(model)
-    training = narrow(training, options.get("launcher"))     # only what the launcher can run
-    profiles = options["profiles"] = resolve_profiles(cluster, options.get("profiles"))
-    with calibrated(options.pop("calibration", None)):
+    cluster, model = args.cluster_arg(cluster), args.model_arg(model)
+    training = args.training_arg(training)
+    args.real_number(time_limit_s, "time_limit_s", "positive number of seconds")
+    args.whole_number(top_k, "top_k")
+    args.whole_number(work_budget, "work_budget", optional=True)
+    args.real_number(budget_usd_per_hour, "budget_usd_per_hour", "positive number of USD/hour", optional=True)
+    args.real_number(min_tokens_per_s, "min_tokens_per_s", "positive number of tokens/s", optional=True)
+    if not (isinstance(gap_rel, (int, float)) and not isinstance(gap_rel, bool) and 0 <= gap_rel < 1):
+        raise InputError(f"gap_rel must be a number from 0 (prove optimal) up to, not including, 1, "
+                         f"got {args.shown(gap_rel)}")
+    args.callable_arg(progress, "progress", "a function called with each progress message (a str)")
+    _check_watch(watch)
+    training = narrow(training, launcher)     # only what the launcher can run
+    profiles = resolve_profiles(cluster, profiles)
+    with _calibrated(calibration):
         result = solve(cluster, model, training, objective=objective, time_limit_s=time_limit_s,
-                       top_k=top_k, **options)
+                       top_k=top_k, launcher=launcher, deterministic=deterministic, work_budget=work_budget,
+                       profiles=profiles, budget_usd_per_hour=budget_usd_per_hour,
+                       min_tokens_per_s=min_tokens_per_s, gap_rel=gap_rel, progress=progress, watch=watch,
+                       incumbents=incumbents)
     # The plan file keeps what was proved, not how long it took (PLAN_SOLVER_FIELDS): the
     # same inputs give the same bytes.  ``result.report`` keeps the run's timing and counters.
     result.plans = [_record_cost_sources(p, e, profiles).model_copy(update={"solver": p.solver.for_plan()})
@@ -176,6 +267,15 @@ def search_watch():
     from planner.search.watch import SearchWatch
 
     return SearchWatch()
+
+
+def _check_watch(watch: Any) -> None:
+    if watch is None:
+        return
+    from planner.search.watch import SearchWatch
+
+    if not isinstance(watch, SearchWatch):
+        raise InputError(f"watch must be what api.search_watch() returns, or None, got {args.shown(watch)}")
 
 
 def _record_cost_sources(plan_: Plan, evaluation: Evaluation, profiles: Any) -> Plan:
@@ -194,17 +294,31 @@ def _record_cost_sources(plan_: Plan, evaluation: Evaluation, profiles: Any) -> 
     return plan_.model_copy(update={"inputs": inputs})
 
 
+# the options of ``plan`` that ``replan`` passes on (it sets the others from the old plan)
+_REPLAN_SETS = ("objective", "time_limit_s", "budget_usd_per_hour", "min_tokens_per_s", "profiles",
+                "calibration", "incumbents")
+
+
 def replan(cluster: Cluster, old_plan: Plan, time_limit_s: float = 60.0, profiles: Any = None,
-           file: str = "<plan>", calibration: str | Path | None = None, **options: Any):
+           file: str = "<plan>", calibration: str | Path | None = None, *, migration_steps: int | None = None,
+           max_moved_fraction: float | None = None, **options: Any):
     """Check ``old_plan`` against a changed cluster and search again, keeping the old plan
-    (repaired after lost nodes) unless the fresh one wins; ``options``: migration_steps,
-    max_moved_fraction and the search's options (see ``planner.replan``)."""
-    from planner.cost.calibration import calibrated
+    (repaired after lost nodes) unless the fresh one wins (see ``planner.replan``);
+    ``options``: the search's, as ``plan`` takes them (launcher, gap_rel, progress, watch,
+    deterministic, work_budget, top_k)."""
     from planner.replan import replan as _replan
 
-    with calibrated(calibration):
-        return _replan(cluster, old_plan, time_limit_s=time_limit_s,
-                       profiles=resolve_profiles(cluster, profiles), file=file, **options)
+    search = [n for n in args.parameters(plan, skip=3) if n not in _REPLAN_SETS]
+    args.check_options("replan", options, ["migration_steps", "max_moved_fraction", *search])
+    cluster = args.cluster_arg(cluster)
+    old_plan, file = args.plan_arg(old_plan, "old_plan", file)
+    args.real_number(time_limit_s, "time_limit_s", "positive number of seconds")
+    args.whole_number(migration_steps, "migration_steps", optional=True)
+    args.real_number(max_moved_fraction, "max_moved_fraction", "number from 0 to 1", optional=True)
+    with _calibrated(calibration):
+        return _replan(cluster, old_plan, time_limit_s=time_limit_s, profiles=resolve_profiles(cluster, profiles),
+                       file=file, migration_steps=migration_steps, max_moved_fraction=max_moved_fraction,
+                       **options)
 
 
 def rebalance(cluster: Cluster, plan_: Plan, measurements_file: str | Path, file: str = "<plan>",
@@ -221,14 +335,16 @@ def rebalance(cluster: Cluster, plan_: Plan, measurements_file: str | Path, file
     from planner.rebalance import rebalance as solve
     from planner.rebalance import rebalanced_plan
 
+    cluster = args.cluster_arg(cluster)
+    plan_, file = args.plan_arg(plan_, "plan_", file)
+    measurements_file = args.path_arg(measurements_file, "measurements_file", "measurements file")
     check_plan(cluster, plan_, file=file)  # the same devices must still be there
     doc, times = load(measurements_file, plan_)
     min_share = plan_.dynamic_shares.min_share if plan_.dynamic_shares is not None else 1
     if blocks:
-        from planner.cost.calibration import calibrated
         from planner.rebalance_blocks import block_rebalanced_plan, rebalance_blocks
 
-        with calibrated(calibration):
+        with _calibrated(calibration):
             result = rebalance_blocks(cluster, plan_, doc, times, str(measurements_file), min_share,
                                       profiles=resolve_profiles(cluster, profiles))
         new = block_rebalanced_plan(plan_, result)
@@ -246,25 +362,30 @@ def profile_from_run(cluster: Cluster, plan_: Plan, measurements_file: str | Pat
     after ``warmup`` (``planner.profile.from_run``).  The cost model's ratio uses ``profiles``
     (None: the cluster's) and ``calibration``.  Bad measurements are input errors naming the
     field.  Returns ``planner.profile.from_run.FromRun``."""
-    from planner.cost.calibration import calibrated
     from planner.plan.check import check_plan
     from planner.profile.from_run import profiles_from_run
 
+    cluster = args.cluster_arg(cluster)
+    plan_, file = args.plan_arg(plan_, "plan_", file)
+    measurements_file = args.path_arg(measurements_file, "measurements_file", "measurements file")
+    args.whole_number(warmup, "warmup")
     check_plan(cluster, plan_, file=file)  # the devices (and their GPU types) must be there
-    with calibrated(calibration):
+    with _calibrated(calibration):
         return profiles_from_run(cluster, plan_, str(measurements_file), warmup=warmup,
                                  profiles=resolve_profiles(cluster, profiles), note=note)
 
 
 def diff(a: Plan, b: Plan):
-    """What changed from plan ``a`` to plan ``b`` (``planner.diff.PlanDiff``)."""
+    """What changed from plan ``a`` to plan ``b`` (``planner.diff.PlanDiff``); each a ``Plan``
+    or a plan file path."""
     from planner.diff import diff_plans
 
-    return diff_plans(a, b)
+    return diff_plans(args.plan_arg(a, "a")[0], args.plan_arg(b, "b")[0])
 
 
 def summarize_cluster(cluster: Cluster) -> dict:
     """GPUs per type and zone, peak PFLOP/s, memory, links: what ``planner validate`` prints."""
+    cluster = args.cluster_arg(cluster)
     groups: dict[tuple[str, str, int], dict] = defaultdict(lambda: {
         "nodes": 0, "gpus": 0, "peak_pflops": 0.0, "memory_bytes": 0.0, "network_Bps": 0.0,
         "usd_per_hour": None})
@@ -303,8 +424,11 @@ def latency_schedule(cluster: Cluster, plan_: Plan, exact: bool = False, memory_
     """Rewrite a one-stage-per-rank plan's schedule as latency-aware (CrossPipe, issue 17):
     per-rank F / I / W orders that hide slow-link sends under ``memory_cap`` micro-batches
     in flight per rank (default min(m, p)); greedy, or the exact MILP with ``exact``.  Returns
-    ``planner.simulate.latency_rewrite.Rewrite`` (``.plan``, before / after, the gap)."""
+    ``planner.simulate.latency_rewrite.Rewrite`` (``.plan``, before / after, the gap).
+    ``time_limit_s`` is checked as ``plan``'s is (a positive, finite number of seconds)."""
+    from planner.search import check_time_limit
     from planner.simulate.latency_rewrite import rewrite
 
+    check_time_limit(time_limit_s)
     return rewrite(cluster, plan_, profiles=resolve_profiles(cluster, profiles), exact=exact,
                    memory_cap=memory_cap, time_limit_s=time_limit_s, file=file)

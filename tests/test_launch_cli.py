@@ -111,6 +111,42 @@ def test_cluster_option_pins_partly_used_nodes(tmp_path, capsys):
     assert "CUDA_VISIBLE_DEVICES" not in files["node1-b.sh"]
 
 
+@pytest.mark.parametrize("gpu", ["H100-SXM5-80GB", "Z9000"])
+def test_cluster_option_checks_each_replicas_gpu_type(tmp_path, capsys, gpu):
+    """Found by a robustness sweep: an H100 (or unknown Z9000) replica on an A100 node got its
+    launch files written, rc 0, while `planner evaluate` refused the plan; with --cluster the
+    launch applies evaluate's checks of the plan against the cluster."""
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("name: t\nnodes:\n"
+                       "  - {name: a, gpu: A100-SXM4-80GB, gpus_per_node: 4, network_bandwidth: 100 Gbit/s}\n"
+                       "  - {name: b, gpu: A100-SXM4-80GB, gpus_per_node: 4, network_bandwidth: 100 Gbit/s}\n")
+    plan = tmp_path / "plan.json"
+    plan.write_text(make_plan([[rep(["a:0", "a:1"]), rep(["a:2", "a:3"])],
+                               [rep(["b:0", "b:1"]), rep(["b:2", "b:3"], gpu=gpu)]]).dumps())
+    out = tmp_path / "out"
+    args = ["launch", str(plan), "--format", "torchrun", "--master-addr", "h", "--cluster", str(cluster)]
+    assert main([*args, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert (f"{plan}: stages[1].replicas[1].gpu_type: gpu_type {gpu!r} does not match node 'b', "
+            "which holds A100-SXM4-80GB") in err
+    assert "Traceback" not in err and not out.exists()
+    assert main(["evaluate", str(cluster), str(plan)]) == 2   # the same refusal
+    assert f"{plan}: stages[1].replicas[1].gpu_type" in capsys.readouterr().err
+    assert main(args[:-2] + ["--json"]) == 0                  # without the cluster: nothing to check against
+
+
+def test_cluster_option_refuses_devices_it_lacks(tmp_path, capsys):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("name: t\nnodes:\n"
+                       "  - {name: a, gpu: A100-SXM4-80GB, gpus_per_node: 4, network_bandwidth: 100 Gbit/s}\n"
+                       "  - {name: b, gpu: A100-SXM4-80GB, gpus_per_node: 2, network_bandwidth: 100 Gbit/s}\n")
+    plan = tmp_path / "plan.json"
+    plan.write_text(make_plan().dumps())
+    assert main(["launch", str(plan), "--format", "megatron", "--master-addr", "h", "--cluster", str(cluster)]) == 2
+    err = capsys.readouterr().err
+    assert "launch: stage 1 replica 1 uses b:2, but b has 2 GPUs (indices 0..1)" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("fmt", ["torchrun", "megatron", "pipelining"])
 def test_a_broken_plan_file_is_refused_naming_the_file(plan_file, tmp_path, capsys, fmt):
     # found by scripts/fuzz_plans.py's bad inputs: evaluate named the file, launch said "<plan>"

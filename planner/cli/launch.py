@@ -24,7 +24,8 @@ from planner.cli.common import console, echo_json
               "(default: pretrain_gpt.py for megatron, train.py otherwise).")
 @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False),
               help="Cluster spec: GPUs per node, so CUDA_VISIBLE_DEVICES is set exactly when a "
-                   "node is used in part.")
+                   "node is used in part; the plan is checked against it as `evaluate` checks it "
+                   "(devices, GPU types).")
 @click.option("--schedule-csv", is_flag=True,
               help="pipelining / torchtitan: run the schedule from its per-rank action CSV "
                    "(torch's _PipelineScheduleRuntime) even where torch has a schedule class.")

@@ -43,7 +43,10 @@ def render(plan: Plan, fmt: str, master_addr: str | None = None,
     """The files that launch ``plan`` with ``fmt``, by name; nothing is written.
 
     ``cluster`` (optional) tells how many GPUs each node has, so CUDA_VISIBLE_DEVICES is set
-    exactly when a node's GPUs are used only in part, and lets the shared rank map be used.
+    exactly when a node's GPUs are used only in part, and lets the shared rank map be used;
+    the plan is then checked against it as ``planner evaluate`` checks it
+    (``planner.plan.check.check_plan``: devices, each replica's GPU type against its node,
+    bf16 support), errors naming ``file`` (or ``<plan>``) and the field.
     ``schedule_csv`` runs the schedule from its per-rank action CSV even where torch has a class
     (formats that run torch's pipelining: pipelining, torchtitan).  ``file``: the plan's file,
     so that a plan edited into a broken layout is refused naming it (the writers' own layout
@@ -55,14 +58,19 @@ def render(plan: Plan, fmt: str, master_addr: str | None = None,
     if schedule_csv and fmt not in CSV_FORMATS:
         raise InputError(f"launch: --schedule-csv applies to {' and '.join(CSV_FORMATS)}, not {fmt} "
                          "(which does not run torch's pipeline schedules)")
-    if file is not None:
+    gpus = None
+    if cluster is not None:
+        from planner.plan.check import check_plan
+
+        gpus = {n.name: n.gpus_per_node for n in cluster.node_list}
+        _check_devices_exist(plan, gpus)
+        # what `planner evaluate` checks: check_layout's checks, and each replica's GPU type
+        # against its node (an H100 replica on an A100 node was launched, rc 0)
+        check_plan(cluster, plan, file=file or "<plan>")
+    elif file is not None:
         from planner.plan.check import check_layout
 
         check_layout(plan, file=file)
-    gpus = None
-    if cluster is not None:
-        gpus = {n.name: n.gpus_per_node for n in cluster.node_list}
-        _check_devices_exist(plan, gpus)
     opts = LaunchOptions(master_addr=master_addr, master_port=master_port, script=script,
                          gpus_per_node=gpus, schedule_csv=schedule_csv)
     return record_files(writer(plan, opts, cluster=cluster))
