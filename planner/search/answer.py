@@ -48,7 +48,7 @@ class SearchResult:
 
 def finish(cluster, model, training, spec, classes, best, bounds, stats, t0, profiles, launcher):
     if not best.items:
-        raise InfeasibleError(explain_infeasible(cluster, model, training, spec, classes, stats))
+        raise InfeasibleError(explain_infeasible(cluster, model, training, spec, classes, stats, launcher))
     plans, evals = [], []
     objective = spec.to_plan_objective()
     for cand in best.items:
