@@ -173,3 +173,27 @@ def test_ctrl_c_stops_the_search_and_its_warm_start():
         if thread.name == "planner-warm-start":
             thread.join(15.0)
             assert not thread.is_alive()
+
+
+def test_the_interpreter_waits_at_exit_for_a_warm_start_still_running(tmp_path):
+    """A warm start left running after the search (work nothing interrupts) is waited for when
+    Python exits: a thread still inside HiGHS at finalisation aborts the process (exit 134,
+    the plan's summary lost). The stand-in work here writes a file when it ends; a daemon
+    thread not waited for never gets to."""
+    import subprocess
+    import sys
+    import textwrap
+
+    out = tmp_path / "ended"
+    script = textwrap.dedent(f"""
+        import pathlib, time
+        from planner.search.background import BackgroundWarmStart
+        def run():
+            time.sleep(0.5)
+            pathlib.Path({str(out)!r}).write_text("ended")
+        warm = BackgroundWarmStart(run).start()
+        assert warm.stop(grace_s=0.0) is False      # still running when the search returns
+    """)
+    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert out.read_text() == "ended"

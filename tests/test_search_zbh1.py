@@ -15,9 +15,9 @@ from test_oracle import case_pricer, make_case
 from planner.cost.schedule import StageTiming, pipeline_time_s
 from planner.cost.schedule import iteration_time_s as closed_form_iteration_s
 from planner.errors import InputError
+from planner.search import schedules
 from planner.search.knobs import Knobs, enumerate_knobs
 from planner.search.oracle import oracle
-from planner.search import schedules
 from planner.search.schedules import SCHEDULES, zb_h1_beta, zb_h1_mu_weight
 from planner.search.solve import solve
 from planner.spec import Training, cluster_from_dict, load_model

@@ -15,6 +15,7 @@ their turns in an order no budget fixes.
 
 from __future__ import annotations
 
+import atexit
 import threading
 from collections.abc import Callable
 
@@ -24,6 +25,20 @@ from planner.search import clock
 # stop, while pricing a tuple's mixed stages cannot be cut short (a fuzzed 3-s search with
 # mixed stages waited 7 s for one, the heap long done).
 STOP_GRACE_S = 0.3
+# How long the interpreter's exit waits for a warm start still running.  A thread inside
+# HiGHS when Python finalises is ended by a forced unwind through HiGHS's C++ frames, which
+# aborts the process ("terminate called without an active exception", exit 134: a plan run
+# whose search had finished lost its summary that way); the stopped thread ends within
+# seconds, at the end of the work it is in.
+EXIT_WAIT_S = 60.0
+_running: dict[threading.Thread, threading.Event] = {}     # started and not yet ended
+
+
+@atexit.register
+def _wait_at_exit() -> None:
+    for thread, stop in list(_running.items()):
+        stop.set()
+        thread.join(EXIT_WAIT_S)
 
 
 class BackgroundWarmStart:
@@ -38,6 +53,7 @@ class BackgroundWarmStart:
         self._thread = threading.Thread(target=self._main, name="planner-warm-start", daemon=True)
 
     def start(self) -> BackgroundWarmStart:
+        _running[self._thread] = self._stop
         self._thread.start()
         return self
 
@@ -47,6 +63,8 @@ class BackgroundWarmStart:
                 self._run()
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread in stop()
             self._error = exc
+        finally:
+            _running.pop(self._thread, None)
 
     def running(self) -> bool:
         return self._thread.is_alive()
