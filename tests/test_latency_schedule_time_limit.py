@@ -8,27 +8,16 @@ import json
 import math
 
 import pytest
+from test_latency_plan import TWO_DC
 
 from planner import api
 from planner.cli.main import main
 from planner.errors import InputError
 
-TWO_DC = """
-name: two-dc
-zones:
-  - {name: dc-a, region: r1}
-  - {name: dc-b, region: r2}
-nodes:
-  - {name: a, zone: dc-a, gpu: A100-SXM4-80GB, gpus_per_node: 1, network_bandwidth: 100 Gbit/s}
-  - {name: b, zone: dc-b, gpu: A100-SXM4-80GB, gpus_per_node: 1, network_bandwidth: 100 Gbit/s}
-links:
-  - {between: [dc-a, dc-b], bandwidth: 25 Gbit/s, latency: 50 ms}
-"""
-
 
 @pytest.fixture
 def files(tmp_path):
-    """Two one-GPU stages of a small model, one per datacenter."""
+    """Two one-GPU stages of a small model, one per datacenter (on test_latency_plan's cluster)."""
     (tmp_path / "cluster.yaml").write_text(TWO_DC)
     data = {
         "schema": "planner.plan/v1",
@@ -39,7 +28,7 @@ def files(tmp_path):
         "micro_batch_size": 2, "num_micro_batches": 4, "schedule": "1f1b",
         "stages": [{"index": i, "blocks": [2 * i, 2 * i + 2], "embedding": i == 0, "head": i == 1,
                     "replicas": [{"gpu_type": "A100-SXM4-80GB", "tp": 1, "micro_batch_share": 2,
-                                  "devices": [d]}]} for i, d in enumerate(["a:0", "b:0"])]}
+                                  "devices": [d]}]} for i, d in enumerate(["a-0:0", "b-0:0"])]}
     (tmp_path / "plan.json").write_text(json.dumps(data))
     return tmp_path
 

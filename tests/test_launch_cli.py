@@ -97,11 +97,17 @@ def test_failed_write_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
     assert (out / "rank_map.json").read_text() == files["rank_map.json"]
 
 
-def test_cluster_option_pins_partly_used_nodes(tmp_path, capsys):
+def _two_node_cluster(tmp_path, a_gpus: int, b_gpus: int):
+    """cluster.yaml of two A100 nodes, a and b, with these GPU counts."""
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("name: t\nnodes:\n"
-                       "  - {name: a, gpu: A100-SXM4-80GB, gpus_per_node: 8, network_bandwidth: 100 Gbit/s}\n"
-                       "  - {name: b, gpu: A100-SXM4-80GB, gpus_per_node: 4, network_bandwidth: 100 Gbit/s}\n")
+                       f"  - {{name: a, gpu: A100-SXM4-80GB, gpus_per_node: {a_gpus}, network_bandwidth: 100 Gbit/s}}\n"
+                       f"  - {{name: b, gpu: A100-SXM4-80GB, gpus_per_node: {b_gpus}, network_bandwidth: 100 Gbit/s}}\n")
+    return cluster
+
+
+def test_cluster_option_pins_partly_used_nodes(tmp_path, capsys):
+    cluster = _two_node_cluster(tmp_path, 8, 4)
     plan = tmp_path / "plan.json"
     plan.write_text(make_plan().dumps())
     assert main(["launch", str(plan), "--format", "pipelining", "--master-addr", "h",
@@ -116,10 +122,7 @@ def test_cluster_option_checks_each_replicas_gpu_type(tmp_path, capsys, gpu):
     """Found by a robustness sweep: an H100 (or unknown Z9000) replica on an A100 node got its
     launch files written, rc 0, while `planner evaluate` refused the plan; with --cluster the
     launch applies evaluate's checks of the plan against the cluster."""
-    cluster = tmp_path / "cluster.yaml"
-    cluster.write_text("name: t\nnodes:\n"
-                       "  - {name: a, gpu: A100-SXM4-80GB, gpus_per_node: 4, network_bandwidth: 100 Gbit/s}\n"
-                       "  - {name: b, gpu: A100-SXM4-80GB, gpus_per_node: 4, network_bandwidth: 100 Gbit/s}\n")
+    cluster = _two_node_cluster(tmp_path, 4, 4)
     plan = tmp_path / "plan.json"
     plan.write_text(make_plan([[rep(["a:0", "a:1"]), rep(["a:2", "a:3"])],
                                [rep(["b:0", "b:1"]), rep(["b:2", "b:3"], gpu=gpu)]]).dumps())
@@ -136,10 +139,7 @@ def test_cluster_option_checks_each_replicas_gpu_type(tmp_path, capsys, gpu):
 
 
 def test_cluster_option_refuses_devices_it_lacks(tmp_path, capsys):
-    cluster = tmp_path / "cluster.yaml"
-    cluster.write_text("name: t\nnodes:\n"
-                       "  - {name: a, gpu: A100-SXM4-80GB, gpus_per_node: 4, network_bandwidth: 100 Gbit/s}\n"
-                       "  - {name: b, gpu: A100-SXM4-80GB, gpus_per_node: 2, network_bandwidth: 100 Gbit/s}\n")
+    cluster = _two_node_cluster(tmp_path, 4, 2)
     plan = tmp_path / "plan.json"
     plan.write_text(make_plan().dumps())
     assert main(["launch", str(plan), "--format", "megatron", "--master-addr", "h", "--cluster", str(cluster)]) == 2
