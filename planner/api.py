@@ -350,7 +350,7 @@ def rebalance(cluster: Cluster, plan_: Plan, measurements_file: str | Path, file
         new = block_rebalanced_plan(plan_, result)
         check_plan(cluster, new, file=f"{file} rebalanced")
         return result, new
-    result = solve(plan_, times, [s["step_time_s"] for s in doc["steps"]], min_share)
+    result = solve(plan_, times, [s["step_time_s"] for s in doc["steps"]], min_share, path=str(measurements_file))
     return result, rebalanced_plan(plan_, result)
 
 
@@ -430,5 +430,7 @@ def latency_schedule(cluster: Cluster, plan_: Plan, exact: bool = False, memory_
     from planner.simulate.latency_rewrite import rewrite
 
     check_time_limit(time_limit_s)
+    cluster = args.cluster_arg(cluster)
+    plan_, file = args.plan_arg(plan_, "plan_", file)
     return rewrite(cluster, plan_, profiles=resolve_profiles(cluster, profiles), exact=exact,
                    memory_cap=memory_cap, time_limit_s=time_limit_s, file=file)

@@ -187,6 +187,7 @@ def test_plan_arguments_may_be_plan_file_paths(cluster, planned):
     (lambda c: api.profile_from_run(c, None, "m.json"), "plan_"),
     (lambda c: api.launch(None, "torchrun"), "plan"),
     (lambda c: api.run(None), "plan"),
+    (lambda c: api.latency_schedule(c, None), "plan_"),
 ])
 def test_a_missing_plan_is_named(cluster, call, param):
     with raises_naming(f"{param} must be a Plan (api.load_plan) or the path of a plan file"):

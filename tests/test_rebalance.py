@@ -211,6 +211,7 @@ def test_self_contradicting_measurements_exit_2_and_write_nothing(files, capsys,
     captured = capsys.readouterr()
     assert rc == 2, captured.err
     assert f"{field}: " in captured.err and why in captured.err and "Traceback" not in captured.err
+    assert f"{tmp / 'm.json'}" in captured.err        # the file, not "measurements"
     assert captured.out == "" and not (tmp / "new.json").exists()
     with pytest.raises(InputError):   # the API alike
         _, times = load_doc(doc, plan)
