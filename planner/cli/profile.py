@@ -96,6 +96,10 @@ def profile(model_name, device, micro_batch, tp, seq_len, dtype, repeats, warmup
             click.echo(text, nl=False)
         if not quiet:
             out.print(result.summary())
+        if result.poor_fit:
+            click.echo(f"warning: the fit still misses the profile's block times by {result.error_after:.0%} on "
+                       "average: the roofline's shape does not describe them (timing noise, another "
+                       "kernel choice per size?); check the profile before using this calibration", err=True)
         return
     if not model_name:
         raise InputError("--model is required (a catalog model name or a model YAML file), "
