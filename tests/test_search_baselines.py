@@ -17,8 +17,8 @@ from planner.search.knobs import enumerate_knobs, make_context
 from planner.search.naming import build_plan
 from planner.search.objectives import ObjectiveSpec
 from planner.search.queue import Ranked
-from planner.search.solve import usable_keys
 from planner.search.space import Pricer
+from planner.search.tuple_inputs import usable_keys
 from planner.spec import Training, cluster_from_dict, load_cluster, load_model
 
 SPECS = Path(__file__).resolve().parent.parent / "cluster_specs"

@@ -19,7 +19,7 @@ class _Tuple:
 
     def __init__(self, pricer, knobs, ctx, keys, limits: dict | None = None):
         self.pricer, self.knobs, self.ctx = pricer, knobs, ctx
-        self.key_list = keys    # ranked's list, one per B (solve.usable_keys): it names the options
+        self.key_list = keys    # ranked's list, one per B (tuple_inputs.usable_keys): it names the options
         self.unit = knobs.block_unit
         self.L_units = pricer.model.num_layers // self.unit
         self._limits = self.shared = {} if limits is None else limits

@@ -236,9 +236,9 @@ def any_tuple_fits(cluster, model, training, spec, deadline: float, launcher: st
     from planner.cost import topology_for
     from planner.search.bound import KnobBound
     from planner.search.classes import class_infos
-    from planner.search.knobs import enumerate_knobs, make_context
-    from planner.search.solve import usable_keys
+    from planner.search.knobs import enumerate_knobs
     from planner.search.space import Pricer
+    from planner.search.tuple_inputs import TupleInputs
     from planner.search.twins import gpipe_dominated, one_stage_zb_h1_twins
 
     topo = topology_for(cluster)
@@ -250,22 +250,16 @@ def any_tuple_fits(cluster, model, training, spec, deadline: float, launcher: st
     bound.set_deadline(deadline)
     knobs_list = enumerate_knobs(model, training, classes, launcher)
     dominated = gpipe_dominated(knobs_list) | one_stage_zb_h1_twins(knobs_list)
-    contexts: dict = {}
-    usable: dict = {}
+    inputs = TupleInputs(pricer, launcher, spec)
     for knobs in knobs_list:
         if clock.now() > deadline:
             return None
         if knobs in dominated:
             continue
-        uk = (knobs.micro_batch_size, knobs.context_parallel, knobs.expert_parallel, knobs.zero_shard_degree)
-        keys = usable.get(uk)
-        if keys is None:
-            keys = usable[uk] = usable_keys(pricer, knobs, launcher, spec)
+        keys, _ = inputs.keys(knobs)
         if not keys:
             continue
-        ck = (knobs.recompute, knobs.zero_stage, knobs.reshard_after_forward, knobs.zero_shard_degree,
-              knobs.num_micro_batches, knobs.context_parallel, knobs.expert_parallel)
-        ctx = contexts.get(ck) or contexts.setdefault(ck, make_context(model, training, knobs))
+        ctx = inputs.context(knobs)
         # the heap's first memory-aware levels: without, then with the packed bound's knapsacks
         if all(math.isfinite(bound.whole(knobs, ctx, keys, True, packed=level)) for level in (0, 1)):
             return True

@@ -32,7 +32,7 @@ from planner.search.core.milp import MilpSettings
 from planner.search.floors import TupleFloors, floors_until
 from planner.search.given import given_candidates
 from planner.search.incumbent import Best, Shared, exact_solver, priced
-from planner.search.knobs import check_expert_degrees, enumerate_knobs, make_context
+from planner.search.knobs import check_expert_degrees, enumerate_knobs
 from planner.search.objectives import ObjectiveSpec, parse_objective
 from planner.search.per_tuple import loses_tie, prunes, solve_tuple
 from planner.search.queue import BoundLevel, Pending, Ranked
@@ -40,6 +40,7 @@ from planner.search.schedules import schedules_for
 from planner.search.space import Pricer
 from planner.search.stats import SearchStats
 from planner.search.support_plans import SearchState, too_big
+from planner.search.tuple_inputs import TupleInputs
 from planner.search.twins import gpipe_dominated, one_stage_zb_h1_twins
 from planner.search.warm import WARM_KEYS_ABOVE, warm_start
 
@@ -164,13 +165,12 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         stats.given += 1
     state.update(cluster=cluster, model=model, training=training, spec=spec, classes=classes, best=best,
                  bounds=bounds, stats=stats, t0=wall_t0, profiles=profiles, launcher=launcher)
-    contexts: dict = {}
+    inputs = TupleInputs(pricer, launcher, spec)
     say = progress or (lambda msg: None)
     # Rank every knob tuple by a bound that needs no per-stage pricing, then price and solve
     # them in that order: good incumbents come early and prune the rest (branch and bound).
     ranked = []
     dominated = gpipe_dominated(knobs_list, same_only=top_k > 1) | one_stage_zb_h1_twins(knobs_list)
-    usable: dict[int, list] = {}
     for i, knobs in enumerate(knobs_list):
         if clock.now() > deadline:
             stats.unexplored = len(knobs_list) - i
@@ -179,22 +179,14 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             stats.pruned += 1
             stats.twins += 1
             continue
-        # no cost function reads the schedule from ctx; ZeRO-2/3's per-micro-batch reduce-scatters
-        # and ZeRO-3's gathers read m, ZeRO-3's gathers the resharding
-        ck = (knobs.recompute, knobs.zero_stage, knobs.reshard_after_forward, knobs.zero_shard_degree,
-              knobs.num_micro_batches if knobs.zero_stage >= 2 else 0, knobs.context_parallel,
-              knobs.expert_parallel)
-        ctx = contexts.get(ck) or contexts.setdefault(ck, make_context(model, training, knobs, profiles))
-        uk = (knobs.micro_batch_size, knobs.context_parallel, knobs.expert_parallel, knobs.zero_shard_degree)
-        keys = usable.get(uk)
-        if keys is None:    # one list per B, cp (keys are tp x cp wide) and EP degree: the bounds cache by it
-            keys = usable[uk] = usable_keys(pricer, knobs, launcher, spec)
-            if spec.budget_usd_per_hour is not None:    # for the reason when nothing fits (diagnose.py)
-                kept = {k.cls for k in keys}
-                for k in pricer.option_keys(knobs):
-                    if k.cls not in kept:
-                        info = pricer.classes[k.cls]
-                        stats.over_budget[info.name] = info.least_rent(k.width, 1)
+        ctx = inputs.context(knobs)
+        keys, first = inputs.keys(knobs)
+        if first and spec.budget_usd_per_hour is not None:     # for the reason when nothing fits (diagnose.py)
+            kept = {k.cls for k in keys}
+            for k in pricer.option_keys(knobs):
+                if k.cls not in kept:
+                    info = pricer.classes[k.cls]
+                    stats.over_budget[info.name] = info.least_rent(k.width, 1)
         if not keys:        # no replica count gives an allowed share (training.micro_batch_sizes)
             stats.no_options += 1
         clock.charge(len(keys) / clock.RANK_PER_UNIT)   # the bound's work, for a deterministic search
@@ -380,20 +372,3 @@ def _enough_on(spec: ObjectiveSpec, floors: TupleFloors, cut: float, tokens: flo
         return -math.inf
     return floors.time_enough(spec, cut, tokens)
 
-
-def usable_keys(pricer: Pricer, knobs, launcher: str | None, spec: ObjectiveSpec) -> list:
-    """The tuple's options less those no plan of the search can use: with a launcher, replica
-    counts that do not split B evenly (its layouts have equal shares); under a budget, options
-    whose own rent is over it (a one-node class is rented whole by any plan on it).  Without
-    the latter, a class the budget cannot rent kept the bounds low and the gap open.  Mixed
-    stages (``training.mixed_stages``) come as their stand-ins (mixed.StandIn), never with a
-    launcher (its layouts are uniform)."""
-    keys = pricer.option_keys(knobs)
-    if launcher:
-        keys = [k for k in keys if knobs.micro_batch_size % k.replicas == 0]
-    else:
-        keys = [*keys, *pricer.stand_ins(knobs)]
-    if spec.budget_usd_per_hour is not None:
-        cap = spec.budget_usd_per_hour * (1 + 1e-12)
-        keys = [k for k in keys if k.full_least_rent(pricer.classes) <= cap]
-    return keys
