@@ -36,9 +36,14 @@ def shown(value: Any) -> str:
     return text if value is None else f"{type(value).__name__} {text}"
 
 
+def _is_path(value: Any) -> bool:
+    """A ``pathlib.Path``, or a ``str`` that is not blank."""
+    return isinstance(value, Path) or (isinstance(value, str) and bool(value.strip()))
+
+
 def path_arg(value: Any, param: str, what: str = "file") -> str | Path:
     """A path (``str`` or ``pathlib.Path``, not empty)."""
-    if isinstance(value, Path) or (isinstance(value, str) and value.strip()):
+    if _is_path(value):
         return value
     raise InputError(f"{param} must be the path of a {what} (a str or pathlib.Path), got {shown(value)}")
 
@@ -54,7 +59,7 @@ def cluster_arg(value: Any, param: str = "cluster") -> Cluster:
         from planner.spec import cluster_from_dict
 
         return cluster_from_dict(dict(value), file="<cluster>")
-    if isinstance(value, PathLike) and (not isinstance(value, str) or value.strip()):
+    if _is_path(value):
         from planner.spec import load_cluster
 
         return load_cluster(value)
@@ -70,7 +75,7 @@ def model_arg(value: Any, param: str = "model") -> ModelSpec:
         if "name" in value and not isinstance(name, str):
             raise InputError(f"<model>: name: a model's name is a string (a catalog model's, or "
                              f"your own), got {shown(name)}")
-    elif not (isinstance(value, Path) or (isinstance(value, str) and value.strip())):
+    elif not _is_path(value):
         from planner import catalog
 
         raise InputError(f"{param} must be a ModelSpec, a catalog model name ({', '.join(catalog.models())}), "
@@ -100,7 +105,7 @@ def plan_arg(value: Any, param: str = "plan", file: str = "<plan>") -> tuple[Pla
     """(the plan, the name its errors use): a path given names itself unless ``file`` does."""
     if isinstance(value, Plan):
         return value, file
-    if isinstance(value, Path) or (isinstance(value, str) and value.strip()):
+    if _is_path(value):
         from planner.plan.check import load_plan
 
         return load_plan(value), (str(value) if file == "<plan>" else file)
