@@ -70,8 +70,9 @@ def record_files(files: dict[str, str]) -> dict[str, str]:
 def write(files: dict[str, str], out_dir: str | Path, replace_launch: bool = False) -> Written:
     """Write ``files`` (name -> text) into ``out_dir``: all of them or none; an OS failure is an
     ``InputError`` naming the folder, and so is a name taken by anything but a regular file (a
-    folder, a link), refused before anything is written.  ``replace_launch``: ``files`` are a launch, and an earlier
-    launch's files in ``out_dir`` that they do not overwrite are removed in the same write."""
+    folder, a link), refused before anything is written.  ``replace_launch``: ``files`` are a
+    launch, and an earlier launch's files in ``out_dir`` that they do not overwrite are removed
+    in the same write."""
     out = Path(out_dir)
     for name in files:
         # Names come from our own writers; refuse anything that could leave the folder.
