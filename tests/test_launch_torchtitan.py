@@ -75,6 +75,29 @@ def test_zb_h1_names_the_class_and_lists_one_part_per_rank():
     assert len(par["module_fqns_per_model_part"]) == 2 and "pipeline_parallel_schedule_csv" not in par
 
 
+@pytest.mark.parametrize("schedule,name", [("zb-v", "ZBVZeroBubble"), ("dualpipev", "DualPipeV")])
+def test_v_schedules_name_torchtitans_class_and_list_parts_in_v_order(schedule, name):
+    # torchtitan (pipeline_parallel.py at the pinned commit) gives rank r global stages r and
+    # 2p - 1 - r of the parts listed: stages of 2 and 6 blocks are pieces of 1, 3 | 3, 1
+    # dealt down and back, so rank 0 holds the embedding's piece and the head's
+    data, _ = config(make_plan(blocks=((0, 2), (2, 8)), schedule=schedule, virtual_stages=2))
+    par = data["parallelism"]
+    assert par["pipeline_parallel_schedule"] == name and "pipeline_parallel_schedule_csv" not in par
+    parts = par["module_fqns_per_model_part"]
+    assert [len([n for n in p if n.startswith("layers.")]) for p in parts] == [1, 3, 3, 1]
+    assert parts[0][0] == "tok_embeddings" and parts[3][-2:] == ["norm", "output"]
+    assert layers_of(parts) == (["tok_embeddings"] + [f"layers.{i}" for i in range(8)] + ["norm", "output"])
+    # even pieces: torchtitan's own even split in global stage order is the same V
+    data, _ = config(make_plan(blocks=((0, 4), (4, 8)), schedule=schedule, virtual_stages=2))
+    assert data["parallelism"]["pipeline_parallel_layers_per_stage"] == 2
+
+
+def test_v_schedule_names_exist_in_installed_torch():
+    pipelining = pytest.importorskip("torch.distributed.pipelining")
+    for name in ("ZBVZeroBubble", "DualPipeV"):
+        assert pipelining.schedules.get_schedule_class(name).__name__ == f"Schedule{name}"
+
+
 def test_schedule_csv():
     data, files = config(make_plan(blocks=((0, 4), (4, 8)), schedule="zb-h1"), schedule_csv=True)
     par = data["parallelism"]

@@ -11,8 +11,9 @@ commit's ``torchtitan/distributed/pipeline_parallel.py``:
 
 - ``pipeline_parallel_schedule`` is a name ``torch.distributed.pipelining.get_schedule_class``
   knows ("1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "PipelineScheduleSingle",
-  "PipelineScheduleMulti", ...); it also decides one model chunk per rank (single-stage classes)
-  or several.  With ``pipeline_parallel_schedule_csv`` set, ``_PipelineScheduleRuntime`` runs
+  "PipelineScheduleMulti", "ZBVZeroBubble", "DualPipeV", ...); it also decides one model chunk
+  per rank (single-stage classes) or several, and for ZBVZeroBubble and DualPipeV the V map
+  (style "v": rank r builds global stages r and 2p - 1 - r).  With ``pipeline_parallel_schedule_csv`` set, ``_PipelineScheduleRuntime`` runs
   the CSV instead and the name only shapes the split.
 - ``local_batch_size`` is per data-parallel rank; its micro-batch count is
   ``local_batch_size // pipeline_parallel_microbatch_size``.
@@ -91,7 +92,10 @@ JOB_CONFIG_FIELDS: dict[str, tuple[str, ...]] = {
 # torch class -> the name torch's get_schedule_class (and so torchtitan) takes for it
 SCHEDULE_NAMES = {"ScheduleGPipe": "GPipe", "Schedule1F1B": "1F1B",
                   "ScheduleInterleaved1F1B": "Interleaved1F1B",
-                  "ScheduleInterleavedZeroBubble": "InterleavedZeroBubble"}
+                  "ScheduleInterleavedZeroBubble": "InterleavedZeroBubble",
+                  # pipeline_parallel.py builds these two with style "v": rank r holds global
+                  # stages r and 2p - 1 - r of module_names_per_stage, the V of chunks()
+                  "ScheduleZBVZeroBubble": "ZBVZeroBubble", "ScheduleDualPipeV": "DualPipeV"}
 SINGLE_STAGE = {"GPipe", "1F1B", "PipelineScheduleSingle"}  # subclasses of PipelineScheduleSingle
 PRECISION_PARAM = {"bf16": "bfloat16", "fp32": "float32", "tf32": "float32"}
 RECOMPUTE_MODE = {"none": "none", "full": "full", "selective": "selective", "op": "selective"}
