@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.errors import InfeasibleError, InputError
+from planner.output_files import save_figure
 
 MIN_FLOORS = 0
 MAX_FLOORS = 32
@@ -113,8 +114,6 @@ def plot_front(points: list[FrontPoint], path, title: str) -> None:
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     try:
-        fig.savefig(path, dpi=120, format=path.suffix.lower()[1:])
-    except OSError as e:
-        raise InputError(f"cannot write {path}: {e.strerror or e}") from None
+        save_figure(fig, path, dpi=120)
     finally:
         plt.close(fig)

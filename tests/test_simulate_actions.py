@@ -360,6 +360,31 @@ def test_cli_simulate_timeline_and_trace(tmp_path):
     assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()
 
 
+def test_cli_simulate_writes_timeline_and_trace_both_or_neither(tmp_path, capsys, monkeypatch):
+    """A trace that cannot be written leaves no timeline behind (it did: the picture was
+    written first); missing folders are created for both."""
+    pytest.importorskip("matplotlib")
+    from planner.cli.main import main
+    from planner.errors import InputError
+    from planner.simulate import render
+
+    plan = _plan_file(tmp_path)
+    png, trace = tmp_path / "new" / "t.png", tmp_path / "other" / "deeper" / "trace.json"
+    assert main(["simulate", str(SPECS / "tiny-mixed.yaml"), str(plan), "--timeline", str(png),
+                 "--trace", str(trace)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and trace.exists()
+
+    def refuse(run, path):
+        raise InputError(f"cannot write {path}: disk full")
+
+    monkeypatch.setattr(render, "write_trace", refuse)
+    png2 = tmp_path / "t2.png"
+    assert main(["simulate", str(SPECS / "tiny-mixed.yaml"), str(plan), "--timeline", str(png2),
+                 "--trace", str(tmp_path / "t2.json")]) == 2
+    assert "disk full" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".t2", "t2"))) == []
+
+
 def test_cli_simulate_timeline_bad_suffix_is_exit_2(tmp_path, capsys):
     from planner.cli.main import main
 

@@ -3,6 +3,9 @@ the simulated iteration time beside the cost model's closed form."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import click
 from rich.text import Text
 
@@ -21,18 +24,28 @@ def _timeline_suffix(ctx, param, value):
 def _draw(sim, timeline_path: str | None, trace_path: str | None, quiet: bool) -> None:
     """The plan's schedule as generated action lists on the simulated stage times, drawn and/or
     traced (planner.simulate.plan.plan_execution, planner.simulate.render)."""
-    from planner.api import plan_execution, write_timeline, write_trace
+    from planner.api import plan_execution, staged_path, write_timeline, write_trace
 
     run = plan_execution(sim)
     out = console(quiet=True)
     if abs(run.makespan_s - sim.simulated_pipeline_s) > 1e-9 * max(1.0, sim.simulated_pipeline_s):
         out.print(f"note: the drawing does not model shared CPU cores: {run.makespan_s:.4f} s there, "
                   f"{sim.simulated_pipeline_s:.4f} s simulated")
+    # both or neither: the timeline waits beside its target until the trace is written
+    staged = None
     if timeline_path is not None:
-        write_timeline(run, timeline_path)
+        staged = write_timeline(run, staged_path(Path(timeline_path)))
+    try:
+        if trace_path is not None:
+            write_trace(run, trace_path)
+    except BaseException:
+        if staged is not None:
+            staged.unlink(missing_ok=True)
+        raise
+    if staged is not None:
+        os.replace(staged, timeline_path)
         out.print(f"timeline written to {timeline_path}")
     if trace_path is not None:
-        write_trace(run, trace_path)
         out.print(f"trace written to {trace_path} (open it in https://ui.perfetto.dev)")
 
 

@@ -14,10 +14,10 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from planner.errors import InputError
+from planner.output_files import save_figure, write_staged
 from planner.simulate.actions import Execution
 
 COLOURS = {"F": "#4c9be8", "B": "#b065c9", "I": "#f08a3c", "W": "#5cb85c",
@@ -100,12 +100,9 @@ def write_timeline(run: Execution, path: str | Path, title: str | None = None) -
     import matplotlib.pyplot as plt
 
     try:
-        fig.savefig(path, dpi=150, format=path.suffix.lower()[1:])
-    except OSError as e:
-        raise InputError(f"cannot write {path}: {e.strerror or e}") from None
+        return save_figure(fig, path, dpi=150)
     finally:
         plt.close(fig)
-    return path
 
 
 def chrome_trace(run: Execution) -> dict:
@@ -136,12 +133,5 @@ def chrome_trace(run: Execution) -> dict:
 
 def write_trace(run: Execution, path: str | Path) -> Path:
     """Write the trace to ``path`` via a temporary file and a rename (never half-written)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(json.dumps(chrome_trace(run), sort_keys=True) + "\n")
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise InputError(f"cannot write {path}: {e.strerror or e}") from None
-    return path
+    text = json.dumps(chrome_trace(run), sort_keys=True) + "\n"
+    return write_staged(path, lambda tmp: tmp.write_text(text))
