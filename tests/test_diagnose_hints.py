@@ -239,3 +239,20 @@ def test_no_tp_hint_above_what_the_heads_allow():
     text = _reason(cluster, "gpt-neo-2.7b", training)
     assert "tp up to" not in text
     assert not _each_hint_gives_a_plan(text, cluster, "gpt-neo-2.7b", training)
+
+
+@pytest.mark.parametrize("schedule, gbs, needle, near", [
+    ("interleaved-1f1b", 11, "a micro-batch count that is a multiple of the stage count", "10 and 12"),
+    ("dualpipev", 3, "at least 2 micro-batches per stage", "4")])
+def test_no_tuple_at_all_names_the_schedule_rule_and_nearby_batches(schedule, gbs, needle, near):
+    """A global batch the schedule's rules cannot split (11 sequences over interleaving's p | m
+    on 8 GPUs; 3 for DualPipeV's m >= 2p) has no knob tuple at all: the reason is that rule,
+    not memory, and the nearest batches named do give plans."""
+    cluster = api.load_cluster("cluster_specs/tiny-2zone.yaml")
+    training = {"global_batch_size": gbs, "seq_len": 512, "schedules": [schedule]}
+    with pytest.raises(InfeasibleError) as err:
+        api.plan(cluster, "opt-350m", training, time_limit_s=TIME_LIMIT_S)
+    msg = str(err.value)
+    assert needle in msg and f"near it that meet them: {near}" in msg and "memory" not in msg
+    for g in map(int, near.split(" and ")):
+        assert api.plan(cluster, "opt-350m", {**training, "global_batch_size": g}, time_limit_s=TIME_LIMIT_S).plans

@@ -84,6 +84,8 @@ def explain_infeasible(cluster, model, training, spec, classes, stats, launcher:
                     "--work-budget (or --time-limit, which scales the default budget)")
         return (f"no plan found within the time limit ({stats.solved} of {stats.knobs} "
                 "knob tuples solved, none feasible yet); raise --time-limit")
+    if not stats.knobs:
+        return _no_tuple(cluster, model, training, classes, launcher)
     lines = []
     if training.micro_batch_sizes and stats.knobs and \
             stats.no_options >= stats.knobs - stats.pruned:
@@ -159,6 +161,35 @@ def explain_infeasible(cluster, model, training, spec, classes, stats, launcher:
     else:
         lines += _checked_lines(checked_hints(cluster, model, training, spec, classes, blocked, launcher))
     return f"no feasible plan for {model.name} on {cluster.name}:\n  " + "\n  ".join(lines)
+
+
+def _no_tuple(cluster, model, training, classes, launcher) -> str:
+    """No knob tuple at all: the schedules' rules on stages and micro-batches (schedules.py,
+    ``admits``) leave no (micro-batch size, stage count) of this global batch on this cluster,
+    before memory is asked; the global batches nearest it that leave one."""
+    from planner.search.knobs import enumerate_knobs
+    from planner.search.schedules import schedules_for
+
+    gbs = training.global_batch_size
+    rules = [e.rule() for e in schedules_for(training, launcher) if e.rule()]
+    gpus = sum(c.node_class.num_gpus for c in classes)
+    near = []
+    for step in (-1, 1):
+        g = gbs + step
+        while 1 <= g <= gbs + NEAR_BATCH_SEARCH and g >= gbs - NEAR_BATCH_SEARCH:
+            if enumerate_knobs(model, training.model_copy(update={"global_batch_size": g}), classes, launcher):
+                near.append(g)
+                break
+            g += step
+    return (f"no plan for {model.name} on {cluster.name}: no layout meets the schedules' rules "
+            f"with a global batch of {gbs} sequences ({'; '.join(rules) or 'no schedule allowed'}), "
+            f"on {gpus} GPUs and {model.num_layers} layers"
+            + (f"; global batch sizes near it that meet them: {' and '.join(map(str, near))} "
+               "(--global-batch-size)" if near else "")
+            + (", or allow 1f1b (--schedule)" if "1f1b" not in training.schedules else ""))
+
+
+NEAR_BATCH_SEARCH = 64      # sequences either side of the global batch tried for a nearby one
 
 
 def _checked_lines(checker) -> list[str]:

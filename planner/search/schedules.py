@@ -84,6 +84,21 @@ class SearchSchedule:
             return False
         return v == 1 or (num_layers % v == 0 and num_layers // v >= p)
 
+    def rule(self) -> str:
+        """What ``admits`` asks, in words (for the reason no tuple exists, diagnose.py); empty
+        when it admits every (p, m, L) with p >= 1."""
+        parts = []
+        if self.min_stages > 1:
+            parts.append(f"at least {self.min_stages} stages")
+        if self.divides_m:
+            parts.append("a micro-batch count that is a multiple of the stage count")
+        if self.min_m_per_stage:
+            parts.append(f"at least {self.min_m_per_stage} micro-batches per stage")
+        if self.virtual_stages > 1:
+            parts.append(f"a layer count that is a multiple of {self.virtual_stages}, at least "
+                         f"{self.virtual_stages} layers per stage ({self.virtual_stages} chunks a stage)")
+        return f"{self.name} needs " + ", ".join(parts) if parts else ""
+
     def stage_ends(self, p: int, s: int) -> tuple[bool, bool]:
         """(embedding, head) of stage ``s`` of ``p`` as the cost model prices it."""
         if p == 1:
