@@ -114,6 +114,10 @@ def test_memory_problem_names_device_amount_and_fixes(cluster):
     msg = ev.memory_problems[0]
     assert "over by" in msg and "GiB" in msg and ":0" in msg
     assert "full recompute" in msg and "ZeRO-1" in msg and "tp=" in msg
+    # every priced change says whether it fits alone (a list headed "would fit" named ones that
+    # did not)
+    assert "each change alone: " in msg and "would fit" not in msg
+    assert msg.count("(fits)") + msg.count("(still over by") >= 3
 
 
 def test_cli_evaluate_prints_and_exits(tmp_path, cluster):

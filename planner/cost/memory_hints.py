@@ -23,17 +23,21 @@ def memory_problem(ctx, plan, st, k, r, gpu, mem, inflight, deferred_w: float = 
     hints = []
     n = len(st.replicas)
 
-    def total(**changes) -> float:
+    def total(tp: int = r.tp, **changes) -> float:
         alt = ctx.variant(**changes)
-        return replica_memory(alt, gpu, r.tp, r.micro_batch_share, st.num_blocks, st.embedding,
+        return replica_memory(alt, gpu, tp, r.micro_batch_share, st.num_blocks, st.embedding,
                               st.head, n, inflight, logits_in_flight(plan.schedule), deferred_w).total_bytes
 
+    def priced(label: str, need: float) -> str:
+        """Each alternative alone, said whether it fits (a list headed "would fit" named ones
+        that did not: a robustness sweep)."""
+        left = need - gpu.memory_bytes
+        return f"{label}: {_gb(need)} " + ("(fits)" if left <= 0 else f"(still over by {_gb(left)})")
+
     if ctx.recompute != "full":
-        t = total(recompute="full")
-        hints.append(f"full recompute: {_gb(t)}{' (fits)' if t <= gpu.memory_bytes else ''}")
+        hints.append(priced("full recompute", total(recompute="full")))
     if ctx.zero_stage == 0 and n > 1:
-        t = total(zero_stage=1)
-        hints.append(f"ZeRO-1 over its {n} replicas: {_gb(t)}{' (fits)' if t <= gpu.memory_bytes else ''}")
+        hints.append(priced(f"ZeRO-1 over its {n} replicas", total(zero_stage=1)))
     static = mem.weights_bytes + mem.grads_bytes + mem.optimizer_bytes
     if st.num_blocks > 1 and static > 0:
         room = gpu.memory_bytes - mem.workspace_bytes
@@ -43,8 +47,9 @@ def memory_problem(ctx, plan, st, k, r, gpu, mem, inflight, deferred_w: float = 
             parts = math.ceil(st.num_blocks / fit_blocks)
             hints.append(f"more stages: about {fit_blocks} of its {st.num_blocks} blocks fit per "
                          f"replica, so split it into {parts} stages")
-    hints.append(f"more GPUs: tp={2 * r.tp} would roughly halve weights and optimizer state")
+    if ctx.model.num_attention_heads % (2 * r.tp) == 0:
+        hints.append(priced(f"tp={2 * r.tp} (twice the GPUs)", total(tp=2 * r.tp)))
     if mem.activations_bytes > 0:   # context parallelism splits every sequence's activations
-        cp = 2 * ctx.context_parallel
-        hints.append(f"context_parallel={cp}: activations {_gb(mem.activations_bytes * ctx.context_parallel / cp)}")
-    return head + "; would fit: " + "; ".join(hints)
+        hints.append(priced(f"context_parallel={2 * ctx.context_parallel}",
+                            total(context_parallel=2 * ctx.context_parallel)))
+    return head + "; each change alone: " + "; ".join(hints)
