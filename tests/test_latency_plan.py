@@ -241,24 +241,38 @@ nodes:
 """
 
 
-def test_schedule_refuses_a_rewrite_that_does_not_fit(tmp_path, capsys):
-    # found by scripts/fuzz_plans.py (seed 34, case 16): one stage of Llama-2 7B with full
-    # recompute at 32,768 tokens fits under 1F1B (each block's backward frees its gradients as it
-    # goes); split into I and W, every block's weight-op gradients wait from I to W (106 GiB).
-    # The command wrote that plan, exit 0, and evaluate then rejected it.
+def _long_sequence_plan(tmp_path, stages: int):
+    """Llama-2 7B with full recompute at 32,768 tokens on 16 A100-40GB, fp16, in 1 or 2 stages
+    of 8 sequences (tp 2, share 2): it fits under 1F1B."""
     cluster = tmp_path / "c.yaml"
     cluster.write_text(ONE_STAGE_CLUSTER)
-    replicas = [{"gpu_type": "A100-SXM4-40GB", "tp": 2, "micro_batch_share": 2,
-                 "devices": [f"g0-{r // 2}:{2 * (r % 2)}", f"g0-{r // 2}:{2 * (r % 2) + 1}"]} for r in range(8)]
+    per = 16 // stages
+
+    def replicas(first):
+        return [{"gpu_type": "A100-SXM4-40GB", "tp": 2, "micro_batch_share": 2,
+                 "devices": [f"g0-{(first + r) // 2}:{2 * (r % 2)}", f"g0-{(first + r) // 2}:{2 * (r % 2) + 1}"]}
+                for r in range(per // 2)]
+    bounds = [(i * 32 // stages, (i + 1) * 32 // stages) for i in range(stages)]
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({
         "schema": "planner.plan/v1",
         "inputs": {"cluster": "four-a100-40", "model": "llama2-7b",
-                   "training": {"global_batch_size": 16, "seq_len": 32768, "precision": "fp16",
-                                "attention": "flash"}},
-        "micro_batch_size": 16, "num_micro_batches": 1, "schedule": "1f1b", "recompute": "full",
-        "zero_stage": 1, "sequence_parallel": True, "stages": [{"index": 0, "blocks": [0, 32], "embedding": True, "head": True,
-                                     "replicas": replicas}]}))
+                   "training": {"global_batch_size": 16 if stages == 1 else 8, "seq_len": 32768,
+                                "precision": "fp16", "attention": "flash"}},
+        "micro_batch_size": 16 if stages == 1 else 8, "num_micro_batches": 1, "schedule": "1f1b",
+        "recompute": "full", "zero_stage": 1, "sequence_parallel": True,
+        "stages": [{"index": i, "blocks": list(b), "embedding": i == 0, "head": i == stages - 1,
+                    "replicas": replicas(i * per // 2)} for i, b in enumerate(bounds)]}))
+    return cluster, plan
+
+
+def test_schedule_refuses_a_rewrite_that_does_not_fit(tmp_path, capsys):
+    # found by scripts/fuzz_plans.py (seed 34, case 16), then on one stage: Llama-2 7B with full
+    # recompute at 32,768 tokens fits under 1F1B (each block's backward frees its gradients as
+    # it goes); split into I and W, every block's weight-op gradients wait from I to W.  The
+    # command wrote that plan, exit 0, and evaluate then rejected it.  Two stages here: one has
+    # no sends to hide (below).
+    cluster, plan = _long_sequence_plan(tmp_path, stages=2)
     assert main(["evaluate", str(cluster), str(plan), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["fits"]
     out = tmp_path / "la.json"
@@ -266,3 +280,20 @@ def test_schedule_refuses_a_rewrite_that_does_not_fit(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "does not fit in memory" in err and "nothing written" in err and "more stages" in err, err
     assert "Traceback" not in err and not out.exists()
+
+
+def test_schedule_refuses_a_one_stage_plan(tmp_path, capsys):
+    """One rank has no boundary: nothing to hide.  It ended in a memory error that named no
+    cause (a robustness sweep)."""
+    cluster, plan = _long_sequence_plan(tmp_path, stages=1)
+    out = tmp_path / "la.json"
+    assert main(["schedule", str(cluster), str(plan), "--latency-aware", "-o", str(out)]) == 2
+    assert "a one-stage plan has no pipeline sends to hide" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_memory_cap_above_the_micro_batches_is_the_micro_batch_count():
+    from planner.simulate.latency import StageTimes, make_problem
+
+    st = [StageTimes(1, 1, 1, send_forward_s=0.08), StageTimes(1, 1, 1, send_backward_s=0.07)]
+    assert make_problem(st, 4, [0.05], memory_cap=100).memory_cap == (4, 4)
+    assert make_problem(st, 4, [0.05], memory_cap=[3, 9]).memory_cap == (3, 4)

@@ -112,7 +112,9 @@ def make_problem(stage_times: Sequence[StageTimes], num_micro_batches: int,
     if memory_cap is None:
         memory_cap = min(m, p)
     caps = (int(memory_cap),) * p if isinstance(memory_cap, int) else tuple(int(c) for c in memory_cap)
-    return LatencyProblem(st, fwd, bwd, m, caps)
+    # a rank never holds more than the m micro-batches there are (a cap of 100 was reported as
+    # 100 on a plan of 16)
+    return LatencyProblem(st, fwd, bwd, m, tuple(min(c, m) for c in caps))
 
 
 def _peak_held(sched: Schedule, start: str, ends: tuple[str, ...]) -> list[int]:

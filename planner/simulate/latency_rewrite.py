@@ -84,6 +84,10 @@ def rewrite(cluster, plan, profiles=None, exact: bool = False, memory_cap: int |
         raise InputError(f"{file}: schedule {plan.schedule} runs {plan.virtual_stages} chunks per rank; the "
                          "latency-aware scheduler orders one stage per rank (use a 1f1b, gpipe or zb-h1 plan)")
     p, m = len(plan.stages), plan.num_micro_batches
+    if p == 1:
+        # one rank, no boundary: nothing to hide (it ended in a memory error that named no cause)
+        raise InputError(f"{file}: a one-stage plan has no pipeline sends to hide; the latency-aware "
+                         "scheduler orders the work of a pipeline of two or more stages")
     if memory_cap is not None and memory_cap < 1:
         raise InputError(f"--memory-cap must be at least 1 micro-batch, got {memory_cap}")
     if exact and 3 * p * m > MAX_ACTIONS:
