@@ -55,6 +55,19 @@ def test_prints_files_without_output_folder(plan_file, capsys):
     assert "==> node0-a.sh <==" in text and "'my train.py'" in text
 
 
+@pytest.mark.parametrize("fmt", ["torchrun", "megatron", "deepspeed", "pipelining", "torchtitan"])
+def test_a_single_node_rendezvous_at_localhost_unless_given(fmt):
+    """Every process of a one-node plan runs on that node: --master-addr was required even then."""
+    import json as json_
+
+    files = render(make_plan(ONE_NODE), fmt)
+    assert json_.loads(files["rank_map.json"])["master_addr"] == "localhost"
+    script = next(text for name, text in files.items() if name.endswith(".sh"))
+    assert "--master-addr localhost" in script
+    given = render(make_plan(ONE_NODE), fmt, master_addr="10.0.0.7")
+    assert json_.loads(given["rank_map.json"])["master_addr"] == "10.0.0.7"
+
+
 def test_errors_exit_2_and_write_nothing(plan_file, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["launch", str(plan_file), "--format", "torchrun", "-o", str(out)]) == 2

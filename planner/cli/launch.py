@@ -18,7 +18,7 @@ from planner.cli.common import console, echo_json
                    "that this one does not overwrite are removed with it, unless changed since the "
                    "planner wrote them (an older rank map, without checksums: its node scripts are "
                    "all kept, with a warning). Without -o the files are printed.")
-@click.option("--master-addr", help="Host name or IP of node rank 0, reachable from every node.")
+@click.option("--master-addr", help="Host name or IP of node rank 0, reachable from every node (default on a single node: localhost).")
 @click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True)
 @click.option("--script", help="Training script the launcher runs "
               "(default: pretrain_gpt.py for megatron, train.py otherwise).")

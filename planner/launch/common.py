@@ -20,6 +20,7 @@ DEFAULT_MASTER_PORT = 29500
 # Node names become file names and torchrun arguments; the cluster spec allows the same set.
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 # A host name, IPv4 address or bracketed IPv6 address: nothing a shell would interpret.
+LOCALHOST = "localhost"     # a single node's rendezvous when no --master-addr is given
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9_.\-]*)$")
 
 
@@ -33,17 +34,22 @@ class LaunchOptions:
     gpus_per_node: dict[str, int] | None = None  # from a cluster spec, when one is given
     schedule_csv: bool = False  # run the schedule from its action lists even where torch has a class
 
-    def checked_master(self, first_node: str) -> tuple[str, int]:
-        if not self.master_addr:
-            raise InputError(f"launch: --master-addr is required: the host name or IP address of "
-                             f"node rank 0 ({first_node!r}), which every node can reach")
-        if not _HOST.match(self.master_addr):
-            raise InputError(f"launch: --master-addr {self.master_addr!r} is not a host name, an IPv4 "
+    def checked_master(self, first_node: str, num_nodes: int) -> tuple[str, int]:
+        """The rendezvous address and port; on a single node localhost unless given (every
+        process runs there; --master-addr was required even then)."""
+        addr = self.master_addr
+        if not addr:
+            if num_nodes > 1:
+                raise InputError(f"launch: --master-addr is required: the host name or IP address of "
+                                 f"node rank 0 ({first_node!r}), which every node can reach")
+            addr = LOCALHOST
+        if not _HOST.match(addr):
+            raise InputError(f"launch: --master-addr {addr!r} is not a host name, an IPv4 "
                              "address or a bracketed IPv6 address such as [fd00::1]")
         if isinstance(self.master_port, bool) or not isinstance(self.master_port, int) \
                 or not 1 <= self.master_port <= 65535:
             raise InputError(f"launch: --master-port {self.master_port!r} must be an integer in 1..65535")
-        return self.master_addr, self.master_port
+        return addr, self.master_port
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ def node_env(node: NodeSlot, opts: LaunchOptions, extra: dict[str, str] | None =
 
 def node_scripts(layout: Layout, opts: LaunchOptions, script: str, script_args: list[str] = (),
                  extra_env: dict[str, str] | None = None, comment: list[str] = ()) -> dict[str, str]:
-    master_addr, master_port = opts.checked_master(layout.nodes[0].node)
+    master_addr, master_port = opts.checked_master(layout.nodes[0].node, len(layout.nodes))
     files = {}
     for node in layout.nodes:
         argv = torchrun_argv(layout, node, master_addr, master_port, script, list(script_args))
@@ -65,7 +65,7 @@ def node_scripts(layout: Layout, opts: LaunchOptions, script: str, script_args: 
 def rank_map(plan: Plan, layout: Layout, opts: LaunchOptions, extra: dict | None = None) -> dict:
     """Global rank -> device, stage, replica, tp rank, node; plus what a script needs to build
     its groups without re-reading the plan (stage blocks, shares, the schedule)."""
-    master_addr, master_port = opts.checked_master(layout.nodes[0].node)
+    master_addr, master_port = opts.checked_master(layout.nodes[0].node, len(layout.nodes))
     data = {
         "schema": RANK_MAP_SCHEMA,
         "rank_order": layout.rank_order,
