@@ -64,6 +64,7 @@ _ELSEWHERE = {
     "write_timeline": ("planner.simulate.render", "write_timeline"),
     "write_trace": ("planner.simulate.render", "write_trace"),
     "staged_path": ("planner.output_files", "staged_path"),
+    "plan_chunks": ("planner.launch.common", "chunks"),
     "calibrate_file": ("planner.profile.calibrate", "calibrate_file"),
     "profile_file_name": ("planner.profile.from_run", "file_name"),
     "profiling": ("planner.profile.measure", None),   # the module (imports torch): check_tp, measure_profile

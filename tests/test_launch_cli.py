@@ -396,3 +396,18 @@ def test_without_replace_launch_write_removes_nothing(plan_file, one_node_file, 
     assert _launch(plan_file, out, "megatron") == 0
     written = write(render(make_plan(ONE_NODE), "torchrun", master_addr="h"), out)
     assert written.removed == [] and (out / "node1-b.sh").exists() and (out / "megatron_args.json").exists()
+
+
+@pytest.mark.parametrize("schedule, blocks, want", [
+    # the V: rank 0 holds the first piece (embedding) and the last (head)
+    ("zb-v", ((0, 2), (2, 8)), ["0-1 +emb, 7-8 +head", "1-4, 4-7"]),
+    # the loop: stage s holds pieces s and p + s
+    ("interleaved-1f1b", ((0, 4), (4, 8)), ["0-2 +emb, 4-6", "2-4, 6-8 +head"]),
+    ("1f1b", ((0, 4), (4, 8)), ["0-4 +emb", "4-8 +head"])])
+def test_stage_tables_show_the_blocks_each_stage_runs(schedule, blocks, want):
+    """A V stage's table row said "+head" on the last stage, where rank 0 runs the head, and
+    an interleaved stage's range was not the blocks it runs (a robustness sweep)."""
+    from planner.cli.common import blocks_cell
+
+    plan = make_plan(blocks=blocks, schedule=schedule, virtual_stages=1 if schedule == "1f1b" else 2)
+    assert [blocks_cell(plan, st) for st in plan.stages] == want

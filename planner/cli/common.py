@@ -119,3 +119,22 @@ def job_options(command):
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def blocks_cell(plan, stage) -> str:
+    """A stage's blocks as run: with virtual stages its chunks' ranges (interleaving's loop,
+    zb-v's and dualpipev's V, where rank 0 holds the head), each with what it adds; the
+    stage's own range where the chunks cannot be cut (plan.check reports why)."""
+    from planner.api import InputError, plan_chunks
+
+    def ends(emb: bool, head: bool) -> str:
+        return (" +emb" if emb else "") + (" +head" if head else "")
+
+    if plan.virtual_stages > 1:
+        try:
+            pieces = [c for c in plan_chunks(plan, "display") if c.stage == stage.index]
+        except InputError:
+            pieces = []
+        if pieces:
+            return ", ".join(f"{c.first}-{c.last}{ends(c.embedding, c.head)}" for c in pieces)
+    return f"{stage.blocks[0]}-{stage.blocks[1]}{ends(stage.embedding, stage.head)}"

@@ -7,7 +7,7 @@ import click
 
 from planner import api
 from planner.api import trust_line
-from planner.cli.common import console, echo_json, format_seconds, warn_precision, warn_skipped_profiles
+from planner.cli.common import blocks_cell, console, echo_json, format_seconds, warn_precision, warn_skipped_profiles
 from planner.cli.tables import Table
 from planner.errors import InfeasibleError
 
@@ -37,8 +37,7 @@ def _stages_table(ev, plan) -> Table:
                 "dp sync", "exposed", "optimizer"):
         t.add_column(col, justify="right")
     for st, timing in zip(plan.stages, ev.stages):
-        t.add_row(str(st.index), f"{st.blocks[0]}-{st.blocks[1]}" + (" +emb" if st.embedding else "")
-                  + (" +head" if st.head else ""), str(len(st.replicas)), format_seconds(timing.forward_s),
+        t.add_row(str(st.index), blocks_cell(plan, st), str(len(st.replicas)), format_seconds(timing.forward_s),
                   format_seconds(timing.backward_s), format_seconds(timing.send_forward_s), format_seconds(timing.send_backward_s),
                   format_seconds(timing.dp_sync_s), format_seconds(timing.dp_sync_exposed_s), format_seconds(timing.optimizer_s))
     return t

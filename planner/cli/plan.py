@@ -13,6 +13,7 @@ import click
 
 from planner.api import SEARCH_SCHEDULES, Training, trust_line
 from planner.cli.common import (
+    blocks_cell,
     check_writable,
     console,
     echo_json,
@@ -84,8 +85,7 @@ def _stage_rows(plan) -> Table:
         shares = "/".join(",".join(map(str, sorted(set(q), reverse=True))) for q in kinds.values())
         nodes = sorted({r.node for r in st.replicas}, key=node_order)
         where = nodes[0] if len(nodes) == 1 else f"{nodes[0]} … {nodes[-1]} ({len(nodes)} nodes)"
-        blocks = f"{st.blocks[0]}-{st.blocks[1]}" + (" +emb" if st.embedding else "") + (" +head" if st.head else "")
-        t.add_row(str(st.index), blocks, gpus, str(len(st.replicas)),
+        t.add_row(str(st.index), blocks_cell(plan, st), gpus, str(len(st.replicas)),
                   "/".join(str(tp) for _, tp in kinds), shares, where)
     return t
 
