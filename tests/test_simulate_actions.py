@@ -392,6 +392,8 @@ def test_cli_simulate_timeline_bad_suffix_is_exit_2(tmp_path, capsys):
     assert main(["simulate", str(SPECS / "tiny-mixed.yaml"), str(plan), "--timeline",
                  str(tmp_path / "t.pdf")]) == 2
     assert ".png or .svg" in capsys.readouterr().err
+    assert main(["simulate", str(SPECS / "tiny-mixed.yaml"), str(plan), "--trace", str(tmp_path / "t.txt")]) == 2
+    assert "must end in .json" in capsys.readouterr().err and not (tmp_path / "t.txt").exists()
 
 
 def test_trace_and_timeline_of_zb_h1(tmp_path):

@@ -21,6 +21,12 @@ def _timeline_suffix(ctx, param, value):
     return value
 
 
+def _trace_suffix(ctx, param, value):
+    if value is not None and not value.lower().endswith(".json"):
+        raise click.BadParameter(f"{value}: the file must end in .json (Chrome trace events)")
+    return value
+
+
 def _draw(sim, timeline_path: str | None, trace_path: str | None, quiet: bool) -> None:
     """The plan's schedule as generated action lists on the simulated stage times, drawn and/or
     traced (planner.simulate.plan.plan_execution, planner.simulate.render)."""
@@ -63,7 +69,7 @@ def _draw(sim, timeline_path: str | None, trace_path: str | None, quiet: bool) -
               callback=_timeline_suffix,
               help="Draw the schedule to FILE.png or FILE.svg: one row per rank, F / B / I / W and send "
                    "blocks numbered by micro-batch (needs matplotlib).")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None, callback=_trace_suffix,
               help="Write the schedule as Chrome trace events to FILE.json (opens in Perfetto).")
 def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int, profiles_path: str | None,
              calibration_path: str | None, timeline_path: str | None, trace_path: str | None) -> None:
