@@ -7,7 +7,14 @@ import click
 
 from planner import api
 from planner.api import trust_line
-from planner.cli.common import blocks_cell, console, echo_json, format_seconds, warn_precision, warn_skipped_profiles
+from planner.cli.common import (
+    blocks_cell,
+    console,
+    echo_json,
+    format_seconds,
+    warn_precision,
+    warn_skipped_profiles,
+)
 from planner.cli.tables import Table
 from planner.errors import InfeasibleError
 
