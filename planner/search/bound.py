@@ -23,6 +23,7 @@ from planner.search.knobs import Knobs, OptionKey, knob_rows
 from planner.search.mixed import StandIn
 from planner.search.option_arrays import OptionArrayCache
 from planner.search.packed import PackedBound, partner_sends
+from planner.search.packing import KNAPSACK_STAGES
 from planner.search.schedules import SCHEDULES
 from planner.search.slots import ENDS_ORDER, Position
 from planner.search.space import Pricer
@@ -50,7 +51,7 @@ class KnobBound:
         self._packed = PackedBound(pricer)
 
     def __call__(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool = True,
-                 enough: float = math.inf, packed: int = 2, enough_on=None) -> float:
+                 enough: float = math.inf, packed: int = 2, enough_on=None, ordered: bool = False) -> float:
         """A lower bound on every plan of this knob tuple (``whole``).  With memory and
         options of a few classes, the least of that bound over the sets S of classes a plan
         can use (every plan uses exactly one S): on S's options alone, where a pipeline over
@@ -63,7 +64,8 @@ class KnobBound:
         (packed.py); 1 with its knapsacks alone (milliseconds); 2 (or True) also with its LPs
         over positions and the fill (a tenth of a second on c); 3 also with the max terms
         apart (apart.py; seconds on c, for the tuples too big for the exact MILP).  The
-        search asks for each in turn, for the tuples still in the way.  ``enough_on(classes)``: for the cost
+        search asks for each in turn, for the tuples still in the way.  ``ordered`` (with
+        ``packed`` >= 2): each set's LPs once per order of its classes (position_lp.orders).  ``enough_on(classes)``: for the cost
         objectives, the time each set of classes must be shown to take (its plans rent more
         or less): every set is then bounded to its own threshold, not only the least one
         (``by_classes`` reads them)."""
@@ -94,13 +96,19 @@ class KnobBound:
                 continue
             now[subset] = max(last.get(subset, -math.inf),
                               self.whole(knobs, ctx, self._arrays.subset_keys(keys, subset), True, len(subset),
-                                         min(enough, best) if own is None else own, packed))
+                                         min(enough, best) if own is None else own, packed, ordered))
             best = min(best, now[subset])
         self._by_subset.pop((knobs, id(keys)), None)               # re-inserted: the newest
         if len(self._by_subset) >= SUBSET_MEMO:
             del self._by_subset[next(iter(self._by_subset))]       # the least recently stored
         self._by_subset[(knobs, id(keys))] = now
         return max(best, whole)        # both bound every plan (a subset's may round below the whole's)
+
+    def orders_apply(self, knobs: Knobs, keys: list[OptionKey]) -> bool:
+        """Whether ``ordered`` can lift the tuple's bound: a pipeline that does not wrap, over
+        options of two or more classes (its sets of 2-3 classes get the class orders' LPs)."""
+        return (not SCHEDULES[knobs.schedule].wraps and 2 <= knobs.num_stages <= KNAPSACK_STAGES
+                and 2 <= len(self._classes_of(keys)) <= SUBSET_CLASSES)
 
     def by_classes(self, knobs: Knobs, keys: list[OptionKey]) -> dict:
         """The last memory-aware bound of the plans on each set of classes (empty until one is
@@ -136,7 +144,7 @@ class KnobBound:
         return hit
 
     def whole(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], memory: bool,
-              num_classes: int = 0, enough: float = math.inf, packed: int = 2) -> float:
+              num_classes: int = 0, enough: float = math.inf, packed: int = 2, ordered: bool = False) -> float:
         """A lower bound on every plan of this knob tuple, from middle-stage slopes, memory,
         each position's least intercept and the least send (no per-position pricing, no send
         table).  An option holds at most ``U`` blocks, its
@@ -193,7 +201,7 @@ class KnobBound:
         if memory and packed and total < enough:
             table_key = (sk, knobs.schedule, v, m, rows_terms)
             total = max(total, self._packed(knobs, ctx, keys, (table_key, hit, U), L, enough, sums, lp=packed >= 2,
-                                                num_classes=num_classes, apart=packed >= 3))
+                                                num_classes=num_classes, apart=packed >= 3, ordered=ordered))
         return total
 
     def _separate(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], hit, L: int, f_min: float,

@@ -39,7 +39,7 @@ from planner.search.knobs import Knobs, OptionKey, knob_rows
 from planner.search.mixed import StandIn
 from planner.search.packing import KNAPSACK_STAGES, MaxTerms, Packing, Sends, Tables
 from planner.search.pieces import block_limits
-from planner.search.position_lp import Cross, PositionLP
+from planner.search.position_lp import Cross, PositionLP, orders
 from planner.search.schedules import SCHEDULES
 from planner.search.slots import ENDS_ORDER, POSITIONS, End, Position, Quantity
 
@@ -64,33 +64,38 @@ class PackedBound:
         self.support: dict = {}
 
     def __call__(self, knobs: Knobs, ctx: CostContext, keys: list[OptionKey], pieces: tuple, L: int,
-                 enough: float, sums: float, lp: bool = True, num_classes: int = 0, apart: bool = False) -> float:
+                 enough: float, sums: float, lp: bool = True, num_classes: int = 0, apart: bool = False,
+                 ordered: bool = False) -> float:
         """A lower bound on the whole objective of every plan of the tuple (``pieces``: the
         knob bound's (key of its options and rows, arrays, U at the fewest in flight);
         ``sums``: its bound on the sum terms).  At least ``enough`` once that is shown (the search's pruning
         threshold); the bound with the fill only while below it.  ``lp=False``: the
         knapsacks alone (no LP over positions, no fill).  ``num_classes`` >= 2: for plans
         using exactly that many classes (those of ``keys``), whose LPs count the crossings
-        between classes (position_lp.Cross).  ``apart``: then also with the pipeline's max
-        terms and the stages' own bounded apart (apart.py; seconds, for the tuples too big for
-        the exact MILP)."""
+        between classes (position_lp.Cross), and with ``ordered`` one LP per order of the
+        classes and one for more crossings (position_lp.orders; up to 7x the LPs).
+        ``apart``: then also with the pipeline's max terms and the stages' own bounded apart
+        (apart.py; seconds, for the tuples too big for the exact MILP)."""
         p = knobs.num_stages
         if p > KNAPSACK_STAGES:
             return sums
         lp = lp and clock.now() <= self.deadline
         t = self.stage_tables(knobs, ctx, keys, pieces, L)
         U_pos = self.position_limits(knobs, pieces[1], L) if p > 1 else None
-        bound = self.bound_on(knobs, t, pieces, L, U_pos, num_classes, enough, sums, lp=lp, keep=True)
+        bound = self.bound_on(knobs, t, pieces, L, U_pos, num_classes, enough, sums, lp=lp, keep=True,
+                              ordered=ordered)
         if apart and lp and p > 1 and bound < enough:
             bound = max(bound, bound_apart(self, knobs, ctx, keys, pieces, L, U_pos, enough, sums, bound,
                                            num_classes))
         return bound
 
     def bound_on(self, knobs: Knobs, t: Tables, pieces: tuple, L: int, U_pos: np.ndarray | None,
-                 num_classes: int, enough: float, sums: float, lp: bool = True, keep: bool = False) -> float:
+                 num_classes: int, enough: float, sums: float, lp: bool = True, keep: bool = False,
+                 ordered: bool = False) -> float:
         """``__call__``'s bound on the max terms ``t`` sums (with ``sums`` and the fill),
         each option holding at most ``U_pos`` [K, p] blocks at each position; ``keep``: keep
-        the fill LP's options as the tuple's support."""
+        the fill LP's options as the tuple's support; ``ordered``: the least over the class
+        orders' LPs (``__call__``)."""
         p = knobs.num_stages
         self._lp.deadline = self.deadline
         U = pieces[2]
@@ -98,8 +103,21 @@ class PackedBound:
         tables = [None if x is None else np.where(over, math.inf, x) for x in (t.g, t.first, t.mid, t.last)]
         cross = (Cross(num_classes, SCHEDULES[knobs.schedule].wraps)
                   if num_classes >= 2 and p > 1 and lp and t.sends is not None else None)
-        packing = Packing(self._lp, knobs, pieces[1], [c.capacity_units for c in self.classes], L,
-                           tables, U_pos, t, cross, over, self.deadline, use_lp=lp)
+        crosses = orders(cross, t.sends.partners) if ordered and cross is not None else [cross]
+        least, kept = math.inf, None
+        for each in crosses:
+            # an order's LP need only show that it is at least the least so far
+            packing = Packing(self._lp, knobs, pieces[1], [c.capacity_units for c in self.classes], L,
+                              tables, U_pos, t, each, over, self.deadline, use_lp=lp)
+            bound = self._bound_with(packing, p, min(enough, least), sums, lp)
+            if bound < least:
+                least, kept = bound, packing
+        if keep and kept is not None and kept.lp_model is not None:
+            self._keep_support(knobs, pieces[1].keys, kept, num_classes, least)     # the LP's options, in its order
+        return least
+
+    @staticmethod
+    def _bound_with(packing: Packing, p: int, enough: float, sums: float, lp: bool) -> float:
         need = enough - sums
         M = packing.bottleneck(need)
         if not math.isfinite(M):
@@ -108,10 +126,7 @@ class PackedBound:
             return enough                       # M = need did not hold the blocks (sums + need may round below)
         if p == 1 or not lp:
             return sums + M
-        bound = max(sums + M, packing.with_fill(M, sums, enough))
-        if keep:
-            self._keep_support(knobs, pieces[1].keys, packing, num_classes, bound)     # the LP's options, in its order
-        return bound
+        return max(sums + M, packing.with_fill(M, sums, enough))
 
     def support_of(self, knobs: Knobs, most: int) -> dict[OptionKey, float]:
         """The ``most`` options the tuple's fill LPs' optima weighed most, with their weights
@@ -194,9 +209,9 @@ class PackedBound:
             sends[t.kind][1] += t.weight * sum(row.inn)
         if p == 1:
             return Tables(g[:, Position.ONLY], None, None, None, r_slope, r_at[:, [Position.ONLY] * len(End)])
-        out2, in2 = self._option_sends(ctx, knobs, keys)
+        out2, in2, partners = self._option_sends(ctx, knobs, keys)
         bare = Sends(np.stack([g[:, pos] for pos in ENDS_ORDER]), r_at[:, list(ENDS_ORDER)], tuple(sends["max"]),
-                      tuple(sends["sum"]), out2, in2, SCHEDULES[knobs.schedule].wraps)
+                      tuple(sends["sum"]), out2, in2, SCHEDULES[knobs.schedule].wraps, partners)
         # without crossings each side pays its least send, to any partner
         (first, r_first), (mid, r_mid), (last, r_last) = (bare.priced(k, out2.min(axis=0), in2.min(axis=0))
                                                            for k in End)
@@ -230,9 +245,10 @@ class PackedBound:
         f, d = zip(*(stage_holds(knobs.schedule, p, s, m, v) for s in range(p)))
         return block_limits(coef, exact, caps, f, L, d)
 
-    def _option_sends(self, ctx, knobs, keys: list[OptionKey]) -> tuple[np.ndarray, np.ndarray]:
-        """[2, K] each, the least send out of and into a stage of each option, to a partner of
-        its own class (row 0) and of another class (row 1; inf when ``keys`` has none): a
+    def _option_sends(self, ctx, knobs, keys: list[OptionKey]) -> tuple[np.ndarray, np.ndarray, tuple]:
+        """[1 + C, K] each, the least send out of and into a stage of each option, to a partner
+        of its own class (row 0) and of each of the C classes of ``keys`` (row j + 1 to the
+        j-th, the classes returned third; inf to its own class): a
         boundary's busiest point carries at least one transfer and, on the option's side,
         its largest share ceil(B / n) of sequences (``L0 + ceil(B / n) X``, the sender's
         line), and across a capped zone link no less than the whole micro-batch
@@ -243,10 +259,12 @@ class PackedBound:
         share = np.array([-(-B // k.replicas) for k in keys], dtype=float)[:, None]
         out = np.maximum(ps.L0[t] + share * ps.X[t], ps.shared[t])                # [K, partner type]
         inn = np.maximum(ps.L0[:, t].T + share * ps.X[:, t].T, ps.shared[:, t].T)
-        crossing = ps.cls[None, :] != np.array([k.cls for k in keys])[:, None]
-        send_out = np.stack([np.where(crossing, math.inf, out).min(axis=1), np.where(crossing, out, math.inf).min(axis=1)])
-        send_in = np.stack([np.where(crossing, math.inf, inn).min(axis=1), np.where(crossing, inn, math.inf).min(axis=1)])
-        return send_out, send_in
+        own = np.array([k.cls for k in keys])[:, None]
+        partners = tuple(sorted({int(c) for c in ps.cls}))
+        to = [ps.cls[None, :] == own] + [(ps.cls[None, :] == c) & (own != c) for c in partners]
+        send_out = np.stack([np.where(mask, out, math.inf).min(axis=1) for mask in to])
+        send_in = np.stack([np.where(mask, inn, math.inf).min(axis=1) for mask in to])
+        return send_out, send_in, partners
 
 
 @dataclass

@@ -14,7 +14,7 @@ import numpy as np
 from planner.search import clock
 from planner.search.knobs import Knobs
 from planner.search.pieces import most_speed
-from planner.search.position_lp import VARIANTS, Cross, PositionLP, PositionModel
+from planner.search.position_lp import Cross, PositionLP, PositionModel
 from planner.search.slots import End
 
 FILL_STEP = 0.01            # grid step of the bottleneck M for the bound with the fill, of the objective
@@ -74,8 +74,8 @@ class Tables:
 class Sends:
     """A stage's max-term sum and summed-row intercept without its sends (``g`` [End, K, L] and
     ``r`` [K, End]), the sends' weights in each (``w_max``, ``w_sum``: (out, in)) and each
-    side's least send within the class and to another class (``out``, ``inn``: [2, K], index
-    1 = crossing; inf when no other class)."""
+    side's least send within the class (row 0) and to each class of ``partners`` (row j to
+    ``partners[j - 1]``; inf to its own class) (``out``, ``inn``: [1 + len(partners), K])."""
     g: np.ndarray
     r: np.ndarray
     w_max: tuple[float, float]
@@ -83,6 +83,7 @@ class Sends:
     out: np.ndarray
     inn: np.ndarray
     wraps: bool
+    partners: tuple[int, ...] = ()
 
     def sides(self, k: End) -> tuple[bool, bool]:
         """Whether a stage at position kind k sends out and in."""
@@ -97,20 +98,39 @@ class Sends:
         return (self.g[k] + (self.w_max[0] * o + self.w_max[1] * n)[:, None],
                 self.r[:, k] + self.w_sum[0] * o + self.w_sum[1] * n)
 
-    def variants(self) -> tuple[np.ndarray, np.ndarray]:
-        """([End, 4, K, L] max-term sums, [End, 4, K] summed-row intercepts) per position kind
-        and crossing variant (position_lp.VARIANTS); inf where the variant's crossing side
-        does not exist (the first stage's in side, the last's out side, unless it wraps)."""
-        g = np.empty((len(End), len(VARIANTS)) + self.g.shape[1:])
-        r = np.empty((len(End), len(VARIANTS), self.g.shape[1]))
+    def variants(self, cross: Cross, cls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """([End, V, K, L] max-term sums, [End, V, K] summed-row intercepts) per position kind
+        and crossing variant (``cross.variants``; ``cls`` [K] the options' classes); inf where
+        the variant's crossing side does not exist (the first stage's in side, the last's out
+        side, unless it wraps; in an order, out of its last class and into its first)."""
+        out, inn = self._crossing_sends(cross, cls)
+        g = np.empty((len(End), len(cross.variants)) + self.g.shape[1:])
+        r = np.empty((len(End), len(cross.variants), self.g.shape[1]))
         for k in End:
             has_out, has_in = self.sides(k)
-            for i, (co, ci) in enumerate(VARIANTS):
+            for i, (co, ci) in enumerate(cross.variants):
                 if (co and not has_out) or (ci and not has_in):
                     g[k, i], r[k, i] = math.inf, math.inf
-                else:
-                    g[k, i], r[k, i] = self.priced(k, self.out[co], self.inn[ci])
+                    continue
+                # an infinite send (no partner there) rules the option out of the variant,
+                # also where the rows weigh sends at 0 (0 x inf is no number)
+                gone = (~np.isfinite(out[co]) if has_out else False) | (~np.isfinite(inn[ci]) if has_in else False)
+                g[k, i], r[k, i] = self.priced(k, np.where(gone, 0.0, out[co]), np.where(gone, 0.0, inn[ci]))
+                g[k, i][gone], r[k, i][gone] = math.inf, math.inf
         return g, r
+
+    def _crossing_sends(self, cross: Cross, cls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each side's send per variant value (rows as ``cross.variants`` number them), [V, K]."""
+        if cross.partners and not cross.order:
+            return self.out, self.inn
+        if not cross.order:         # a crossing side to any partner: the least over them
+            return tuple(np.stack([x[0], x[1:].min(axis=0)]) for x in (self.out, self.inn))
+        row = {c: j + 1 for j, c in enumerate(self.partners)}
+        after = dict(zip(cross.order, cross.order[1:]))
+        before = dict(zip(cross.order[1:], cross.order))
+        into = np.array([self.out[row[after[c]], o] if c in after else math.inf for o, c in enumerate(cls.tolist())])
+        out_of = np.array([self.inn[row[before[c]], o] if c in before else math.inf for o, c in enumerate(cls.tolist())])
+        return np.stack([self.out[0], into]), np.stack([self.inn[0], out_of])
 
 
 class Packing:
@@ -135,7 +155,7 @@ class Packing:
         if self.p > 1:
             # per position kind (End) [and crossing variant], [K, L]
             if cross is not None:
-                g, self.r_var = t.sends.variants()
+                g, self.r_var = t.sends.variants(cross, self.cls)
                 at = np.where(over[None, None], math.inf, g)
                 finite.append(at[np.isfinite(at)])
             else:
@@ -153,7 +173,7 @@ class Packing:
         return position_kinds(self.p)
 
     def _most_at_positions(self, M: float) -> np.ndarray:
-        """[K, p] the most blocks each option holds at each position under M ([4, K, p] per
+        """[K, p] the most blocks each option holds at each position under M ([V, K, p] per
         crossing variant with ``cross``)."""
         most = (self.at <= M).sum(axis=-1)[self._kinds()]                  # [p, (4,) K]
         most = np.moveaxis(most, 0, -1)

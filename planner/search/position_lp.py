@@ -17,10 +17,25 @@ boundary b crosses on both of its sides or on neither, a side that does not cros
 same class on the other side, every class of the plan holds some stage, and at least the
 fewest crossings happen.  An integer plan satisfies them all, so the LP still bounds it.
 
+**Class orders** (``orders``; the knob bound's ordered level).  In the LP above a crossing
+side pays its least send to any other class, and fractions of several classes at each
+position cost no crossing at all; on a cluster of zones whose links differ (5 Gbit/s between
+two, 10 between the others) it priced the crossings at the fast links while placing the
+classes as only the slow one allows.  A pipeline that does not wrap keeps each class's stages
+together or crosses more often: every plan of C classes either runs them in one of the C!
+orders with C - 1 crossings, or crosses at least C times.  Each order is its own LP: the first
+position holds the first class and the last the last, a stage's class never comes earlier in
+the order than its predecessor's (``sum_{rank <= r}`` falls along the positions), and a
+crossing out of the r-th class goes into the (r+1)-th, each side at its least send to that
+class (``Cross.order``).  The rest cross at least C times (``Cross.more``), each crossing
+side naming the class across it (``Cross.partners``: both sides of a boundary name the same
+pair).  The least over these LPs bounds every plan; each is a restriction of the LP above.
+
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -34,22 +49,49 @@ VARIANTS = ((0, 0), (0, 1), (1, 0), (1, 1))    # (out side crosses, in side cros
 @dataclass(frozen=True)
 class Cross:
     """Plans using exactly ``num_classes`` >= 2 classes; ``wrap``: the last stage also sends
-    to the first (interleaved schedules)."""
+    to the first (interleaved schedules).  ``order``: only plans running the classes in this
+    order, each class's stages together; ``partners``: a crossing side names the class across
+    it, one of these; ``more``: crossings beyond the fewest (module docstring)."""
     num_classes: int
     wrap: bool
+    partners: tuple[int, ...] = ()
+    order: tuple[int, ...] = ()
+    more: int = 0
 
     def boundaries(self, p: int) -> list[tuple[int, int]]:
         return [(s, (s + 1) % p) for s in range(p if self.wrap else p - 1)]
 
     @property
     def fewest(self) -> int:
-        return self.num_classes if self.wrap else self.num_classes - 1
+        return (self.num_classes if self.wrap else self.num_classes - 1) + self.more
+
+    @property
+    def variants(self) -> tuple[tuple[int, int], ...]:
+        """Each column's (out side, in side): 0 does not cross, 1 crosses (into the next class
+        of ``order``, out of the one before), and with ``partners`` j >= 1 crosses to or from
+        ``partners[j - 1]``.  Without partners: VARIANTS."""
+        n = len(self.partners) + 1 if self.partners and not self.order else 2
+        return tuple((o, i) for o in range(n) for i in range(n))
+
+
+ORDER_CLASSES = 3   # class orders are tried for sets of at most this many classes (3! = 6 LPs and one more)
+
+
+def orders(cross: Cross, classes: tuple[int, ...]) -> list[Cross]:
+    """The LPs of the ordered level for plans of exactly ``classes`` (module docstring): one per
+    order of the classes, and one for the plans crossing at least C times; ``[cross]`` where
+    it does not apply (a pipeline that wraps, more than ORDER_CLASSES classes)."""
+    C = len(classes)
+    if cross.wrap or C != cross.num_classes or not 2 <= C <= ORDER_CLASSES:
+        return [cross]
+    return ([Cross(C, False, classes, order) for order in itertools.permutations(classes)]
+            + [Cross(C, False, classes if C > 2 else (), more=1)])    # two classes: one partner each
 
 
 class PositionLP:
     """The HiGHS instance the models share (one model is loaded at a time).  ``most`` is
-    [K, p] without crossings and [4, K, p] with ``cross`` (VARIANTS order); ``icpt`` has the
-    same shape."""
+    [K, p] without crossings and [V, K, p] with ``cross`` (its ``variants`` order); ``icpt``
+    has the same shape."""
 
     def __init__(self):
         import highspy
@@ -287,8 +329,12 @@ def _rows(v, o, s, units, cls, capacity, cross: Cross | None, p: int, extra=None
     primary = sorted({int(x) for x in klass})
     if cross is None:
         return rows, lower, upper, cap_rows
-    out_x = np.array([x[0] for x in VARIANTS])[v] == 1
-    in_x = np.array([x[1] for x in VARIANTS])[v] == 1
+    sides = np.array(cross.variants)
+    out_to, in_from = sides[v, 0], sides[v, 1]      # 0: no crossing (module docstring)
+    out_x, in_x = out_to > 0, in_from > 0
+    rank = {c: r for r, c in enumerate(cross.order)}
+    rk = np.array([rank.get(int(c), -1) for c in klass])
+    index = {c: j + 1 for j, c in enumerate(cross.partners)}
 
     def add(mask: np.ndarray, sign: float, row: int) -> None:
         rows.append((np.full(mask.sum(), row), j[mask], np.full(mask.sum(), sign)))
@@ -313,4 +359,29 @@ def _rows(v, o, s, units, cls, capacity, cross: Cross | None, p: int, extra=None
                 add((s == there) & (klass == c), -1.0, len(lower))
                 lower.append(-math.inf)
                 upper.append(0.0)
+        for r in range(len(cross.order) - 1):
+            # the classes up to the r-th in the order only shrink along the pipeline, and a
+            # crossing out of the r-th goes into the (r+1)-th
+            add((s == a) & (rk <= r), 1.0, len(lower))
+            add((s == b) & (rk <= r), -1.0, len(lower))
+            lower.append(0.0)
+            upper.append(math.inf)
+            add((s == a) & (rk == r) & out_x, 1.0, len(lower))
+            add((s == b) & (rk == r + 1) & in_x, -1.0, len(lower))
+            lower.append(0.0)
+            upper.append(0.0)
+        if not cross.order:
+            # a crossing out of class c into c2 is one into c2 out of c
+            for c in primary:
+                for c2 in primary:
+                    if c2 != c and c in index and c2 in index:
+                        add((s == a) & (klass == c) & (out_to == index[c2]), 1.0, len(lower))
+                        add((s == b) & (klass == c2) & (in_from == index[c]), -1.0, len(lower))
+                        lower.append(0.0)
+                        upper.append(0.0)
+    if cross.order:
+        # the first position holds the order's first class, the last its last
+        add(((s == 0) & (rk != 0)) | ((s == p - 1) & (rk != len(cross.order) - 1)), 1.0, len(lower))
+        lower.append(-math.inf)
+        upper.append(0.0)
     return rows, lower, upper, cap_rows

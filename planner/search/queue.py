@@ -16,8 +16,9 @@ class BoundLevel(IntEnum):
     MEMORY_FREE = 0      # ranking: forward, backward and optimizer slopes only
     MEMORY_AWARE = 1     # block limits per option, class subsets, sends between classes
     KNAPSACK = 2         # and the packed bottleneck's knapsacks (packed.py)
-    LP = 3               # and its position LPs; at the head again, priced and solved, unless too big for the exact MILP
-    APART = 4            # (too big) and the max terms apart (apart.py); at the head again, support_plans.too_big
+    LP = 3               # and its position LPs; at the head again, priced and solved, unless ordered or too big for the exact MILP
+    ORDERED = 4          # (pipelines of 2-3 classes that do not wrap) those LPs per order of the classes (position_lp.orders)
+    APART = 5            # (too big) and the max terms apart (apart.py); at the head again, support_plans.too_big
 
 
 class Ranked(NamedTuple):

@@ -287,11 +287,15 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         floor = floors.get(knobs, no_floors)
         small = enum.fits_size(knobs.num_stages, len(keys), model.num_layers // knobs.block_unit)
         too_big_to_build = not small and len(keys) ** 2 * max(1, knobs.num_stages - 1) > MAX_PAIR_TERMS
-        if level < BoundLevel.LP or (level == BoundLevel.LP and too_big_to_build and apart.applies(knobs, keys)):
+        step = _next_level(level, knob_bound.orders_apply(knobs, keys),
+                           too_big_to_build and apart.applies(knobs, keys))
+        if step is not None:
             # memory-aware, then with the packed bottleneck's knapsacks, then with its LPs
-            # (packed.py), then for a tuple too big for the exact MILP with the max terms
-            # apart (apart.py), which only help to prune: asked to show the time from which
-            # the tuple's value reaches the pruning threshold
+            # (packed.py), then per order of the classes (position_lp.orders), then for a
+            # tuple too big for the exact MILP with the max terms apart (apart.py), which only
+            # help to prune: asked to show the time from which the tuple's value reaches the
+            # pruning threshold
+            next_level, packed, ordered = step
             cut = best.threshold() * (1 - gap_rel)
             if spec.needs_prices:
                 # the floors alone (the capacity floor joins here) may settle the tuple: no plan
@@ -301,12 +305,12 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
                     stats.out_of_reach_tuple(tb)
                     continue
                 if prunes(spec, early, best.threshold(), gap_rel):
-                    heapq.heappush(heap, Pending(early, i, level + 1, knobs, ctx, keys, tb))
+                    heapq.heappush(heap, Pending(early, i, next_level, knobs, ctx, keys, tb))
                     continue
             enough = floor.time_enough(spec, cut, tokens)
             on = (lambda classes, floor=floor, cut=cut: _enough_on(spec, floor.on_classes(classes), cut, tokens)) \
                 if spec.needs_prices else None
-            tb2 = max(tb, knob_bound(knobs, ctx, keys, enough=enough, packed=level, enough_on=on))
+            tb2 = max(tb, knob_bound(knobs, ctx, keys, enough=enough, packed=packed, enough_on=on, ordered=ordered))
             value = max(kb, floor.value(spec, tb2, tokens))
             by_classes = knob_bound.by_classes(knobs, keys) if spec.needs_prices else {}
             if by_classes:
@@ -314,7 +318,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             if math.isinf(value):
                 stats.out_of_reach_tuple(tb2)
                 continue
-            heapq.heappush(heap, Pending(value, i, level + 1, knobs, ctx, keys, tb2))
+            heapq.heappush(heap, Pending(value, i, next_level, knobs, ctx, keys, tb2))
             continue
         j += 1
         if too_big_to_build and warm:
@@ -363,6 +367,20 @@ FINISH_S_PER_GPU = 2e-5     # naming, evaluating and rank-mapping the answer, pe
 FINISH_SHARE = 0.1          # at most this share of the time limit is kept for them
 MAX_PAIR_TERMS = 100_000    # option pairs x boundaries a MILP may carry (pulp builds ~1e5/s)
 PAIR_TERMS_PER_S = 50_000   # a pessimistic build rate, to keep within the time limit
+
+
+def _next_level(level: int, ordered: bool, apart_: bool) -> tuple[BoundLevel, int, bool] | None:
+    """The level a heap entry at ``level`` climbs to next, with the knob bound's ``packed``
+    and ``ordered`` arguments for it; None when it is priced and solved.  ``ordered``: the
+    class orders can lift its bound (KnobBound.orders_apply); ``apart_``: it is too big for
+    the exact MILP and the max terms apart can (apart.applies)."""
+    if level < BoundLevel.LP:
+        return BoundLevel(level + 1), level, False
+    if level == BoundLevel.LP and ordered:
+        return BoundLevel.ORDERED, 2, True
+    if level in (BoundLevel.LP, BoundLevel.ORDERED) and apart_:
+        return BoundLevel.APART, 3, ordered
+    return None
 
 
 def _enough_on(spec: ObjectiveSpec, floors: TupleFloors, cut: float, tokens: float) -> float:
