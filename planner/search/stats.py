@@ -26,6 +26,7 @@ class SearchStats:
     relaxed: int = 0                    # send-free relaxations solved for those
     support_plans: int = 0              # better plans found on their position LPs' options (support_plans.py)
     timed_out: int = 0                  # per-tuple MILPs stopped by the time limit
+    polished: int = 0                   # their plans that local search then improved (per_tuple.py)
     out_of_reach: int = 0               # empty by a finite bound over the budget or floor
     no_options: int = 0                 # no replica count gives an allowed share
     given: int = 0                      # plans given whole (a replan's old plan, given.py)
