@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from planner.search import clock
-from planner.search.incumbent import POLISH_SHARE, Candidate, exact_solver
+from planner.search.incumbent import POLISH_SHARE, Candidate, exact_solver, warm_horizon_s
 from planner.search.objectives import ObjectiveSpec
 from planner.search.polish import polish
 from planner.search.schedules import SCHEDULES
@@ -49,6 +49,20 @@ def loses_tie(spec: ObjectiveSpec, bound: float, time_s: float, best, gap_rel: f
     return bound >= price * (1 - 1e-12) and time_s >= time_s_k
 
 
+def _polish_into(prob, sol, knobs, spec, best, stats, milp, deadline: float) -> None:
+    """Local search from an unproved MILP's plan; the better plan, by its exact time (the rows
+    of zb-h1 and the V schedules only bound it), joins ``best`` and the MILP's no-goods (the
+    next ``--top`` round looks past it)."""
+    value, assign = polish(prob, sol.assign, deadline=deadline)
+    if assign == sol.assign:
+        return
+    found = Candidate.of(prob, assign, value, knobs, spec)
+    if found.time_s < Candidate.of(prob, sol.assign, sol.objective, knobs, spec).time_s:
+        stats.polished += 1
+        best.add(found)
+        milp.exclude(assign)
+
+
 def solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb,
                 time_lb: float = 0.0):
     stats.solved += 1
@@ -62,7 +76,7 @@ def solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings
     if spec.kind in ("throughput", "throughput-under-budget"):
         # an unproved MILP's plan is polished by local search (milliseconds; on a three-zone
         # 70B tuple a 46.2-s plan became 38.7 s): the MILP stops this much before the deadline
-        reserve = POLISH_SHARE * settings.time_limit_s
+        reserve = POLISH_SHARE * warm_horizon_s(settings)
         for j in range(top_k):
             cut = best.threshold()
             sol = milp.solve(settings, deadline=max(clock.now(), deadline - reserve),
@@ -74,10 +88,7 @@ def solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings
                 if sol.status in ("feasible", "unknown"):
                     stats.milp_optimal = False
             if sol.ok and sol.status != "optimal":
-                value, assign = polish(prob, sol.assign, deadline=min(deadline, clock.now() + reserve))
-                if value < sol.objective:
-                    stats.polished += 1
-                    best.add(Candidate.of(prob, assign, value, knobs, spec))
+                _polish_into(prob, sol, knobs, spec, best, stats, milp, min(deadline, clock.now() + reserve))
             if not sol.ok or sol.objective >= best.threshold():
                 break
             best.add(Candidate.of(prob, sol.assign, sol.objective, knobs, spec))
