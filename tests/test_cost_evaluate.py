@@ -118,6 +118,9 @@ def test_memory_problem_names_device_amount_and_fixes(cluster):
     # did not)
     assert "each change alone: " in msg and "would fit" not in msg
     assert msg.count("(fits)") + msg.count("(still over by") >= 3
+    # the V100 replica already spans its 4-GPU node: no doubled TP is named for it
+    v100 = [p for p in ev.memory_problems if "V100" in p]
+    assert v100 and all("tp=8" not in p for p in v100) and "tp=4 (twice the GPUs)" in msg
 
 
 def test_cli_evaluate_prints_and_exits(tmp_path, cluster):

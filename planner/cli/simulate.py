@@ -30,7 +30,7 @@ def _trace_suffix(ctx, param, value):
 def _draw(sim, timeline_path: str | None, trace_path: str | None, quiet: bool) -> None:
     """The plan's schedule as generated action lists on the simulated stage times, drawn and/or
     traced (planner.simulate.plan.plan_execution, planner.simulate.render)."""
-    from planner.api import plan_execution, staged_path, write_timeline, write_trace
+    from planner.api import InputError, plan_execution, staged_path, write_timeline, write_trace
 
     run = plan_execution(sim)
     out = console(quiet=True)
@@ -49,7 +49,13 @@ def _draw(sim, timeline_path: str | None, trace_path: str | None, quiet: bool) -
             staged.unlink(missing_ok=True)
         raise
     if staged is not None:
-        os.replace(staged, timeline_path)
+        try:
+            os.replace(staged, timeline_path)
+        except OSError as e:       # the trace, written, goes too: both or neither
+            staged.unlink(missing_ok=True)
+            if trace_path is not None:
+                Path(trace_path).unlink(missing_ok=True)
+            raise InputError(f"cannot write {timeline_path}: {e.strerror or e}") from None
         out.print(f"timeline written to {timeline_path}")
     if trace_path is not None:
         out.print(f"trace written to {trace_path} (open it in https://ui.perfetto.dev)")

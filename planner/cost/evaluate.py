@@ -330,7 +330,8 @@ def evaluate(cluster, plan, profiles=None, calibration: Calibration | None = Non
                 peak[d] = mem.total_bytes
                 capacity[d] = gpu.memory_bytes
             if mem.total_bytes > gpu.memory_bytes:
-                problems.append(memory_problem(ctx, plan, st, k, r, gpu, mem, inflight, deferred))
+                problems.append(memory_problem(ctx, plan, st, k, r, gpu, mem, inflight, deferred,
+                                               gpus_per_node=nodes[r.node].gpus_per_node))
         by_replica.append(row)
 
     # -- totals -------------------------------------------------------------------------------

@@ -12,8 +12,10 @@ def _gb(x: float) -> str:
     return f"{x / 2**30:.2f} GiB"
 
 
-def memory_problem(ctx, plan, st, k, r, gpu, mem, inflight, deferred_w: float = 0.0) -> str:
-    """Which device, by how much, and what would fit (each alternative priced)."""
+def memory_problem(ctx, plan, st, k, r, gpu, mem, inflight, deferred_w: float = 0.0,
+                   gpus_per_node: int | None = None) -> str:
+    """Which device, by how much, and what would fit (each alternative priced); a doubled TP
+    only where it divides the heads and stays within ``gpus_per_node``."""
     over = mem.total_bytes - gpu.memory_bytes
     head = (f"stage {st.index} replica {k} ({r.devices[0]}{'…' if len(r.devices) > 1 else ''}, {gpu.name}): "
             f"needs {_gb(mem.total_bytes)} of {_gb(gpu.memory_bytes)}, over by {_gb(over)} "
@@ -47,7 +49,7 @@ def memory_problem(ctx, plan, st, k, r, gpu, mem, inflight, deferred_w: float = 
             parts = math.ceil(st.num_blocks / fit_blocks)
             hints.append(f"more stages: about {fit_blocks} of its {st.num_blocks} blocks fit per "
                          f"replica, so split it into {parts} stages")
-    if ctx.model.num_attention_heads % (2 * r.tp) == 0:
+    if ctx.model.num_attention_heads % (2 * r.tp) == 0 and (gpus_per_node is None or 2 * r.tp <= gpus_per_node):
         hints.append(priced(f"tp={2 * r.tp} (twice the GPUs)", total(tp=2 * r.tp)))
     if mem.activations_bytes > 0:   # context parallelism splits every sequence's activations
         hints.append(priced(f"context_parallel={2 * ctx.context_parallel}",
