@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -169,3 +170,18 @@ def test_cli_warns_on_one_stderr_line(tmp_path, capsys):
     record = json.loads(out_plan.read_text())["inputs"]["profiles"]
     assert record["measured"] == [] and record["estimated"]
     assert record["files"][0]["skipped"] == MISMATCH
+
+
+def test_an_entry_listed_twice_is_located_at_its_second_listing(tmp_path):
+    """It was reported at the file's 1:1 (a whole-file check): now at the second entry's line,
+    naming the first."""
+    data = profile_data("bf16")
+    data["entries"].append(dict(data["entries"][1]))
+    path = write(tmp_path, data, "dup.yaml")
+    with pytest.raises(InputError) as err:
+        ProfileSet.load(path)
+    text = str(err.value)
+    rows = Path(path).read_text().splitlines()
+    starts = [i for i, row in enumerate(rows, 1) if row.startswith("- layer")]
+    assert f"{path}:{starts[-1]}:" in text and f"entries[{len(starts) - 1}]" in text, text
+    assert "twice (first as entries[1])" in text

@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from planner.spec.quantities import PositiveInt
+from planner.spec.source import FieldValueError
 
 SCHEMA_ID = "planner.profile/v1"
 LAYER_KINDS = ("embedding", "block", "head")
@@ -164,13 +165,14 @@ class ProfileFile(BaseModel):
 
     @model_validator(mode="after")
     def _unique(self):
-        seen = set()
-        for e in self.entries:
+        seen = {}
+        for i, e in enumerate(self.entries):
             key = (e.layer, e.micro_batch, e.tp)
             if key in seen:
-                raise ValueError(f"entries list {e.layer} micro_batch={e.micro_batch} tp={e.tp} "
-                                 "twice")
-            seen.add(key)
+                # at the second entry's line (it was reported at the file's 1:1)
+                raise FieldValueError(("entries", i), f"entries list {e.layer} micro_batch={e.micro_batch} "
+                                      f"tp={e.tp} twice (first as entries[{seen[key]}])")
+            seen[key] = i
         return self
 
     @field_validator("stands_in_for")

@@ -31,9 +31,9 @@ class FieldValueError(ValueError):
     first line (``num_attention_heads (3) must divide hidden_size`` pointed at line 1 with no
     field, leaving the user to find which of the shape's numbers was wrong)."""
 
-    def __init__(self, field_name: str, message: str):
+    def __init__(self, field_name: str | tuple[str | int, ...], message: str):
         super().__init__(message)
-        self.field_name = field_name
+        self.field_name = field_name        # a name, or a path into the mapping: ("entries", 3)
 
 
 def format_field_path(path: PathKey) -> str:
@@ -330,7 +330,7 @@ def validate_model(model: type[BaseModel], doc: Document, path: PathKey = (), da
             loc = path + tuple(err["loc"])
             cause = (err.get("ctx") or {}).get("error")
             if isinstance(cause, FieldValueError):
-                loc += (cause.field_name,)
+                loc += cause.field_name if isinstance(cause.field_name, tuple) else (cause.field_name,)
             msg = err["msg"]
             msg = msg.removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
