@@ -49,15 +49,15 @@ def loses_tie(spec: ObjectiveSpec, bound: float, time_s: float, best, gap_rel: f
     return bound >= price * (1 - 1e-12) and time_s >= time_s_k
 
 
-def _polish_into(prob, sol, knobs, spec, best, stats, milp, deadline: float) -> None:
-    """Local search from an unproved MILP's plan; the better plan, by its exact time (the rows
-    of zb-h1 and the V schedules only bound it), joins ``best`` and the MILP's no-goods (the
-    next ``--top`` round looks past it)."""
+def _polish_into(prob, sol, mine: Candidate, knobs, spec, best, stats, milp, deadline: float) -> None:
+    """Local search from an unproved MILP's plan (``mine``, its candidate); the better plan, by
+    its exact time (the rows of zb-h1 and the V schedules only bound it), joins ``best`` and
+    the MILP's no-goods (the next ``--top`` round looks past it)."""
     value, assign = polish(prob, sol.assign, deadline=deadline)
     if assign == sol.assign:
         return
     found = Candidate.of(prob, assign, value, knobs, spec)
-    if found.time_s < Candidate.of(prob, sol.assign, sol.objective, knobs, spec).time_s:
+    if found.time_s < mine.time_s:
         stats.polished += 1
         best.add(found)
         milp.exclude(assign)
@@ -87,11 +87,15 @@ def solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings
                 bounds.append(max(lb, sol.bound) if sol.bound is not None else lb)
                 if sol.status in ("feasible", "unknown"):
                     stats.milp_optimal = False
-            if sol.ok and sol.status != "optimal":
-                _polish_into(prob, sol, knobs, spec, best, stats, milp, min(deadline, clock.now() + reserve))
-            if not sol.ok or sol.objective >= best.threshold():
+            if not sol.ok:
                 break
-            best.add(Candidate.of(prob, sol.assign, sol.objective, knobs, spec))
+            # priced once (a V schedule's exact time runs the executor), for the polish and best
+            mine = Candidate.of(prob, sol.assign, sol.objective, knobs, spec)
+            if sol.status != "optimal":
+                _polish_into(prob, sol, mine, knobs, spec, best, stats, milp, min(deadline, clock.now() + reserve))
+            if sol.objective >= best.threshold():
+                break
+            best.add(mine)
             milp.exclude(sol.assign)
         return
     if spec.kind == "cost-above-floor":
