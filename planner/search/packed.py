@@ -104,11 +104,12 @@ class PackedBound:
         cross = (Cross(num_classes, SCHEDULES[knobs.schedule].wraps)
                   if num_classes >= 2 and p > 1 and lp and t.sends is not None else None)
         crosses = orders(cross, t.sends.partners) if ordered and cross is not None else [cross]
+        capacities = [c.capacity_units for c in self.classes]
         least, kept = math.inf, None
         for each in crosses:
             # an order's LP need only show that it is at least the least so far
-            packing = Packing(self._lp, knobs, pieces[1], [c.capacity_units for c in self.classes], L,
-                              tables, U_pos, t, each, over, self.deadline, use_lp=lp)
+            packing = Packing(self._lp, knobs, pieces[1], capacities, L, tables, U_pos, t, each, over,
+                              self.deadline, use_lp=lp)
             bound = self._bound_with(packing, p, min(enough, least), sums, lp)
             if bound < least:
                 least, kept = bound, packing

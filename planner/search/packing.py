@@ -175,7 +175,7 @@ class Packing:
     def _most_at_positions(self, M: float) -> np.ndarray:
         """[K, p] the most blocks each option holds at each position under M ([V, K, p] per
         crossing variant with ``cross``)."""
-        most = (self.at <= M).sum(axis=-1)[self._kinds()]                  # [p, (4,) K]
+        most = (self.at <= M).sum(axis=-1)[self._kinds()]                  # [p, (V,) K]
         most = np.moveaxis(most, 0, -1)
         return np.minimum(most, self.U_pos)
 
