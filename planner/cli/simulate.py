@@ -15,16 +15,13 @@ from planner.cli.tables import Table
 _STYLE = {"fwd": "cyan", "bwd": "magenta", "wgt": "green", "send": "yellow", "idle": "dim"}
 
 
-def _timeline_suffix(ctx, param, value):
-    if value is not None and not value.lower().endswith((".png", ".svg")):
-        raise click.BadParameter(f"{value}: the file must end in .png or .svg")
-    return value
-
-
-def _trace_suffix(ctx, param, value):
-    if value is not None and not value.lower().endswith(".json"):
-        raise click.BadParameter(f"{value}: the file must end in .json (Chrome trace events)")
-    return value
+def _suffix(*allowed: str, what: str = ""):
+    """A click callback refusing a path that does not end in one of ``allowed``."""
+    def check(ctx, param, value):
+        if value is not None and not value.lower().endswith(allowed):
+            raise click.BadParameter(f"{value}: the file must end in {' or '.join(allowed)}{what}")
+        return value
+    return check
 
 
 def _draw(sim, timeline_path: str | None, trace_path: str | None, quiet: bool) -> None:
@@ -72,10 +69,11 @@ def _draw(sim, timeline_path: str | None, trace_path: str | None, quiet: bool) -
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False), default=None,
               help="calibration file from `planner profile --calibrate` (default: the shipped fit)")
 @click.option("--timeline", "timeline_path", type=click.Path(dir_okay=False), default=None,
-              callback=_timeline_suffix,
+              callback=_suffix(".png", ".svg"),
               help="Draw the schedule to FILE.png or FILE.svg: one row per rank, F / B / I / W and send "
                    "blocks numbered by micro-batch (needs matplotlib).")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None, callback=_trace_suffix,
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              callback=_suffix(".json", what=" (Chrome trace events)"),
               help="Write the schedule as Chrome trace events to FILE.json (opens in Perfetto).")
 def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int, profiles_path: str | None,
              calibration_path: str | None, timeline_path: str | None, trace_path: str | None) -> None:

@@ -19,8 +19,8 @@ from planner.plan.model import V_SCHEDULES
 DEFAULT_MASTER_PORT = 29500
 # Node names become file names and torchrun arguments; the cluster spec allows the same set.
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-# A host name, IPv4 address or bracketed IPv6 address: nothing a shell would interpret.
 LOCALHOST = "localhost"     # a single node's rendezvous when no --master-addr is given
+# A host name, IPv4 address or bracketed IPv6 address: nothing a shell would interpret.
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9_.\-]*)$")
 
 
