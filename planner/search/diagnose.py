@@ -171,16 +171,16 @@ def _no_tuple(cluster, model, training, classes, launcher) -> str:
     from planner.search.schedules import schedules_for
 
     gbs = training.global_batch_size
-    rules = [e.rule() for e in schedules_for(training, launcher) if e.rule()]
+    rules = [rule for rule in (e.rule() for e in schedules_for(training, launcher)) if rule]
     gpus = sum(c.node_class.num_gpus for c in classes)
     near = []
-    for step in (-1, 1):
-        g = gbs + step
-        while 1 <= g <= gbs + NEAR_BATCH_SEARCH and g >= gbs - NEAR_BATCH_SEARCH:
-            if enumerate_knobs(model, training.model_copy(update={"global_batch_size": g}), classes, launcher):
-                near.append(g)
-                break
-            g += step
+    for step in (-1, 1):        # the nearest below, then above
+        tried = range(gbs + step, gbs + step * (NEAR_BATCH_SEARCH + 1), step)
+        fits = (g for g in tried if g >= 1 and enumerate_knobs(
+            model, training.model_copy(update={"global_batch_size": g}), classes, launcher))
+        g = next(fits, None)
+        if g is not None:
+            near.append(g)
     return (f"no plan for {model.name} on {cluster.name}: no layout meets the schedules' rules "
             f"with a global batch of {gbs} sequences ({'; '.join(rules) or 'no schedule allowed'}), "
             f"on {gpus} GPUs and {model.num_layers} layers"
