@@ -395,3 +395,16 @@ def test_many_problems_are_summarised_after_the_first_dozen():
     assert len(many.errors) == 96
     few = InputErrors([InputError("a"), InputError("b")])
     assert str(few) == "a\nb"
+
+
+def test_solver_report_counters_from_numpy_write_as_json():
+    """A counter added up from numpy values (a numpy bool summed into an int) is a numpy
+    integer: the report must still write (a sweep's --report died on one with exit 3)."""
+    import numpy as np
+
+    from planner.plan.model import SolverReport
+    rep = SolverReport(method="milp", status="feasible", objective=1.0, support_plans=0 + np.bool_(True),
+                       baseline_objective=np.float64(2.0))
+    stats = rep.run_stats()
+    assert type(stats["support_plans"]) is int and stats["support_plans"] == 1
+    assert json.loads(json.dumps({**rep.for_plan().model_dump(exclude_none=True), **stats}))["support_plans"] == 1

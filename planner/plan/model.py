@@ -143,6 +143,11 @@ PLAN_SOLVER_FIELDS = ("method", "status", "objective", "bound", "gap", "space", 
                       "baseline_ratio")
 
 
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python number it holds (json writes those); anything else as is."""
+    return value.item() if type(value).__module__ == "numpy" and hasattr(value, "item") else value
+
+
 class SolverReport(BaseModel):
     """How a plan was found.  The search's own report also carries the run's timing and
     counters as extra fields; ``for_plan`` keeps what belongs in the plan file."""
@@ -157,7 +162,9 @@ class SolverReport(BaseModel):
     space: str | None = None
 
     def _fields(self) -> dict[str, Any]:
-        return {**{k: getattr(self, k) for k in type(self).model_fields}, **(self.model_extra or {})}
+        # the counters come from numpy arithmetic in places: a numpy integer is no int to json
+        extra = {k: _plain(v) for k, v in (self.model_extra or {}).items()}
+        return {**{k: getattr(self, k) for k in type(self).model_fields}, **extra}
 
     def for_plan(self) -> SolverReport:
         """This report less the run's timing and counters (``PLAN_SOLVER_FIELDS``)."""

@@ -117,4 +117,4 @@ def support_plan(s: Planning, knobs, ctx, keys) -> bool:
     if clock.now() + price_all_s < s.deadline:
         polish_into(s.pricer, knobs, ctx, keys, prob, assign, s.spec, s.launcher, s.best,
                     share_until(s.deadline, POLISH_SHARE, s.settings))
-    return s.best.threshold() < before
+    return bool(s.best.threshold() < before)     # a numpy bool would make the counter numpy's
