@@ -153,3 +153,26 @@ def test_missing_prices_name_the_file_and_the_node_groups(tmp_path):
               time_limit_s=5)
     assert str(info.value).startswith(f"{path}: nodes[1].price_per_hour: ")
     assert "nodes[1] (amd, MI250X-128GB)" in str(info.value) and "priced" not in str(info.value)
+
+
+def test_top_k_one_gpu_plans_are_not_zero_twins_and_carry_their_own_gap():
+    """On one GPU, ZeRO 1 shards nothing: a sweep's --top 5 listed ZeRO 0 / 1 twins of one run
+    as distinct plans, and plans 2-5 carried the answer's report ("optimal", gap 0) while a
+    baseline beat them by 10%.  Each plan is now a distinct run with its own gap and ratio."""
+    from planner.search.core.problem import relative_gap
+    from planner.spec import Training, cluster_from_dict, load_model
+    cluster = cluster_from_dict({"name": "one-gpu", "nodes": [{"name": "box", "gpu": "RTX4090-24GB",
+                                                                 "gpus_per_node": 1}]})
+    training = Training(global_batch_size=16, seq_len=2048)
+    res = solve(cluster, load_model("opt-350m"), training, top_k=5, time_limit_s=20)
+    runs = [(p.schedule, p.num_micro_batches, p.recompute, tuple(s.blocks for s in p.stages)) for p in res.plans]
+    assert len(runs) == len(set(runs)), runs
+    for k, plan in enumerate(res.plans):
+        rep = plan.solver
+        assert rep.objective == plan.predicted.iteration_time_s
+        assert math.isclose(rep.gap, relative_gap(rep.objective, rep.bound), abs_tol=1e-12)
+        if k:
+            assert rep.status == "feasible" or rep.gap <= 1e-6
+        if getattr(rep, "baseline_objective", None) is not None:
+            assert math.isclose(rep.baseline_ratio, rep.baseline_objective / rep.objective, rel_tol=1e-9)
+    assert res.plans[0].solver.baseline_ratio >= 1.0

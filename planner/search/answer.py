@@ -99,8 +99,10 @@ def finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pro
         report_fields["priced_vs_evaluated_rel"] = max(
             abs(ev.iteration_time_s - c.time_s) / ev.iteration_time_s for ev, c in zip(evals, best.items))
     final = []
-    for plan, ev, cand in zip(plans, evals, best.items):
-        rep = SolverReport(**{**report_fields, "objective": ev.iteration_time_s if time_like else cand.key[0]})
+    for k, (plan, ev, cand) in enumerate(zip(plans, evals, best.items)):
+        own = ev.iteration_time_s if time_like else cand.key[0]
+        fields = report_fields if k == 0 else _runner_up_fields(report_fields, own, stats.baseline, cand, time_like)
+        rep = SolverReport(**{**fields, "objective": own})
         update = {"predicted": ev.predicted(), "solver": rep}
         try:
             from planner.plan.rankmap import build_launch
@@ -135,6 +137,16 @@ def input_warnings(cluster, model, training) -> list[str]:
     return out
 
 
+def _runner_up_fields(fields: dict, value: float, base, cand, time_like: bool) -> dict:
+    """The report of the k-th plan of ``--top`` (k >= 2): the same bound (on the best plan of
+    the space), but its own gap to it, status and baselines; it was the answer's copy, so
+    plan 5 read "optimal, gap 0" while a baseline was 10% faster."""
+    bound = fields["bound"]
+    gap = relative_gap(value, bound) if bound is not None else None
+    status = "optimal" if fields["status"] == "optimal" and gap is not None and gap <= 1e-6 else "feasible"
+    return {**fields, "gap": gap, "status": status, **_baseline_fields(base, value, cand, time_like)}
+
+
 def _baseline_fields(base, value: float, top, time_like: bool) -> dict:
     """The best baseline (baselines.py) and its objective value over the answer's: >= 1, the
     answer is at least as good (the baselines seeded the incumbents)."""
@@ -144,8 +156,11 @@ def _baseline_fields(base, value: float, top, time_like: bool) -> dict:
         return c.time_s if time_like else c.key[0]
     ours = value if time_like else top.key[0]
     theirs = value_of(base.best)
+    ratio = theirs / ours if ours > 0 else None
+    if ratio is not None and abs(ratio - 1.0) <= 1e-9:
+        ratio = 1.0         # the answer is the baseline, priced twice (0.9999999999999998 read as "worse")
     return {"baseline": base.name, "baseline_objective": theirs,
-            "baseline_ratio": theirs / ours if ours > 0 else None,
+            "baseline_ratio": ratio,
             # each rule's best over the answer; under the time objectives a lower bound on it
             # where the baselines' pricing skipped tuples (baselines.seed)
             "baseline_ratio_by_rule": ({r: (base.rule_floor_s(r) if time_like else value_of(c)) / ours

@@ -49,8 +49,14 @@ class Candidate:
 
     @property
     def signature(self) -> tuple:
-        """What makes two candidates the same plan (Best keeps distinct ones)."""
-        return (self.knobs, tuple(self.layout), None if self.plan is None else id(self.plan))
+        """What makes two candidates the same plan (Best keeps distinct ones).  Where every
+        stage holds one copy of its weights (one replica, no context ranks), ZeRO shards
+        nothing: its stages, HSDP groups and resharding name the same run, so they count as
+        ZeRO 0 (``--top`` listed such twins as distinct plans)."""
+        knobs = self.knobs
+        if knobs.zero_stage and all(getattr(key, "ranks", 0) == 1 for key, _ in self.layout):
+            knobs = replace(knobs, zero_stage=0, reshard_after_forward=True, zero_shard_degree=None)
+        return (knobs, tuple(self.layout), None if self.plan is None else id(self.plan))
 
     @classmethod
     def of(cls, prob, assign, time_s: float, knobs: Knobs, spec) -> Candidate:
@@ -77,9 +83,10 @@ class Best:
     def add(self, cand: Candidate) -> None:
         sig = cand.signature
         with self._lock:
-            if self._closed or any(c.signature == sig for c in self.items):
+            same = [c for c in self.items if c.signature == sig]
+            if self._closed or (same and same[0].key <= cand.key):
                 return
-            items = sorted([*self.items, cand], key=lambda c: c.key)[:self.k]
+            items = sorted([*(c for c in self.items if c.signature != sig), cand], key=lambda c: c.key)[:self.k]
             if any(c is cand for c in items):
                 self._found.setdefault(sig, time.monotonic())
             self.items = items
