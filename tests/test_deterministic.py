@@ -71,3 +71,16 @@ def test_the_wall_clock_still_guards_a_deterministic_search():
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__]))
+
+
+def test_the_cli_says_when_the_wall_clock_stopped_a_deterministic_search(capsys):
+    """A sweep ran --deterministic twice and got two plans with nothing said: the report's
+    wall_clock_bound was the only sign.  The CLI now says it on stderr, and nothing when the
+    budget stops the search."""
+    limit = ARGS.index("--time-limit")
+    args = [*ARGS[:limit], "--time-limit", "4", "--deterministic", "--work-budget", str(10**9), "--quiet"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "warning: the time limit (4 s) stopped this deterministic search" in err and "--work-budget" in err
+    assert main([*ARGS[:-1], "2000", "--quiet"]) == 0
+    assert "stopped this deterministic search" not in capsys.readouterr().err

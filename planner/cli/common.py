@@ -34,6 +34,18 @@ def warn_skipped_profiles(files: list[dict] | None) -> None:
                        "its layers are estimated by the roofline", err=True)
 
 
+def warn_wall_clock(report, time_limit_s: float) -> None:
+    """One stderr line when the time limit, not the work budget, stopped a deterministic
+    search: the one case where its plan may differ between runs (the report's
+    ``wall_clock_bound`` said so, and nothing else did)."""
+    extra = report.model_extra or {}
+    if not (extra.get("deterministic") and extra.get("wall_clock_bound")):
+        return
+    click.echo(f"warning: the time limit ({time_limit_s:g} s) stopped this deterministic search after "
+               f"{extra.get('work_units', 0):,.0f} of its {extra.get('work_budget', 0):,} work units: the plan "
+               "may differ between runs; give it a longer --time-limit or a smaller --work-budget", err=True)
+
+
 def warn_precision(cluster, precision: str, plan=None) -> None:
     """One stderr line per GPU type priced at a stand-in matmul peak in ``precision`` (tf32 on
     a GPU without TF32 tensor cores, a GPU without fp32 figures: ``GpuType.precision_note``);

@@ -20,6 +20,7 @@ from planner.cli.common import (
     format_seconds,
     job_options,
     warn_skipped_profiles,
+    warn_wall_clock,
     write_atomic,
 )
 from planner.cli.freedoms import with_freedoms
@@ -293,6 +294,7 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
         write_atomic(report_path, json.dumps(_report_json(rep), indent=2, sort_keys=True) + "\n")
     if not quiet:
         click.echo(_run_line(rep), err=True)
+    warn_wall_clock(rep, time_limit_s)
     if egress_warning(result.evaluation):
         click.echo(egress_warning(result.evaluation), err=True)
     if as_json:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from planner.cli.common import check_writable, console, echo_json, warn_precision, write_atomic
+from planner.cli.common import check_writable, console, echo_json, warn_precision, warn_wall_clock, write_atomic
 
 # Not 1 (no feasible plan) nor 2 (bad input): CI can tell "re-deploy" from "broken".
 OLD_PLAN_INVALID_EXIT = 4
@@ -57,6 +57,7 @@ def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json,
                         deterministic=deterministic, work_budget=work_budget,
                         calibration=calibration_path)
     new_ev = result.evaluation
+    warn_wall_clock(result.search.report, time_limit_s)
     if output:
         write_atomic(output, result.plan.dumps())
     summary = {
