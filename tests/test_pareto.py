@@ -65,11 +65,12 @@ def test_pareto_takes_the_elementwise_flag_under_the_training_file_rule(tmp_path
 
 
 def test_an_unpriced_cluster_is_refused_naming_its_groups(tmp_path, capsys):
-    # the front said "a node the plan uses has none"; the spec's groups without a price are named
+    # the front said "a node the plan uses has none"; the spec's groups without a price are named,
+    # at the group's line and column (a sweep found this the one input error without them)
     spec = tmp_path / "c.yaml"
     spec.write_text("name: c\nnodes:\n  - {name: amd, gpu: MI250X-128GB, gpus_per_node: 2, "
                     "network_bandwidth: 100 Gbit/s}\n")
     assert main(["pareto", str(spec), "--model", "opt-350m", "--global-batch-size", "8", "--seq-len", "256",
                  "--time-limit", "6"]) == 2
-    assert f"{spec}: nodes[0].price_per_hour: the Pareto front needs prices, but nodes[0] (amd, MI250X-128GB)" \
+    assert f"{spec}:3:5: nodes[0].price_per_hour: the Pareto front needs prices, but nodes[0] (amd, MI250X-128GB)" \
         in capsys.readouterr().err

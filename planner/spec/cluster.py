@@ -164,8 +164,25 @@ class Cluster(BaseModel):
                           f"{'have' if len(bare) > 1 else 'has'} none and the catalog lists no price for "
                           "its GPU; add price_per_hour "
                           "(USD per node-hour) to each such group",
-                          Location(self.source_file or f"cluster {self.name!r}",
-                                   field=None if first is None else f"nodes[{first}].price_per_hour"))
+                          self.locate(("nodes", first, "price_per_hour")) if first is not None
+                          else Location(self.source_file or f"cluster {self.name!r}"))
+
+    def locate(self, path: tuple) -> Location:
+        """``path`` in the file this spec was read from, at its line (or its nearest spelled-out
+        ancestor's: a missing field sits at its group's line) while that file still reads as
+        it did; else by field path alone."""
+        from pathlib import Path
+
+        from planner.spec.source import format_field_path, load_yaml
+        src = self.source_file
+        if src and Path(src).is_file():
+            text = Path(src).read_text(encoding="utf-8", errors="replace")
+            if not self.source_sha256 or hashlib.sha256(text.encode()).hexdigest() == self.source_sha256:
+                try:
+                    return load_yaml(src, text).locate(path)
+                except InputError:
+                    pass
+        return Location(src or f"cluster {self.name!r}", field=format_field_path(path))
 
     def sha256(self) -> str:
         if self.source_sha256:
