@@ -24,6 +24,9 @@ def test_plan_writes_a_valid_plan_that_evaluate_reproduces(tmp_path, capsys):
     assert main(BASE + ["-o", str(out)]) == 0
     text = capsys.readouterr().out
     assert "tokens/s" in text and "solver: optimal" in text
+    # the answer against the baselines, from the plan's own report
+    assert f"baseline: as good as the best baseline layout ({json.loads(out.read_text())['solver']['baseline']})" \
+        in " ".join(text.split())
     data = json.loads(out.read_text())
     validate_plan_json(data)
     plan = Plan.from_json(data)
@@ -397,3 +400,15 @@ def test_schedule_help_lists_every_searchable_schedule():
     out = " ".join(CliRunner().invoke(cli, ["plan", "--help"]).output.split())
     for name in SCHEDULES:
         assert name in out.split("pipeline schedules to search:")[1].split("(default")[0], name
+
+
+def test_the_summary_says_when_no_baseline_layout_fits(tmp_path, capsys):
+    """24 H100 in three nodes and llama3-70b: the baseline rules have no layout that fits (the
+    sweep read the silence as a baseline never tried); the summary says so."""
+    spec = tmp_path / "h24.yaml"
+    spec.write_text("name: h24\nnodes:\n  - {name: h, count: 3, gpu: H100-SXM5-80GB, gpus_per_node: 8, "
+                    "network_bandwidth: 3200 Gbit/s}\n")
+    assert main(["plan", str(spec), "--model", "llama3-70b", "--global-batch-size", "256", "--seq-len", "4096",
+                 "--time-limit", "20"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "baseline: no baseline layout (the Megatron, Sailor and Metis rules) fits this cluster and job" in text

@@ -151,6 +151,25 @@ def _run_line(rep) -> str:
             f"({rep.knob_tuples_solved} solved exactly, {_pruned_text(rep)})")
 
 
+def _baseline_text(rep) -> str | None:
+    """The answer against the best layout a person would write (baselines.py), or why there
+    is none: the report held it, the summary said nothing (a sweep took the silence on a
+    24-GPU cluster, where no uniform layout fits, for a baseline never tried)."""
+    extra = rep.model_extra or {}
+    name, ratio = extra.get("baseline"), extra.get("baseline_ratio")
+    if name is None:
+        priced = extra.get("baselines_priced")
+        if priced is None:
+            return None
+        why = (f"none of the {priced} baseline layouts priced fits" if priced
+               else "no baseline layout (the Megatron, Sailor and Metis rules) fits this cluster and job")
+        return f"baseline: {why}" + ("" if extra.get("baselines_complete", True) else " (its time share ran out)")
+    if ratio is None:
+        return f"baseline: {name}"
+    than = "as good as" if ratio <= 1 + 1e-9 else f"{ratio:.3g}x better than"
+    return f"baseline: {than} the best baseline layout ({name})"
+
+
 def _summary(out, result, cluster) -> None:
     plan, ev, rep = result.plan, result.evaluation, result.report
     out.print(f"[bold]{plan.num_stages} stage(s)[/bold], micro-batch {plan.micro_batch_size} x "
@@ -176,6 +195,9 @@ def _summary(out, result, cluster) -> None:
     gap = "n/a" if rep.gap is None else "0%" if rep.gap <= 1e-9 else f"{100 * rep.gap:.3g}%"
     out.print(f"solver: {rep.status} (gap {gap}, bound {_bound_text(plan, rep.bound)})"
               + (", interrupted (Ctrl-C)" if getattr(rep, "interrupted", False) else ""))
+    baseline = _baseline_text(rep)
+    if baseline:
+        out.print(baseline)
     if len(result.plans) > 1:
         t = Table(title=f"Top {len(result.plans)} plans", title_justify="left")
         for col in ("#", "tokens/s", "USD/h", "p", "schedule", "B x m", "recomp.", "ZeRO",
