@@ -176,3 +176,13 @@ def test_top_k_one_gpu_plans_are_not_zero_twins_and_carry_their_own_gap():
         if getattr(rep, "baseline_objective", None) is not None:
             assert math.isclose(rep.baseline_ratio, rep.baseline_objective / rep.objective, rel_tol=1e-9)
     assert res.plans[0].solver.baseline_ratio >= 1.0
+
+
+def test_progress_lines_give_the_bound_in_the_objectives_unit():
+    """Under the cost objective the progress lines printed "bound 59.62" with no unit (the
+    throughput ones say s)."""
+    cluster, model, training = make_case(10)
+    lines: list[str] = []
+    solve(cluster, model, training, objective="cost", time_limit_s=30, progress=lines.append)
+    bounds = [line for line in lines if ", bound " in line]
+    assert bounds and all(line.endswith(" USD/h x s") for line in bounds), bounds[:3]

@@ -38,7 +38,7 @@ def validate(cluster_file: str, as_json: bool) -> None:
                       format_bytes(row["memory_bytes"]), format_bandwidth(row["network_Bps"]),
                       "-" if row["usd_per_hour"] is None else f"{row['usd_per_hour']:.2f}")
     out.print(table)
-    out.print(f"total peak {summary['peak_pflops']:.2f} PFLOP/s (dense bf16), "
+    out.print(f"total peak {summary['peak_pflops']:.2f} PFLOP/s (dense bf16, or fp16 where a GPU has no bf16), "
               f"GPU memory {format_bytes(summary['memory_bytes'])}")
     if summary["links"]:
         links = Table(title="Links between zones")

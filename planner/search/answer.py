@@ -225,6 +225,8 @@ OBJECTIVE_UNITS = {"throughput": "s per iteration",
                    "throughput-under-budget": "s per iteration",
                    "cost": "USD/hour x s per iteration (USD per token = value / 3600 / tokens per iteration)",
                    "cost-above-floor": "USD/hour"}
+# the same, short, for progress lines
+SHORT_UNITS = {"throughput": "s", "throughput-under-budget": "s", "cost": "USD/h x s", "cost-above-floor": "USD/h"}
 
 # What leaving GPUs idle wins under each objective (the reason given for idle GPUs).
 IDLE_GAIN = {"throughput": "shorten the iteration",

@@ -22,7 +22,7 @@ from planner.cost import topology_for
 from planner.errors import InfeasibleError, InputError
 from planner.plan.model import SolverReport
 from planner.search import apart, clock
-from planner.search.answer import SearchResult, finish
+from planner.search.answer import SHORT_UNITS, SearchResult, finish
 from planner.search.background import BackgroundWarmStart, concurrent_allowed
 from planner.search.baselines import BASELINE_SHARE, admits, seed
 from planner.search.bound import KnobBound
@@ -348,7 +348,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             # time we have: leave this tuple unexplored (its bound still counts)
             too_big(tuple_state, knobs, ctx, keys, lb)
             continue
-        say(f"[{j}/{len(ranked)}] {knobs.label()}: {K} options, bound {lb:.4g}{' s' if time_like else ''}")
+        say(f"[{j}/{len(ranked)}] {knobs.label()}: {K} options, bound {lb:.4g} {SHORT_UNITS[spec.kind]}")
         milp = exact_solver(prob)
         solve_tuple(milp, prob, knobs, spec, training, best, bounds, stats, settings, deadline, top_k, lb,
                     time_lb=max(qb, tb))
