@@ -45,3 +45,13 @@ def test_unwritable_output_is_bad_input_and_nothing_is_left(tmp_path, capsys):
     assert code == 2
     assert "cannot write" in capsys.readouterr().err
     assert blocker.read_text() == "not a folder"
+
+
+def test_validate_given_a_plan_says_so_and_names_evaluate(tmp_path, capsys):
+    """A plan file given to validate listed 16 keys unknown to a cluster spec."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"schema": "planner.plan/v1", "inputs": {}, "stages": []}))
+    assert main(["validate", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert f"{plan}:1:1: this is a plan (planner.plan/v1), not a cluster spec" in err
+    assert "planner evaluate CLUSTER PLAN" in err and "unknown key" not in err

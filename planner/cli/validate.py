@@ -10,12 +10,29 @@ from planner.cli.common import console, echo_json
 from planner.cli.tables import Table
 
 
+def _not_a_plan(path: str) -> None:
+    """A plan file given for the cluster: one clear error, not a list of its keys unknown to
+    a cluster spec (a sweep got 16 of them)."""
+    import json
+    from pathlib import Path
+
+    from planner.errors import InputError, Location
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return          # not a JSON file: the cluster loader reports what it is
+    if isinstance(data, dict) and str(data.get("schema", "")).startswith("planner.plan/"):
+        raise InputError(f"this is a plan ({data['schema']}), not a cluster spec: validate takes the cluster; "
+                         "check a plan against its cluster with `planner evaluate CLUSTER PLAN`", Location(path, 1, 1))
+
+
 @click.command()
 @click.argument("cluster_file", metavar="CLUSTER", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def validate(cluster_file: str, as_json: bool) -> None:
     """Check a cluster spec and the profile files its ``profiles:`` names; print GPUs per type
     and zone, peak PFLOP/s, memory, links and profiles."""
+    _not_a_plan(cluster_file)
     cluster = api.load_cluster(cluster_file)
     summary = api.summarize_cluster(cluster)
     # a bad profile file fails here, not at the first `plan` that reads it
