@@ -436,3 +436,14 @@ def test_a_bad_merge_key_is_one_located_error(tmp_path, merge, where, needle):
         load_cluster(path)
     message = str(info.value)
     assert f"{path}:{where}" in message and needle in message and len(message.splitlines()) == 1
+
+
+@pytest.mark.parametrize("typed, meant", [("H100", ["H100-SXM5-80GB", "H100-PCIE-80GB"]),
+                                          ("A100-SXM-80G", ["A100-SXM4-80GB"]), ("Zorro", [])])
+def test_an_unknown_gpu_type_names_the_ids_it_likely_meant(typed, meant):
+    """A short or mistyped GPU name listed all 19 ids and no nearest one."""
+    from planner import catalog
+    assert catalog.nearest_gpus(typed) == meant
+    with pytest.raises(InputError) as err:
+        catalog.gpu(typed)
+    assert (f"(did you mean {' or '.join(meant)}?)" in str(err.value)) == bool(meant)

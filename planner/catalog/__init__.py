@@ -67,6 +67,25 @@ def find_gpu(name: str) -> GpuType | None:
     return gpus()[gid] if gid else None
 
 
+def nearest_gpus(name: str, most: int = 3) -> list[str]:
+    """Catalog ids a mistyped or short GPU name likely meant: those whose id or an alias holds
+    it ("H100" -> the H100s), else the closest spellings (difflib)."""
+    import difflib
+
+    key, index = _key(name), _gpu_index()
+    holding = list(dict.fromkeys(gid for alias, gid in index.items() if key and key in alias))
+    if holding:
+        return holding[:most]
+    close = difflib.get_close_matches(key, list(index), n=most, cutoff=0.6)
+    return list(dict.fromkeys(index[c] for c in close))
+
+
+def unknown_gpu_hint(name: str) -> str:
+    """" (did you mean A or B?)" for ``nearest_gpus``, or nothing."""
+    near = nearest_gpus(name)
+    return f" (did you mean {' or '.join(near)}?)" if near else ""
+
+
 def find_model(name: str) -> ModelSpec | None:
     mid = _model_index().get(_key(name))
     return models()[mid] if mid else None
@@ -75,7 +94,7 @@ def find_model(name: str) -> ModelSpec | None:
 def gpu(name: str) -> GpuType:
     found = find_gpu(name)
     if found is None:
-        raise InputError(f"unknown GPU type {name!r}; catalog ids: {', '.join(gpus())}")
+        raise InputError(f"unknown GPU type {name!r}{unknown_gpu_hint(name)}; catalog ids: {', '.join(gpus())}")
     return found
 
 

@@ -34,7 +34,7 @@ def _resolve_gpus(doc: Document, errors: list[InputError]) -> set[str]:
         if isinstance(value, str):
             found = catalog.find_gpu(value)
             if found is None:
-                errors.append(doc.error(path, f"unknown GPU type {value!r}; use a catalog id "
+                errors.append(doc.error(path, f"unknown GPU type {value!r}{catalog.unknown_gpu_hint(value)}; use a catalog id "
                                         f"({', '.join(catalog.gpus())}) or a mapping with name, "
                                         "memory, peak_tflops, memory_bandwidth, intra_node_bandwidth "
                                         "(optionally fp32_tflops, tf32_tflops, price_per_hour, "
