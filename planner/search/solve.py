@@ -86,6 +86,8 @@ def _guarded(cluster, model, training, objective, time_limit_s, top_k, launcher,
     watch = options.pop("watch", None)
     state: dict = watch.state if watch is not None else {}
     try:
+        if training.mixed_stages:
+            return _pure_first(cluster, model, training, objective, time_limit_s, top_k, launcher, state, options)
         return _search(cluster, model, training, objective, time_limit_s, top_k, launcher, state=state, **options)
     except KeyboardInterrupt:
         _stop_background(state)
@@ -96,7 +98,8 @@ def _guarded(cluster, model, training, objective, time_limit_s, top_k, launcher,
         stats.unexplored = max(1, stats.unexplored)
         # Every tuple not yet done is bounded by the heap's least bound when it was last read
         # (the heap's least only grows); before the heap there is no bound on the unranked.
-        if stats.frontier is not None:
+        # In the pure phase of a mixed search (_pure_first) the bounds cover only its subspace.
+        if stats.frontier is not None and not state.get("subspace"):
             bounds.append(stats.frontier)
         else:
             bounds.clear()
@@ -104,6 +107,60 @@ def _guarded(cluster, model, training, objective, time_limit_s, top_k, launcher,
                        bounds, stats, *(state[k] for k in ("t0", "profiles", "launcher")))
     finally:
         _stop_background(state)     # an error in the search: its warm start does not run on
+
+
+def _pure_first(cluster, model, training, objective, time_limit_s, top_k, launcher, state: dict,
+                options: dict) -> SearchResult:
+    """A search with mixed stages, in two phases: the space without them for
+    MIXED_PURE_SHARE of the time, then the whole space with the rest, its plans the first
+    incumbents.  Mixed stages' stand-ins bound loosely and make the position LPs ~6x dearer
+    (a sweep's 44-GPU H100 + T4 + V100 case: 0.21 s against 0.035 s a tuple, at 114 options
+    against 33), so in one phase the search got through fewer tuples than without them and
+    returned a plan 17% slower (7.80 s against 6.64 s at 20 s), in the space that holds the
+    other one.  The bound and gap are the second phase's, over the whole space."""
+    work = clock.active()       # a deterministic search's: the phases count its work, not seconds
+    wall_t0, t0 = time.monotonic(), _elapsed(work)
+    pure = training.model_copy(update={"mixed_stages": False})
+    state["subspace"] = True        # a Ctrl-C in this phase: its bounds are not the space's (_guarded)
+    try:
+        first = _search(cluster, model, pure, objective, MIXED_PURE_SHARE * time_limit_s, top_k, launcher,
+                        state=state, **options)
+    except InfeasibleError:
+        first = None    # no plan without mixed stages (the memory they pool may be what fits)
+    state["subspace"] = False
+    seeds = list(state["best"].items) if first is not None else []
+    # the rest of the limit, in the clock the deadlines read (work under --deterministic)
+    used = _elapsed(work) - t0
+    rest_s = max(time_limit_s - used, MIXED_REST_MIN_SHARE * time_limit_s)
+    # the wall guard of the first phase's share is not the second's: its flag would leave the
+    # second phase's MILPs no nodes while its clock still ran (a deterministic 10-s search ran
+    # 262 s); it is reported all the same
+    wall_bound = work is not None and work.wall_clock_bound
+    if work is not None:
+        work.wall_clock_bound = False
+    finish_s = min(FINISH_SHARE * time_limit_s, FINISH_MARGIN_S + FINISH_S_PER_GPU * cluster.num_gpus)
+    result = _search(cluster, model, training, objective, rest_s, top_k, launcher, state=state, seeds=seeds,
+                     wall_stop_at=wall_t0 + time_limit_s - finish_s, **options)
+    if wall_bound:
+        work.wall_clock_bound = True
+    from_pure = any(c.signature == state["best"].items[0].signature for c in seeds)
+    report = result.report.model_dump()
+    extra = {"wall_s": time.monotonic() - wall_t0, "pure_phase_s": used, "answer_from_pure_phase": from_pure}
+    found = (first.report if from_pure else result.report).model_extra.get("answer_found_s")
+    if found is not None:       # the second phase's times count from its own start
+        extra["answer_found_s"] = found if from_pure else found + extra["wall_s"] - report["wall_s"]
+    result.report = SolverReport(**{**report, **extra})
+    return result
+
+
+def _elapsed(work) -> float:
+    """Seconds of the clock the deadlines read: the work done under a deterministic search's
+    clock (not inf past its wall guard, as ``clock.now()`` is), else the wall clock."""
+    return time.monotonic() if work is None else work.units * work.seconds_per_unit
+
+
+MIXED_PURE_SHARE = 0.3      # of the time limit, for the space without mixed stages first (_pure_first)
+MIXED_REST_MIN_SHARE = 0.3  # the whole space's phase gets at least this share, whatever the first took
 
 
 def _stop_background(state: dict) -> None:
@@ -118,8 +175,9 @@ def _stop_background(state: dict) -> None:
 
 def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, *, state: dict,
             budget_usd_per_hour: float | None = None, min_tokens_per_s: float | None = None, profiles=None,
-            gap_rel: float = 0.0, progress: Callable[[str], None] | None = None, incumbents=()) -> SearchResult:
-    t0, wall_t0 = clock.now(), time.monotonic()     # t0: work done under a work clock
+            gap_rel: float = 0.0, progress: Callable[[str], None] | None = None, incumbents=(),
+            seeds=(), wall_stop_at: float | None = None) -> SearchResult:
+    wall_t0 = time.monotonic()
     check_time_limit(time_limit_s)
     if top_k < 1:
         raise InputError(f"--top must be at least 1, got {top_k}")
@@ -137,9 +195,14 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     # plan and its rank map (0.2-0.3 s for 16,384 GPUs here), and HiGHS stops up to ~0.4 s past
     # an interrupt; the search's own deadline leaves room for both.
     finish_s = min(FINISH_SHARE * time_limit_s, FINISH_MARGIN_S + FINISH_S_PER_GPU * cluster.num_gpus)
-    deadline = t0 + time_limit_s - finish_s
     if clock.active() is not None:      # the user's wall-clock guard leaves the same room
-        clock.active().wall_stop = wall_t0 + time_limit_s - finish_s
+        # (``wall_stop_at``: a later phase's is the whole search's, _pure_first)
+        clock.active().wall_stop = min(wall_t0 + time_limit_s - finish_s,
+                                       math.inf if wall_stop_at is None else wall_stop_at)
+    # work done under a work clock; read after the guard is set: a mixed search's second phase
+    # (_pure_first) starts past the first phase's guard, where now() is inf (no deadline at all)
+    t0 = clock.now()
+    deadline = t0 + time_limit_s - finish_s
     topo = topology_for(cluster)
     classes = class_infos(topo, training.precision)
     no_bf16 = classes_without_bf16(topo) if training.precision == "bf16" else []
@@ -163,6 +226,8 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
                                  lambda c: admits(spec, c, training)):
         best.add(cand)
         stats.given += 1
+    for cand in seeds:      # the pure phase's plans (_pure_first): candidates of this space too
+        best.add(cand)
     state.update(cluster=cluster, model=model, training=training, spec=spec, classes=classes, best=best,
                  bounds=bounds, stats=stats, t0=wall_t0, profiles=profiles, launcher=launcher)
     inputs = TupleInputs(pricer, launcher, spec)
