@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import click
 
-from planner.cli.common import check_writable, console, echo_json, warn_precision, warn_wall_clock, write_atomic
+from planner.cli.common import (
+    check_writable,
+    console,
+    echo_json,
+    warn_precision,
+    warn_wall_clock,
+    write_atomic,
+)
 
 # Not 1 (no feasible plan) nor 2 (bad input): CI can tell "re-deploy" from "broken".
 OLD_PLAN_INVALID_EXIT = 4
