@@ -69,9 +69,6 @@ def test_the_wall_clock_still_guards_a_deterministic_search():
     assert result.report.work_units < 10**9
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(pytest.main([__file__]))
-
 
 def test_the_cli_says_when_the_wall_clock_stopped_a_deterministic_search(capsys):
     """A sweep ran --deterministic twice and got two plans with nothing said: the report's
@@ -84,3 +81,7 @@ def test_the_cli_says_when_the_wall_clock_stopped_a_deterministic_search(capsys)
     assert "warning: the time limit (4 s) stopped this deterministic search" in err and "--work-budget" in err
     assert main([*ARGS[:-1], "2000", "--quiet"]) == 0
     assert "stopped this deterministic search" not in capsys.readouterr().err
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__]))

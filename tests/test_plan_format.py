@@ -408,3 +408,6 @@ def test_solver_report_counters_from_numpy_write_as_json():
     stats = rep.run_stats()
     assert type(stats["support_plans"]) is int and stats["support_plans"] == 1
     assert json.loads(json.dumps({**rep.for_plan().model_dump(exclude_none=True), **stats}))["support_plans"] == 1
+    # the whole report too, numpy values nested in a dict included (a plan straight from solve)
+    nested = SolverReport(method="milp", status="feasible", by_rule={"megatron": np.float64(1.5), "n": np.int64(2)})
+    assert json.loads(json.dumps(nested.model_dump(mode="json")))["by_rule"] == {"megatron": 1.5, "n": 2}

@@ -256,3 +256,56 @@ def test_mixed_stages_start_from_the_space_without_them():
     assert mixed.report.objective <= alone.report.objective * (1 + 1e-12)
     assert mixed.report.pure_phase_s > 0 and isinstance(mixed.report.answer_from_pure_phase, bool)
     assert mixed.plan.inputs.training["mixed_stages"] is True
+
+
+def test_a_ctrl_c_before_the_whole_spaces_phase_keeps_the_plan_but_claims_no_bound(monkeypatch):
+    """Between the two phases the state still held the first phase's bounds, which cover only
+    the space without mixed stages: a Ctrl-C there reported its optimum, 0.0300 s, as proved
+    (gap 0) where mixed stages reach 0.0179 s (a review's reproduction, oracle case 28)."""
+    import importlib
+    solve_module = importlib.import_module("planner.search.solve")
+    cluster, model, training = mixed_case(28)
+    real = solve_module.given_candidates
+
+    def interrupted(cluster, model, training, *args, **kwargs):
+        if training.mixed_stages:       # the second phase's first step
+            raise KeyboardInterrupt
+        return real(cluster, model, training, *args, **kwargs)
+
+    monkeypatch.setattr(solve_module, "given_candidates", interrupted)
+    result = solve_module.solve(cluster, model, training, time_limit_s=10)
+    assert result.report.interrupted and result.report.bound is None and result.report.gap is None
+    assert result.plan.inputs.training["mixed_stages"] is True
+
+
+def test_a_launcher_with_mixed_stages_is_refused_before_any_search(monkeypatch):
+    import importlib
+
+    from planner.errors import InputError
+    solve_module = importlib.import_module("planner.search.solve")
+    cluster, model, training = mixed_case(28)
+    monkeypatch.setattr(solve_module, "_search", lambda *a, **k: pytest.fail("searched before refusing"))
+    with pytest.raises(InputError, match="contradict --launcher megatron"):
+        solve_module.solve(cluster, model, training, time_limit_s=10, launcher="megatron")
+
+
+def test_a_live_display_shows_no_bound_while_the_first_phase_runs():
+    """The watch read the first phase's bound (its subspace's) as the search's proved one."""
+    import time
+
+    from planner.search.incumbent import Best, Candidate
+    from planner.search.objectives import ObjectiveSpec
+    from planner.search.stats import SearchStats
+    from planner.search.watch import SearchWatch
+    from planner.spec import Training
+    best = Best(1)
+    from planner.search.knobs import Knobs
+    best.add(Candidate((2.0,), 2.0, 1.0, Knobs(8, 1, "1f1b", 1, "none", 0, 1), []))
+    stats = SearchStats(knobs=1)
+    stats.frontier = 1.5
+    watch = SearchWatch({"best": best, "spec": ObjectiveSpec(), "training": Training(global_batch_size=8, seq_len=8),
+                         "bounds": [1.8], "stats": stats, "t0": time.monotonic()})
+    assert watch.snapshot().bound == 1.5
+    watch.state["subspace"] = True
+    snap = watch.snapshot()
+    assert snap.bound is None and snap.gap is None and snap.best_value == 2.0

@@ -166,7 +166,8 @@ def _baseline_text(rep) -> str | None:
         return f"baseline: {why}" + ("" if extra.get("baselines_complete", True) else " (its time share ran out)")
     if ratio is None:
         return f"baseline: {name}"
-    than = "as good as" if ratio <= 1 + 1e-9 else f"{ratio:.3g}x better than"
+    than = ("as good as" if ratio <= 1 + 1e-9 else f"{100 * (ratio - 1):.2g}% better than" if ratio < 1.01
+            else f"{ratio:.3g}x better than")
     return f"baseline: {than} the best baseline layout ({name})"
 
 

@@ -144,8 +144,15 @@ PLAN_SOLVER_FIELDS = ("method", "status", "objective", "bound", "gap", "space", 
 
 
 def _plain(value: Any) -> Any:
-    """A numpy scalar as the Python number it holds (json writes those); anything else as is."""
-    return value.item() if type(value).__module__ == "numpy" and hasattr(value, "item") else value
+    """A numpy scalar as the Python number it holds (json writes those), within dicts and
+    lists too; anything else as is."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        return value.item()
+    return value
 
 
 class SolverReport(BaseModel):
@@ -161,10 +168,14 @@ class SolverReport(BaseModel):
     gap: float | None = None
     space: str | None = None
 
-    def _fields(self) -> dict[str, Any]:
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_numbers(cls, data: Any) -> Any:
         # the counters come from numpy arithmetic in places: a numpy integer is no int to json
-        extra = {k: _plain(v) for k, v in (self.model_extra or {}).items()}
-        return {**{k: getattr(self, k) for k in type(self).model_fields}, **extra}
+        return {k: _plain(v) for k, v in data.items()} if isinstance(data, dict) else data
+
+    def _fields(self) -> dict[str, Any]:
+        return {**{k: getattr(self, k) for k in type(self).model_fields}, **(self.model_extra or {})}
 
     def for_plan(self) -> SolverReport:
         """This report less the run's timing and counters (``PLAN_SOLVER_FIELDS``)."""

@@ -148,10 +148,11 @@ def _runner_up_fields(fields: dict, value: float, base, cand, time_like: bool) -
 
 
 def _baseline_fields(base, value: float, top, time_like: bool) -> dict:
-    """The best baseline (baselines.py) and its objective value over the answer's: >= 1, the
-    answer is at least as good (the baselines seeded the incumbents)."""
+    """The best baseline (baselines.py) and its objective value over ``value``'s: >= 1 for the
+    answer, which is at least as good (the baselines seeded the incumbents); plans 2..K of
+    ``--top`` may be below it (_runner_up_fields)."""
     if base is None or base.best is None:
-        return {"baselines_priced": base.priced if base else 0}
+        return {"baselines_priced": base.priced if base else 0, "baselines_complete": base.complete if base else True}
     def value_of(c):
         return c.time_s if time_like else c.key[0]
     ours = value if time_like else top.key[0]

@@ -88,6 +88,8 @@ class Best:
                 return
             items = sorted([*(c for c in self.items if c.signature != sig), cand], key=lambda c: c.key)[:self.k]
             if any(c is cand for c in items):
+                if same:        # a better twin: the value entered now
+                    self._found[sig] = time.monotonic()
                 self._found.setdefault(sig, time.monotonic())
             self.items = items
 

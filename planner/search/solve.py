@@ -47,6 +47,21 @@ from planner.search.warm import WARM_KEYS_ABOVE, warm_start
 MEGATRON_LAUNCHERS = ("megatron", "deepspeed")
 
 
+def check_args(training, time_limit_s, top_k: int, launcher: str | None) -> None:
+    """The search's arguments, each refused with what would be valid."""
+    check_time_limit(time_limit_s)
+    if top_k < 1:
+        raise InputError(f"--top must be at least 1, got {top_k}")
+    if launcher is not None and launcher not in MEGATRON_LAUNCHERS:
+        raise InputError(f"unknown launcher {launcher!r}; choose megatron or deepspeed")
+    if launcher is not None and training.mixed_stages:
+        raise InputError(f"mixed stages (--mixed-stages, training.mixed_stages) contradict --launcher {launcher}: "
+                         "its layouts have the same GPUs, TP and share in every replica of a stage; drop one of the two")
+    if launcher is not None and not schedules_for(training, launcher):
+        raise InputError(f"training.schedules ({', '.join(training.schedules)}) holds no schedule --launcher "
+                         f"{launcher} can run (it has no zero-bubble schedule); add 1f1b, gpipe or interleaved-1f1b")
+
+
 def check_time_limit(time_limit_s) -> None:
     """A time limit is a positive, finite number of seconds (nan and inf are not)."""
     if not time_limit_s or not math.isfinite(time_limit_s) or time_limit_s <= 0:
@@ -85,8 +100,10 @@ def _guarded(cluster, model, training, objective, time_limit_s, top_k, launcher,
     watch.SearchWatch) lets a display read the best plan, bound and gap while it runs."""
     watch = options.pop("watch", None)
     state: dict = watch.state if watch is not None else {}
+    for key in ("subspace", "asked_training"):     # a watch's state from an earlier search
+        state.pop(key, None)
     try:
-        if training.mixed_stages:
+        if training.mixed_stages and _has_mixed_stages(cluster, training):
             return _pure_first(cluster, model, training, objective, time_limit_s, top_k, launcher, state, options)
         return _search(cluster, model, training, objective, time_limit_s, top_k, launcher, state=state, **options)
     except KeyboardInterrupt:
@@ -103,8 +120,11 @@ def _guarded(cluster, model, training, objective, time_limit_s, top_k, launcher,
             bounds.append(stats.frontier)
         else:
             bounds.clear()
-        return finish(*(state[k] for k in ("cluster", "model", "training", "spec", "classes")), state["best"],
-                       bounds, stats, *(state[k] for k in ("t0", "profiles", "launcher")))
+        # the training asked for: in a mixed search's first phase the state holds its copy
+        # without mixed stages, which the plan would record (and a replan of it search)
+        asked = state.get("asked_training", state["training"])
+        return finish(state["cluster"], state["model"], asked, state["spec"], state["classes"], state["best"],
+                      bounds, stats, *(state[k] for k in ("t0", "profiles", "launcher")))
     finally:
         _stop_background(state)     # an error in the search: its warm start does not run on
 
@@ -114,36 +134,41 @@ def _pure_first(cluster, model, training, objective, time_limit_s, top_k, launch
     """A search with mixed stages, in two phases: the space without them for
     MIXED_PURE_SHARE of the time, then the whole space with the rest, its plans the first
     incumbents.  Mixed stages' stand-ins bound loosely and make the position LPs ~6x dearer
-    (a sweep's 44-GPU H100 + T4 + V100 case: 0.21 s against 0.035 s a tuple, at 114 options
+    (a sweep's 42-GPU H100 + T4 + V100 case: 0.21 s against 0.035 s a tuple, at 114 options
     against 33), so in one phase the search got through fewer tuples than without them and
     returned a plan 17% slower (7.80 s against 6.64 s at 20 s), in the space that holds the
     other one.  The bound and gap are the second phase's, over the whole space."""
+    check_args(training, time_limit_s, top_k, launcher)     # before the first phase, which runs without them
     work = clock.active()       # a deterministic search's: the phases count its work, not seconds
     wall_t0, t0 = time.monotonic(), _elapsed(work)
     pure = training.model_copy(update={"mixed_stages": False})
-    state["subspace"] = True        # a Ctrl-C in this phase: its bounds are not the space's (_guarded)
+    # Until the second phase has its own state (_search pops it), a Ctrl-C or a watch reads
+    # the first phase's bounds, which cover only its subspace (_guarded, watch.py)
+    state.update(subspace=True, asked_training=training)
     try:
         first = _search(cluster, model, pure, objective, MIXED_PURE_SHARE * time_limit_s, top_k, launcher,
                         state=state, **options)
     except InfeasibleError:
         first = None    # no plan without mixed stages (the memory they pool may be what fits)
-    state["subspace"] = False
     seeds = list(state["best"].items) if first is not None else []
     # the rest of the limit, in the clock the deadlines read (work under --deterministic)
     used = _elapsed(work) - t0
     rest_s = max(time_limit_s - used, MIXED_REST_MIN_SHARE * time_limit_s)
-    # the wall guard of the first phase's share is not the second's: its flag would leave the
-    # second phase's MILPs no nodes while its clock still ran (a deterministic 10-s search ran
-    # 262 s); it is reported all the same
+    # The first phase's wall guard (its share of the limit) is not the second's: the second
+    # gets the whole search's, and the guard's flag is cleared for it (set, it left the second
+    # phase's MILPs no nodes while its clock still ran) and reported all the same
     wall_bound = work is not None and work.wall_clock_bound
     if work is not None:
         work.wall_clock_bound = False
     finish_s = min(FINISH_SHARE * time_limit_s, FINISH_MARGIN_S + FINISH_S_PER_GPU * cluster.num_gpus)
-    result = _search(cluster, model, training, objective, rest_s, top_k, launcher, state=state, seeds=seeds,
-                     wall_stop_at=wall_t0 + time_limit_s - finish_s, **options)
-    if wall_bound:
-        work.wall_clock_bound = True
-    from_pure = any(c.signature == state["best"].items[0].signature for c in seeds)
+    try:
+        result = _search(cluster, model, training, objective, rest_s, top_k, launcher, state=state, seeds=seeds,
+                         wall_stop_at=wall_t0 + time_limit_s - finish_s, **options)
+    finally:
+        if wall_bound:
+            work.wall_clock_bound = True
+    top = state["best"].items[0]
+    from_pure = any(c is top for c in seeds)
     report = result.report.model_dump()
     extra = {"wall_s": time.monotonic() - wall_t0, "pure_phase_s": used, "answer_from_pure_phase": from_pure}
     found = (first.report if from_pure else result.report).model_extra.get("answer_found_s")
@@ -151,6 +176,14 @@ def _pure_first(cluster, model, training, objective, time_limit_s, top_k, launch
         extra["answer_found_s"] = found if from_pure else found + extra["wall_s"] - report["wall_s"]
     result.report = SolverReport(**{**report, **extra})
     return result
+
+
+def _has_mixed_stages(cluster, training) -> bool:
+    """Whether some zone holds two node classes (what a mixed stage takes, mixed.py): else the
+    flag adds nothing and the search runs once."""
+    classes = class_infos(topology_for(cluster), training.precision)
+    zones = [c.zone for c in classes]
+    return len(set(zones)) < len(zones)
 
 
 def _elapsed(work) -> float:
@@ -178,17 +211,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
             gap_rel: float = 0.0, progress: Callable[[str], None] | None = None, incumbents=(),
             seeds=(), wall_stop_at: float | None = None) -> SearchResult:
     wall_t0 = time.monotonic()
-    check_time_limit(time_limit_s)
-    if top_k < 1:
-        raise InputError(f"--top must be at least 1, got {top_k}")
-    if launcher is not None and launcher not in MEGATRON_LAUNCHERS:
-        raise InputError(f"unknown launcher {launcher!r}; choose megatron or deepspeed")
-    if launcher is not None and training.mixed_stages:
-        raise InputError(f"mixed stages (--mixed-stages, training.mixed_stages) contradict --launcher {launcher}: "
-                         "its layouts have the same GPUs, TP and share in every replica of a stage; drop one of the two")
-    if launcher is not None and not schedules_for(training, launcher):
-        raise InputError(f"training.schedules ({', '.join(training.schedules)}) holds no schedule --launcher "
-                         f"{launcher} can run (it has no zero-bubble schedule); add 1f1b, gpipe or interleaved-1f1b")
+    check_args(training, time_limit_s, top_k, launcher)
     spec = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
     check_expert_degrees(model, training)
     # The limit covers the whole answer: after the search come naming devices, evaluating the
@@ -197,8 +220,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     finish_s = min(FINISH_SHARE * time_limit_s, FINISH_MARGIN_S + FINISH_S_PER_GPU * cluster.num_gpus)
     if clock.active() is not None:      # the user's wall-clock guard leaves the same room
         # (``wall_stop_at``: a later phase's is the whole search's, _pure_first)
-        clock.active().wall_stop = min(wall_t0 + time_limit_s - finish_s,
-                                       math.inf if wall_stop_at is None else wall_stop_at)
+        clock.active().wall_stop = wall_t0 + time_limit_s - finish_s if wall_stop_at is None else wall_stop_at
     # work done under a work clock; read after the guard is set: a mixed search's second phase
     # (_pure_first) starts past the first phase's guard, where now() is inf (no deadline at all)
     t0 = clock.now()
@@ -230,6 +252,8 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         best.add(cand)
     state.update(cluster=cluster, model=model, training=training, spec=spec, classes=classes, best=best,
                  bounds=bounds, stats=stats, t0=wall_t0, profiles=profiles, launcher=launcher)
+    if training.mixed_stages:       # a mixed search's second phase: its bounds are the space's now
+        state.pop("subspace", None)
     inputs = TupleInputs(pricer, launcher, spec)
     say = progress or (lambda msg: None)
     # Rank every knob tuple by a bound that needs no per-stage pricing, then price and solve

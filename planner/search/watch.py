@@ -60,6 +60,8 @@ class SearchWatch:
         frontier = state["stats"].frontier
         if frontier is not None:
             bounds.append(frontier)
+        if state.get("subspace"):       # a mixed search's first phase bounds its subspace only (solve._pure_first)
+            bounds = []
         bound = min(min(bounds), value) if bounds else None
         gap = None
         if bound is not None and math.isfinite(bound):
