@@ -151,7 +151,7 @@ def test_missing_prices_name_the_file_and_the_node_groups(tmp_path):
     with pytest.raises(InputError) as info:
         solve(load_cluster(path), load_model("opt-350m"), load_training(training_path), objective="cost",
               time_limit_s=5)
-    assert str(info.value).startswith(f"{path}: nodes[1].price_per_hour: ")
+    assert str(info.value).startswith(f"{path}:4:5: nodes[1].price_per_hour: ")      # the group's line
     assert "nodes[1] (amd, MI250X-128GB)" in str(info.value) and "priced" not in str(info.value)
 
 
