@@ -83,14 +83,12 @@ class Best:
     def add(self, cand: Candidate) -> None:
         sig = cand.signature
         with self._lock:
-            same = [c for c in self.items if c.signature == sig]
-            if self._closed or (same and same[0].key <= cand.key):
+            same = next((c for c in self.items if c.signature == sig), None)
+            if self._closed or (same is not None and same.key <= cand.key):
                 return
-            items = sorted([*(c for c in self.items if c.signature != sig), cand], key=lambda c: c.key)[:self.k]
-            if any(c is cand for c in items):
-                if same:        # a better twin: the value entered now
-                    self._found[sig] = time.monotonic()
-                self._found.setdefault(sig, time.monotonic())
+            items = sorted([*(c for c in self.items if c is not same), cand], key=lambda c: c.key)[:self.k]
+            if any(c is cand for c in items) and (same is not None or sig not in self._found):
+                self._found[sig] = time.monotonic()     # new, or a better twin: the value entered now
             self.items = items
 
     def found_at(self, cand: Candidate) -> float | None:

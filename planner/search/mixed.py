@@ -120,25 +120,28 @@ def kind_counts(info, tp: int, most: int) -> list[int]:
     return out
 
 
+def class_pairs(classes) -> list[tuple]:
+    """The pairs of classes a mixed stage may join: two of one zone, the first the earlier in
+    the topology's class order."""
+    return [(ia, ib) for ia in classes for ib in classes if ib.index > ia.index and ib.zone == ia.zone]
+
+
 def mixed_keys(model, training, classes, B: int, tp_degrees) -> list[MixedKey]:
     """The declared mixed stages for a micro-batch of B sequences (the search and the oracle
     share this definition).  ``tp_degrees(model, info, max_tp)`` as in space.py."""
     allowed_q = set(training.micro_batch_sizes or ())
     out = []
-    for ia in classes:
-        for ib in classes:
-            if ib.index <= ia.index or ib.zone != ia.zone:
-                continue
-            for ta in tp_degrees(model, ia, training.max_tp):
-                for tb in tp_degrees(model, ib, training.max_tp):
-                    ratio = (ia.gpu.peak_flops_for(training.precision) * ta) / (
-                        ib.gpu.peak_flops_for(training.precision) * tb)
-                    for na in kind_counts(ia, ta, B - 1):
-                        for nb in kind_counts(ib, tb, B - na):
-                            for sa, sb in _splits(B, na, nb, ratio):
-                                if allowed_q and (sa not in allowed_q or sb not in allowed_q):
-                                    continue
-                                out.append(MixedKey(Kind(ia.index, ta, na, sa), Kind(ib.index, tb, nb, sb)))
+    for ia, ib in class_pairs(classes):
+        for ta in tp_degrees(model, ia, training.max_tp):
+            for tb in tp_degrees(model, ib, training.max_tp):
+                ratio = (ia.gpu.peak_flops_for(training.precision) * ta) / (
+                    ib.gpu.peak_flops_for(training.precision) * tb)
+                for na in kind_counts(ia, ta, B - 1):
+                    for nb in kind_counts(ib, tb, B - na):
+                        for sa, sb in _splits(B, na, nb, ratio):
+                            if allowed_q and (sa not in allowed_q or sb not in allowed_q):
+                                continue
+                            out.append(MixedKey(Kind(ia.index, ta, na, sa), Kind(ib.index, tb, nb, sb)))
     return out
 
 

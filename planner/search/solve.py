@@ -33,6 +33,7 @@ from planner.search.floors import TupleFloors, floors_until
 from planner.search.given import given_candidates
 from planner.search.incumbent import Best, Shared, exact_solver, priced
 from planner.search.knobs import check_expert_degrees, enumerate_knobs
+from planner.search.mixed import class_pairs
 from planner.search.objectives import ObjectiveSpec, parse_objective
 from planner.search.per_tuple import loses_tie, prunes, solve_tuple
 from planner.search.queue import BoundLevel, Pending, Ranked
@@ -160,10 +161,9 @@ def _pure_first(cluster, model, training, objective, time_limit_s, top_k, launch
     wall_bound = work is not None and work.wall_clock_bound
     if work is not None:
         work.wall_clock_bound = False
-    finish_s = min(FINISH_SHARE * time_limit_s, FINISH_MARGIN_S + FINISH_S_PER_GPU * cluster.num_gpus)
     try:
         result = _search(cluster, model, training, objective, rest_s, top_k, launcher, state=state, seeds=seeds,
-                         wall_stop_at=wall_t0 + time_limit_s - finish_s, **options)
+                         wall_stop_at=wall_t0 + time_limit_s - _finish_s(time_limit_s, cluster), **options)
     finally:
         if wall_bound:
             work.wall_clock_bound = True
@@ -178,12 +178,17 @@ def _pure_first(cluster, model, training, objective, time_limit_s, top_k, launch
     return result
 
 
+def _finish_s(time_limit_s: float, cluster) -> float:
+    """What the limit keeps for the answer after the search: naming devices, evaluating the
+    plan and its rank map (0.2-0.3 s for 16,384 GPUs here), and HiGHS stops up to ~0.4 s past
+    an interrupt; the search's own deadline (and its wall guard) leaves room for both."""
+    return min(FINISH_SHARE * time_limit_s, FINISH_MARGIN_S + FINISH_S_PER_GPU * cluster.num_gpus)
+
+
 def _has_mixed_stages(cluster, training) -> bool:
-    """Whether some zone holds two node classes (what a mixed stage takes, mixed.py): else the
-    flag adds nothing and the search runs once."""
-    classes = class_infos(topology_for(cluster), training.precision)
-    zones = [c.zone for c in classes]
-    return len(set(zones)) < len(zones)
+    """Whether some two node classes can share a stage (mixed.class_pairs): else the flag adds
+    nothing and the search runs once."""
+    return bool(class_pairs(class_infos(topology_for(cluster), training.precision)))
 
 
 def _elapsed(work) -> float:
@@ -214,10 +219,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     check_args(training, time_limit_s, top_k, launcher)
     spec = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
     check_expert_degrees(model, training)
-    # The limit covers the whole answer: after the search come naming devices, evaluating the
-    # plan and its rank map (0.2-0.3 s for 16,384 GPUs here), and HiGHS stops up to ~0.4 s past
-    # an interrupt; the search's own deadline leaves room for both.
-    finish_s = min(FINISH_SHARE * time_limit_s, FINISH_MARGIN_S + FINISH_S_PER_GPU * cluster.num_gpus)
+    finish_s = _finish_s(time_limit_s, cluster)
     if clock.active() is not None:      # the user's wall-clock guard leaves the same room
         # (``wall_stop_at``: a later phase's is the whole search's, _pure_first)
         clock.active().wall_stop = wall_t0 + time_limit_s - finish_s if wall_stop_at is None else wall_stop_at
