@@ -60,9 +60,6 @@ _ELSEWHERE = {
     "TINY_MODEL": ("planner.launch.runner", "TINY_MODEL"),
     "TINY_SEQ_LEN": ("planner.launch.runner", "TINY_SEQ_LEN"),
     "plan_execution": ("planner.simulate.plan", "plan_execution"),
-    "timeline_rows": ("planner.simulate.plan", "timeline_rows"),
-    "write_timeline": ("planner.simulate.render", "write_timeline"),
-    "write_trace": ("planner.simulate.render", "write_trace"),
     "staged_path": ("planner.output_files", "staged_path"),
     "plan_chunks": ("planner.launch.common", "chunks"),
     "calibrate_file": ("planner.profile.calibrate", "calibrate_file"),
@@ -76,7 +73,7 @@ __all__ = [  # noqa: PLE0604 - the names in _ELSEWHERE are strings too
     "Cluster", "InfeasibleError", "InputError", "ModelSpec", "Plan", "PlannerError", "Training",
     "diff", "evaluate", "launch", "latency_schedule", "load_cluster", "load_model", "load_plan", "load_training", "plan",
     "profile_from_run", "rebalance", "replan", "resolve_profiles", "run", "search_watch", "simulate", "summarize_cluster", "training",
-    "training_from_mapping",
+    "training_from_mapping", "timeline_rows", "write_timeline", "write_trace",
     *sorted(_ELSEWHERE),
 ]
 
@@ -181,11 +178,25 @@ def evaluate(cluster: Cluster, plan: Plan, profiles: Any = None, calibration: st
              "cross_entropy": cross_entropy, "elementwise": elementwise}
     cluster = args.cluster_arg(cluster)
     plan, _ = args.plan_arg(plan)
+    args.flag(check, "check")
     if model is not None:
         model = args.model_arg(model)
+    overrides = _cost_overrides(given)
     with _calibrated(calibration):
         return _evaluate(cluster, plan, profiles=resolve_profiles(cluster, profiles), check=check,
-                         model=model, **{k: v for k, v in given.items() if v is not None})
+                         model=model, **overrides)
+
+
+# evaluate's overrides that a training spec also holds: checked by its field, so that the
+# API and a plan file's inputs.training accept the same values; the others are switches
+_TRAINING_OVERRIDES = ("precision", "cross_entropy", "elementwise")
+
+
+def _cost_overrides(given: dict[str, Any]) -> dict[str, Any]:
+    """The overrides given (not None), each checked: the cost model would take a bad one
+    silently (elementwise=1) or fail deep inside (precision='fp8')."""
+    return {name: args.training_choice(value, name) if name in _TRAINING_OVERRIDES else args.flag(value, name)
+            for name, value in given.items() if value is not None}
 
 
 def launch(plan: Plan, fmt: str, cluster: Cluster | None = None, *, master_addr: str | None = None,
@@ -201,6 +212,10 @@ def launch(plan: Plan, fmt: str, cluster: Cluster | None = None, *, master_addr:
         file = named        # a plan given by its path: errors name the file
     if cluster is not None:
         cluster = args.cluster_arg(cluster)
+    args.text_arg(fmt, "fmt", "a launcher format name")
+    args.text_arg(master_addr, "master_addr", "the host name or IP address of node rank 0", optional=True)
+    args.text_arg(script, "script", "the training script's path", optional=True)
+    args.flag(schedule_csv, "schedule_csv")
     port = DEFAULT_MASTER_PORT if master_port is None else args.whole_number(master_port, "master_port")
     return render(plan, fmt, master_addr=master_addr, master_port=port, script=script, cluster=cluster,
                   schedule_csv=schedule_csv, file=file)
@@ -238,7 +253,9 @@ def plan(cluster: Cluster | str | Path | Mapping[str, Any], model: ModelSpec | s
     cluster, model = args.cluster_arg(cluster), args.model_arg(model)
     training = args.training_arg(training)
     args.real_number(time_limit_s, "time_limit_s", "positive number of seconds")
-    args.whole_number(top_k, "top_k")
+    if args.whole_number(top_k, "top_k") < 1:
+        # checked here too: the search's own message names the CLI's --top
+        raise InputError(f"top_k must be at least 1 (the number of best plans to return), got {top_k}")
     args.whole_number(work_budget, "work_budget", optional=True)
     args.real_number(budget_usd_per_hour, "budget_usd_per_hour", "positive number of USD/hour", optional=True)
     args.real_number(min_tokens_per_s, "min_tokens_per_s", "positive number of tokens/s", optional=True)
@@ -247,6 +264,7 @@ def plan(cluster: Cluster | str | Path | Mapping[str, Any], model: ModelSpec | s
                          f"got {args.shown(gap_rel)}")
     args.callable_arg(progress, "progress", "a function called with each progress message (a str)")
     _check_watch(watch)
+    incumbents = args.plans_arg(incumbents, "incumbents")
     training = narrow(training, launcher)     # only what the launcher can run
     profiles = resolve_profiles(cluster, profiles)
     with _calibrated(calibration):
@@ -434,5 +452,56 @@ def latency_schedule(cluster: Cluster, plan_: Plan, exact: bool = False, memory_
     check_time_limit(time_limit_s)
     cluster = args.cluster_arg(cluster)
     plan_, file = args.plan_arg(plan_, "plan_", file)
+    args.flag(exact, "exact")
+    args.whole_number(memory_cap, "memory_cap", optional=True)
     return rewrite(cluster, plan_, profiles=resolve_profiles(cluster, profiles), exact=exact,
                    memory_cap=memory_cap, time_limit_s=time_limit_s, file=file)
+
+
+# -- drawing a simulation: each takes what ``simulate`` returns, or what the CLI passes --------
+
+def _execution(run: Any, function: str):
+    """The action-list run (``planner.simulate.actions.Execution``) of a ``PlanSimulation``
+    (``plan_execution``), or ``run`` itself when it is one."""
+    from planner.simulate.actions import Execution
+    from planner.simulate.plan import PlanSimulation, plan_execution
+
+    if isinstance(run, PlanSimulation):
+        return plan_execution(run)
+    if isinstance(run, Execution):
+        return run
+    raise InputError(f"{function}: run must be what api.simulate returns (or api.plan_execution of it), "
+                     f"got {args.shown(run)}")
+
+
+def write_trace(run: Any, path: str | Path) -> Path:
+    """The simulated schedule as Chrome trace events at ``path`` (Perfetto opens it);
+    ``run``: what ``simulate`` returns (``planner.simulate.render.write_trace``)."""
+    from planner.simulate.render import write_trace as _write
+
+    return _write(_execution(run, "write_trace"), args.path_arg(path, "path", "trace file (.json)"))
+
+
+def write_timeline(run: Any, path: str | Path, title: str | None = None) -> Path:
+    """The simulated schedule drawn to ``path`` (.png or .svg; needs matplotlib); ``run``:
+    what ``simulate`` returns (``planner.simulate.render.write_timeline``)."""
+    from planner.simulate.render import write_timeline as _write
+
+    return _write(_execution(run, "write_timeline"), args.path_arg(path, "path", "timeline file (.png or .svg)"),
+                  title=args.text_arg(title, "title", "the figure's title", optional=True))
+
+
+def timeline_rows(result: Any, width: int = 80) -> list[list[tuple[str, str]]]:
+    """The simulated schedule as a character grid, per stage ``width`` cells of (char, kind)
+    (``planner.simulate.plan.timeline_rows``); ``result``: what ``simulate`` returns, or its
+    ``.result``."""
+    from planner.simulate.engine import SimResult
+    from planner.simulate.plan import PlanSimulation
+    from planner.simulate.plan import timeline_rows as _rows
+
+    if isinstance(result, PlanSimulation):
+        result = result.result
+    if not isinstance(result, SimResult):
+        raise InputError(f"timeline_rows: result must be what api.simulate returns (or its .result), "
+                         f"got {args.shown(result)}")
+    return _rows(result, args.whole_number(width, "width"))

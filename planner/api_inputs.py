@@ -142,6 +142,40 @@ def real_number(value: Any, param: str, what: str = "number", optional: bool = F
     raise InputError(f"{param} must be a {what}{' or None' if optional else ''}, got {shown(value)}")
 
 
+def flag(value: Any, param: str, optional: bool = False) -> Any:
+    """``True`` or ``False``: a truthy stand-in ('yes', 1) would be taken without a word."""
+    if (optional and value is None) or isinstance(value, bool):
+        return value
+    raise InputError(f"{param} must be True or False{' or None' if optional else ''}, got {shown(value)}")
+
+
+def text_arg(value: Any, param: str, what: str, optional: bool = False) -> Any:
+    """A ``str``; the callee checks its content."""
+    if (optional and value is None) or isinstance(value, str):
+        return value
+    raise InputError(f"{param} must be {what} (a str){' or None' if optional else ''}, got {shown(value)}")
+
+
+def training_choice(value: Any, param: str) -> Any:
+    """A value of the ``Training`` field ``param`` (precision, cross_entropy, elementwise),
+    checked by the field's own type, as a plan file's ``inputs.training`` is: the choices
+    are listed once, in planner.spec.training."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        return TypeAdapter(Training.model_fields[param].annotation).validate_python(value, strict=True)
+    except ValidationError as exc:
+        raise InputError(f"{param}: {exc.errors()[0]['msg']}, got {shown(value)}") from None
+
+
+def plans_arg(value: Any, param: str) -> list[Plan]:
+    """A list of plans, each a ``Plan`` or the path of a plan file."""
+    if isinstance(value, (Plan, Mapping, bytes, *PathLike)) or not isinstance(value, Iterable):
+        raise InputError(f"{param} must be a list of Plans (api.load_plan) or plan file paths, "
+                         f"got {shown(value)}")
+    return [plan_arg(v, f"{param}[{i}]")[0] for i, v in enumerate(value)]
+
+
 def callable_arg(value: Any, param: str, what: str) -> Callable | None:
     if value is None or callable(value):
         return value

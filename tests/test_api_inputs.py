@@ -234,3 +234,83 @@ def test_launch_with_a_cluster_checks_gpu_types(gpu, words):
     with raises_naming("<plan>: ", *words):
         api.launch(plan, "torchrun", cluster=cluster, master_addr="h")
     assert api.launch(plan, "torchrun", master_addr="h")      # without a cluster: nothing to check against
+
+
+# -- evaluate's overrides: checked as a plan file's inputs.training is ------------------------
+
+@pytest.mark.parametrize("change, words", [
+    ({"elementwise": "bogus"}, ["elementwise: Input should be 'fused' or 'eager'", "str 'bogus'"]),
+    ({"elementwise": 1}, ["elementwise: Input should be 'fused' or 'eager'", "int 1"]),
+    ({"precision": "fp8"}, ["precision: Input should be 'bf16', 'fp16', 'fp32' or 'tf32'", "str 'fp8'"]),
+    ({"cross_entropy": "foo"}, ["cross_entropy: Input should be 'fused' or 'plain'", "str 'foo'"]),
+    ({"flash_attention": "yes"}, ["flash_attention must be True or False", "str 'yes'"]),
+    ({"grad_reduce_overlap": 0}, ["grad_reduce_overlap must be True or False", "int 0"]),
+    ({"check": "no"}, ["check must be True or False", "str 'no'"]),
+])
+def test_evaluate_refuses_bad_overrides_naming_the_keyword(cluster, planned, change, words):
+    _, path = planned
+    with raises_naming(*words):
+        api.evaluate(cluster, path, **change)
+
+
+def test_evaluate_takes_every_choice_a_training_spec_takes(cluster, planned):
+    _, path = planned
+    ev = api.evaluate(cluster, path, precision="fp32", cross_entropy="plain", elementwise="eager",
+                      flash_attention=False, grad_reduce_overlap=False, tp_comm_overlap=True)
+    assert ev.iteration_time_s > api.evaluate(cluster, path).iteration_time_s
+
+
+# -- other keywords of the wrong type, refused before the work starts --------------------------
+
+@pytest.mark.parametrize("change, words", [
+    ({"master_addr": 5}, ["master_addr must be the host name or IP address", "int 5"]),
+    ({"script": 3}, ["script must be the training script's path", "int 3"]),
+    ({"fmt": ["torchrun"]}, ["fmt must be a launcher format name", "list"]),
+    ({"schedule_csv": "yes"}, ["schedule_csv must be True or False"]),
+])
+def test_launch_refuses_keywords_of_the_wrong_type(planned, change, words):
+    _, path = planned
+    kwargs = {"fmt": "torchrun", "master_addr": "h", **change}
+    with raises_naming(*words):
+        api.launch(path, **kwargs)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"incumbents": [1]}, ["incumbents[0] must be a Plan (api.load_plan) or the path of a plan file", "int 1"]),
+    ({"incumbents": 5}, ["incumbents must be a list of Plans", "int 5"]),
+    ({"top_k": 0}, ["top_k must be at least 1", "got 0"]),
+])
+def test_plan_names_its_own_keywords(cluster, change, words):
+    kwargs = {"cluster": cluster, "model": SMALL, "training": TRAINING, "time_limit_s": 30, **change}
+    with raises_naming(*words) as info:
+        api.plan(**kwargs)
+    assert "--top" not in str(info.value)
+
+
+def test_plan_takes_incumbents_as_plans_or_paths(cluster, planned):
+    result, path = planned
+    again = api.plan(cluster, SMALL, TRAINING, time_limit_s=30, incumbents=[path])
+    assert again.plan.dumps() == result.plan.dumps()
+
+
+def test_latency_schedule_checks_its_numbers_types(cluster, planned):
+    _, path = planned
+    with raises_naming("memory_cap must be a whole number", "str '2'"):
+        api.latency_schedule(cluster, path, memory_cap="2")
+
+
+# -- drawing what simulate returns -------------------------------------------------------------
+
+def test_trace_and_timeline_take_what_simulate_returns(cluster, planned, tmp_path):
+    _, path = planned
+    sim = api.simulate(cluster, path)
+    trace = json.loads(api.write_trace(sim, tmp_path / "t.json").read_text())
+    assert trace["traceEvents"]
+    assert json.loads(api.write_trace(api.plan_execution(sim), tmp_path / "t2.json").read_text()) == trace
+    assert api.timeline_rows(sim, 10) == api.timeline_rows(sim.result, 10)
+    with raises_naming("write_trace: run must be what api.simulate returns", "int 5"):
+        api.write_trace(5, tmp_path / "t3.json")
+    with raises_naming("write_timeline: run must be what api.simulate returns"):
+        api.write_timeline(sim.result, tmp_path / "t.svg")
+    with raises_naming("timeline_rows: result must be what api.simulate returns"):
+        api.timeline_rows(None)

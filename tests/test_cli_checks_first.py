@@ -66,3 +66,12 @@ def test_validate_refuses_a_bad_profile_file(tmp_path, capsys, text, needle):
     assert main(["validate", str(spec)]) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+
+
+def test_a_profiles_entry_naming_a_folder_says_so(tmp_path, capsys):
+    spec = _cluster_with_profile(tmp_path, None)
+    (tmp_path / "prof.yaml").mkdir()
+    assert main(["validate", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'prof.yaml'} is a folder, not a profile file" in err and "--profiles" in err
+    assert "not found" not in err

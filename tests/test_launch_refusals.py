@@ -163,3 +163,13 @@ def test_cluster_must_hold_the_plans_devices():
         {"name": "b", "gpu": "A100-SXM4-80GB", "gpus_per_node": 4, "network_bandwidth": "100 Gbit/s"}]})
     assert "a has 2 GPUs" in refusal(make_plan(), "torchrun", cluster=small)
     assert "chain" not in refusal(chain_plan(), "torchrun", cluster=small)
+
+
+def test_every_device_the_cluster_lacks_is_listed_at_once():
+    from planner.spec import cluster_from_dict
+
+    only_a = cluster_from_dict({"name": "t", "nodes": [
+        {"name": "a", "gpu": "A100-SXM4-80GB", "gpus_per_node": 2, "network_bandwidth": "100 Gbit/s"}]})
+    msg = refusal(make_plan(), "torchrun", cluster=only_a)
+    assert "uses a:2, but a has 2 GPUs" in msg and "uses a:3, but a has 2 GPUs" in msg
+    assert "uses b:0, but the cluster has no node 'b'" in msg and "uses b:3, but the cluster has no node 'b'" in msg

@@ -109,3 +109,12 @@ def test_stored_lists_that_cannot_run_are_refused(lists, match):
 def test_unknown_schedule_without_lists_is_refused():
     with pytest.raises(InputError, match="has neither a torch schedule class nor action lists"):
         route(stored("mystery", None))
+
+
+@pytest.mark.parametrize("fmt", ["pipelining", "torchtitan"])
+@pytest.mark.parametrize("schedule, cls", [("zb-v", "ScheduleZBVZeroBubble"), ("dualpipev", "ScheduleDualPipeV")])
+def test_a_v_schedule_forced_to_csv_names_the_class_that_runs_it(fmt, schedule, cls):
+    plan = make_plan(schedule=schedule, virtual_stages=2, blocks=((0, 4), (4, 8)))
+    with pytest.raises(InputError, match=f"'v' stage map.*drop --schedule-csv to run it with torch's {cls}"):
+        render(plan, fmt, master_addr="h", schedule_csv=True)
+    assert render(plan, fmt, master_addr="h")       # as the message says: the class takes it

@@ -47,6 +47,15 @@ def test_the_front_is_a_table_json_and_a_picture(tmp_path, capsys):
     assert "Plans on the front" in out and "throughput" in out and "cost" in out
 
 
+def test_help_tells_the_rows_order_the_table_prints(capsys):
+    # the rows are sorted by tokens/s (non_dominated); help said "from the cheapest per token",
+    # which a time-limited cost search need not be
+    assert main(["pareto", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "by tokens/s: the slowest" in text and "the fastest last" in text
+    assert "cheapest per token to the fastest" not in text
+
+
 @pytest.mark.parametrize("extra, needle", [(["--floors", "-1"], "--floors must be between"),
                                            (["--plot", "front.jpg"], "must end in .png or .svg"),
                                            (["--time-limit", "0"], "time limit")])

@@ -244,3 +244,17 @@ def test_rebalanced_plan_drops_the_old_searchs_solver_block(tmp_path, capsys):
     new = json.loads((tmp_path / "new.json").read_text())
     assert "solver" not in new and "predicted" not in new
     assert [r["micro_batch_share"] for r in new["stages"][0]["replicas"]] == [6, 2]
+
+
+@pytest.mark.parametrize("command", ["rebalance", "profile"])
+def test_non_utf8_measurements_exit_2_not_an_internal_error(files, capsys, command):
+    tmp, _, _ = files
+    (tmp / "m.json").write_bytes(b"\xff\xfe{}")
+    argv = (["rebalance", str(tmp / "cluster.yaml"), str(tmp / "plan.json"), "--measurements", str(tmp / "m.json")]
+            if command == "rebalance" else
+            ["profile", "--from-run", str(tmp / "m.json"), "--plan", str(tmp / "plan.json"),
+             "--cluster", str(tmp / "cluster.yaml"), "-o", str(tmp / "prof")])
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "not a readable JSON measurements file" in err and "internal error" not in err

@@ -54,22 +54,37 @@ def launch(plan_file: str, fmt: str, out_dir: str | None, master_addr: str | Non
 
 def _report_written(written, out_dir: str, as_json: bool) -> None:
     if written.kept:
+        n = len(written.kept)
         # click.echo, not rich: a warning stays one line whatever the terminal width.
-        click.echo(f"warning: kept {len(written.kept)} files of an earlier launch in {out_dir} that were "
-                   f"changed since the planner wrote them: {_names(written.kept)}; delete them if they "
-                   "are stale (a node script among them would still start with node*.sh)", err=True)
+        click.echo(f"warning: kept {_count(n, 'file')} of an earlier launch in {out_dir} that "
+                   f"{_was(n)} changed since the planner wrote {_them(n)}: {_names(written.kept)}; "
+                   f"delete {_them(n)} if stale (a node script among them would still start with "
+                   "node*.sh)", err=True)
     if written.unchecked:
-        click.echo(f"warning: kept {len(written.unchecked)} node scripts of an earlier launch in {out_dir} "
-                   "(an older rank map records no checksums; delete them yourself if stale): "
+        n = len(written.unchecked)
+        click.echo(f"warning: kept {_count(n, 'node script')} of an earlier launch in {out_dir} "
+                   f"(an older rank map records no checksums; delete {_them(n)} yourself if stale): "
                    f"{_names(written.unchecked)}", err=True)
     if as_json:
         echo_json({"written": [str(p) for p in written], "removed": [str(p) for p in written.removed],
                    "kept": [str(p) for p in [*written.kept, *written.unchecked]]})
         return
     out = console(quiet=True)
-    out.print(f"wrote {len(written)} files to {out_dir}: {_names(written)}")
+    out.print(f"wrote {_count(len(written), 'file')} to {out_dir}: {_names(written)}")
     if written.removed:
-        out.print(f"removed {len(written.removed)} files of an earlier launch: {_names(written.removed)}")
+        out.print(f"removed {_count(len(written.removed), 'file')} of an earlier launch: {_names(written.removed)}")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _was(n: int) -> str:
+    return "was" if n == 1 else "were"
+
+
+def _them(n: int) -> str:
+    return "it" if n == 1 else "them"
 
 
 def _names(paths) -> str:

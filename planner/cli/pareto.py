@@ -21,8 +21,8 @@ from planner.cli.tables import Table
 @click.option("--json", "as_json", is_flag=True, help="print the front (with each plan) as JSON")
 def pareto(cluster, model_name, training_path, global_batch_size, seq_len, precision, attention, cross_entropy,
            elementwise, floors, time_limit_s, plot_path, as_json):
-    """The plans no other beats on both USD/hour and tokens/s, from the cheapest per token to
-    the fastest."""
+    """The plans no other beats on both USD/hour and tokens/s, by tokens/s: the slowest (on a
+    front also the cheapest per hour) first, the fastest last."""
     from planner import api
     from planner.api import check_plot_path, check_time_limit, plot_front
     from planner.api import pareto as sweep

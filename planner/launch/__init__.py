@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from planner.errors import InputError
+from planner.errors import InputError, InputErrors
 from planner.launch import deepspeed, megatron, pipelining, torchrun, torchtitan
 from planner.launch.common import DEFAULT_MASTER_PORT, LaunchOptions
 from planner.launch.output import record_files, write
@@ -77,13 +77,23 @@ def render(plan: Plan, fmt: str, master_addr: str | None = None,
 
 
 def _check_devices_exist(plan: Plan, gpus_per_node: dict[str, int]) -> None:
+    """Every device of the plan on a node of the cluster, every problem listed at once (a plan
+    for another cluster misses several nodes: naming one at a time took as many runs)."""
+    problems = [InputError(p) for p in _missing_devices(plan, gpus_per_node)]
+    if problems:
+        raise problems[0] if len(problems) == 1 else InputErrors(problems)
+
+
+def _missing_devices(plan: Plan, gpus_per_node: dict[str, int]) -> list[str]:
+    out = []
     for s in plan.stages:
         for j, r in enumerate(s.replicas):
             for d in r.devices:
                 node, _, idx = d.rpartition(":")
                 if node not in gpus_per_node:
-                    raise InputError(f"launch: stage {s.index} replica {j} uses {d}, but the cluster "
-                                     f"has no node {node!r} (nodes: {', '.join(sorted(gpus_per_node))})")
-                if int(idx) >= gpus_per_node[node]:
-                    raise InputError(f"launch: stage {s.index} replica {j} uses {d}, but {node} has "
-                                     f"{gpus_per_node[node]} GPUs (indices 0..{gpus_per_node[node] - 1})")
+                    out.append(f"launch: stage {s.index} replica {j} uses {d}, but the cluster "
+                               f"has no node {node!r} (nodes: {', '.join(sorted(gpus_per_node))})")
+                elif int(idx) >= gpus_per_node[node]:
+                    out.append(f"launch: stage {s.index} replica {j} uses {d}, but {node} has "
+                               f"{gpus_per_node[node]} GPUs (indices 0..{gpus_per_node[node] - 1})")
+    return out

@@ -94,7 +94,8 @@ def load(path: str, plan) -> tuple[dict, dict[tuple[int, int], ReplicaTimes]]:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise InputError(f"{path}: no such measurements file") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        # a binary or non-UTF-8 file is a bad input like a truncated one, not a planner bug
         raise InputError(f"{path}: not a readable JSON measurements file ({exc})") from None
 
     def bad(field: str, why: str):

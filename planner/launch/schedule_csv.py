@@ -142,7 +142,12 @@ def route(plan: Plan, force_csv: bool = False, fmt: str = "pipelining") -> Route
     if cls is not None and stored is None and not force_csv:
         return Route(cls, None)
     sched = stored if stored is not None else plan_actions(plan)
-    _check_csv_able(sched, fmt)
+    try:
+        _check_csv_able(sched, fmt)
+    except InputError as exc:
+        if cls is not None and stored is None:    # only the flag asked for lists: the class runs it
+            raise InputError(f"{exc.message}; drop --schedule-csv to run it with torch's {cls}") from None
+        raise
     return Route(None, sched)
 
 

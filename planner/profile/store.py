@@ -144,6 +144,10 @@ class ProfileSet:
                                  f"{', '.join(sorted({n.gpu.name for n in cluster.node_list}))}",
                                  where())
             path = Path(rel) if Path(rel).is_absolute() else Path(os.path.normpath(base / rel))
+            if path.is_dir():
+                # "not found" misled: the folder is there, but a mapping entry names one file
+                raise InputError(f"{path} is a folder, not a profile file: profiles: maps each GPU type "
+                                 "to one profile file (give a folder of profiles with --profiles)", where())
             if not path.is_file():
                 raise InputError(f"profile file not found: {path}", where())
             self._load_file(path, gpu_name)
