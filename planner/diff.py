@@ -127,6 +127,26 @@ def _stage_of(plan: Plan) -> dict[str, int]:
     return {d: s.index for s in plan.stages for r in s.replicas for d in r.devices}
 
 
+@dataclass(frozen=True)
+class DeviceChanges:
+    """How each device's stage changed from plan A to plan B.  One meaning for `planner diff`
+    and `planner replan` (which counted a device new to B as moved): a device moved when it
+    serves a stage in both plans, another one in B; added or removed when only one plan has it."""
+
+    kept: list[str]          # the same stage in both
+    moved: list[dict]        # {device, a, b}: its stage in each
+    added: list[str]         # only in B
+    removed: list[str]       # only in A
+
+
+def device_changes(a: Plan, b: Plan) -> DeviceChanges:
+    sa, sb = _stage_of(a), _stage_of(b)
+    both = sorted(set(sa) & set(sb))
+    return DeviceChanges(kept=[d for d in both if sa[d] == sb[d]],
+                         moved=[{"device": d, "a": sa[d], "b": sb[d]} for d in both if sa[d] != sb[d]],
+                         added=sorted(set(sb) - set(sa)), removed=sorted(set(sa) - set(sb)))
+
+
 def diff_plans(a: Plan, b: Plan) -> PlanDiff:
     out = PlanDiff(inputs=input_rows(a, b))
     rows = [(k, getattr(a, k), getattr(b, k)) for k in SETTINGS]
@@ -142,10 +162,8 @@ def diff_plans(a: Plan, b: Plan) -> PlanDiff:
             if fa.get(k) != fb.get(k):
                 out.stages.append({"stage": i, "field": k, "a": fa.get(k), "b": fb.get(k)})
     out.stages.sort(key=lambda r: (r["stage"], list(_stage_fields(a.stages[0])).index(r["field"])))
-    sa, sb = _stage_of(a), _stage_of(b)
-    out.devices_added = sorted(set(sb) - set(sa))
-    out.devices_removed = sorted(set(sa) - set(sb))
-    out.devices_moved = [{"device": d, "a": sa[d], "b": sb[d]} for d in sorted(set(sa) & set(sb)) if sa[d] != sb[d]]
+    devices = device_changes(a, b)
+    out.devices_added, out.devices_removed, out.devices_moved = devices.added, devices.removed, devices.moved
     pa = a.predicted.model_dump() if a.predicted else {}
     pb = b.predicted.model_dump() if b.predicted else {}
     for k in PREDICTED:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from planner.diff import device_changes
 from planner.errors import InfeasibleError, InputError, InputErrors, Location
 from planner.migrate import Migration, migration
 from planner.plan import Plan, check_plan
@@ -36,8 +37,11 @@ class ReplanResult:
     fresh_as_named: Migration             # what the fresh plan would move with the search's names
     repaired: Option | None = None        # the old plan kept or repaired (None: not repairable)
     rejected: list[str] = field(default_factory=list)   # options over --max-moved-fraction
-    kept_devices: int = 0                 # devices serving the same stage in both plans
-    moved_devices: list[str] = field(default_factory=list)
+    # devices by stage, old plan against the answer (planner.diff.device_changes, as `diff`)
+    kept_devices: int = 0                 # serving the same stage in both plans
+    moved_devices: list[str] = field(default_factory=list)     # in both, another stage now
+    added_devices: list[str] = field(default_factory=list)     # only in the answer
+    removed_devices: list[str] = field(default_factory=list)   # only in the old plan
 
     @property
     def plan(self) -> Plan:
@@ -62,10 +66,6 @@ class ReplanResult:
     def vs_fresh(self) -> float:
         """Chosen tokens/s over the fresh plan's (1.0 when the fresh plan is the answer)."""
         return self.chosen.evaluation.tokens_per_s / self.fresh.evaluation.tokens_per_s
-
-
-def _stage_of_device(plan: Plan) -> dict[str, int]:
-    return {d: s.index for s in plan.stages for r in s.replicas for d in r.devices}
 
 
 class InconsistentPlan(InputErrors):
@@ -166,6 +166,7 @@ def replan(cluster: Cluster, old: Plan, time_limit_s: float = 60.0, profiles=Non
     model = load_model(old.inputs.model)
     training = plan_training(old, file)
     problems, old_ev = old_plan_status(cluster, old, profiles, file)
+    check_precision_runs(cluster, old, training, file)
     topo = topology_for(cluster)
     objective = old.objective
     # the old plan, or its repair, first: it is the search's first incumbent (search/given.py),
@@ -207,13 +208,42 @@ def replan(cluster: Cluster, old: Plan, time_limit_s: float = 60.0, profiles=Non
         raise InfeasibleError("no plan moves at most --max-moved-fraction of the state: "
                               + "; ".join(rejected) + ("" if repaired else "; the old plan cannot be repaired"))
     chosen = min(allowed, key=lambda o: (o.score, o.migration.moved_bytes))
-    before, after = _stage_of_device(old), _stage_of_device(chosen.plan)
-    kept = sum(1 for d, s in after.items() if before.get(d) == s)
-    moved = sorted(d for d, s in after.items() if before.get(d) != s)
+    devices = device_changes(old, chosen.plan)
     return ReplanResult(old_valid=not problems, old_problems=problems, old_evaluation=old_ev,
                         search=result, chosen=chosen, fresh=fresh,
                         fresh_as_named=migration(old, result.plan, model, topo), repaired=repaired,
-                        rejected=rejected, kept_devices=kept, moved_devices=moved)
+                        rejected=rejected, kept_devices=len(devices.kept),
+                        moved_devices=[m["device"] for m in devices.moved], added_devices=devices.added,
+                        removed_devices=devices.removed)
+
+
+def check_precision_runs(cluster: Cluster, old: Plan, training, file: str) -> None:
+    """``InfeasibleError`` when no GPU of ``cluster`` computes in the old plan's precision (bf16
+    on Volta or Turing alone), with advice replan can take: it has no --precision, it keeps
+    the old plan's training, so the way on is a plan made for fp16 or an edited old plan.  The
+    search's own refusal names `planner plan`'s flag."""
+    if training.precision != "bf16" or any(n.gpu.supports_bf16 for n in cluster.node_list):
+        return
+    types = ", ".join(sorted({n.gpu.name for n in cluster.node_list}))
+    model = _model_argument(old.inputs.model)
+    raise InfeasibleError(
+        f"no GPU type of cluster {cluster.name!r} computes in bf16 ({types}), the precision {file} was "
+        f"planned for (inputs.training.precision); replan keeps the old plan's training, so plan again "
+        f"in fp16: `planner plan CLUSTER --model {model} --global-batch-size {training.global_batch_size} "
+        f"--seq-len {training.seq_len} --precision fp16`, or set inputs.training.precision to fp16 "
+        f"(or fp32 / tf32) in {file} and run replan on it")
+
+
+def _model_argument(model) -> str:
+    """What `planner plan --model` takes for the old plan's model: its catalog name where the
+    plan's mapping is that catalog entry, else a file the user writes it to."""
+    from planner import catalog
+
+    name = model if isinstance(model, str) else model.get("name")
+    found = catalog.find_model(name) if isinstance(name, str) else None
+    if found is not None and (isinstance(model, str) or found.to_mapping() == model):
+        return name
+    return "MODEL.yaml"
 
 
 def _score(objective, ev, mig: Migration, steps: int | None) -> float:

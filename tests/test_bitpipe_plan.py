@@ -94,6 +94,39 @@ def test_simulate_matches_the_evaluation(tmp_path, cluster):
     assert {e["stage"] for e in out["timeline"]} == {0, 1}     # rows are ranks
 
 
+def test_drawing_and_trace_show_the_exposed_pair_sync(tmp_path, cluster):
+    """The timeline, trace and text timeline end where the table's pipeline time does: the pair
+    all-reduce that runs past the last backward is drawn, not left as unexplained idle time."""
+    from planner.simulate.plan import plan_execution, simulate_bitpipe, timeline_rows
+    from planner.simulate.render import chrome_trace, timeline_figure
+
+    sim = simulate_plan(cluster, _plan(tmp_path))
+    run = plan_execution(sim)
+    compute_end_s = max(a.end_s for a in run.actions)
+    assert sim.simulated_pipeline_s > compute_end_s          # this plan's pair sync is exposed
+    assert run.makespan_s == pytest.approx(sim.simulated_pipeline_s, rel=1e-12)
+    assert run.bubble_fraction == pytest.approx(sim.result.bubble_fraction, rel=1e-12)
+    trace = chrome_trace(run)
+    assert trace["otherData"]["makespan_s"] == pytest.approx(sim.simulated_pipeline_s, rel=1e-12)
+    syncs = [e for e in trace["traceEvents"] if e.get("cat") == "sync"]
+    assert {e["pid"] for e in syncs} == {0, 1}                # on both ranks of the pair
+    assert max(e["ts"] + e["dur"] for e in syncs) == pytest.approx(sim.simulated_pipeline_s * 1e6)
+    assert all("all-reduce stage" in e["name"] and "ranks 0+1" in e["name"] for e in syncs)
+    fig = timeline_figure(run)
+    assert "%.4g ms" % (run.makespan_s * 1e3) in fig.axes[0].get_title()
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "pair gradient all-reduce" in legend
+    # a slow pair link: the text timeline's second half is the all-reduce, not idle
+    stages = [StageTiming(forward_s=2, backward_s=4, pair_sync_s=40.0) for _ in range(4)]
+    result = simulate_bitpipe(stages, 8)
+    assert result.pair_syncs and result.makespan_s == max(s.end_s for s in result.pair_syncs)
+    last = max(result.pair_syncs, key=lambda s: s.end_s)
+    rows = timeline_rows(result, 40)
+    assert all(("=", "sync") in row for row in rows)
+    assert [rank for rank, row in enumerate(rows) if row[-1] == ("=", "sync")] == sorted(last.ranks)
+    assert sim.to_json()["pair_syncs"]
+
+
 def test_launchers_refuse(tmp_path):
     """The launch formats have no bidirectional schedule; the reference runner trains it
     (tests/test_run_bitpipe.py, tests/test_run_bitpipe_slow.py)."""

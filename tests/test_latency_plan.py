@@ -266,20 +266,88 @@ def _long_sequence_plan(tmp_path, stages: int):
     return cluster, plan
 
 
-def test_schedule_refuses_a_rewrite_that_does_not_fit(tmp_path, capsys):
+def test_ranks_whose_split_backward_overflows_keep_whole_backwards(tmp_path, capsys):
     # found by scripts/fuzz_plans.py (seed 34, case 16), then on one stage: Llama-2 7B with full
     # recompute at 32,768 tokens fits under 1F1B (each block's backward frees its gradients as
     # it goes); split into I and W, every block's weight-op gradients wait from I to W.  The
-    # command wrote that plan, exit 0, and evaluate then rejected it.  Two stages here: one has
-    # no sends to hide (below).
+    # command wrote that plan, exit 0, and evaluate then rejected it; then it refused it with a
+    # hint no flag could follow.  Now both ranks run whole backwards and the rewrite fits.
     cluster, plan = _long_sequence_plan(tmp_path, stages=2)
     assert main(["evaluate", str(cluster), str(plan), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["fits"]
     out = tmp_path / "la.json"
+    assert main(["schedule", str(cluster), str(plan), "--latency-aware", "-o", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["after"]["whole_backward_stages"] == [0, 1]
+    assert {a[0] for acts in load_plan(out).pipeline_actions for a in acts} == {"F", "B"}
+    assert main(["evaluate", str(cluster), str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits"]
+
+
+TIGHT_CLUSTER = """
+name: cl4
+zones: [{name: za}, {name: zb}]
+nodes:
+  - {name: n, count: 4, zone: za, gpu: L4-24GB, gpus_per_node: 2, network_bandwidth: 50 Gbit/s}
+  - {name: m, count: 2, zone: zb, gpu: A100-SXM4-40GB, gpus_per_node: 2, network_bandwidth: 100 Gbit/s}
+links:
+  - {between: [za, zb], bandwidth: 10 Gbit/s, latency: 5 ms}
+"""
+
+
+def _tight_plan(tmp_path):
+    """Llama-3-8B in six stages, four on L4s and two on A100-40GB behind a 5 ms zone link; the
+    last stage (10 blocks and the head) fits under 1F1B with 1.7 GiB to spare, not with a split
+    backward's weight-op gradients (a robustness sweep)."""
+    cluster = tmp_path / "cl4.yaml"
+    cluster.write_text(TIGHT_CLUSTER)
+    bounds, nodes = [0, 3, 6, 9, 12, 22, 32], ["n-0", "n-1", "n-2", "n-3", "m-0", "m-1"]
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({
+        "schema": "planner.plan/v1",
+        "inputs": {"cluster": "cl4", "model": "llama3-8b",
+                   "training": {"global_batch_size": 64, "seq_len": 2048, "precision": "bf16", "attention": "flash"}},
+        "micro_batch_size": 2, "num_micro_batches": 32, "schedule": "1f1b", "zero_stage": 1,
+        "sequence_parallel": True,
+        "stages": [{"index": i, "blocks": [bounds[i], bounds[i + 1]], "embedding": i == 0, "head": i == 5,
+                    "replicas": [{"gpu_type": "L4-24GB" if i < 4 else "A100-SXM4-40GB", "tp": 1,
+                                  "micro_batch_share": 1, "devices": [f"{node}:{k}"]} for k in range(2)]}
+                   for i, node in enumerate(nodes)]}))
+    return cluster, plan
+
+
+@pytest.mark.parametrize("cap", [[], ["--memory-cap", "1"]])
+def test_only_the_rank_the_split_overflows_keeps_whole_backwards(tmp_path, capsys, cap):
+    # a robustness sweep: the rewrite of this 1F1B plan, which fits, was refused ("stage 5 needs
+    # 37.49 GiB of 37.25 GiB ... try a smaller --memory-cap"), and --memory-cap 1 failed the same
+    cluster, plan = _tight_plan(tmp_path)
+    out = tmp_path / "la.json"
+    assert main(["schedule", str(cluster), str(plan), "--latency-aware", "-o", str(out), *cap]) == 0
+    assert "stage(s) 5 run whole backwards" in capsys.readouterr().out
+    lists = load_plan(out).pipeline_actions
+    assert {a[0] for a in lists[5]} == {"F", "B"}
+    assert all({a[0] for a in acts} == {"F", "I", "W"} for acts in lists[:5])
+    assert main(["evaluate", str(cluster), str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits"]
+
+
+def test_a_rewrite_that_cannot_fit_says_why_and_offers_only_a_hint_that_helps(tmp_path, capsys):
+    # it said "try a smaller --memory-cap" where the overflow was the split's held gradients,
+    # which no cap removes.  With whole backwards the overflow left is in-flight activations:
+    # a smaller cap helps where an overflowing rank holds more than one micro-batch ...
+    cluster, plan = _tight_plan(tmp_path)
+    out = tmp_path / "la.json"
+    assert main(["schedule", str(cluster), str(plan), "--latency-aware", "-o", str(out), "--memory-cap", "6"]) == 1
+    err = capsys.readouterr().err
+    assert "does not fit in memory" in err and "nothing written" in err and not out.exists()
+    assert "stage(s) 4 already run whole backwards" in err and "try a smaller --memory-cap" in err, err
+    # ... and a plan that does not fit itself is named as the problem, with no flag offered
+    data = json.loads(plan.read_text())
+    data["stages"][4]["blocks"], data["stages"][5]["blocks"] = [12, 21], [21, 32]   # 11 blocks on 5
+    plan.write_text(json.dumps(data))
     assert main(["schedule", str(cluster), str(plan), "--latency-aware", "-o", str(out)]) == 1
     err = capsys.readouterr().err
-    assert "does not fit in memory" in err and "nothing written" in err and "more stages" in err, err
-    assert "Traceback" not in err and not out.exists()
+    assert "itself does not fit (1f1b): fix the plan first" in err and not out.exists()
+    assert "--memory-cap" not in err and "Traceback" not in err, err
 
 
 def test_schedule_refuses_a_one_stage_plan(tmp_path, capsys):
@@ -297,3 +365,15 @@ def test_a_memory_cap_above_the_micro_batches_is_the_micro_batch_count():
     st = [StageTimes(1, 1, 1, send_forward_s=0.08), StageTimes(1, 1, 1, send_backward_s=0.07)]
     assert make_problem(st, 4, [0.05], memory_cap=100).memory_cap == (4, 4)
     assert make_problem(st, 4, [0.05], memory_cap=[3, 9]).memory_cap == (3, 4)
+
+
+@pytest.mark.parametrize("cap", ["2", 2.5, True, 0])
+def test_memory_cap_is_checked_where_the_rewrite_reads_it(tmp_path, cap):
+    # a robustness sweep: memory_cap='2' reached the rewrite and raised TypeError there
+    from planner.errors import InputError
+    from planner.simulate.latency_rewrite import rewrite
+    from planner.spec import load_cluster
+
+    cluster, plan = _write(tmp_path)
+    with pytest.raises(InputError, match="memory[-_]cap"):
+        rewrite(load_cluster(cluster), load_plan(plan), memory_cap=cap)

@@ -124,8 +124,13 @@ def test_lost_node_moves_only_its_state_to_a_spare(four_node_plan, tmp_path):
     cluster = api.load_cluster(tmp_path / "new.yaml")
     result = api.replan(cluster, old.plan, time_limit_s=20)
     assert not result.old_valid
-    # n1's replicas went to the spare n4, every other device kept its place
-    assert sorted(result.moved_devices) == ["n4:0", "n4:1"]
+    # n1's replicas went to the spare n4, every other device kept its place: n4 is new, not
+    # moved (it was counted as moved, against `planner diff`'s added)
+    assert result.moved_devices == [] and result.kept_devices == len(old.plan.devices()) - 2
+    assert result.added_devices == ["n4:0", "n4:1"] and result.removed_devices == ["n1:0", "n1:1"]
+    changes = api.diff(old.plan, result.plan)
+    assert changes.devices_added == result.added_devices and changes.devices_removed == result.removed_devices
+    assert [m["device"] for m in changes.devices_moved] == result.moved_devices
     lost = shards(old.plan, api.load_model(DP_MODEL))
     lost_bytes = sum(s.weights_bytes + s.optimizer_bytes for dev in ("n1:0", "n1:1") for s in lost[dev])
     assert result.migration.moved_bytes == pytest.approx(lost_bytes, rel=1e-12)
@@ -374,3 +379,29 @@ def test_replan_prints_a_rounding_noise_gap_as_0_as_plan_does():
 
     assert gap_text(1.67e-16) == "0%" and gap_text(0.0) == "0%" and gap_text(None) == "n/a"
     assert gap_text(0.0177) == "1.77%"
+
+
+def test_replan_json_on_no_plan_prints_the_reason_on_stdout(four_node_plan, tmp_path, capsys):
+    """A CI gate reading --json got an empty stdout on exit 1 (a robustness sweep)."""
+    _d, old = four_node_plan
+    (tmp_path / "plan.json").write_text(old.plan.dumps())
+    # n1 lost with no spare: no repair, and the fresh plan moves state, over a fraction of 0
+    (tmp_path / "new.yaml").write_text(_named(["n0", "n2", "n3"]))
+    code = main(["replan", str(tmp_path / "new.yaml"), str(tmp_path / "plan.json"), "--json",
+                 "--time-limit", "10", "--max-moved-fraction", "0"])
+    assert code == 1
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["status"] == "no-plan" and summary["exit_code"] == 1
+    assert "--max-moved-fraction" in summary["reason"] and "--max-moved-fraction" in captured.err
+
+
+def test_replan_on_gpus_without_bf16_advises_what_replan_can_do(tmp_path, capsys):
+    """replan has no --precision: it told the user to "train with --precision fp16"."""
+    _old_plan(tmp_path)
+    (tmp_path / "v100.yaml").write_text(BIG.replace("A100-SXM4-80GB", "V100-SXM2-32GB"))
+    assert main(["replan", str(tmp_path / "v100.yaml"), str(tmp_path / "plan.json"), "--time-limit", "5"]) == 1
+    err = capsys.readouterr().err
+    assert "computes in bf16" in err and "`planner plan CLUSTER --model MODEL.yaml" in err, err
+    assert "--precision fp16`" in err and "inputs.training.precision to fp16" in err
+    assert "train with --precision" not in err

@@ -197,3 +197,45 @@ def test_exact_refuses_large_cases():
     prob = make_problem([UNIT] * 8, 16)
     with pytest.raises(ValueError, match="use the greedy"):
         exact(prob, 100.0)
+
+
+def test_whole_backward_ranks_solve_as_a_w_of_no_time_and_run_as_b():
+    """A rank the split backward would overflow runs B (planner.simulate.latency_rewrite): the
+    solvers order it with I taking the whole B and W no time, and the lists written with B
+    there re-time to the same makespan, hold no micro-batch between I and W on that rank, and
+    beat no optimum the brute force over B orders finds."""
+    from planner.simulate.latency import peak_waiting_w, whole_backwards, with_whole_backwards
+
+    rng = random.Random(5)
+    for _ in range(4):
+        prob = _random_problem(rng, 3, 3)
+        whole = {rng.randrange(3)}
+        solved = with_whole_backwards(prob, whole)
+        g = greedy(solved)
+        sched = whole_backwards(g.schedule, whole)
+        validate(sched)
+        assert {a.kind for r in whole for a in sched.ranks[r]} == {"F", "B"}
+        assert all(peak_waiting_w(sched)[r] == 0 for r in whole)
+        assert retime(prob, sched).makespan_s == pytest.approx(g.makespan_s, rel=1e-12)
+        assert not over_cap(prob, sched)
+    prob = _random_problem(random.Random(3), 2, 2, 1)
+    solved = with_whole_backwards(prob, {1})
+    e = exact(solved, greedy(solved).makespan_s, time_limit_s=60)
+    assert e.status == "optimal"
+    best = retime(prob, whole_backwards(e.schedule, {1})).makespan_s
+    assert best == pytest.approx(e.makespan_s, abs=1e-9)
+    # brute force over the orders of rank 0 (split) and of rank 1 (F / B)
+    orders_b = [o for o in itertools.permutations([Action(k, 0, j) for j in range(2) for k in "FB"])
+                if all(o.index(Action("F", 0, j)) < o.index(Action("B", 0, j)) for j in range(2))]
+    brute = min(retime(prob, s).makespan_s for s in
+                (Schedule("all", 2, 1, 2, "loop", (a, b)) for a in _orders(2) for b in orders_b)
+                if not over_cap(prob, s) and _runs(prob, s))
+    assert best == pytest.approx(brute, abs=1e-6)
+
+
+def _runs(prob: LatencyProblem, sched: Schedule) -> bool:
+    try:
+        retime(prob, sched)
+    except ScheduleError:
+        return False
+    return True

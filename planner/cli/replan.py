@@ -18,6 +18,7 @@ from planner.cli.common import (
 
 # Not 1 (no feasible plan) nor 2 (bad input): CI can tell "re-deploy" from "broken".
 OLD_PLAN_INVALID_EXIT = 4
+NO_PLAN_EXIT = 1    # InfeasibleError's, as the CLI maps it (planner.errors)
 
 
 def gap_text(gap: float | None) -> str:
@@ -53,16 +54,22 @@ def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json,
     1: no plan fits the new cluster; 2: bad input, an old plan inconsistent in itself included
     (blocks, shares, batch, its model, a GPU type known nowhere: what no cluster change explains)."""
     from planner import api
+    from planner.errors import InfeasibleError
 
     if output:      # before the search, not after it
         check_writable(output)
     cluster = api.load_cluster(cluster_file)
     old = api.load_plan(plan_file)
     warn_precision(cluster, str(old.inputs.training.get("precision", "bf16")))
-    result = api.replan(cluster, old, time_limit_s=time_limit_s, profiles=profiles_dir, file=plan_file,
-                        migration_steps=migration_steps, max_moved_fraction=max_moved_fraction,
-                        deterministic=deterministic, work_budget=work_budget,
-                        calibration=calibration_path)
+    try:
+        result = api.replan(cluster, old, time_limit_s=time_limit_s, profiles=profiles_dir, file=plan_file,
+                            migration_steps=migration_steps, max_moved_fraction=max_moved_fraction,
+                            deterministic=deterministic, work_budget=work_budget,
+                            calibration=calibration_path)
+    except InfeasibleError as exc:
+        if as_json:     # a CI gate reads stdout: it gets the verdict, not an empty page
+            echo_json({"status": "no-plan", "exit_code": NO_PLAN_EXIT, "reason": str(exc)})
+        raise
     new_ev = result.evaluation
     warn_wall_clock(result.search.report, time_limit_s)
     if output:
@@ -82,6 +89,8 @@ def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json,
         "rejected": result.rejected,
         "devices_kept_in_stage": result.kept_devices,
         "devices_moved": result.moved_devices,
+        "devices_added": result.added_devices,
+        "devices_removed": result.removed_devices,
         "solver_status": result.search.report.status,
         # the old plan was the search's first incumbent: nothing beat it when true
         "search_kept_old_plan": bool((result.search.report.model_extra or {}).get("answer_is_given", False)),
@@ -110,7 +119,8 @@ def replan(cluster_file, plan_file, time_limit_s, output, profiles_dir, as_json,
                   + f"; the fresh plan would move {result.fresh.migration.moved_bytes / 1e9:,.3g} GB")
         for line in result.rejected:
             out.print(f"  not taken: {line}")
-        out.print(f"{result.kept_devices} devices keep their stage, {len(result.moved_devices)} move")
+        out.print(f"{result.kept_devices} devices keep their stage, {len(result.moved_devices)} move to another "
+                  f"stage, {len(result.added_devices)} added, {len(result.removed_devices)} removed")
         if output:
             out.print(f"wrote {output}")
     click.get_current_context().exit(0 if result.old_valid else OLD_PLAN_INVALID_EXIT)

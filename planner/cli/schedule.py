@@ -44,16 +44,7 @@ def schedule(cluster_file, plan_file, latency_aware, exact, memory_cap, time_lim
                                profiles=profiles_path, file=plan_file)
     caps = ",".join(map(str, res.memory_cap)) if len(set(res.memory_cap)) > 1 else str(res.memory_cap[0])
     if not res.after.fits:
-        # a plan evaluate rejects is no plan to write (found by scripts/fuzz_plans.py: a one-stage
-        # plan with full recompute, whose split backward keeps every block's weight-op gradients
-        # from I to W, needed 136 GiB of 37)
-        raise InfeasibleError(
-            f"{plan_file}: the latency-aware schedule does not fit in memory (its ranks hold up to {caps} "
-            "micro-batches from F until W, each keeping its weight-op gradients from I until W); nothing "
-            "written:\n  " + "\n  ".join(res.after.memory_problems)
-            + ("\ntry a smaller --memory-cap" if max(res.memory_cap) > 1 else
-               "\nat one micro-batch a rank no order holds less: keep the plan's own schedule, or plan with "
-               "more stages"))
+        raise InfeasibleError(_does_not_fit(plan_file, res))
     if output:
         write_atomic(output, res.plan.dumps())
     if as_json:
@@ -66,6 +57,9 @@ def schedule(cluster_file, plan_file, latency_aware, exact, memory_cap, time_lim
     out.print(f"after:  latency-aware ({res.method}, memory cap {caps} micro-batches a rank), pipeline "
               f"{a.pipeline_time_s:.4f} s; iteration {a.iteration_time_s:.4f} s "
               f"({b.iteration_time_s / a.iteration_time_s:.3f}x)")
+    if res.whole_backward_stages:
+        out.print(f"stage(s) {_listed(res.whole_backward_stages)} run whole backwards (B, not I then W): "
+                  "split, their weight-op gradients held from I until W would not fit memory")
     if res.exact is None:
         out.print(f"greedy ({res.greedy_rule}): {res.greedy_s:.4f} s; --exact for its gap to the optimum")
     else:
@@ -75,3 +69,28 @@ def schedule(cluster_file, plan_file, latency_aware, exact, memory_cap, time_lim
                   f"{e.bound_s:.4f} s, {e.wall_s:.1f} s): gap {100 * res.gap:.2f}%")
     if output:
         out.print(f"wrote {output}")
+
+
+def _listed(stages) -> str:
+    return ", ".join(map(str, stages))
+
+
+def _does_not_fit(plan_file: str, res) -> str:
+    """Why the rewrite does not fit and what could help: a smaller cap only where an
+    overflowing rank holds more than one micro-batch (at one, no order holds less)."""
+    over = sorted(res.over_memory_stages)
+    caps = {s: res.memory_cap[s] for s in over}
+    whole = [s for s in over if s in res.whole_backward_stages]
+    text = (f"{plan_file}: the latency-aware schedule does not fit in memory; nothing written:\n  "
+            + "\n  ".join(res.after.memory_problems))
+    if whole:
+        text += (f"\nstage(s) {_listed(whole)} already run whole backwards (B), holding no weight-op "
+                 "gradients past their backward; what overflows is the activations of the micro-batches "
+                 "they hold from F until B")
+    if not res.before.fits:
+        return text + f"\n{plan_file} itself does not fit ({res.before.schedule}): fix the plan first"
+    if any(cap > 1 for cap in caps.values()):
+        return text + ("\ntry a smaller --memory-cap (caps on the overflowing stages: "
+                       + ", ".join(f"stage {s}: {c}" for s, c in caps.items()) + ")")
+    return text + ("\nat one micro-batch a rank no order holds less: keep the plan's own schedule, or plan "
+                   "with more stages")

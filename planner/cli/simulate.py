@@ -12,7 +12,7 @@ from rich.text import Text
 from planner.cli.common import console, echo_json, warn_precision
 from planner.cli.tables import Table
 
-_STYLE = {"fwd": "cyan", "bwd": "magenta", "wgt": "green", "send": "yellow", "idle": "dim"}
+_STYLE = {"fwd": "cyan", "bwd": "magenta", "wgt": "green", "send": "yellow", "sync": "red", "idle": "dim"}
 
 
 def _suffix(*allowed: str, what: str = ""):
@@ -119,7 +119,9 @@ def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int, profi
     out.print(f"timeline, 0 .. {r.makespan_s:.3f} s ([cyan]forward[/cyan] / [magenta]backward[/magenta]: "
               "micro-batch digit"
               + (", [green]weight gradient[/green]" if r.schedule in ("zb-h1", "zb-v", "dualpipev", "latency-aware") else "")
-              + ", [yellow]>[/yellow] send, . idle)")
+              + ", [yellow]>[/yellow] send"
+              + (", [red]=[/red] pair gradient all-reduce beside compute" if r.pair_syncs else "")
+              + ", . idle)")
     for i, row in enumerate(api.timeline_rows(r, width)):
         line = Text(f"stage {i:>2} |")
         for char, kind in row:

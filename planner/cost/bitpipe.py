@@ -31,10 +31,12 @@ def run(stages, num_micro_batches: int):
     return execute(_schedule(len(stages), num_micro_batches), rank_stage_times(stages), check=False)
 
 
-def pair_sync_finish_s(stages, execution) -> list[float]:
-    """Per pair (r, p-1-r), r < p/2: when its last chunk all-reduce ends.  A chunk of plan
-    share q is half of ``stages[q].pair_sync_s``; it is ready when both pipelines' last
-    backward of its stage is done."""
+def pair_syncs(stages, execution) -> list:
+    """Every chunk all-reduce of every pair (r, p-1-r), r < p/2, as ``PairSync``: a chunk of
+    plan share q is half of ``stages[q].pair_sync_s``; it is ready when both pipelines' last
+    backward of its stage is done, and a pair's all-reduces queue on its one link."""
+    from planner.simulate.executor import PairSync
+
     sched = execution.schedule
     p, S = sched.num_ranks, sched.num_stages
     last_b: dict[int, float] = {}
@@ -46,18 +48,36 @@ def pair_sync_finish_s(stages, execution) -> list[float]:
         jobs = []
         for stage in (r, S - 1 - r, p - 1 - r, p + r):     # the four stages the pair holds
             share = stage if stage < p else S - 1 - stage
-            jobs.append((last_b.get(stage, 0.0), float(getattr(stages[share], "pair_sync_s", 0.0)) / 2))
-        link_free = 0.0
-        for ready, secs in sorted(jobs):
-            link_free = max(link_free, ready) + secs
-        out.append(link_free)
-    return out
+            jobs.append((last_b.get(stage, 0.0), float(getattr(stages[share], "pair_sync_s", 0.0)) / 2, stage))
+        link_free_s = 0.0
+        for ready_s, secs, stage in sorted(jobs):
+            start_s = max(link_free_s, ready_s)
+            link_free_s = start_s + secs
+            out.append(PairSync((r, p - 1 - r), stage, start_s, link_free_s))
+    return sorted(out, key=lambda s: (s.start_s, s.ranks))
+
+
+def pair_sync_finish_s(stages, execution) -> list[float]:
+    """Per pair (r, p-1-r), r < p/2: when its last chunk all-reduce ends."""
+    finish: dict[int, float] = {}
+    for sync in pair_syncs(stages, execution):
+        finish[sync.ranks[0]] = max(finish.get(sync.ranks[0], 0.0), sync.end_s)
+    return [finish[r] for r in sorted(finish)]
+
+
+def with_pair_syncs(stages, execution):
+    """``execution`` with its pair all-reduces and the makespan they extend: the pipeline time
+    the cost model prices, so a timeline or trace of it shows what the table reports."""
+    from dataclasses import replace
+
+    syncs = pair_syncs(stages, execution)
+    return replace(execution, makespan_s=max([execution.makespan_s, *(s.end_s for s in syncs)]),
+                   pair_syncs=[s for s in syncs if s.end_s > s.start_s])
 
 
 def pipeline_time_s(stages, num_micro_batches: int) -> float:
     """Executor makespan plus the exposed pair all-reduce (module docstring)."""
-    execution = run(stages, num_micro_batches)
-    return max([execution.makespan_s, *pair_sync_finish_s(stages, execution)])
+    return with_pair_syncs(stages, run(stages, num_micro_batches)).makespan_s
 
 
 def in_flight_micro_batches(p: int, m: int) -> list[float]:

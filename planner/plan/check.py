@@ -286,7 +286,7 @@ def _check_actions(plan: Plan, report: _Report) -> None:
     if lists is None:
         report.add(("pipeline_actions",), "schedule latency-aware needs pipeline_actions: per stage, its "
                                           "ordered actions ('F0.3' = forward of micro-batch 3; I, W the "
-                                          "backward's halves); `planner schedule CLUSTER PLAN "
+                                          "backward's halves, B a whole one); `planner schedule CLUSTER PLAN "
                                           "--latency-aware` writes them")
         return
     from planner.simulate.actions import ScheduleError, validate
@@ -315,8 +315,8 @@ def _check_actions(plan: Plan, report: _Report) -> None:
         validate(plan_schedule(plan))
     except ScheduleError as exc:
         report.add(("pipeline_actions",), f"the action lists are not a complete schedule: {exc} "
-                                          "(every stage needs F, I and W of each micro-batch once, "
-                                          "in an order that can run)")
+                                          "(every stage needs F of each micro-batch once and either its "
+                                          "B or its I and W, in an order that can run)")
 
 
 def plan_training(plan: Plan, file: str = "<plan>") -> Training:

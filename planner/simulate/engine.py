@@ -72,6 +72,7 @@ class SimResult:
     virtual_stages: int
     busy_s: list[float] = field(default_factory=list)          # compute per stage
     max_in_flight: list[int] = field(default_factory=list)     # micro-batches holding activations
+    pair_syncs: list = field(default_factory=list)   # BitPipe's pair all-reduces (executor.PairSync)
 
     @property
     def bubble_s(self) -> list[float]:

@@ -84,15 +84,28 @@ class ActionRun:
     end_s: float
 
 
+@dataclass(frozen=True)
+class PairSync:
+    """A gradient all-reduce between the two ranks that hold the same weights (BitPipe's pair
+    r, p-1-r) for one ``stage`` of a pipeline, both pipelines' copies.  It runs on the pair's
+    link beside compute, so it is drawn and traced apart from the ranks' actions."""
+
+    ranks: tuple[int, int]
+    stage: int
+    start_s: float
+    end_s: float
+
+
 @dataclass
 class Execution:
     schedule: Schedule
-    makespan_s: float
+    makespan_s: float                             # the last action, send or pair sync to end
     actions: list[ActionRun]                      # compute, by rank then list order
     sends: list[ActionRun]                        # between ranks, by start time
     busy_s: list[float] = field(default_factory=list)            # compute per rank
     peak_in_flight: list[int] = field(default_factory=list)      # F done, B / W not yet
     peak_before_input_grad: list[int] = field(default_factory=list)  # F done, B / I not yet
+    pair_syncs: list[PairSync] = field(default_factory=list)     # BitPipe only, by start time
 
     @property
     def idle_s(self) -> list[float]:

@@ -144,6 +144,35 @@ def peak_waiting_w(sched: Schedule) -> list[int]:
     return _peak_held(sched, "I", ("W",))
 
 
+def with_whole_backwards(problem: LatencyProblem, ranks) -> LatencyProblem:
+    """``problem`` where each of ``ranks`` runs its backward whole: its I takes the whole B and
+    its W no time, so any solver's I / W order there is a B order (``whole_backwards`` writes
+    it so) at the same times.  A W of no time after its I never costs time or memory a B would
+    not, so the solvers need no notion of B."""
+    from dataclasses import replace
+
+    whole = set(ranks)
+    stages = tuple(replace(st, backward_input_s=st.full_backward_s, backward_weight_s=0.0, backward_s=None)
+                   if r in whole else st for r, st in enumerate(problem.stages))
+    return replace(problem, stages=stages)
+
+
+def whole_backwards(sched: Schedule, ranks) -> Schedule:
+    """``sched`` with each of ``ranks``' I written as a B and its W dropped (the split
+    backward holds its weight-op gradients from I until W; a whole backward does not)."""
+    from dataclasses import replace
+
+    from planner.simulate.actions import Action
+
+    whole = set(ranks)
+    if not whole:
+        return sched
+    lists = tuple(tuple(Action("B", a.chunk, a.micro_batch) if a.kind == "I" else a
+                        for a in acts if a.kind != "W") if r in whole else acts
+                  for r, acts in enumerate(sched.ranks))
+    return replace(sched, ranks=lists)
+
+
 class _LinkSends:
     """The module docstring's links for ``actions.execute``: non-blocking sends, one after
     another on each directed link, arriving ``latency_s`` after they leave it."""

@@ -3,7 +3,8 @@ problem of a priced plan (stage times from planner.cost, link latencies from the
 
 ``pipeline_actions`` holds, per stage (one stage per rank), the actions as ``Action`` writes
 them: ``"F0.3"`` is the forward of chunk 0 on micro-batch 3; ``I`` and ``W`` the backward's
-input- and weight-gradient halves.  The plan carries the lists so that launchers run exactly
+input- and weight-gradient halves, ``B`` a whole backward (a rank where the split's held
+weight-op gradients would not fit memory: planner.simulate.latency_rewrite).  The plan carries the lists so that launchers run exactly
 what was scheduled and the cost model prices that order, not a regenerated one.
 """
 
@@ -15,14 +16,14 @@ from collections.abc import Sequence
 from planner.simulate.actions import Action, Schedule
 from planner.simulate.latency import SCHEDULE_NAME, LatencyProblem, make_problem
 
-_ACTION = re.compile(r"^(?P<kind>[FIW])(?P<chunk>0|[1-9][0-9]*)\.(?P<mb>0|[1-9][0-9]*)$")
+_ACTION = re.compile(r"^(?P<kind>[FBIW])(?P<chunk>0|[1-9][0-9]*)\.(?P<mb>0|[1-9][0-9]*)$")
 
 
 def parse_action(text: str) -> Action:
     """``"F0.3"`` -> ``Action("F", 0, 3)``; ``ValueError`` saying the form otherwise."""
     m = _ACTION.match(text) if isinstance(text, str) else None
     if m is None:
-        raise ValueError(f"{text!r} is not an action '<F|I|W><chunk>.<micro-batch>' such as 'F0.3'")
+        raise ValueError(f"{text!r} is not an action '<F|B|I|W><chunk>.<micro-batch>' such as 'F0.3'")
     return Action(m["kind"], int(m["chunk"]), int(m["mb"]))
 
 

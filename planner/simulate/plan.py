@@ -55,6 +55,8 @@ class PlanSimulation:
                        for i, s in enumerate(self.evaluation.stages)],
             "timeline": [_event(e) for e in r.timeline],
             "transfers": [_event(e) for e in r.transfers],
+            "pair_syncs": [{"ranks": list(e.ranks), "stage": e.stage, "start_s": e.start_s, "end_s": e.end_s}
+                           for e in r.pair_syncs],
         }
 
 
@@ -179,12 +181,13 @@ def latency_execution(cluster, plan, stage_timings):
 def simulate_bitpipe(stages, num_micro_batches: int) -> SimResult:
     """BitPipe (planner.simulate.bitpipe) on per-plan-stage timings, one row per rank (the plan's
     stage r is rank r); ``max_in_flight`` counts chunk activations (a chunk is half a stage's
-    share).  The makespan includes the exposed pair all-reduce, as the cost model's does."""
+    share).  The makespan includes the exposed pair all-reduce, as the cost model's does, and
+    ``pair_syncs`` holds the all-reduces so that the timeline shows what ends it."""
     from planner.cost import bitpipe
 
-    run = bitpipe.run(stages, num_micro_batches)
+    run = bitpipe.with_pair_syncs(stages, bitpipe.run(stages, num_micro_batches))
     result = _as_sim_result(run, "bitpipe", len(stages), num_micro_batches, 1, lambda a: a.rank)
-    result.makespan_s = max([run.makespan_s, *bitpipe.pair_sync_finish_s(stages, run)])
+    result.pair_syncs = list(run.pair_syncs)
     return result
 
 
@@ -201,7 +204,7 @@ def plan_execution(sim: PlanSimulation):
     if r.schedule == "bitpipe":
         from planner.cost import bitpipe
 
-        return bitpipe.run(sim.evaluation.stages, r.num_micro_batches)
+        return bitpipe.with_pair_syncs(sim.evaluation.stages, bitpipe.run(sim.evaluation.stages, r.num_micro_batches))
     sched = generate(r.schedule, r.num_stages, r.num_micro_batches, r.virtual_stages)
     if r.schedule in ACTION_SCHEDULES:  # the cost model's own I / W split
         return execute(sched, action_stage_times(sim.evaluation.stages, r.schedule))
@@ -212,7 +215,9 @@ def timeline_rows(result: SimResult, width: int = 80) -> list[list[tuple[str, st
     """A character grid of the timeline: per stage, ``width`` cells of (char, kind).
 
     Each cell shows what the stage does at the cell's midpoint: the micro-batch number (last
-    digit) of a forward or backward, ``>`` for a blocking send, ``.`` when idle.
+    digit) of a forward or backward, ``>`` for a blocking send, ``=`` for a BitPipe pair
+    all-reduce (it runs beside compute: shown where the rank neither computes nor sends),
+    ``.`` when idle.
     """
     width = max(1, width)
     span = result.makespan_s or 1.0
@@ -220,12 +225,12 @@ def timeline_rows(result: SimResult, width: int = 80) -> list[list[tuple[str, st
     for stage in range(result.num_stages):
         ops = [(e.start_s, e.end_s, str(e.micro_batch % 10), e.kind) for e in result.stage_events(stage)]
         sends = [(e.start_s, e.end_s, ">", "send") for e in result.transfers if e.stage == stage]
+        syncs = [(e.start_s, e.end_s, "=", "sync") for e in result.pair_syncs if stage in e.ranks]
         row = []
         for cell in range(width):
             t = (cell + 0.5) * span / width
             # ops first: with asynchronous sends a send overlaps the next op
-            hit = next((s for s in ops if s[0] <= t < s[1]), None) or \
-                next((s for s in sends if s[0] <= t < s[1]), None)
+            hit = next((s for layer in (ops, sends, syncs) for s in layer if s[0] <= t < s[1]), None)
             row.append((hit[2], hit[3]) if hit else (".", "idle"))
         rows.append(row)
     return rows

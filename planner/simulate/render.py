@@ -2,13 +2,16 @@
 
 - ``timeline_figure`` / ``write_timeline``: one row per rank (rank 0 on top), F / B / I / W
   blocks coloured and numbered by micro-batch (``mb`` or ``mb.chunk`` with several chunks per
-  rank), sends as thin yellow bars under the row, idle gaps left blank.  matplotlib is
+  rank), sends as thin yellow bars under the row, BitPipe's pair all-reduces as thin red bars
+  over both rows of the pair (they run beside compute and may end the iteration), idle gaps
+  left blank.  matplotlib is
   imported here, lazily: only a drawing needs it (``pip install matplotlib``, in the ``dev``
   extra).
 - ``chrome_trace`` / ``write_trace``: Chrome trace events (the JSON object form with
   ``traceEvents``; complete events ``ph: "X"`` with ``ts`` and ``dur`` in microseconds) that
   Perfetto (ui.perfetto.dev) and chrome://tracing open.  Process ``pid`` = rank; its compute
-  is thread ``tid`` = rank and its sends thread ``num_ranks + rank``, named by metadata events.
+  is thread ``tid`` = rank, its sends thread ``num_ranks + rank`` and its pair all-reduces
+  (BitPipe) thread ``2 * num_ranks + rank``, named by metadata events.
 """
 
 from __future__ import annotations
@@ -21,14 +24,18 @@ from planner.output_files import save_figure, write_staged
 from planner.simulate.actions import Execution
 
 COLOURS = {"F": "#4c9be8", "B": "#b065c9", "I": "#f08a3c", "W": "#5cb85c",
-           "send-F": "#e8c547", "send-B": "#c9a227"}
+           "send-F": "#e8c547", "send-B": "#c9a227", "sync": "#d9534f"}
 NAMES = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weights)",
-         "send-F": "send activation", "send-B": "send gradient"}
+         "send-F": "send activation", "send-B": "send gradient", "sync": "pair gradient all-reduce"}
 TIMELINE_SUFFIXES = (".png", ".svg")
 
 
 def _label(run: Execution, a) -> str:
     return f"{a.micro_batch}.{a.chunk}" if run.schedule.chunks > 1 else str(a.micro_batch)
+
+
+def _sync_label(sync) -> str:
+    return f"all-reduce stage {sync.stage} (ranks {sync.ranks[0]}+{sync.ranks[1]})"
 
 
 def _unit(span_s: float) -> tuple[str, float]:
@@ -69,12 +76,14 @@ def timeline_figure(run: Execution, title: str | None = None):
         ax.broken_barh([(x0, w)], (y, send_h), facecolors=COLOURS[s.kind], edgecolors="black", linewidth=0.3)
         if w > span / (width * 9):
             ax.text(x0 + w / 2, y + send_h / 2, str(s.micro_batch), ha="center", va="center", fontsize=5)
+    _draw_pair_syncs(ax, run, scale, span / width, height)
     ax.set_yticks(range(p))
     ax.set_yticklabels([f"rank {p - 1 - i}" for i in range(p)])
     ax.set_ylim(-0.8, p - 0.3)
     ax.set_xlim(0, span)
     ax.set_xlabel(f"time ({unit})")
-    kinds = sorted({a.kind for a in run.actions} | {s.kind for s in run.sends}, key=list(COLOURS).index)
+    kinds = sorted({a.kind for a in run.actions} | {s.kind for s in run.sends}
+                   | ({"sync"} if run.pair_syncs else set()), key=list(COLOURS).index)
     handles = [Patch(facecolor=COLOURS[k], edgecolor="black", label=NAMES[k]) for k in kinds]
     if run.schedule.chunks > 1:
         handles.append(Patch(facecolor="white", edgecolor="black", label="label: micro-batch.chunk, "
@@ -89,6 +98,21 @@ def timeline_figure(run: Execution, title: str | None = None):
     ax.grid(axis="x", linestyle=":", linewidth=0.5)
     fig.tight_layout()
     return fig
+
+
+def _draw_pair_syncs(ax, run: Execution, scale: float, inch_span: float, height: float) -> None:
+    """Each pair all-reduce as a thin bar over the compute row of both ranks of its pair,
+    labelled by stage where it is wide enough (``inch_span``: the time one inch covers)."""
+    sync_h = 0.13
+    for sync in run.pair_syncs:
+        x0, w = sync.start_s * scale, (sync.end_s - sync.start_s) * scale
+        for rank in sync.ranks:
+            y = run.schedule.num_ranks - 1 - rank + height / 2 + 0.02
+            ax.broken_barh([(x0, w)], (y, sync_h), facecolors=COLOURS["sync"], edgecolors="black", linewidth=0.3)
+            # the longest label that fits: about 14 characters of 5 pt text per inch
+            fits = [t for t in (_sync_label(sync), f"stage {sync.stage}") if w > inch_span * len(t) / 14]
+            if fits:
+                ax.text(x0 + w / 2, y + sync_h / 2, fits[0], ha="center", va="center", fontsize=5, color="white")
 
 
 def write_timeline(run: Execution, path: str | Path, title: str | None = None) -> Path:
@@ -114,6 +138,9 @@ def chrome_trace(run: Execution) -> dict:
         events.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": r, "args": {"sort_index": r}})
         events.append({"ph": "M", "name": "thread_name", "pid": r, "tid": r, "args": {"name": "compute"}})
         events.append({"ph": "M", "name": "thread_name", "pid": r, "tid": p + r, "args": {"name": "sends"}})
+        if run.pair_syncs:
+            events.append({"ph": "M", "name": "thread_name", "pid": r, "tid": 2 * p + r,
+                           "args": {"name": "pair all-reduce"}})
     for a in run.actions:
         events.append({"name": f"{a.kind}{_label(run, a)}", "cat": a.kind, "ph": "X", "pid": a.rank,
                        "tid": a.rank, "ts": a.start_s * 1e6, "dur": (a.end_s - a.start_s) * 1e6,
@@ -124,6 +151,11 @@ def chrome_trace(run: Execution) -> dict:
                        "tid": p + s.rank, "ts": s.start_s * 1e6, "dur": (s.end_s - s.start_s) * 1e6,
                        "args": {"from_stage": s.stage, "to_stage": s.stage + (1 if s.kind == "send-F" else -1),
                                 "micro_batch": s.micro_batch}})
+    for sync in run.pair_syncs:
+        for rank in sync.ranks:
+            events.append({"name": _sync_label(sync), "cat": "sync", "ph": "X", "pid": rank, "tid": 2 * p + rank,
+                           "ts": sync.start_s * 1e6, "dur": (sync.end_s - sync.start_s) * 1e6,
+                           "args": {"stage": sync.stage, "ranks": list(sync.ranks), "kind": NAMES["sync"]}})
     sched = run.schedule
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"schedule": sched.name, "ranks": p, "chunks_per_rank": sched.chunks,
