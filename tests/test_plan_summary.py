@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from planner.cli.main import main
-from planner.cli.plan import EGRESS_WARN_SHARE, cost_text, egress_warning
+from planner.cli.plan import EGRESS_WARN_SHARE, budget_warning, cost_text, egress_warning
+from planner.search.objectives import ObjectiveSpec
 
 CLUSTER = "cluster_specs/tiny-2gpu.yaml"
 BASE = ["plan", CLUSTER, "--model", "opt-350m", "--global-batch-size", "4", "--seq-len", "256",
@@ -36,6 +37,43 @@ def test_egress_over_a_fifth_of_the_cost_is_a_warning(egress, warned):
     if warned:
         assert text.startswith("warning: egress is") and f"{egress:,.2f} of 10.00 USD/hour" in text
     assert egress_warning(_ev(None, egress)) is None
+
+
+def test_a_plan_over_its_budget_with_egress_is_a_warning():
+    """The search holds node rent to the budget; egress can take the plan over it."""
+    budget = ObjectiveSpec(kind="throughput-under-budget", budget_usd_per_hour=40.0)
+    text = budget_warning(_ev(86.39, 47.39), budget)
+    assert text.startswith("warning: this plan costs 86.39 USD/hour, over the budget of 40.00")
+    assert "node rent to the budget (39.00 here)" in text and "egress (47.39" in text
+    assert budget_warning(_ev(40.0, 5.0), budget) is None          # at the budget, egress included
+    assert budget_warning(_ev(86.39, 47.39), ObjectiveSpec()) is None     # no budget asked
+    assert budget_warning(_ev(None, 0.0), budget) is None
+
+
+TWO_ZONES_EGRESS = """name: twoz
+zones:
+  - {name: za, region: r1}
+  - {name: zb, region: r2}
+nodes:
+  - {name: a, count: 2, zone: za, gpu: A100-SXM4-80GB, gpus_per_node: 4, network_bandwidth: 100 Gbit/s, price_per_hour: 14}
+  - {name: b, count: 2, zone: zb, gpu: A100-SXM4-40GB, gpus_per_node: 4, network_bandwidth: 100 Gbit/s, price_per_hour: 11}
+links:
+  - {between: [za, zb], bandwidth: 25 Gbit/s, latency: 10 ms, egress_price_per_gb: 0.02}
+"""
+
+
+def test_a_budget_answer_over_budget_through_egress_says_so(capsys, tmp_path):
+    """A metamorphic sweep's case: under a budget of 40 USD/hour the answer pipelines across
+    the priced zone link, 39 USD/hour of rent and 47 of egress; the run says it is over."""
+    cluster = tmp_path / "twoz.yaml"
+    cluster.write_text(TWO_ZONES_EGRESS)
+    args = ["plan", str(cluster), "--model", "llama3-8b", "--global-batch-size", "64", "--seq-len", "2048",
+            "--time-limit", "30", "--json", "--quiet"]
+    assert main([*args, "--budget-usd-per-hour", "40"]) == 0
+    captured = capsys.readouterr()
+    plan = json.loads(captured.out)
+    assert plan["predicted"]["usd_per_hour"] > 40.0, "the case no longer goes over: find another"
+    assert "over the budget of 40.00" in captured.err
 
 
 def test_a_tokens_per_s_floor_alone_selects_cost_above_floor(capsys):

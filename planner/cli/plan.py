@@ -143,6 +143,20 @@ def egress_warning(ev) -> str | None:
             "does not optimise egress (docs/search-space.md); a plan within one zone has none")
 
 
+def budget_warning(ev, spec) -> str | None:
+    """A warning when egress takes a budget plan over the budget: the budget bounds node rent
+    in the search (docs/search-space.md, "Objectives"), the plan's USD/hour counts egress too
+    (a metamorphic sweep: 86.39 USD/hour under a budget of 40, 47.39 of it egress)."""
+    budget = spec.budget_usd_per_hour
+    if budget is None or ev.usd_per_hour is None or ev.usd_per_hour <= budget * (1 + 1e-9):
+        return None
+    rent = ev.usd_per_hour - ev.egress_usd_per_hour
+    return (f"warning: this plan costs {ev.usd_per_hour:,.2f} USD/hour, over the budget of {budget:,.2f}: the "
+            f"search holds node rent to the budget ({rent:,.2f} here) and does not price egress "
+            f"({ev.egress_usd_per_hour:,.2f}; docs/search-space.md, Objectives); a plan within one zone has "
+            "none")
+
+
 def _run_line(rep) -> str:
     """How long the search ran and how far it got: stderr only, never the plan file."""
     found = getattr(rep, "answer_found_s", None)
@@ -318,8 +332,9 @@ def plan(cluster, model_name, training_path, global_batch_size, seq_len, precisi
     if not quiet:
         click.echo(_run_line(rep), err=True)
     warn_wall_clock(rep, time_limit_s)
-    if egress_warning(result.evaluation):
-        click.echo(egress_warning(result.evaluation), err=True)
+    for warning in (egress_warning(result.evaluation), budget_warning(result.evaluation, spec_obj)):
+        if warning:
+            click.echo(warning, err=True)
     if as_json:
         echo_json(best.to_json())
     elif not quiet:

@@ -190,7 +190,11 @@ def _space(training, launcher: str | None) -> str:
     if 3 in training.zero_stages:
         zero += " (reshard_after_forward " + "/".join(
             sorted({str(r).lower() for r in training.reshard_after_forward})) + ")"
-    space = (f"{stages}; contiguous uneven block ranges; per stage one node class, a TP degree "
+    # "whole nodes": the proof covers this space only, and a sweep found a cluster where a
+    # second identical node made the proved optimum slower (the one-node class's in-node
+    # pipeline left the space); the report says so rather than claim more
+    space = (f"{stages}; contiguous uneven block ranges; per stage one node class (whole nodes of a class "
+             "of several, GPU slices of a one-node class), a TP degree "
              f"(power of two up to {training.max_tp} within a node, dividing the heads), n replicas "
              "(the fewest giving their largest share), shares differing by at most one; "
              f"{sizes}; schedules " + ", ".join(map(_schedule_words, schedules_for(training, launcher)))
