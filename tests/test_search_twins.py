@@ -115,3 +115,28 @@ def test_warm_start_order_leaves_out_long_zb_h1_with_an_exact_twin():
     assert long_zb and all(has_exact_twin(index, x.knobs) for x in long_zb)
     # every tuple is still in the order once (the rest of ranked follows the firsts)
     assert sorted(x.index for x in order) == sorted(x.index for x in ranked)
+
+
+def test_warm_start_firsts_reach_a_steady_state_where_their_stage_count_can():
+    """Per stage count (more than two stages) the first tuple has m >= p where one exists,
+    however the ranking put the others: the bounds underrate a pipeline that never fills."""
+    *_, pricer, ranked, _ = _case()
+    # the pipelines without a steady state first, as the cheap bounds tended to put them
+    ranked = sorted(ranked, key=lambda x: x.knobs.num_micro_batches >= x.knobs.num_stages)
+    assert any(x.knobs.num_micro_batches < x.knobs.num_stages for x in ranked[:5] if x.knobs.num_stages > 2)
+    index = twin_index(ranked)
+
+    def no_bound(*args, **kw):
+        return 0.0
+
+    order = list(_warm_order(ranked, no_bound, Best(1), pricer, index))
+    n_enum = len({(x.knobs.num_stages, x.knobs.micro_batch_size, x.knobs.schedule) for x in ranked
+                  if x.knobs.num_stages <= 2})
+    longer = {x.knobs.num_stages for x in ranked if x.knobs.num_stages > 2}
+    firsts = order[n_enum:n_enum + len(longer)]
+    can = {x.knobs.num_stages for x in ranked if x.knobs.num_stages > 2
+           and x.knobs.num_micro_batches >= x.knobs.num_stages}
+    assert can, "the case has no steady pipeline of three or more stages: pick another"
+    for x in firsts:
+        assert x.knobs.num_micro_batches >= x.knobs.num_stages or x.knobs.num_stages not in can, x.knobs.label()
+    assert sorted(x.index for x in order) == sorted(x.index for x in ranked)

@@ -140,6 +140,11 @@ def _cannot_beat(knob_bound, knobs, ctx, keys, threshold: float) -> bool:
     return any(knob_bound(knobs, ctx, keys, enough=threshold, packed=level) >= threshold for level in levels)
 
 
+def _steady(knobs: Knobs) -> bool:
+    """Whether the pipeline reaches a steady state: at least as many micro-batches as stages."""
+    return knobs.num_micro_batches >= knobs.num_stages
+
+
 def _warm_order(ranked, knob_bound, best, pricer, twins: dict):
     """The warm start's tuples, diverse first: the best-ranked tuple of each stage count (the
     memory-free ranking favours long pipelines, whose memory limits it cannot see).
@@ -154,13 +159,22 @@ def _warm_order(ranked, knob_bound, best, pricer, twins: dict):
        after the 3-, 4-, 6- and 8-stage ones whose MILPs only lost time).
     3. The rest of ``ranked``.
 
+    A longer pipeline's first is one with at least as many micro-batches as stages where its
+    stage count has one (``_steady``): the memory-free and memory-aware bounds underrate the
+    fill of a pipeline that never reaches a steady state (bubble (p - 1) / (m + p - 1), over
+    half), so the best-ranked tuple of a stage count was often one of m = 3-6 on 6-13 stages
+    (c with zb-h1 alone: p = 8's was m = 3, whose plans are 2.426 s where m = 8 gives 1.932 s;
+    no warm-start MILP beat the 2.005-s baseline in 30 s, 1.918 s after).
+
     A longer ZB-H1 tuple with an exact twin (twin_plans.py) is not among the stage counts'
     firsts: its rows only bound its time, so it ranks first and its capped MILP rarely finds
     a plan (c: none in 2-3 s each, and the interleaved tuple that finds the answer's layout
     never ran); its plans come from the twins' layouts (``add_twins``).
     """
     first: dict[tuple, tuple] = {}
-    for item in ranked:
+    # per stage count a tuple that reaches a steady state first, where one does (stable: in
+    # the ranking's order otherwise)
+    for item in sorted(ranked, key=lambda x: x.knobs.num_stages > ENUM_STAGES and not _steady(x.knobs)):
         p = item.knobs.num_stages
         if p > ENUM_STAGES and item.knobs.schedule in BOUND_ONLY_TWINS and has_exact_twin(twins, item.knobs):
             continue
