@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass
 
 from planner.cost import evaluate, topology_for
-from planner.search.classes import class_infos
+from planner.search.classes import class_infos, per_node_view
 from planner.search.knobs import OptionKey, enumerate_knobs, tp_degrees
 from planner.search.mixed import mixed_keys
 from planner.search.naming import build_plan
@@ -57,10 +57,13 @@ def oracle(cluster, model, training, objective: str | ObjectiveSpec = "throughpu
            launcher: str | None = None, max_plans: int = 2_000_000) -> OracleResult:
     spec = parse_objective(objective) if isinstance(objective, str) else objective
     classes = class_infos(topology_for(cluster), training.precision)
+    views = [classes]
+    if not training.mixed_stages and per_node_view(classes):
+        # the search's second view (solve._per_node_too): every node its own class
+        views.append(class_infos(topology_for(cluster), training.precision, per_node=True))
     best_key, best = None, (None, None)
     count = unfit = 0
-    training.global_batch_size * training.seq_len
-    for knobs in enumerate_knobs(model, training, classes, launcher):
+    for classes, knobs in ((cs, k) for cs in views for k in enumerate_knobs(model, training, cs, launcher)):
         keys = _stage_keys(model, training, classes, knobs.micro_batch_size, knobs.context_parallel,
                            knobs.expert_parallel, knobs.zero_shard_degree)
         if launcher:

@@ -26,7 +26,7 @@ from planner.search.answer import SHORT_UNITS, SearchResult, finish
 from planner.search.background import BackgroundWarmStart, concurrent_allowed
 from planner.search.baselines import BASELINE_SHARE, admits, seed
 from planner.search.bound import KnobBound
-from planner.search.classes import class_infos, classes_without_bf16
+from planner.search.classes import class_infos, classes_without_bf16, per_node_view
 from planner.search.core import enum
 from planner.search.core.milp import MilpSettings
 from planner.search.floors import TupleFloors, floors_until
@@ -36,6 +36,7 @@ from planner.search.knobs import check_expert_degrees, enumerate_knobs
 from planner.search.mixed import class_pairs
 from planner.search.objectives import ObjectiveSpec, parse_objective
 from planner.search.per_tuple import loses_tie, prunes, solve_tuple
+from planner.search.phases import COUNTS, distinct, elapsed, own_wall_guard, rest_of_limit
 from planner.search.queue import BoundLevel, Pending, Ranked
 from planner.search.schedules import schedules_for
 from planner.search.space import Pricer
@@ -106,6 +107,8 @@ def _guarded(cluster, model, training, objective, time_limit_s, top_k, launcher,
     try:
         if training.mixed_stages and _has_mixed_stages(cluster, training):
             return _pure_first(cluster, model, training, objective, time_limit_s, top_k, launcher, state, options)
+        if not training.mixed_stages and per_node_view(class_infos(topology_for(cluster), training.precision)):
+            return _per_node_too(cluster, model, training, objective, time_limit_s, top_k, launcher, state, options)
         return _search(cluster, model, training, objective, time_limit_s, top_k, launcher, state=state, **options)
     except KeyboardInterrupt:
         _stop_background(state)
@@ -141,7 +144,7 @@ def _pure_first(cluster, model, training, objective, time_limit_s, top_k, launch
     other one.  The bound and gap are the second phase's, over the whole space."""
     check_args(training, time_limit_s, top_k, launcher)     # before the first phase, which runs without them
     work = clock.active()       # a deterministic search's: the phases count its work, not seconds
-    wall_t0, t0 = time.monotonic(), _elapsed(work)
+    wall_t0, t0 = time.monotonic(), elapsed(work)
     pure = training.model_copy(update={"mixed_stages": False})
     # Until the second phase has its own state (_search pops it), a Ctrl-C or a watch reads
     # the first phase's bounds, which cover only its subspace (_guarded, watch.py)
@@ -152,21 +155,10 @@ def _pure_first(cluster, model, training, objective, time_limit_s, top_k, launch
     except InfeasibleError:
         first = None    # no plan without mixed stages (the memory they pool may be what fits)
     seeds = list(state["best"].items) if first is not None else []
-    # the rest of the limit, in the clock the deadlines read (work under --deterministic)
-    used = _elapsed(work) - t0
-    rest_s = max(time_limit_s - used, MIXED_REST_MIN_SHARE * time_limit_s)
-    # The first phase's wall guard (its share of the limit) is not the second's: the second
-    # gets the whole search's, and the guard's flag is cleared for it (set, it left the second
-    # phase's MILPs no nodes while its clock still ran) and reported all the same
-    wall_bound = work is not None and work.wall_clock_bound
-    if work is not None:
-        work.wall_clock_bound = False
-    try:
+    used, rest_s = rest_of_limit(work, t0, time_limit_s)
+    with own_wall_guard(work):
         result = _search(cluster, model, training, objective, rest_s, top_k, launcher, state=state, seeds=seeds,
                          wall_stop_at=wall_t0 + time_limit_s - _finish_s(time_limit_s, cluster), **options)
-    finally:
-        if wall_bound:
-            work.wall_clock_bound = True
     top = state["best"].items[0]
     from_pure = any(c is top for c in seeds)
     report = result.report.model_dump()
@@ -176,6 +168,57 @@ def _pure_first(cluster, model, training, objective, time_limit_s, top_k, launch
         extra["answer_found_s"] = found if from_pure else found + extra["wall_s"] - report["wall_s"]
     result.report = SolverReport(**{**report, **extra})
     return result
+
+
+def _per_node_too(cluster, model, training, objective, time_limit_s, top_k, launcher, state: dict,
+                  options: dict) -> SearchResult:
+    """A small cluster with a class of several nodes, searched in two views (classes.per_node_view):
+    as classes (stages take whole nodes) for PER_NODE_FIRST_SHARE of the limit, or less
+    where proved sooner, then per node (stages share a node, none spans two) with the rest,
+    the first view's plans given whole as its first incumbents (given.py) and its bound kept:
+    the answer is the better view's, the bound the lesser of the two."""
+    check_args(training, time_limit_s, top_k, launcher)
+    work = clock.active()
+    wall_t0, t0 = time.monotonic(), elapsed(work)
+    given = list(options.pop("incumbents", None) or ())       # a replan's old plan: both views get it
+    state.update(subspace=True)     # a Ctrl-C in the first view: its bounds are not the union's
+    try:
+        first = _search(cluster, model, training, objective, PER_NODE_FIRST_SHARE * time_limit_s, top_k, launcher,
+                        state=state, incumbents=given, **options)
+    except InfeasibleError as exc:
+        first, no_plan = None, exc
+    used, rest_s = rest_of_limit(work, t0, time_limit_s)
+    bound = first.report.bound if first is not None else math.inf     # no plan: none to bound
+    with own_wall_guard(work):
+        try:
+            # twice the plans asked: some repeat others up to a swap of identical nodes (_distinct)
+            result = _search(cluster, model, training, objective, rest_s, 2 * top_k if top_k > 1 else 1, launcher,
+                             state=state, incumbents=given + (first.plans if first is not None else []), per_node=True,
+                             outer_bounds=[0.0 if bound is None else bound],
+                             wall_stop_at=wall_t0 + time_limit_s - _finish_s(time_limit_s, cluster), **options)
+        except InfeasibleError:
+            if first is None:
+                raise no_plan from None     # the view as classes explains it (whole nodes, as documented)
+            raise
+    top = state["best"].items[0]
+    from_first = first is not None and any(top.plan is p for p in first.plans)
+    report = result.report.model_dump()
+    extra = {"wall_s": time.monotonic() - wall_t0, "per_node_view": True, "class_view_s": used,
+             "answer_from_class_view": from_first}
+    # "given" means the caller's plans (a replan's old one), not the first view's
+    kept = [p for p in given if top.plan is p] or (
+        [True] if from_first and first.report.model_extra.get("answer_is_given") and top.plan is first.plans[0] else [])
+    for key in ("given_incumbents", "answer_is_given"):
+        report.pop(key, None)
+    if given:
+        extra.update(given_incumbents=len(given), answer_is_given=bool(kept))
+    if first is not None:       # the work of both views
+        extra.update({k: report[k] + getattr(first.report, k) for k in COUNTS})
+    found = (first.report if from_first else result.report).model_extra.get("answer_found_s")
+    if found is not None:       # the second view's times count from its own start
+        extra["answer_found_s"] = found if from_first else found + extra["wall_s"] - report["wall_s"]
+    result.report = SolverReport(**{**report, **extra})
+    return distinct(result, topology_for(cluster), top_k)
 
 
 def _finish_s(time_limit_s: float, cluster) -> float:
@@ -191,14 +234,8 @@ def _has_mixed_stages(cluster, training) -> bool:
     return bool(class_pairs(class_infos(topology_for(cluster), training.precision)))
 
 
-def _elapsed(work) -> float:
-    """Seconds of the clock the deadlines read: the work done under a deterministic search's
-    clock (not inf past its wall guard, as ``clock.now()`` is), else the wall clock."""
-    return time.monotonic() if work is None else work.units * work.seconds_per_unit
-
-
 MIXED_PURE_SHARE = 0.3      # of the time limit, for the space without mixed stages first (_pure_first)
-MIXED_REST_MIN_SHARE = 0.3  # the whole space's phase gets at least this share, whatever the first took
+PER_NODE_FIRST_SHARE = 0.5  # of the time limit, for the view as classes first (_per_node_too)
 
 
 def _stop_background(state: dict) -> None:
@@ -214,7 +251,8 @@ def _stop_background(state: dict) -> None:
 def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, *, state: dict,
             budget_usd_per_hour: float | None = None, min_tokens_per_s: float | None = None, profiles=None,
             gap_rel: float = 0.0, progress: Callable[[str], None] | None = None, incumbents=(),
-            seeds=(), wall_stop_at: float | None = None) -> SearchResult:
+            seeds=(), wall_stop_at: float | None = None, per_node: bool = False,
+            outer_bounds: tuple | list = ()) -> SearchResult:
     wall_t0 = time.monotonic()
     check_args(training, time_limit_s, top_k, launcher)
     spec = parse_objective(objective, budget_usd_per_hour, min_tokens_per_s)
@@ -228,7 +266,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     t0 = clock.now()
     deadline = t0 + time_limit_s - finish_s
     topo = topology_for(cluster)
-    classes = class_infos(topo, training.precision)
+    classes = class_infos(topo, training.precision, per_node=per_node)
     no_bf16 = classes_without_bf16(topo) if training.precision == "bf16" else []
     if not classes:
         raise InfeasibleError(f"no GPU type of cluster {cluster.name!r} computes in bf16 "
@@ -243,7 +281,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     knobs_list = enumerate_knobs(model, training, classes, launcher)
     settings = MilpSettings(time_limit_s=time_limit_s, gap_rel=gap_rel)
     best = Best(top_k)
-    bounds: list[float] = []
+    bounds: list[float] = list(outer_bounds)    # a first phase's (_per_node_too): the answer's bound is the least
     stats = SearchStats(knobs=len(knobs_list))
     # plans given whole (a replan's old plan) first: their value is the cutoff from the start
     for cand in given_candidates(cluster, model, training, spec, incumbents, profiles,
@@ -254,7 +292,7 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
         best.add(cand)
     state.update(cluster=cluster, model=model, training=training, spec=spec, classes=classes, best=best,
                  bounds=bounds, stats=stats, t0=wall_t0, profiles=profiles, launcher=launcher)
-    if training.mixed_stages:       # a mixed search's second phase: its bounds are the space's now
+    if training.mixed_stages or per_node:   # a second phase: its bounds are the whole space's now
         state.pop("subspace", None)
     inputs = TupleInputs(pricer, launcher, spec)
     say = progress or (lambda msg: None)

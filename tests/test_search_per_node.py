@@ -1,0 +1,104 @@
+"""The per-node view (classes.per_node_view, solve._per_node_too): on a small cluster with a
+class of several nodes the search also takes every node as its own class, shared GPU by GPU,
+so a pipeline inside one node stays in the space when a second identical node joins (a
+metamorphic sweep: 2 x 4 L4 on 1 Gbit/s answered 6.098 s "optimal" where one node alone gave
+5.831 s).  The oracle enumerates both views, and the search matches it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from planner.cost import topology_for
+from planner.search import oracle as oracle_module
+from planner.search import solve
+from planner.search.classes import PER_NODE_MAX_CLASSES, class_infos, per_node_view
+from planner.search.phases import up_to_identical_nodes
+from planner.spec import Training, cluster_from_dict, load_model
+
+GPU = {"name": "g", "memory": "2.0 GiB", "peak_tflops": 30, "memory_bandwidth": "900 GB/s",
+       "intra_node_bandwidth": "300 GB/s", "price_per_hour": 1.0}
+MODEL = {"name": "tiny", "num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "vocab_size": 32000,
+         "mlp": "swiglu"}
+TRAINING = Training(global_batch_size=8, seq_len=1024, schedules=("1f1b",), recompute_modes=("none",),
+                    zero_stages=(0,), max_tp=2, max_stages=4)
+
+
+def _cluster(count: int, gpus_per_node: int = 4, network: str = "1 Gbit/s"):
+    node = {"name": "n", "gpus_per_node": gpus_per_node, "network_bandwidth": network, "gpu": GPU}
+    return cluster_from_dict({"name": f"pn{count}", "nodes": [node | {"count": count}]})
+
+
+def test_search_matches_the_oracle_over_both_views_where_the_node_view_wins():
+    """Two 4-GPU nodes on 1 Gbit/s: the plans that pipeline inside one node are 2.5x faster
+    than any of the view as classes (whole nodes per stage); the search finds the union's
+    optimum and proves it."""
+    cluster, model = _cluster(2), load_model(MODEL)
+    ref = oracle_module.oracle(cluster, model, TRAINING)
+    classes_only = _oracle_without_node_view(cluster, model).value
+    assert ref.value < classes_only * 0.5       # not vacuous: the node view holds the answer
+    res = solve(cluster, model, TRAINING, time_limit_s=60)
+    assert res.report.status == "optimal"
+    assert math.isclose(res.report.objective, ref.value, rel_tol=1e-9)
+    extra = res.report.model_extra
+    assert extra["per_node_view"] is True and extra["answer_from_class_view"] is False
+    assert "answer_is_given" not in extra        # the first view's plans are not the caller's
+
+
+def _oracle_without_node_view(cluster, model):
+    saved = oracle_module.per_node_view
+    oracle_module.per_node_view = lambda classes: False
+    try:
+        return oracle_module.oracle(cluster, model, TRAINING)
+    finally:
+        oracle_module.per_node_view = saved
+
+
+def test_a_second_identical_node_never_makes_the_answer_slower():
+    """The sweep's relation: more resources never hurt a proved optimum."""
+    model = load_model(MODEL)
+    one = solve(_cluster(1), model, TRAINING, time_limit_s=60)
+    two = solve(_cluster(2), model, TRAINING, time_limit_s=60)
+    assert one.report.status == two.report.status == "optimal"
+    assert two.report.objective <= one.report.objective * (1 + 1e-9)
+    assert "per_node_view" not in one.report.model_extra      # one node: shared GPU by GPU already
+
+
+@pytest.mark.parametrize("count, taken", [(1, False), (2, True), (PER_NODE_MAX_CLASSES, True),
+                                          (PER_NODE_MAX_CLASSES + 1, False)])
+def test_the_node_view_is_taken_for_small_clusters_with_a_class_of_several_nodes(count, taken):
+    classes = class_infos(topology_for(_cluster(count)), "bf16")
+    assert per_node_view(classes) is taken
+    split = class_infos(topology_for(_cluster(count)), "bf16", per_node=True)
+    assert len(split) == count and all(c.shared_node for c in split)
+    assert sorted(n for c in split for n in c.node_class.node_names) == sorted(classes[0].node_class.node_names)
+
+
+def test_a_given_plan_is_reported_kept_only_when_it_is_the_answer():
+    """A replan gives its old plan to both views: ``answer_is_given`` says whether the answer is
+    that plan, not whether it came from the first view."""
+    cluster, model = _cluster(2), load_model(MODEL)
+    best = solve(cluster, model, TRAINING, time_limit_s=60)
+    again = solve(cluster, model, TRAINING, time_limit_s=60, incumbents=[best.plan])
+    assert again.report.model_extra["answer_is_given"] is True
+    assert math.isclose(again.report.objective, best.report.objective, rel_tol=1e-12)
+    slow = _oracle_without_node_view(cluster, model)      # the best plan of whole nodes per stage
+    assert slow.value > best.report.objective * 1.01
+    given_slow = solve(cluster, model, TRAINING, time_limit_s=60, incumbents=[slow.plan])
+    extra = given_slow.report.model_extra
+    assert extra["answer_is_given"] is False and extra["given_incumbents"] == 1
+    assert math.isclose(given_slow.report.objective, best.report.objective, rel_tol=1e-9)
+
+
+def test_top_plans_of_both_views_are_distinct_and_in_order():
+    """A plan of one view can be one of the other too (a stage on one node), and in the node
+    view a layout on the second of two identical nodes repeats one on the first: each is listed
+    once, and the list still holds the plans asked for."""
+    cluster = _cluster(2)
+    res = solve(cluster, load_model(MODEL), TRAINING, time_limit_s=60, top_k=6)
+    topo = topology_for(cluster)
+    shapes = [up_to_identical_nodes(p, topo) for p in res.plans]
+    assert len(shapes) == len(set(shapes)) == 6
+    times = [ev.iteration_time_s for ev in res.evaluations]
+    assert times == sorted(times)
