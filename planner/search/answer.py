@@ -12,7 +12,7 @@ from planner.cost.flops import model_flops_per_iteration
 from planner.errors import InfeasibleError
 from planner.plan import Plan
 from planner.plan.model import SolverReport
-from planner.search.classes import classes_without_bf16
+from planner.search.classes import class_infos, classes_without_bf16
 from planner.search.core.problem import relative_gap
 from planner.search.diagnose import explain_infeasible
 from planner.search.given import as_answer
@@ -58,6 +58,9 @@ def finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pro
         plans.append(plan)
         evals.append(ev)
     top = best.items[0]
+    # the classes as the user's nodes group (not the per-node view's, classes.per_node_view):
+    # its idle GPUs are told per class of identical nodes
+    as_classes = class_infos(topology_for(cluster), training.precision)
     time_like = spec.kind in ("throughput", "throughput-under-budget")
     value = evals[0].iteration_time_s if time_like else top.key[0]
     bound = min(bounds) if bounds else None
@@ -76,7 +79,7 @@ def finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pro
         "knob_tuples_infeasible": stats.empty, "knob_tuples_unexplored": stats.unexplored,
         "knob_tuples_too_big": stats.too_big,
         "knob_tuples_gpipe_twins": stats.twins,
-        "aggregate_compute_bound_s": agg, "objective_kind": spec.kind, "node_classes": len(classes),
+        "aggregate_compute_bound_s": agg, "objective_kind": spec.kind, "node_classes": len(as_classes),
         "objective_unit": OBJECTIVE_UNITS[spec.kind]}
     found = best.found_at(top)
     if found is not None:       # when the answer first entered: the rest of the time went to proving it
@@ -111,7 +114,7 @@ def finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pro
             pass
         final.append(plan.model_copy(update=update))
     report = SolverReport(**report_fields)
-    idle = idle_gpus(classes, final[0], cluster, spec, proved=status == "optimal",
+    idle = idle_gpus(as_classes, final[0], cluster, spec, proved=status == "optimal",
                      unsearched=_unsearched(classes, training, launcher))
     for c in classes_without_bf16(topology_for(cluster)) if training.precision == "bf16" else []:
         idle.append(f"{c.num_gpus} GPUs of {c.name} idle: {c.gpu.name} has no bf16; train with "

@@ -21,7 +21,7 @@ from planner.search import clock
 from planner.search.core import enum
 from planner.search.core.milp import CoreMilp
 from planner.search.core.problem import quick_bound
-from planner.search.knobs import Knobs
+from planner.search.knobs import Knobs, OptionKey
 from planner.search.polish import polish
 from planner.search.schedules import SCHEDULES
 from planner.search.twin_plans import twin_assign, twins_of
@@ -74,16 +74,34 @@ class Best:
     ``items`` sees the old list or the new one, never one being sorted (CPython's sort empties
     the list while it runs)."""
 
-    def __init__(self, k: int):
+    def __init__(self, k: int, identical: list | None = None):
         self.k, self.items = k, []
+        # per class index, a key shared by identical classes (the per-node view's nodes of one
+        # class): layouts that differ only by a swap of them are one plan (``_signature``)
+        self.identical = identical
         self._lock = threading.Lock()
         self._closed = False
         self._found: dict[tuple, float] = {}     # signature -> time.monotonic() it first entered
 
-    def add(self, cand: Candidate) -> None:
+    def _signature(self, cand: Candidate) -> tuple:
         sig = cand.signature
+        if self.identical is None:
+            return sig
+        knobs, layout, given = sig
+        ordinal: dict = {}
+        canon = []
+        for key, blocks in layout:
+            if isinstance(key, OptionKey):      # mixed stages' keys keep their classes
+                group = self.identical[key.cls]
+                ordinal.setdefault(key.cls, sum(1 for c in ordinal if self.identical[c] == group))
+                key = (group, ordinal[key.cls], key.tp, key.replicas, key.cp)
+            canon.append((key, blocks))
+        return knobs, tuple(canon), given
+
+    def add(self, cand: Candidate) -> None:
+        sig = self._signature(cand)
         with self._lock:
-            same = next((c for c in self.items if c.signature == sig), None)
+            same = next((c for c in self.items if self._signature(c) == sig), None)
             if self._closed or (same is not None and same.key <= cand.key):
                 return
             items = sorted([*(c for c in self.items if c is not same), cand], key=lambda c: c.key)[:self.k]
@@ -93,7 +111,7 @@ class Best:
 
     def found_at(self, cand: Candidate) -> float | None:
         """When ``cand`` first entered (time.monotonic()), None if it never did."""
-        return self._found.get(cand.signature)
+        return self._found.get(self._signature(cand))
 
     def close(self) -> None:
         """No more candidates: the answer is built from ``items`` as they are now (a warm start

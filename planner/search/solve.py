@@ -102,12 +102,13 @@ def _guarded(cluster, model, training, objective, time_limit_s, top_k, launcher,
     watch.SearchWatch) lets a display read the best plan, bound and gap while it runs."""
     watch = options.pop("watch", None)
     state: dict = watch.state if watch is not None else {}
-    for key in ("subspace", "asked_training"):     # a watch's state from an earlier search
+    for key in ("subspace", "asked_training", "node_view"):     # a watch's state from an earlier search
         state.pop(key, None)
     try:
         if training.mixed_stages and _has_mixed_stages(cluster, training):
             return _pure_first(cluster, model, training, objective, time_limit_s, top_k, launcher, state, options)
-        if not training.mixed_stages and per_node_view(class_infos(topology_for(cluster), training.precision)):
+        # (with mixed stages asked and no two classes to pair, the view per node may pair nodes)
+        if per_node_view(class_infos(topology_for(cluster), training.precision)):
             return _per_node_too(cluster, model, training, objective, time_limit_s, top_k, launcher, state, options)
         return _search(cluster, model, training, objective, time_limit_s, top_k, launcher, state=state, **options)
     except KeyboardInterrupt:
@@ -127,8 +128,11 @@ def _guarded(cluster, model, training, objective, time_limit_s, top_k, launcher,
         # the training asked for: in a mixed search's first phase the state holds its copy
         # without mixed stages, which the plan would record (and a replan of it search)
         asked = state.get("asked_training", state["training"])
-        return finish(state["cluster"], state["model"], asked, state["spec"], state["classes"], state["best"],
-                      bounds, stats, *(state[k] for k in ("t0", "profiles", "launcher")))
+        result = finish(state["cluster"], state["model"], asked, state["spec"], state["classes"], state["best"],
+                        bounds, stats, *(state[k] for k in ("t0", "profiles", "launcher")))
+        if "node_view" in state and not state.get("subspace"):     # in the second view of _per_node_too
+            return _node_view_result(result, state, cluster, top_k)
+        return result
     finally:
         _stop_background(state)     # an error in the search: its warm start does not run on
 
@@ -188,11 +192,16 @@ def _per_node_too(cluster, model, training, objective, time_limit_s, top_k, laun
     except InfeasibleError as exc:
         first, no_plan = None, exc
     used, rest_s = rest_of_limit(work, t0, time_limit_s)
-    bound = first.report.bound if first is not None else math.inf     # no plan: none to bound
+    if first is not None:
+        bound = first.report.bound
+    else:       # no plan there: none to bound where its space was done, else no bound at all
+        stats = state.get("stats")
+        bound = math.inf if stats is not None and stats.unexplored == 0 and stats.milp_optimal else None
+    state["node_view"] = {"given": given, "first": first, "used": used, "wall_t0": wall_t0}
     with own_wall_guard(work):
         try:
-            # twice the plans asked: some repeat others up to a swap of identical nodes (_distinct)
-            result = _search(cluster, model, training, objective, rest_s, 2 * top_k if top_k > 1 else 1, launcher,
+            # twice the plans asked: the first view's plans may come again from this one (distinct)
+            result = _search(cluster, model, training, objective, rest_s, 2 * top_k, launcher,
                              state=state, incumbents=given + (first.plans if first is not None else []), per_node=True,
                              outer_bounds=[0.0 if bound is None else bound],
                              wall_stop_at=wall_t0 + time_limit_s - _finish_s(time_limit_s, cluster), **options)
@@ -200,18 +209,27 @@ def _per_node_too(cluster, model, training, objective, time_limit_s, top_k, laun
             if first is None:
                 raise no_plan from None     # the view as classes explains it (whole nodes, as documented)
             raise
+    return _node_view_result(result, state, cluster, top_k)
+
+
+def _node_view_result(result: SearchResult, state: dict, cluster, top_k: int) -> SearchResult:
+    """The second view's result as the two views' (``_per_node_too``, or a Ctrl-C in the
+    second view, ``_guarded``): its report's given plans the caller's (a replan's old one),
+    not the first view's; its counts both views'; its plans once each up to a swap of
+    identical nodes, K of them."""
+    view = state["node_view"]
+    given, first = view["given"], view["first"]
     top = state["best"].items[0]
     from_first = first is not None and any(top.plan is p for p in first.plans)
     report = result.report.model_dump()
-    extra = {"wall_s": time.monotonic() - wall_t0, "per_node_view": True, "class_view_s": used,
+    extra = {"wall_s": time.monotonic() - view["wall_t0"], "per_node_view": True, "class_view_s": view["used"],
              "answer_from_class_view": from_first}
-    # "given" means the caller's plans (a replan's old one), not the first view's
-    kept = [p for p in given if top.plan is p] or (
-        [True] if from_first and first.report.model_extra.get("answer_is_given") and top.plan is first.plans[0] else [])
+    kept_old = any(top.plan is p for p in given) or (
+        from_first and bool(first.report.model_extra.get("answer_is_given")) and top.plan is first.plans[0])
     for key in ("given_incumbents", "answer_is_given"):
         report.pop(key, None)
     if given:
-        extra.update(given_incumbents=len(given), answer_is_given=bool(kept))
+        extra.update(given_incumbents=len(given), answer_is_given=kept_old)
     if first is not None:       # the work of both views
         extra.update({k: report[k] + getattr(first.report, k) for k in COUNTS})
     found = (first.report if from_first else result.report).model_extra.get("answer_found_s")
@@ -280,7 +298,9 @@ def _search(cluster, model, training, objective, time_limit_s, top_k, launcher, 
     knob_bound.set_deadline(deadline)
     knobs_list = enumerate_knobs(model, training, classes, launcher)
     settings = MilpSettings(time_limit_s=time_limit_s, gap_rel=gap_rel)
-    best = Best(top_k)
+    # in the per-node view a layout on one node and its copy on an identical one are one plan
+    best = Best(top_k, [topo.node_class_of(c.node_class.node_names[0]).node_names for c in classes]
+                if per_node else None)
     bounds: list[float] = list(outer_bounds)    # a first phase's (_per_node_too): the answer's bound is the least
     stats = SearchStats(knobs=len(knobs_list))
     # plans given whole (a replan's old plan) first: their value is the cutoff from the start
