@@ -14,7 +14,7 @@ import pytest
 from planner.cost import topology_for
 from planner.search import oracle as oracle_module
 from planner.search import solve
-from planner.search.classes import PER_NODE_MAX_CLASSES, class_infos, per_node_view
+from planner.search.classes import PER_NODE_MAX_NODES, class_infos, per_node_view
 from planner.search.phases import up_to_identical_nodes
 from planner.spec import Training, cluster_from_dict, load_model
 
@@ -49,7 +49,7 @@ def test_search_matches_the_oracle_over_both_views_where_the_node_view_wins():
 
 def _oracle_without_node_view(cluster, model):
     saved = oracle_module.per_node_view
-    oracle_module.per_node_view = lambda classes: False
+    oracle_module.per_node_view = lambda classes, max_stages=None: False
     try:
         return oracle_module.oracle(cluster, model, TRAINING)
     finally:
@@ -66,8 +66,8 @@ def test_a_second_identical_node_never_makes_the_answer_slower():
     assert "per_node_view" not in one.report.model_extra      # one node: shared GPU by GPU already
 
 
-@pytest.mark.parametrize("count, taken", [(1, False), (2, True), (PER_NODE_MAX_CLASSES, True),
-                                          (PER_NODE_MAX_CLASSES + 1, False)])
+@pytest.mark.parametrize("count, taken", [(1, False), (2, True), (PER_NODE_MAX_NODES, True),
+                                          (PER_NODE_MAX_NODES + 1, False)])
 def test_the_node_view_is_taken_for_small_clusters_with_a_class_of_several_nodes(count, taken):
     classes = class_infos(topology_for(_cluster(count)), "bf16")
     assert per_node_view(classes) is taken
@@ -147,3 +147,16 @@ def test_a_ctrl_c_in_the_node_view_reports_both_views(monkeypatch):
     extra = res.report.model_extra
     assert extra["interrupted"] is True and extra["per_node_view"] is True
     assert "answer_is_given" not in extra and "given_incumbents" not in extra
+
+
+def test_one_stage_or_any_plan_takes_one_view():
+    """With one stage allowed the node view adds no plan (its stage holds one node); with any
+    plan asked (a hint's check, gap_rel ~1) the first view's is one: neither runs a second view."""
+    classes = class_infos(topology_for(_cluster(2)), "bf16")
+    assert per_node_view(classes) and not per_node_view(classes, max_stages=1)
+    model = load_model(MODEL)
+    one_stage = solve(_cluster(2), model, Training(**{**TRAINING.model_dump(), "max_stages": 1, "max_tp": 4,
+                                                      "recompute_modes": ("none", "full")}), time_limit_s=60)
+    assert "per_node_view" not in one_stage.report.model_extra
+    any_plan = solve(_cluster(2), model, TRAINING, time_limit_s=60, gap_rel=1 - 1e-9)
+    assert "per_node_view" not in any_plan.report.model_extra

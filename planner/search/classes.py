@@ -122,10 +122,10 @@ def class_infos(topology, precision: str | None = None, per_node: bool = False) 
     return [ClassInfo(i, c) for i, c in enumerate(usable)]
 
 
-PER_NODE_MAX_CLASSES = 4    # nodes up to which a cluster is also searched in the per-node view
+PER_NODE_MAX_NODES = 4      # nodes up to which a cluster is also searched in the per-node view
 
 
-def per_node_view(classes: list[ClassInfo]) -> bool:
+def per_node_view(classes: list[ClassInfo], max_stages: int | None = None) -> bool:
     """Whether a search should also take the per-node view of these classes: a class of
     several nodes hands out whole nodes, so two stages never share one of its nodes, and a
     pipeline inside one node (its sends over NVLink) leaves the space once a second identical
@@ -133,9 +133,11 @@ def per_node_view(classes: list[ClassInfo]) -> bool:
     gave 5.831 s).  In the per-node view every node is a one-node class, shared GPU by GPU,
     and no stage spans two nodes; the union of the two views holds both kinds of plan.  Only
     small clusters (the view's classes multiply the search's work): at most
-    PER_NODE_MAX_CLASSES nodes, some class of two or more."""
+    PER_NODE_MAX_NODES nodes, some class of two or more; and pipelines allowed (``max_stages``
+    1: the view adds no plan, its one stage holds one node)."""
     nodes = sum(c.node_class.count for c in classes)
-    return nodes <= PER_NODE_MAX_CLASSES and any(c.node_class.count >= 2 for c in classes)
+    return (nodes <= PER_NODE_MAX_NODES and any(c.node_class.count >= 2 for c in classes)
+            and max_stages != 1)
 
 
 def classes_without_bf16(topology) -> list:

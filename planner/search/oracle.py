@@ -58,7 +58,7 @@ def oracle(cluster, model, training, objective: str | ObjectiveSpec = "throughpu
     spec = parse_objective(objective) if isinstance(objective, str) else objective
     classes = class_infos(topology_for(cluster), training.precision)
     views = [classes]
-    if per_node_view(classes) and not (training.mixed_stages and class_pairs(classes)):
+    if per_node_view(classes, training.max_stages) and not (training.mixed_stages and class_pairs(classes)):
         # the search's second view (solve._per_node_too): every node its own class
         views.append(class_infos(topology_for(cluster), training.precision, per_node=True))
     best_key, best = None, (None, None)

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from planner.search.answer import SearchResult
 
 PHASE_REST_MIN_SHARE = 0.3  # a second phase gets at least this share, whatever the first took
+# a gap_rel from which any plan will do (hint_checks.ANY_PLAN): a second phase is not needed
+ANY_PLAN_GAP = 1 - 1e-6
 
 COUNTS = ("candidates", "knob_tuples", "knob_tuples_solved", "knob_tuples_pruned", "knob_tuples_infeasible",
           "knob_tuples_unexplored", "knob_tuples_too_big", "knob_tuples_gpipe_twins")

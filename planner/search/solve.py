@@ -36,7 +36,7 @@ from planner.search.knobs import check_expert_degrees, enumerate_knobs
 from planner.search.mixed import class_pairs
 from planner.search.objectives import ObjectiveSpec, parse_objective
 from planner.search.per_tuple import loses_tie, prunes, solve_tuple
-from planner.search.phases import COUNTS, distinct, elapsed, own_wall_guard, rest_of_limit
+from planner.search.phases import ANY_PLAN_GAP, COUNTS, distinct, elapsed, own_wall_guard, rest_of_limit
 from planner.search.queue import BoundLevel, Pending, Ranked
 from planner.search.schedules import schedules_for
 from planner.search.space import Pricer
@@ -108,7 +108,7 @@ def _guarded(cluster, model, training, objective, time_limit_s, top_k, launcher,
         if training.mixed_stages and _has_mixed_stages(cluster, training):
             return _pure_first(cluster, model, training, objective, time_limit_s, top_k, launcher, state, options)
         # (with mixed stages asked and no two classes to pair, the view per node may pair nodes)
-        if per_node_view(class_infos(topology_for(cluster), training.precision)):
+        if per_node_view(class_infos(topology_for(cluster), training.precision), training.max_stages):
             return _per_node_too(cluster, model, training, objective, time_limit_s, top_k, launcher, state, options)
         return _search(cluster, model, training, objective, time_limit_s, top_k, launcher, state=state, **options)
     except KeyboardInterrupt:
@@ -192,6 +192,8 @@ def _per_node_too(cluster, model, training, objective, time_limit_s, top_k, laun
     except InfeasibleError as exc:
         first, no_plan = None, exc
     used, rest_s = rest_of_limit(work, t0, time_limit_s)
+    if first is not None and options.get("gap_rel", 0.0) >= ANY_PLAN_GAP:
+        return first        # any plan will do (a hint's check, hint_checks.py): the first view's is one
     if first is not None:
         bound = first.report.bound
     else:       # no plan there: none to bound where its space was done, else no bound at all
