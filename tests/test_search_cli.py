@@ -407,7 +407,7 @@ def test_the_summary_says_when_no_baseline_layout_fits(tmp_path, capsys, monkeyp
     that fits (the sweep read the silence as a baseline never tried); the summary says so.  The
     per-node view is off here: with a node per class the Metis rule has a 20-stage layout."""
     import sys
-    monkeypatch.setattr(sys.modules["planner.search.solve"], "per_node_view", lambda classes, max_stages=None: False)
+    monkeypatch.setattr(sys.modules["planner.search.solve"], "per_node_view", lambda classes, training: False)
     spec = tmp_path / "h24.yaml"
     spec.write_text("name: h24\nnodes:\n  - {name: h, count: 3, gpu: H100-SXM5-80GB, gpus_per_node: 8, "
                     "network_bandwidth: 3200 Gbit/s}\n")

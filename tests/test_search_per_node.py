@@ -49,7 +49,7 @@ def test_search_matches_the_oracle_over_both_views_where_the_node_view_wins():
 
 def _oracle_without_node_view(cluster, model):
     saved = oracle_module.per_node_view
-    oracle_module.per_node_view = lambda classes, max_stages=None: False
+    oracle_module.per_node_view = lambda classes, training: False
     try:
         return oracle_module.oracle(cluster, model, TRAINING)
     finally:
@@ -70,7 +70,7 @@ def test_a_second_identical_node_never_makes_the_answer_slower():
                                           (PER_NODE_MAX_NODES + 1, False)])
 def test_the_node_view_is_taken_for_small_clusters_with_a_class_of_several_nodes(count, taken):
     classes = class_infos(topology_for(_cluster(count)), "bf16")
-    assert per_node_view(classes) is taken
+    assert per_node_view(classes, TRAINING) is taken
     split = class_infos(topology_for(_cluster(count)), "bf16", per_node=True)
     assert len(split) == count and all(c.shared_node for c in split)
     assert sorted(n for c in split for n in c.node_class.node_names) == sorted(classes[0].node_class.node_names)
@@ -153,7 +153,8 @@ def test_one_stage_or_any_plan_takes_one_view():
     """With one stage allowed the node view adds no plan (its stage holds one node); with any
     plan asked (a hint's check, gap_rel ~1) the first view's is one: neither runs a second view."""
     classes = class_infos(topology_for(_cluster(2)), "bf16")
-    assert per_node_view(classes) and not per_node_view(classes, max_stages=1)
+    assert per_node_view(classes, TRAINING)
+    assert not per_node_view(classes, Training(**{**TRAINING.model_dump(), "max_stages": 1}))
     model = load_model(MODEL)
     one_stage = solve(_cluster(2), model, Training(**{**TRAINING.model_dump(), "max_stages": 1, "max_tp": 4,
                                                       "recompute_modes": ("none", "full")}), time_limit_s=60)

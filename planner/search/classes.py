@@ -125,7 +125,7 @@ def class_infos(topology, precision: str | None = None, per_node: bool = False) 
 PER_NODE_MAX_NODES = 4      # nodes up to which a cluster is also searched in the per-node view
 
 
-def per_node_view(classes: list[ClassInfo], max_stages: int | None = None) -> bool:
+def per_node_view(classes: list[ClassInfo], training) -> bool:
     """Whether a search should also take the per-node view of these classes: a class of
     several nodes hands out whole nodes, so two stages never share one of its nodes, and a
     pipeline inside one node (its sends over NVLink) leaves the space once a second identical
@@ -134,10 +134,15 @@ def per_node_view(classes: list[ClassInfo], max_stages: int | None = None) -> bo
     and no stage spans two nodes; the union of the two views holds both kinds of plan.  Only
     small clusters (the view's classes multiply the search's work): at most
     PER_NODE_MAX_NODES nodes, some class of two or more; and pipelines allowed (``max_stages``
-    1: the view adds no plan, its one stage holds one node)."""
+    1: the view adds no plan, its one stage holds one node).  Not beside mixed stages over two
+    classes (the mixed search's two phases keep the view as classes); with mixed stages asked
+    and no two classes to pair, the view's nodes of one zone may pair.  The search
+    (solve._guarded) and the oracle read this one rule."""
+    from planner.search.mixed import class_pairs  # here: mixed.py imports modules that import this one
+
     nodes = sum(c.node_class.count for c in classes)
     return (nodes <= PER_NODE_MAX_NODES and any(c.node_class.count >= 2 for c in classes)
-            and max_stages != 1)
+            and training.max_stages != 1 and not (training.mixed_stages and class_pairs(classes)))
 
 
 def classes_without_bf16(topology) -> list:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from planner.cost import evaluate, topology_for
 from planner.search.classes import class_infos, per_node_view
 from planner.search.knobs import OptionKey, enumerate_knobs, tp_degrees
-from planner.search.mixed import class_pairs, mixed_keys
+from planner.search.mixed import mixed_keys
 from planner.search.naming import build_plan
 from planner.search.objectives import ObjectiveSpec, parse_objective
 from planner.search.space import replica_counts
@@ -58,7 +58,7 @@ def oracle(cluster, model, training, objective: str | ObjectiveSpec = "throughpu
     spec = parse_objective(objective) if isinstance(objective, str) else objective
     classes = class_infos(topology_for(cluster), training.precision)
     views = [classes]
-    if per_node_view(classes, training.max_stages) and not (training.mixed_stages and class_pairs(classes)):
+    if per_node_view(classes, training):
         # the search's second view (solve._per_node_too): every node its own class
         views.append(class_infos(topology_for(cluster), training.precision, per_node=True))
     best_key, best = None, (None, None)

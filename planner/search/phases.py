@@ -51,6 +51,15 @@ def up_to_identical_nodes(plan, topo) -> str:
     return text
 
 
+def answer_found(first, second: dict, from_first: bool, wall_s: float) -> dict:
+    """``answer_found_s`` of a two-phase search, from the start of the whole: the first phase's
+    own, or the second's (``second``, its report as a dict) shifted by what ran before it."""
+    found = (first.report.model_extra if from_first else second).get("answer_found_s")
+    if found is None:
+        return {}
+    return {"answer_found_s": found if from_first else found + wall_s - second["wall_s"]}
+
+
 def rest_of_limit(work, t0: float, time_limit_s: float) -> tuple[float, float]:
     """(what a first phase used, what the second gets): the rest of the limit in the clock the
     deadlines read (work under --deterministic), at least PHASE_REST_MIN_SHARE of it."""

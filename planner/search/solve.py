@@ -36,7 +36,15 @@ from planner.search.knobs import check_expert_degrees, enumerate_knobs
 from planner.search.mixed import class_pairs
 from planner.search.objectives import ObjectiveSpec, parse_objective
 from planner.search.per_tuple import loses_tie, prunes, solve_tuple
-from planner.search.phases import ANY_PLAN_GAP, COUNTS, distinct, elapsed, own_wall_guard, rest_of_limit
+from planner.search.phases import (
+    ANY_PLAN_GAP,
+    COUNTS,
+    answer_found,
+    distinct,
+    elapsed,
+    own_wall_guard,
+    rest_of_limit,
+)
 from planner.search.queue import BoundLevel, Pending, Ranked
 from planner.search.schedules import schedules_for
 from planner.search.space import Pricer
@@ -105,10 +113,10 @@ def _guarded(cluster, model, training, objective, time_limit_s, top_k, launcher,
     for key in ("subspace", "asked_training", "node_view"):     # a watch's state from an earlier search
         state.pop(key, None)
     try:
-        if training.mixed_stages and _has_mixed_stages(cluster, training):
+        classes = class_infos(topology_for(cluster), training.precision)
+        if training.mixed_stages and class_pairs(classes):     # else the flag adds nothing: one search
             return _pure_first(cluster, model, training, objective, time_limit_s, top_k, launcher, state, options)
-        # (with mixed stages asked and no two classes to pair, the view per node may pair nodes)
-        if per_node_view(class_infos(topology_for(cluster), training.precision), training.max_stages):
+        if per_node_view(classes, training):
             return _per_node_too(cluster, model, training, objective, time_limit_s, top_k, launcher, state, options)
         return _search(cluster, model, training, objective, time_limit_s, top_k, launcher, state=state, **options)
     except KeyboardInterrupt:
@@ -167,9 +175,7 @@ def _pure_first(cluster, model, training, objective, time_limit_s, top_k, launch
     from_pure = any(c is top for c in seeds)
     report = result.report.model_dump()
     extra = {"wall_s": time.monotonic() - wall_t0, "pure_phase_s": used, "answer_from_pure_phase": from_pure}
-    found = (first.report if from_pure else result.report).model_extra.get("answer_found_s")
-    if found is not None:       # the second phase's times count from its own start
-        extra["answer_found_s"] = found if from_pure else found + extra["wall_s"] - report["wall_s"]
+    extra.update(answer_found(first, report, from_pure, extra["wall_s"]))
     result.report = SolverReport(**{**report, **extra})
     return result
 
@@ -234,9 +240,7 @@ def _node_view_result(result: SearchResult, state: dict, cluster, top_k: int) ->
         extra.update(given_incumbents=len(given), answer_is_given=kept_old)
     if first is not None:       # the work of both views
         extra.update({k: report[k] + getattr(first.report, k) for k in COUNTS})
-    found = (first.report if from_first else result.report).model_extra.get("answer_found_s")
-    if found is not None:       # the second view's times count from its own start
-        extra["answer_found_s"] = found if from_first else found + extra["wall_s"] - report["wall_s"]
+    extra.update(answer_found(first, report, from_first, extra["wall_s"]))
     result.report = SolverReport(**{**report, **extra})
     return distinct(result, topology_for(cluster), top_k)
 
@@ -246,12 +250,6 @@ def _finish_s(time_limit_s: float, cluster) -> float:
     plan and its rank map (0.2-0.3 s for 16,384 GPUs here), and HiGHS stops up to ~0.4 s past
     an interrupt; the search's own deadline (and its wall guard) leaves room for both."""
     return min(FINISH_SHARE * time_limit_s, FINISH_MARGIN_S + FINISH_S_PER_GPU * cluster.num_gpus)
-
-
-def _has_mixed_stages(cluster, training) -> bool:
-    """Whether some two node classes can share a stage (mixed.class_pairs): else the flag adds
-    nothing and the search runs once."""
-    return bool(class_pairs(class_infos(topology_for(cluster), training.precision)))
 
 
 MIXED_PURE_SHARE = 0.3      # of the time limit, for the space without mixed stages first (_pure_first)
