@@ -91,6 +91,8 @@ def finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pro
         report_fields["answer_is_given"] = top.plan is not None
     if stats.too_big:       # tuples too big for the exact MILP: how many better plans their LPs' options gave
         report_fields["support_plans"] = stats.support_plans
+        report_fields["path_bounds"] = stats.path_bounds
+        report_fields["path_bounds_lifted"] = stats.path_lifted
     if stats.polished:      # unproved MILPs' plans improved by local search (per_tuple.py)
         report_fields["polished_milp_plans"] = stats.polished
     if stats.shared_warm_start is not None:     # the throughput warm start's plans, under a cost objective

@@ -25,6 +25,8 @@ class SearchStats:
     too_big: int = 0                    # too big for the exact MILP (support_plans.too_big)
     relaxed: int = 0                    # send-free relaxations solved for those
     support_plans: int = 0              # better plans found on their position LPs' options (support_plans.py)
+    path_bounds: int = 0                # path bounds taken for them (path_level.py)
+    path_lifted: int = 0                # ... that rose above the knob bound
     timed_out: int = 0                  # per-tuple MILPs stopped by the time limit
     polished: int = 0                   # their plans that local search then improved (per_tuple.py)
     out_of_reach: int = 0               # empty by a finite bound over the budget or floor

@@ -34,6 +34,7 @@ from planner.search.incumbent import (
     relaxed,
     share_until,
 )
+from planner.search.path_level import path_level
 from planner.search.polish import polish
 from planner.search.runs import run_layouts
 
@@ -70,10 +71,18 @@ class SearchState(Planning):
 
 
 def too_big(s: SearchState, knobs, ctx, keys, lb: float) -> None:
-    """A tuple too big for the exact MILP: a plan on its LPs' options, then the send-free
-    relaxation (its dual bound, its plan)."""
+    """A tuple too big for the exact MILP: the path bound (path_level.py), and unless that
+    prunes it, a plan on its LPs' options and the send-free relaxation (its dual bound, its
+    plan).  The bound first: on bench c and e it prunes each such tuple in 3-5 s, where the
+    support plans took 2-5 s a tuple and found no better plan (their answers come earlier,
+    from the warm start)."""
     s.stats.too_big += 1
     if s.time_like:
+        lb = path_level(s, knobs, ctx, keys, lb)
+        if lb >= s.best.threshold() * (1 - s.gap_rel):
+            s.stats.pruned += 1
+            s.bounds.append(lb)
+            return
         s.stats.support_plans += support_plan(s, knobs, ctx, keys)
     relaxed(s.pricer, knobs, ctx, keys, lb, s.spec, s.launcher, s.best, s.bounds, s.stats, s.settings,
             s.deadline, s.gap_rel, s.time_like)
