@@ -181,3 +181,15 @@ def test_box_search_without_the_lagrangian_is_weaker_but_still_a_bound(monkeypat
         assert plain <= best.objective * (1 + 1e-9)
         lifted += full > plain + 1e-9
     assert lifted >= 5, lifted
+
+
+def test_a_box_too_wide_for_memory_stops_the_search_with_a_bound(monkeypatch):
+    """Past the DP's cell cap the box search stops and returns what it has shown, still a
+    bound (with the cap at 0 no DP runs: the floor alone)."""
+    from planner.search.core import path_dp
+    monkeypatch.setattr(path_dp, "MAX_CELLS", 0)
+    for seed in range(40):
+        prob = random_problem(random.Random(seed))
+        best = solve_brute(prob)[0]
+        if best.ok:
+            assert path_bound(prob, best.objective * 1.1) <= best.objective * (1 + 1e-9)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.search.core.path_dp import PathDP, applies
+from planner.search.core.path_dp import PathDP, PathTooBig, applies
 from planner.search.core.problem import CoreProblem
 
 KELLEY_STEPS = 12           # DPs per box at most
@@ -75,7 +75,10 @@ def path_bound(prob: CoreProblem, enough: float, out_of_time: Callable[[], bool]
         if base >= enough:
             heapq.heappush(heap, _Box(base, box.lo, box.hi, box.lam))
             continue
-        dual, lam = _dual(dp, box.hi, enough - base, lam_max, box.lam)
+        try:
+            dual, lam = _dual(dp, box.hi, enough - base, lam_max, box.lam)
+        except PathTooBig:              # too wide a box for memory: stop with what is shown
+            return min(box.bound, cut_off)
         evaluated += 1
         bound = max(box.bound, base + dual)
         if not math.isfinite(bound):

@@ -30,7 +30,14 @@ from planner.search import clock
 from planner.search.core.problem import CoreProblem
 
 INF = np.inf
+# cells of a step's largest arrays (wraps x options^2 x blocks), each 8 bytes, ~5 arrays alive:
+# 4e6 is ~160 MB.  c's boxes near its best plans take ~4e5, its widest (133 options) 8e6
+MAX_CELLS = 4_000_000
 DP_CELLS_PER_UNIT = 2_000   # a unit of work stands for 50 us (clock.py); numpy does ~40 cells a us here
+
+
+class PathTooBig(Exception):
+    """The DP under these caps would hold more than MAX_CELLS cells a step."""
 
 
 def applies(prob: CoreProblem) -> bool:
@@ -140,6 +147,8 @@ class PathDP:
         ok, allow_in, allow_out = (a[keep][:, :, :most + 1] for a in (ok, allow_in, allow_out))
         cost = np.where(ok, self.stage_sum[keep][:, :, :most + 1] + (self.units[keep] @ lam)[:, None, None], INF)
         walk = _Walk(self, keep, ok, allow_in, allow_out, cost)
+        if walk.size > MAX_CELLS * self.p:
+            raise PathTooBig(walk.size // self.p)
         clock.charge(walk.size / DP_CELLS_PER_UNIT)        # its work, for a deterministic search
         value, path = walk.run()
         if path is None:
