@@ -193,3 +193,25 @@ def test_a_box_too_wide_for_memory_stops_the_search_with_a_bound(monkeypatch):
         best = solve_brute(prob)[0]
         if best.ok:
             assert path_bound(prob, best.objective * 1.1) <= best.objective * (1 + 1e-9)
+
+
+def _one_option(slope, fixed) -> CoreOption:
+    return CoreOption(resource=0, units=1, slope=slope, fixed=[fixed, fixed], max_blocks=[2, 2])
+
+
+@pytest.mark.parametrize("rows, terms", [
+    # no max term at all, a max term every plan pays alike, a max term of weight 0: the one box
+    # cannot be split, and its bound is the answer (it was dropped: inf, or a crash)
+    ([Row(stage=(1.0, 0.0))], [Term("sum", 0)]),
+    ([Row(stage=(1.0, 0.0)), Row(stage=(0.0, 1.0))], [Term("sum", 0), Term("max", 1)]),
+    ([Row(stage=(1.0, 0.0)), Row(stage=(1.0, 0.0))], [Term("sum", 0), Term("max", 1, 0.0)]),
+    # a summed row below zero: the max terms' floor alone is no bound on a box (it was taken as one)
+    ([Row(stage=(1.0, 0.0)), Row(stage=(0.0, 1.0))], [Term("max", 0), Term("sum", 1)]),
+])
+def test_boxes_that_cannot_be_split_or_sum_below_zero_still_bound(rows, terms):
+    prob = CoreProblem(num_blocks=2, num_stages=2, capacity=[2], options=[_one_option((1.0, 0.0), (0.0, -5.0))],
+                       rows=rows, terms=terms)
+    optimum = solve_brute(prob)[0].objective
+    for enough in (optimum - 1, optimum, optimum + 0.5, 5.0):
+        assert path_bound(prob, enough) <= optimum + 1e-9, (enough, optimum)
+    assert path_bound(prob, optimum) >= optimum - 1e-9          # and it is tight here

@@ -58,10 +58,13 @@ def path_bound(prob: CoreProblem, enough: float, out_of_time: Callable[[], bool]
     # the first box without a DP (uncapped, it is the slowest): the sum terms' floor, the
     # parts above what that floor leaves cut off
     base0 = sum(w * lo for w, lo in zip(weights, lo0))
-    floor = base0 + dp.least_fill()
+    least_fill = dp.least_fill()            # the sum terms' floor in any box (they may be negative)
+    floor = base0 + least_fill
     if floor >= enough:
         return floor
-    cut_off = math.inf          # the least bound of the parts cut off the boxes (each >= enough)
+    # the least bound of the parts cut off the boxes (each >= enough) and of the boxes that
+    # cannot be split further (no term left with width): the heap's least is compared with them
+    cut_off = math.inf
     hi = _narrowed(lo0, hi0, weights, enough - floor)
     if hi != hi0:
         cut_off = enough
@@ -72,8 +75,8 @@ def path_bound(prob: CoreProblem, enough: float, out_of_time: Callable[[], bool]
         if box.bound >= enough or evaluated >= boxes or out_of_time():
             return min(box.bound, cut_off)
         base = sum(w * lo for w, lo in zip(weights, box.lo))
-        if base >= enough:
-            heapq.heappush(heap, _Box(base, box.lo, box.hi, box.lam))
+        if base + least_fill >= enough:
+            heapq.heappush(heap, _Box(base + least_fill, box.lo, box.hi, box.lam))
             continue
         try:
             dual, lam = _dual(dp, box.hi, enough - base, lam_max, box.lam)
@@ -96,7 +99,10 @@ def path_bound(prob: CoreProblem, enough: float, out_of_time: Callable[[], bool]
         if narrowed > NARROW_LEAST * sum(w * (h - lo) for w, lo, h in zip(weights, box.lo, box.hi)):
             heapq.heappush(heap, _Box(bound, box.lo, upper, lam))
             continue
-        for lo, hi in _halves(box.lo, upper, weights):
+        halves = _halves(box.lo, upper, weights)
+        if not halves:                  # nothing left to split: its bound is final
+            cut_off = min(cut_off, bound)
+        for lo, hi in halves:
             heapq.heappush(heap, _Box(bound, lo, hi, lam))
     return cut_off
 
@@ -109,9 +115,9 @@ def _narrowed(lo: tuple, hi: tuple, weights: list[float], short: float) -> tuple
 def _halves(lo: tuple, hi: tuple, weights: list[float]):
     """The box halved along the term of largest weighted width."""
     widths = [w * (h - x) for w, x, h in zip(weights, lo, hi)]
-    i = int(np.argmax(widths))
-    if widths[i] <= 0:
+    if not widths or max(widths) <= 0:
         return []
+    i = int(np.argmax(widths))
     mid = 0.5 * (lo[i] + hi[i])
     return [(lo, _with(hi, i, mid)), (_with(lo, i, mid), hi)]
 
