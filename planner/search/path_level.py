@@ -15,6 +15,7 @@ the line to show), with at most PATH_SHARE of the limit.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from planner.search import clock
@@ -30,12 +31,16 @@ PATH_SHARE = 0.25       # of the limit, at most, for one tuple's path bound (c: 
 def path_level(s: SearchState, knobs, ctx, keys, lb: float) -> float:
     """A bound on every plan of the tuple, at least ``lb`` (the knob bound it came with): the
     path bound, asked to show the pruning threshold; ``lb`` itself where the time is out."""
-    if clock.now() >= s.deadline:
-        return lb
     cut = s.best.threshold() * (1 - s.gap_rel)
+    # pricing the tuple with its sends cannot be interrupted (1-2 s on c): only when the
+    # longest such pricing so far fits the time left; and only with a threshold to show
+    if not math.isfinite(cut) or clock.now() + max(s.stats.price_s, s.stats.path_price_s) >= s.deadline:
+        return lb
+    started = clock.now()
     prob, qb = priced(s.pricer, knobs, ctx, keys, s.spec, s.launcher)
+    s.stats.path_price_s = max(s.stats.path_price_s, clock.now() - started)
     if qb is None:
-        return float("inf")             # some stage has no option: no plan at all
+        return lb                       # some stage has no option: the relaxation counts it empty
     until = share_until(s.deadline, PATH_SHARE, s.settings)
     found = path_bound(prob, cut, out_of_time=lambda: clock.now() > until)
     s.stats.path_bounds += 1

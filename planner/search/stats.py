@@ -45,6 +45,7 @@ class SearchStats:
     # the longest set-up so far, so that the next starts only with the time to finish
     price_s: float = 0.0                # pricing one tuple
     relaxed_setup_s: float = 0.0        # pricing and building one relaxation
+    path_price_s: float = 0.0           # pricing one tuple with its sends for its path bound
 
     def out_of_reach_tuple(self, time_bound_s: float) -> None:
         """A tuple whose value bound is inf: no plan under the budget or floor (or none at

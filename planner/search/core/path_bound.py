@@ -79,7 +79,7 @@ def path_bound(prob: CoreProblem, enough: float, out_of_time: Callable[[], bool]
             heapq.heappush(heap, _Box(base + least_fill, box.lo, box.hi, box.lam))
             continue
         try:
-            dual, lam = _dual(dp, box.hi, enough - base, lam_max, box.lam)
+            dual, lam = _dual(dp, box.hi, enough - base, lam_max, box.lam, out_of_time)
         except PathTooBig:              # too wide a box for memory: stop with what is shown
             return min(box.bound, cut_off)
         evaluated += 1
@@ -119,6 +119,8 @@ def _halves(lo: tuple, hi: tuple, weights: list[float]):
         return []
     i = int(np.argmax(widths))
     mid = 0.5 * (lo[i] + hi[i])
+    if not lo[i] < mid < hi[i]:         # a width of one ulp: halving would copy the box
+        return []
     return [(lo, _with(hi, i, mid)), (_with(lo, i, mid), hi)]
 
 
@@ -134,13 +136,17 @@ def _lam_max(dp: PathDP, enough: float) -> np.ndarray:
     return LAM_SCALE * max(enough, 1e-9) / least
 
 
-def _dual(dp: PathDP, caps: tuple, need: float, lam_max: np.ndarray, lam0: np.ndarray):
+def _dual(dp: PathDP, caps: tuple, need: float, lam_max: np.ndarray, lam0: np.ndarray,
+          out_of_time: Callable[[], bool] = lambda: False):
     """Kelley's cutting planes on the Lagrangian dual ``max_lam fill(caps, lam) - lam . cap``:
-    (the best dual found, its prices).  Stops once the dual reaches ``need`` or its cutting
-    planes' ceiling is within KELLEY_CLOSE of it."""
+    (the best dual found, its prices).  Stops once the dual reaches ``need``, its cutting
+    planes' ceiling is within KELLEY_CLOSE of it, or the time is out (after the first DP:
+    any prices give a bound)."""
     cuts = []
     lam, best, best_lam = lam0.copy(), -math.inf, lam0.copy()
-    for _ in range(KELLEY_STEPS):
+    for step in range(KELLEY_STEPS):
+        if step and out_of_time():
+            break
         value, path = dp.fill(caps, lam)
         if path is None:
             return math.inf, lam

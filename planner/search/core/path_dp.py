@@ -30,20 +30,28 @@ from planner.search import clock
 from planner.search.core.problem import CoreProblem
 
 INF = np.inf
-# cells of a step's largest arrays (wraps x options^2 x blocks), each 8 bytes, ~5 arrays alive:
-# 4e6 is ~160 MB.  c's boxes near its best plans take ~4e5, its widest (133 options) 8e6
-MAX_CELLS = 4_000_000
+# cells of the walk's largest arrays over all its steps (wraps x options^2 x blocks x stages,
+# 8 bytes each; the way back keeps one such array a step): 2e7 is ~160 MB, with a step's
+# transients ~250 MB.  c's boxes near its best plans take ~1e6, a wide one of its (30 options,
+# nine wraps) 5e6, uncapped (133 options) 9e7
+MAX_CELLS = 20_000_000
+TOLERANCE = 1e-9            # relative: a row this close over its cap is within it
 DP_CELLS_PER_UNIT = 2_000   # a unit of work stands for 50 us (clock.py); numpy does ~40 cells a us here
 
 
 class PathTooBig(Exception):
-    """The DP under these caps would hold more than MAX_CELLS cells a step."""
+    """The DP under these caps would hold more than MAX_CELLS cells over its steps."""
 
 
 def applies(prob: CoreProblem) -> bool:
-    """Max and sum terms only, at most one boundary kind, no hinges in summed rows: the forms
-    ``PathDP`` reads (the zero-bubble schedules' min term is not one of them)."""
+    """Max and sum terms only, at most one boundary kind, sends and their coefficients not
+    negative, no hinges in summed rows: the forms ``PathDP`` reads (the zero-bubble schedules'
+    min term is not one of them)."""
     if prob.num_stages < 2 or not prob.options or prob.num_boundary_kinds > 1:
+        return False
+    if prob.boundary is not None and (prob.boundary < 0).any():
+        return False            # the least sends stand for the true ones only when none is negative
+    if any(c < 0 for row in prob.rows for c in (*row.out, *row.inn)):
         return False
     if any(t.kind not in ("max", "sum") or t.weight < 0 for t in prob.terms):
         return False
@@ -109,11 +117,17 @@ class PathDP:
         stage = float(np.where(self.allowed, self.row_values[self.max_terms[term_index].row], -INF).max())
         return max(0.0, stage + (_side(row.out) + _side(row.inn)) * float(self.sends.max()))
 
+    def tolerance(self, caps) -> float:
+        """How far over a cap a row may read and still count as within it (rounding): relative
+        to the caps' scale, so that problems in other units keep the plans exactly at a cap."""
+        finite = [abs(c) for c in caps if np.isfinite(c)]
+        return TOLERANCE * max([1.0, *finite])
+
     def _caps_masks(self, caps) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per (option, position, blocks): allowed under the caps with the least sends, and the
         largest incoming and outgoing send the caps still allow, each with the other side's
         send at its least (inf: no capped row has one)."""
-        p = self.p
+        p, tol = self.p, self.tolerance(caps)
         ok = self.allowed.copy()
         allow_in, allow_out = np.full(ok.shape, INF), np.full(ok.shape, INF)
         has_out = np.array([s < p - 1 or self.wrap for s in range(p)], float)[None, :, None]
@@ -129,8 +143,8 @@ class PathDP:
             if out_c > 0:
                 allow_out = np.minimum(allow_out, (slack - in_c * self.least_in[:, None, None] * has_in) / out_c)
             if in_c <= 0 and out_c <= 0:
-                ok &= slack >= -1e-12
-        ok &= (allow_in >= -1e-12) & (allow_out >= -1e-12)
+                ok &= slack >= -tol
+        ok &= (allow_in >= -tol) & (allow_out >= -tol)
         return ok, allow_in, allow_out
 
     def fill(self, caps, lam: np.ndarray) -> tuple[float, list[tuple[int, int]] | None]:
@@ -146,9 +160,9 @@ class PathDP:
         most = int(np.nonzero(ok.any(axis=(0, 1)))[0].max())
         ok, allow_in, allow_out = (a[keep][:, :, :most + 1] for a in (ok, allow_in, allow_out))
         cost = np.where(ok, self.stage_sum[keep][:, :, :most + 1] + (self.units[keep] @ lam)[:, None, None], INF)
-        walk = _Walk(self, keep, ok, allow_in, allow_out, cost)
-        if walk.size > MAX_CELLS * self.p:
-            raise PathTooBig(walk.size // self.p)
+        walk = _Walk(self, keep, ok, allow_in, allow_out, cost, self.tolerance(caps))
+        if walk.size > MAX_CELLS:
+            raise PathTooBig(walk.size)
         clock.charge(walk.size / DP_CELLS_PER_UNIT)        # its work, for a deterministic search
         value, path = walk.run()
         if path is None:
@@ -178,8 +192,8 @@ class _Walk:
     outgoing send, which the next stage's option decides (on bench c a stage before a zone
     boundary otherwise took the 11-ms crossing as a 0.2-ms send, 0.2 s of the bound)."""
 
-    def __init__(self, dp: PathDP, keep, ok, allow_in, allow_out, cost):
-        self.dp, self.keep, self.ok, self.cost = dp, keep, ok, cost
+    def __init__(self, dp: PathDP, keep, ok, allow_in, allow_out, cost, tol: float):
+        self.dp, self.keep, self.ok, self.cost, self.tol = dp, keep, ok, cost, tol
         self.allow_in, self.allow_out = allow_in, allow_out
         self.sends = dp.sends[np.ix_(keep, keep)]
         self.resource = dp.resource[keep]
@@ -209,7 +223,7 @@ class _Walk:
             first_ok = ok[:, 0, :]
             if ends is not None:
                 wrap_in = self.sends[self.resource == ends[1]].min(axis=0)        # [o]: from the last's resource
-                first_ok = first_ok & (self.resource == ends[0])[:, None] & (wrap_in[:, None] <= self.allow_in[:, 0, :] + 1e-12)
+                first_ok = first_ok & (self.resource == ends[0])[:, None] & (wrap_in[:, None] <= self.allow_in[:, 0, :] + self.tol)
             V[g, :, nb, nb] = np.where(first_ok, cost[:, 0, :], INF).T
         back = []
         for s in range(1, p):
@@ -219,7 +233,7 @@ class _Walk:
             by_room = np.argsort(-room, axis=1, kind="stable")
             ranked = np.take_along_axis(V, by_room[None, :, :, None], axis=2)   # [G, o, j, b]
             lowest = np.minimum.accumulate(ranked, axis=2)
-            fits = (np.take_along_axis(room, by_room, axis=1)[:, :, None] >= self.sends[:, None, :] - 1e-12).sum(axis=1)  # [o, o2]
+            fits = (np.take_along_axis(room, by_room, axis=1)[:, :, None] >= self.sends[:, None, :] - self.tol).sum(axis=1)  # [o, o2]
             j = np.maximum(fits - 1, 0)
             rows_o = np.arange(K)[:, None]
             A = np.where((fits > 0)[None, :, :, None], lowest[:, rows_o, j, :], INF)        # [G, o, o2, b]
@@ -228,7 +242,7 @@ class _Walk:
                 + dp.send_weight * sorted_sends[None, :, None, :]                        # [G, rank, b, o2]
             prefix = np.minimum.accumulate(arrive, axis=1)
             # how many of its senders' sends each (option, blocks) allows
-            count = (sorted_sends.T[:, None, :] <= self.allow_in[:, s, :, None] + 1e-12).sum(axis=2)   # [K, nb]
+            count = (sorted_sends.T[:, None, :] <= self.allow_in[:, s, :, None] + self.tol).sum(axis=2)   # [K, nb]
             valid = (before >= 0)[None] & (count > 0)[:, :, None] & ok[:, s, :, None]    # [K, nb, b']
             rank = np.maximum(count - 1, 0)[:, :, None]
             got = prefix[:, rank, idx_b, o2]                                    # [G, K, nb, b']
@@ -247,7 +261,7 @@ class _Walk:
                 # the last stage's room
                 last = np.where((self.resource == ends[1])[:, None], last, INF)
                 wrap = self.sends[:, self.resource == ends[0]].min(axis=1)
-                fits = self.allow_out[:, dp.p - 1, :] >= wrap[:, None] - 1e-12
+                fits = self.allow_out[:, dp.p - 1, :] >= wrap[:, None] - self.tol
                 last = np.where(fits, last + dp.send_weight * wrap[:, None], INF)
             o, n = np.unravel_index(int(np.argmin(last)), last.shape)
             if last[o, n] < best:
