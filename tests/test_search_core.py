@@ -18,6 +18,18 @@ from planner.search.core.milp import MilpSettings, solve_milp
 from planner.search.core.problem import quick_bound
 
 
+def random_quantities(rng: random.Random, p: int) -> tuple:
+    """One option's slopes of four quantities (forward, backward, sync less overlap, optimizer)
+    and its intercepts per position (the ends add the embedding and head; None: not allowed)."""
+    slope = (rng.uniform(0.1, 2), rng.uniform(0.1, 3), rng.uniform(-1, 1), rng.uniform(0, .5))
+    fixed = []
+    for s in range(p):
+        end = (s == 0) + (s == p - 1)
+        fixed.append(None if rng.random() < 0.1 else
+                     (rng.uniform(0, 1) * end, rng.uniform(0, 1) * end, rng.uniform(-2, 1), rng.uniform(0, .3)))
+    return slope, fixed
+
+
 def random_problem(rng: random.Random, with_boundary=True, one_max=False) -> CoreProblem:
     p = rng.randint(1, 3)
     L = rng.randint(p, 7)
@@ -26,12 +38,7 @@ def random_problem(rng: random.Random, with_boundary=True, one_max=False) -> Cor
     K = rng.randint(1, 5)
     options = []
     for k in range(K):
-        slope = (rng.uniform(0.1, 2), rng.uniform(0.1, 3), rng.uniform(-1, 1), rng.uniform(0, .5))
-        fixed = []
-        for s in range(p):
-            end = (s == 0) + (s == p - 1)
-            fixed.append(None if rng.random() < 0.1 else
-                         (rng.uniform(0, 1) * end, rng.uniform(0, 1) * end, rng.uniform(-2, 1), rng.uniform(0, .3)))
+        slope, fixed = random_quantities(rng, p)
         options.append(CoreOption(resource=rng.randrange(R), units=rng.randint(1, 2), slope=slope,
                                   fixed=fixed, max_blocks=[rng.randint(0, L) for _ in range(p)],
                                   price_usd_per_hour=rng.choice([1.0, 2.5, 4.0]), group=rng.randint(0, 1)))

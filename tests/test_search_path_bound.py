@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from test_oracle import make_case
 from test_search_apart import _solved_tuples
+from test_search_core import random_quantities
 
 from planner.search import solve
 from planner.search.core import CoreOption, CoreProblem, Row, Term
@@ -31,12 +32,7 @@ def random_problem(rng: random.Random) -> CoreProblem:
     R = rng.randint(1, 3)
     options = []
     for _ in range(rng.randint(1, 5)):
-        slope = (rng.uniform(0.1, 2), rng.uniform(0.1, 3), rng.uniform(-1, 1), rng.uniform(0, .5))
-        fixed = []
-        for s in range(p):
-            end = (s == 0) + (s == p - 1)
-            fixed.append(None if rng.random() < 0.1 else
-                         (rng.uniform(0, 1) * end, rng.uniform(0, 1) * end, rng.uniform(-2, 1), rng.uniform(0, .3)))
+        slope, fixed = random_quantities(rng, p)
         options.append(CoreOption(resource=rng.randrange(R), units=rng.randint(1, 3), slope=slope, fixed=fixed,
                                   max_blocks=[rng.randint(0, L) for _ in range(p)],
                                   min_blocks=[rng.randint(0, 2) for _ in range(p)] if rng.random() < 0.2 else None))
