@@ -9,8 +9,8 @@ boundary's send from the two options it joins, and prices the class capacities b
 Lagrangian duals: on c's p = 12 tuples it shows 1.9034 s (the 1% line under the 1.9224-s
 answer) where the levels gave 1.869 and 1.892 s.
 
-It runs on the tuple priced with its sends, after the support plans (whose incumbents lower
-the line to show), with at most PATH_SHARE of the limit.
+It runs on the tuple priced with its sends, before the support plans (support_plans.too_big:
+where it prunes the tuple they are not needed), with at most PATH_SHARE of the limit.
 """
 
 from __future__ import annotations

@@ -96,13 +96,8 @@ class PositionLP:
     def __init__(self):
         import highspy
 
-        from planner.search.core.guard import solver_output_silenced
-        with solver_output_silenced():          # HiGHS's banner on its first use
-            self._h = highspy.Highs()
-        self._h.setOptionValue("output_flag", False)
-        # HiGHS's thread pool is process-wide and fixed by its first run: the MILPs run with
-        # one thread (core/milp.py), and a pool started with more makes them fail
-        self._h.setOptionValue("threads", 1)
+        from planner.search.core.highs import quiet_highs
+        self._h = quiet_highs()
         # each run is a new LP of a few thousand columns and a few rows (PositionModel):
         # presolve cost more than it saved there (scenario e's LPs took 1.6x as long with it)
         self._h.setOptionValue("presolve", "off")

@@ -28,6 +28,19 @@ warnings.filterwarnings("ignore", message=".*PuLP 4.0.*", category=DeprecationWa
 
 
 
+def quiet_highs():
+    """A bare HiGHS model for the bounds' small LPs (position_lp.py, core/path_bound.py): no
+    banner (its first use prints one on fd 1), no log, one thread (HiGHS's thread pool is
+    process-wide and fixed by its first run: the MILPs run with one thread, and a pool started
+    with more makes them fail)."""
+    from planner.search.core.guard import solver_output_silenced
+    with solver_output_silenced():
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    return h
+
+
 # HiGHS's sub-MIP heuristics (RENS, RINS, root reduced cost) presolve a sub-MIP, and that
 # presolve can cycle forever in HPresolve::strengthenInequalities without checking the time
 # limit or calling the interrupt callbacks (HiGHS 1.16.0: a 116-column warm-start MILP of the

@@ -168,11 +168,8 @@ def _kelley_step(cuts: list, lam_max: np.ndarray) -> tuple[float, np.ndarray]:
     """max z s.t. z <= a_i + g_i . lam for every cut, 0 <= lam <= lam_max (HiGHS)."""
     import highspy
 
-    from planner.search.core.guard import solver_output_silenced
-    with solver_output_silenced():          # HiGHS's banner on its first use
-        h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("threads", 1)          # the process-wide pool the MILPs need (position_lp.py)
+    from planner.search.core.highs import quiet_highs
+    h = quiet_highs()
     inf = highspy.kHighsInf
     R = len(lam_max)
     h.addVar(-inf, inf)

@@ -12,12 +12,13 @@ capacities dropped.  So for every plan inside the caps and the capacities,
 (its units are at most the capacity and lam >= 0).  The path is exact where the position LP
 (position_lp.py) is loose: one option per stage, a whole number of blocks, each boundary's
 send from the two options it joins.  Two relaxations keep the DP small, both only lower the
-fill: a stage's row is checked with its true incoming send and the least outgoing send of its
-option (the stage after it is not chosen yet), and a wrapping pipeline's last boundary is
-priced at the least send into any option of the first stage's resource.
+fill: a stage's row is checked on arrival with its true incoming send and its option's least
+outgoing one, and on leaving with its true outgoing send and the least incoming one; a
+wrapping pipeline's last boundary is walked per (first stage's resource, last stage's
+resource), each end checked with the least send from or to the other end's resource.
 
-Runs on plain arrays (``CoreProblem``), numpy throughout: on bench c's 12-stage tuple of 133
-options and 48 blocks one ``fill`` takes ~0.1 s.
+Runs on plain arrays (``CoreProblem``), numpy throughout: on bench c's 12-stage tuples of 133
+options and 48 blocks one ``fill`` under the caps near its best plans takes 13-50 ms.
 """
 
 from __future__ import annotations
@@ -113,8 +114,9 @@ class PathDP:
     def most_row(self, term_index: int) -> float:
         """A ceiling on the max term's value over every plan: the most any stage's row can be,
         its sends at their most."""
-        row = self.prob.rows[self.max_terms[term_index].row]
-        stage = float(np.where(self.allowed, self.row_values[self.max_terms[term_index].row], -INF).max())
+        term = self.max_terms[term_index]
+        row = self.prob.rows[term.row]
+        stage = float(np.where(self.allowed, self.row_values[term.row], -INF).max())
         return max(0.0, stage + (_side(row.out) + _side(row.inn)) * float(self.sends.max()))
 
     def tolerance(self, caps) -> float:
@@ -197,19 +199,19 @@ class _Walk:
         self.allow_in, self.allow_out = allow_in, allow_out
         self.sends = dp.sends[np.ix_(keep, keep)]
         self.resource = dp.resource[keep]
-        wraps = len(set(self.resource.tolist())) ** 2 if dp.wrap else 1
-        self.size = wraps * len(keep) ** 2 * (dp.L + 1) * dp.p        # cells of its largest arrays
-
-    def run(self) -> tuple[float, list[tuple[int, int]] | None]:
-        dp, ok, cost = self.dp, self.ok, self.cost
-        K, p, L, NB = len(self.keep), dp.p, dp.L, ok.shape[2]
         # a wrapping pipeline's last boundary joins its last stage to its first: walked per
         # (first stage's resource, last stage's resource), each end's check of the wrap's
         # send takes the least send from (into) the other end's resource.  With the first's
         # alone, a first stage priced its incoming send at the least of any option and c's
         # bound stalled at 1.891 s on plans whose first stage takes a zone crossing
         present = sorted(set(self.resource.tolist()))
-        groups = [(a, b) for a in present for b in present] if dp.wrap else [None]
+        self.groups = [(a, b) for a in present for b in present] if dp.wrap else [None]
+        self.size = len(self.groups) * len(keep) ** 2 * (dp.L + 1) * dp.p     # cells of its largest arrays
+
+    def run(self) -> tuple[float, list[tuple[int, int]] | None]:
+        dp, ok, cost = self.dp, self.ok, self.cost
+        K, p, L, NB = len(self.keep), dp.p, dp.L, ok.shape[2]
+        groups = self.groups
         order = self.order = np.argsort(self.sends, axis=0, kind="stable")   # per option: its senders, least send first
         sorted_sends = np.take_along_axis(self.sends, order, axis=0)
         nb = np.arange(NB)
@@ -217,7 +219,7 @@ class _Walk:
         idx_b = np.clip(before, 0, L)[None]
         o2 = np.arange(K)[:, None, None]
         # V[g, o, nb, b]: the least cost of stages 0..s, stage s holding nb blocks of option o,
-        # b blocks in all (g: the first stage's resource, when the pipeline wraps)
+        # b blocks in all (g: the first and last stages' resources, when the pipeline wraps)
         V = np.full((len(groups), K, NB, L + 1), INF)
         for g, ends in enumerate(groups):
             first_ok = ok[:, 0, :]
