@@ -142,23 +142,64 @@ def test_zb_h1_waits_for_r_plus_one_w_on_rank_r_at_its_peak():
         assert peak_waiting_w(sched) == [deferred_w_micro_batches("zb-h1", p, r, m) for r in range(p)]
 
 
+def _rank_moments(acts):
+    """(chunks between F and W, chunks between I and W) after each action of one rank's list."""
+    f = i = w = 0
+    out = []
+    for a in acts:
+        whole = a.kind == "B"
+        f, i, w = f + (a.kind == "F"), i + (a.kind == "I" or whole), w + (a.kind == "W" or whole)
+        out.append((f - w, i - w))
+    return out
+
+
 @pytest.mark.parametrize("name", ["zb-v", "dualpipev"])
 def test_the_v_schedules_wait_for_what_the_rule_says(name):
-    """At every rank's peak of chunks between F and W (torch's V schedules, as generated):
-    ZB-V has one chunk between I and W (half a stage), DualPipeV none."""
+    """torch's V schedules, as generated: the activations' peak is ``in_flight_micro_batches``;
+    the most chunks between I and W at any moment (the cool-down runs I's ahead of their W's,
+    after the activations' peak) is ``deferred_w_micro_batches``, exactly once m >= 2p - 1
+    and at most it for fewer; so the rule's sum bounds every moment's memory whatever the
+    ratio of weight-op gradient bytes to activation bytes (a review found ZB-V's rank 3 at
+    p = 4, m = 8 holding 7 chunks' gradients where the rule said 1)."""
     from planner.simulate.actions import generate
 
-    for p in (2, 3, 4, 8):
-        for m in range(2 * p, 3 * p + 1):
+    lo = 2 if name == "dualpipev" else 1
+    for p in (1, 2, 3, 4, 5, 8):
+        for m in sorted(set(range(lo * p, 3 * p + 2)) | {1, 2, 64}):
+            if m < lo * p:
+                continue
             for r, acts in enumerate(generate(name, p, m).ranks):
-                f = i = w = 0
-                best = (0, 0)
-                for a in acts:
-                    whole = a.kind == "B"
-                    f, i, w = f + (a.kind == "F"), i + (a.kind == "I" or whole), w + (a.kind == "W" or whole)
-                    best = max(best, (f - w, i - w))
-                assert best[0] / 2 == in_flight_micro_batches(name, p, r, m, 2)
-                assert best[1] / 2 == deferred_w_micro_batches(name, p, r, m)
+                moments = _rank_moments(acts)
+                act_rule = in_flight_micro_batches(name, p, r, m, 2)
+                w_rule = deferred_w_micro_batches(name, p, r, m)
+                assert max(a for a, _ in moments) / 2 == act_rule
+                most_waiting = max(g for _, g in moments) / 2
+                assert most_waiting <= w_rule
+                if m >= 2 * p - 1:
+                    assert most_waiting == w_rule
+                for ratio in (0.3, 0.725, 1.0, 12.4):
+                    assert max(a + ratio * g for a, g in moments) / 2 <= act_rule + ratio * w_rule + 1e-9
+
+
+def test_the_v_schedules_hold_one_micro_batch_at_their_head():
+    """The head is rank 0's second chunk in a V: each micro-batch's F, I and W there run before
+    the next one's F, so ``logits_in_flight`` charges two micro-batches' fp32 logits (the
+    logits, then their gradient until W), not the stage's in-flight count (p and more)."""
+    from planner.cost.memory import logits_in_flight
+    from planner.simulate.actions import generate
+
+    for name in ("zb-v", "dualpipev"):
+        assert logits_in_flight(name) == 2.0
+        for p in (2, 4, 8):
+            for m in (2 * p, 2 * p + 3, 64):
+                held, most = set(), 0
+                for a in generate(name, p, m).ranks[0]:
+                    if a.chunk == 1 and a.kind == "F":
+                        held.add(a.micro_batch)
+                    elif a.chunk == 1 and a.kind in ("W", "B"):
+                        held.discard(a.micro_batch)
+                    most = max(most, len(held))
+                assert most == 1
 
 
 def test_evaluate_adds_the_waiting_gradients_on_the_later_ranks():

@@ -254,19 +254,27 @@ def in_flight_micro_batches(schedule: str, num_stages: int, stage: int, num_micr
 
 
 def deferred_w_micro_batches(schedule: str, num_stages: int, stage: int, num_micro_batches: int) -> float:
-    """Micro-batches between their I and their W on stage ``stage`` at its peak, each holding
-    the gradients flowing into its weight ops (``w_input_grad_bytes``) beside its saved
-    tensors.  ZB-H1's rank r runs the W of micro-batch j after the I of micro-batch j + r
-    (planner.simulate.actions.zb_h1): just after that I it holds p micro-batches' activations
-    and r + 1 micro-batches' gradients (rank 0 too: its W follows its I, and the gradients
-    wait through it).  ZB-V (``ScheduleZBVZeroBubble``): one chunk, half a stage, at every
-    rank's peak; DualPipeV: none at its peak (both read off the action lists in
-    tests/test_zb_memory.py).  0 where the backward runs whole.  A latency-aware plan's count
-    comes from its own lists (planner.cost.latency_aware, ``peak_waiting_w``), not from here."""
+    """Micro-batches between their I and their W on stage ``stage``, each holding the gradients
+    flowing into its weight ops (``w_input_grad_bytes``) beside its saved tensors: the most at
+    any moment, charged with the activations' peak (``in_flight_micro_batches``) although the
+    two may fall apart, so their sum bounds the rank's memory at every moment for any ratio
+    of gradient to activation bytes.  ZB-H1's rank r runs the W of micro-batch j after the I of
+    micro-batch j + r (planner.simulate.actions.zb_h1): just after that I it holds p
+    micro-batches' activations and r + 1 micro-batches' gradients (rank 0 too: its W follows
+    its I, and the gradients wait through it); both peaks fall there.  The V schedules defer
+    their W's in the cool-down, so their most waiting comes after the activations' peak:
+    ZB-V (``ScheduleZBVZeroBubble``) rank r holds up to 2r + 1 chunks' I without their W once
+    m >= 2p - 1, one chunk for m <= p, and at most ``1 + 2 (m - p)`` chunks between;
+    DualPipeV rank r up to r + 1 chunks (m >= 2p, which it needs); in stages, half that (read
+    off the action lists in tests/test_zb_memory.py).  0 where the backward runs whole.  A
+    latency-aware plan's count comes from its own lists (planner.cost.latency_aware,
+    ``peak_waiting_w``), not from here."""
     if schedule == "zb-h1":
         return float(min(stage + 1, num_micro_batches))
     if schedule == "zb-v":
-        return 0.5
+        return min(2 * stage + 1, 1 + 2 * max(0, num_micro_batches - num_stages)) / 2
+    if schedule == "dualpipev":
+        return (stage + 1) / 2
     return 0.0
 
 
@@ -310,8 +318,13 @@ def stage_params(ctx: CostContext, blocks: int, embedding: bool, head: bool) -> 
 
 def logits_in_flight(schedule: str) -> float | None:
     """Micro-batches whose logits the head's stage holds at its peak where that is not the
-    stage's own in-flight count (module docstring): one under interleaved 1F1B; None else."""
-    return 1.0 if schedule == "interleaved-1f1b" else None
+    stage's own in-flight count (module docstring): one under interleaved 1F1B; two under the
+    V schedules, whose head chunk (rank 0's second) runs each micro-batch's F, I and W before
+    the next one's F (the generated lists, as torch's), so at most one micro-batch's fp32
+    logits and then the logits' gradient its W reads are held; None else."""
+    if schedule == "interleaved-1f1b":
+        return 1.0
+    return 2.0 if schedule in ("zb-v", "dualpipev") else None
 
 
 def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: int,
