@@ -173,3 +173,19 @@ def test_every_device_the_cluster_lacks_is_listed_at_once():
     msg = refusal(make_plan(), "torchrun", cluster=only_a)
     assert "uses a:2, but a has 2 GPUs" in msg and "uses a:3, but a has 2 GPUs" in msg
     assert "uses b:0, but the cluster has no node 'b'" in msg and "uses b:3, but the cluster has no node 'b'" in msg
+
+
+@pytest.mark.parametrize("fmt", ["pipelining", "torchtitan"])
+def test_1f1b_with_fewer_micro_batches_than_stages_goes_through_the_lists(fmt):
+    # Schedule1F1B.__init__ refuses n_microbatches < stages; Megatron and DeepSpeed run such a
+    # plan, and the search may return one, so torch's launch names the rule and the CSV route
+    four = [[rep(["a:0", "a:1"])], [rep(["a:2", "a:3"])], [rep(["b:0", "b:1"])], [rep(["b:2", "b:3"])]]
+    few = make_plan(four, blocks=((0, 2), (2, 4), (4, 6), (6, 8)), schedule="1f1b", num_micro_batches=2)
+    msg = refusal(few, fmt)
+    assert "Schedule1F1B needs at least as many micro-batches as stages" in msg and "--schedule-csv" in msg
+    files = render(few, fmt, master_addr="h", schedule_csv=True)
+    rows = files["pipeline_schedule.csv"].strip().splitlines()
+    assert len(rows) == 4 and all(row.count("F") == 2 and row.count("B") == 2 for row in rows)
+    enough = make_plan(four, blocks=((0, 2), (2, 4), (4, 6), (6, 8)), schedule="1f1b", num_micro_batches=4)
+    assert render(enough, fmt, master_addr="h")
+

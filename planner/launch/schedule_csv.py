@@ -152,12 +152,20 @@ def route(plan: Plan, force_csv: bool = False, fmt: str = "pipelining") -> Route
 
 
 def class_problems(plan: Plan, how: Route) -> list[str]:
-    """What a stock class refuses at construction that the plan might hold."""
+    """What a stock class refuses at construction that the plan might hold (torch 2.13's
+    schedules.py; the search's plans may hold 1F1B with fewer micro-batches than stages,
+    which Megatron-LM and DeepSpeed run but torch's class does not)."""
+    m, p = plan.num_micro_batches, plan.num_stages
+    if how.class_name == "Schedule1F1B" and m < p:
+        # Schedule1F1B.__init__: n_microbatches >= the number of stages
+        return [(f"schedule {plan.schedule} with {m} micro-batches over {p} stages: torch's "
+                 f"Schedule1F1B needs at least as many micro-batches as stages; re-plan "
+                 f"num_micro_batches (at least {p}), or use --schedule-csv (the same 1F1B "
+                 f"order as per-rank action lists)")]
     if how.class_name != "ScheduleInterleavedZeroBubble":
         return []
     # ScheduleInterleavedZeroBubble.__init__: rounds = max(1, n_microbatches // pp size) and
     # n_microbatches must be a multiple of the rounds.
-    m, p = plan.num_micro_batches, plan.num_stages
     rounds = max(1, m // p)
     if m % rounds == 0:
         return []
