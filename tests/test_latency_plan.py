@@ -223,6 +223,16 @@ def test_schedule_refuses_plans_with_chunks(tmp_path, capsys, schedule):
     assert f"schedule {schedule} runs 2 chunks per rank" in capsys.readouterr().err
 
 
+def test_schedule_refuses_bitpipe(tmp_path, capsys):
+    # a review's find: a bitpipe plan keeps virtual_stages 1 (its ranks run four chunks, two V
+    # pipelines), passed the check above and crashed the retiming (exit 3, internal error)
+    cluster, plan = _write(tmp_path, schedule="bitpipe")
+    assert main(["evaluate", str(cluster), str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["schedule", str(cluster), str(plan), "--latency-aware"]) == 2
+    assert "schedule bitpipe runs 4 chunks per rank" in capsys.readouterr().err
+
+
 def test_the_default_rewrite_holds_no_more_in_flight_than_the_plan(tmp_path, capsys):
     # found by scripts/fuzz_plans.py: one cap of min(m, p) for every rank let a 1F1B plan's last
     # stages hold up to p micro-batches, and 18 of 247 rewrites of plans that fit did not

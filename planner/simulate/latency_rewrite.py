@@ -107,11 +107,13 @@ def rewrite(cluster, plan, profiles=None, exact: bool = False, memory_cap: int |
 
     check_memory_cap(memory_cap)
     check_plan(cluster, plan, file=file)
-    if plan.virtual_stages > 1:
+    if plan.virtual_stages > 1 or plan.schedule == "bitpipe":
         # every schedule with chunks (interleaved-1f1b, zb-v, dualpipev, ...): zb-v passed the
         # check that named interleaved-1f1b only and crashed the retiming (found by
-        # scripts/fuzz_plans.py)
-        raise InputError(f"{file}: schedule {plan.schedule} runs {plan.virtual_stages} chunks per rank; the "
+        # scripts/fuzz_plans.py); bitpipe's plan keeps virtual_stages 1 but its ranks run
+        # four chunks each (two V pipelines), and crashed the same way (a review's find)
+        chunks = 4 if plan.schedule == "bitpipe" else plan.virtual_stages
+        raise InputError(f"{file}: schedule {plan.schedule} runs {chunks} chunks per rank; the "
                          "latency-aware scheduler orders one stage per rank (use a 1f1b, gpipe or zb-h1 plan)")
     p, m = len(plan.stages), plan.num_micro_batches
     if p == 1:
