@@ -482,13 +482,16 @@ def write_trace(run: Any, path: str | Path) -> Path:
     return _write(_execution(run, "write_trace"), args.path_arg(path, "path", "trace file (.json)"))
 
 
-def write_timeline(run: Any, path: str | Path, title: str | None = None) -> Path:
+def write_timeline(run: Any, path: str | Path, title: str | None = None, keep_staged: bool = False) -> Path:
     """The simulated schedule drawn to ``path`` (.png or .svg; needs matplotlib); ``run``:
-    what ``simulate`` returns (``planner.simulate.render.write_timeline``)."""
+    what ``simulate`` returns (``planner.simulate.render.write_timeline``); ``keep_staged``:
+    leave the drawing in a hidden file beside ``path`` and return that path, for a caller that
+    renames it once its other outputs are written."""
     from planner.simulate.render import write_timeline as _write
 
     return _write(_execution(run, "write_timeline"), args.path_arg(path, "path", "timeline file (.png or .svg)"),
-                  title=args.text_arg(title, "title", "the figure's title", optional=True))
+                  title=args.text_arg(title, "title", "the figure's title", optional=True),
+                  keep_staged=bool(keep_staged))
 
 
 def timeline_rows(result: Any, width: int = 80) -> list[list[tuple[str, str]]]:

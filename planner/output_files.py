@@ -10,31 +10,54 @@ from pathlib import Path
 from planner.errors import InputError
 
 
+def file_suffix(path: str | Path) -> str:
+    """``path``'s extension, lower case, with its dot; a name that is only an extension
+    (``.png``, which ``Path.suffix`` reads as a hidden file with none) counts as one."""
+    name = Path(path).name
+    dot = name.rfind(".")
+    return name[dot:].lower() if dot >= 0 and dot < len(name) - 1 else ""
+
+
 def staged_path(path: Path) -> Path:
     """Where ``path``'s content is written before its rename: beside it, hidden, same suffix
     (matplotlib picks the format from it)."""
-    return path.with_name(f".{path.stem}.partial{path.suffix}")
+    return path.with_name(f".{path.name}.partial{file_suffix(path)}")
 
 
-def write_staged(path: str | Path, write) -> Path:
+def write_staged(path: str | Path, write, keep_staged: bool = False) -> Path:
     """Call ``write(tmp)`` for a temporary path beside ``path``, then rename it onto ``path``;
-    on any failure remove the temporary file and raise ``InputError`` naming ``path``."""
+    on any failure remove the temporary file and raise ``InputError`` naming ``path``.
+    ``keep_staged``: return the temporary file unrenamed (the caller renames it once its other
+    outputs are written: ``planner simulate``'s timeline and trace, both or neither)."""
     path = Path(path)
     tmp = staged_path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
+        if keep_staged:
+            return tmp
         os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
         raise InputError(f"cannot write {path}: {e.strerror or e}") from None
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
         raise
     return path
 
 
-def save_figure(fig, path: str | Path, dpi: int) -> Path:
-    """A matplotlib figure to ``path`` (.png or .svg), whole or not at all."""
+def _remove(tmp: Path) -> None:
+    """Drop a temporary file if there is one; where its folder cannot be a folder (a file
+    in the way, the very reason the write failed) there is none to drop."""
+    try:
+        tmp.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def save_figure(fig, path: str | Path, dpi: int, keep_staged: bool = False) -> Path:
+    """A matplotlib figure to ``path`` (.png or .svg), whole or not at all; the saved area
+    takes in whatever is drawn outside the axes (a legend below them), never cut off."""
     path = Path(path)
-    return write_staged(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=path.suffix.lower()[1:]))
+    return write_staged(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=file_suffix(path)[1:],
+                                                      bbox_inches="tight"), keep_staged)

@@ -437,3 +437,70 @@ def test_cli_trace_notes_shared_cores(tmp_path, capsys):
     assert trace.exists()
     err = capsys.readouterr().err
     assert "does not model shared CPU cores" in err and "trace written to" in err
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "bitpipe"])
+def test_simulate_says_when_it_leaves_shared_cores_out(tmp_path, capsys, schedule):
+    # a review's find: on four processes over two cores (here two over one) the closed form holds 1F1B's sharing
+    # slowdown and the action-list run does not, so the simulation printed ~-50% as if the
+    # closed form were wrong; it now says why (text and --json), and a 1F1B plan, simulated
+    # shared, needs no such note
+    pytest.importorskip("planner.cost")
+    import json as _json
+    import sys
+
+    import yaml
+
+    from planner.cli.main import main
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from test_profile_e2e import pipeline_plan
+
+    data = yaml.safe_load((SPECS / "cpu-local-4.yaml").read_text())
+    data.pop("profiles", None)
+    data["nodes"][0]["cores"] = 1
+    data["name"] = "cpu-test"
+    cluster = tmp_path / "cpu-test.yaml"
+    cluster.write_text(yaml.safe_dump(data))
+    for name, noted in ((schedule, True), ("1f1b", False)):
+        plan = tmp_path / f"{name}.json"
+        plan.write_text(_json.dumps({**pipeline_plan(2, cluster="cpu-test").to_json(), "schedule": name}))
+        assert main(["simulate", str(cluster), str(plan)]) == 0
+        assert ("does not model shared CPU cores: node" in capsys.readouterr().out) is noted
+        assert main(["simulate", str(cluster), str(plan), "--json"]) == 0
+        assert bool(_json.loads(capsys.readouterr().out)["notes"]) is noted
+
+
+def test_timeline_legend_stays_inside_a_narrow_figure():
+    # a review's find: on two or four ranks the one-row legend ran past both edges of the
+    # 8-inch figure ("forward" and the chunk label cut off); narrow figures wrap it in rows
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from planner.simulate.render import timeline_figure
+
+    for name, p, m in (("zb-v", 2, 4), ("dualpipev", 2, 4), ("zb-v", 4, 8), ("zb-h1", 8, 16)):
+        fig = timeline_figure(execute(generate(name, p, m), UNIT))
+        fig.canvas.draw()
+        box = fig.axes[0].get_legend().get_window_extent().transformed(fig.transFigure.inverted())
+        plt.close(fig)
+        assert 0.0 <= box.x0 and box.x1 <= 1.0, (name, p, m, box)
+
+
+def test_timeline_files_named_by_the_path_given(tmp_path):
+    # a review's find: a timeline named only ".png" was refused naming an internal temporary
+    # file, and a failed write named the hidden staged file, not the user's path
+    from planner.errors import InputError
+    from planner.output_files import staged_path
+    from planner.simulate.render import write_timeline
+
+    run = execute(generate("zb-h1", 2, 4), UNIT)
+    assert staged_path(tmp_path / ".png").name == "..png.partial.png"
+    assert write_timeline(run, tmp_path / ".png").stat().st_size > 1000
+    staged = write_timeline(run, tmp_path / "t.svg", keep_staged=True)
+    assert staged.exists() and not (tmp_path / "t.svg").exists() and staged.suffix == ".svg"
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(InputError, match=f"cannot write {blocker / 'g.png'}"):
+        write_timeline(run, blocker / "g.png", keep_staged=True)
+    assert list(tmp_path.glob("**/*partial*")) == [staged]

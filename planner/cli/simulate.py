@@ -27,7 +27,7 @@ def _suffix(*allowed: str, what: str = ""):
 def _draw(sim, timeline_path: str | None, trace_path: str | None, quiet: bool) -> None:
     """The plan's schedule as generated action lists on the simulated stage times, drawn and/or
     traced (planner.simulate.plan.plan_execution, planner.simulate.render)."""
-    from planner.api import InputError, plan_execution, staged_path, write_timeline, write_trace
+    from planner.api import InputError, plan_execution, write_timeline, write_trace
 
     run = plan_execution(sim)
     out = console(quiet=True)
@@ -37,7 +37,7 @@ def _draw(sim, timeline_path: str | None, trace_path: str | None, quiet: bool) -
     # both or neither: the timeline waits beside its target until the trace is written
     staged = None
     if timeline_path is not None:
-        staged = write_timeline(run, staged_path(Path(timeline_path)))
+        staged = write_timeline(run, timeline_path, keep_staged=True)
     try:
         if trace_path is not None:
             write_trace(run, trace_path)
@@ -108,6 +108,8 @@ def simulate(cluster_file: str, plan_file: str, as_json: bool, width: int, profi
     out.print(times)
     out.print(f"simulated - closed form: {sim.relative_difference:+.2%} of the pipeline time; "
               f"bubble {r.bubble_fraction:.1%} of stage time")
+    for note in sim.notes:
+        out.print(f"note: {note}")
     stages = Table(title="Stages (one micro-batch)")
     for col in ("stage", "fwd ms", "bwd ms", "send>ms", "<send ms", "busy s", "idle s", "in flight"):
         stages.add_column(col, justify="right", no_wrap=True)

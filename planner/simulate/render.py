@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from planner.errors import InputError
-from planner.output_files import save_figure, write_staged
+from planner.output_files import file_suffix, save_figure, write_staged
 from planner.simulate.actions import Execution
 
 COLOURS = {"F": "#4c9be8", "B": "#b065c9", "I": "#f08a3c", "W": "#5cb85c",
@@ -28,6 +28,7 @@ COLOURS = {"F": "#4c9be8", "B": "#b065c9", "I": "#f08a3c", "W": "#5cb85c",
 NAMES = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weights)",
          "send-F": "send activation", "send-B": "send gradient", "sync": "pair gradient all-reduce"}
 TIMELINE_SUFFIXES = (".png", ".svg")
+LEGEND_ONE_ROW_IN = 14.0     # figures narrower than this (inches) wrap the legend into rows of 3
 
 
 def _label(run: Execution, a) -> str:
@@ -89,7 +90,7 @@ def timeline_figure(run: Execution, title: str | None = None):
         handles.append(Patch(facecolor="white", edgecolor="black", label="label: micro-batch.chunk, "
                              "odd chunks lighter"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35 / (0.7 * p + 1.6) * 3),
-              ncol=len(handles), fontsize=8, frameon=False)
+              ncol=len(handles) if width >= LEGEND_ONE_ROW_IN else min(len(handles), 3), fontsize=8, frameon=False)
     sched = run.schedule
     ax.set_title(title or (f"{sched.name}: {p} ranks, {sched.num_micro_batches} micro-batches"
                            + (f", {sched.chunks} chunks per rank" if sched.chunks > 1 else "")
@@ -115,16 +116,17 @@ def _draw_pair_syncs(ax, run: Execution, scale: float, inch_span: float, height:
                 ax.text(x0 + w / 2, y + sync_h / 2, fits[0], ha="center", va="center", fontsize=5, color="white")
 
 
-def write_timeline(run: Execution, path: str | Path, title: str | None = None) -> Path:
-    """Draw the run to ``path`` (.png or .svg)."""
+def write_timeline(run: Execution, path: str | Path, title: str | None = None, keep_staged: bool = False) -> Path:
+    """Draw the run to ``path`` (.png or .svg); ``keep_staged``: leave the drawing in its
+    temporary file beside ``path`` and return that (output_files.write_staged)."""
     path = Path(path)
-    if path.suffix.lower() not in TIMELINE_SUFFIXES:
+    if file_suffix(path) not in TIMELINE_SUFFIXES:
         raise InputError(f"--timeline {path}: the file must end in .png or .svg")
     fig = timeline_figure(run, title)
     import matplotlib.pyplot as plt
 
     try:
-        return save_figure(fig, path, dpi=150)
+        return save_figure(fig, path, dpi=150, keep_staged=keep_staged)
     finally:
         plt.close(fig)
 
