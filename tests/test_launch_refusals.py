@@ -45,12 +45,10 @@ def test_mixed_tp_refused(fmt):
     plan = make_plan([[rep(["a:0", "a:1"]), rep(["a:2", "a:3"])],
                       [rep(["b:0", "b:1", "b:2", "b:3"]), rep(["b:4", "b:5", "b:6", "b:7"])]])
     msg = refusal(plan, fmt)
-    if fmt == "pipelining":  # names each replica: every one must change
-        assert "stage 1 replica 0 has tp 4, stage 0 replica 0 has tp 2" in msg
-        assert "stage 1 replica 1 has tp 4" in msg
-    else:  # one line per stage, however many replicas differ
-        assert "stage 1 replica 0 (and 1 more of its replicas) has tp 4, stage 0 replica 0 has tp 2" in msg
-        assert msg.count("has tp 4") == 1
+    # one line per stage, however many replicas differ (pipelining gave one per replica, 12
+    # lines and "... 20 more problems" on a real plan, until a review)
+    assert "stage 1 replica 0 (and 1 more of its replicas) has tp 4, stage 0 replica 0 has tp 2" in msg
+    assert msg.count("has tp 4") == 1
 
 
 def test_several_problems_come_together():
@@ -188,4 +186,5 @@ def test_1f1b_with_fewer_micro_batches_than_stages_goes_through_the_lists(fmt):
     assert len(rows) == 4 and all(row.count("F") == 2 and row.count("B") == 2 for row in rows)
     enough = make_plan(four, blocks=((0, 2), (2, 4), (4, 6), (6, 8)), schedule="1f1b", num_micro_batches=4)
     assert render(enough, fmt, master_addr="h")
+
 

@@ -112,6 +112,11 @@ def test_one_stage_has_no_pipeline_keys_and_accumulates():
     data, _ = config(plan)
     assert not [k for k in data["parallelism"] if k.startswith("pipeline_parallel_") and k != "pipeline_parallel_degree"]
     assert data["training"]["local_batch_size"] == 2 and data["training"]["global_batch_size"] == 64
+    # --schedule-csv on one stage: nothing to write, and the config says so (a review found it
+    # passed over in silence, where the pipelining format writes a one-rank CSV)
+    _, files = config(plan, schedule_csv=True)
+    assert CSV_FILE not in files and "one stage, so there is no pipeline schedule" in files[CONFIG_FILE]
+    assert "no pipeline schedule" not in config(plan)[1][CONFIG_FILE]
 
 
 def test_zero_1_becomes_fsdp_with_a_note():

@@ -217,8 +217,12 @@ def toml_text(plan: Plan, data: dict[str, dict], comments: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _comments(plan: Plan, how: Route | None) -> list[str]:
+def _comments(plan: Plan, how: Route | None, asked_csv: bool = False) -> list[str]:
     out = []
+    if asked_csv and how is None:
+        # one stage runs no pipeline schedule (torchtitan reads none at pipeline degree 1)
+        out.append(f"--schedule-csv: the plan has one stage, so there is no pipeline schedule and "
+                   f"no {CSV_FILE} to write")
     if how is not None and how.uses_csv:
         out.append(f"schedule {plan.schedule} runs from {CSV_FILE} (per-rank action lists); the node "
                    "scripts pass its absolute path, since torchtitan resolves it from its working folder")
@@ -286,7 +290,7 @@ def render(plan: Plan, opts: LaunchOptions, cluster=None) -> dict[str, str]:
         (f"torchtitan at {TORCHTITAN_COMMIT[:12]} (TOML job configs); {CONFIG_FILE} holds the plan's "
         "parallelism and batch; complete it with the model, optimizer and dataset sections."),
         *precision_comment(plan)])
-    files[CONFIG_FILE] = toml_text(plan, data, _comments(plan, how))
+    files[CONFIG_FILE] = toml_text(plan, data, _comments(plan, how, opts.schedule_csv))
     if how is not None and how.uses_csv:
         files[CSV_FILE] = actions_csv(how.actions)
     files[RANK_MAP] = dump_json(rank_map(plan, layout, opts, extra={
