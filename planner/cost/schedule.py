@@ -10,10 +10,14 @@ trip through the whole pipeline (fill) is F = sum_s (f_s + b_s + sf_s + sb_s).
 - 1F1B (PipeDream-Flush; Narayanan et al. SC21 §2.2):  T = F + (m-1) max_s c_s.
   Equal stages give the paper's (m + p - 1)(f + b), bubble fraction (p-1)/m.  Exact (equal
   to planner.simulate's event-driven makespan) for equal stages without sends, for p = 1
-  and for m = 1.  Otherwise an upper bound: when an early stage is the slowest, its warm-up
+  and for m = 1.  Otherwise an estimate, above the simulator where every stage's backward
+  is the longer pass (training's ~2x): when an early stage is the slowest, its warm-up
   forwards overlap the fill (p=2, f=b=(2,1), m=2: true 8, formula 10); in randomised tests
-  (tests/test_cost_schedule_sim.py) it never fell below the simulator and stayed within
-  25% above it.  With sends on equal stages it is within one send time.
+  (tests/test_cost_schedule_sim.py, f in [0.5, 2] and b in [1, 4], or b = 2f, with sends)
+  it never fell below the simulator and stayed within ~27% above it.  Not a bound in
+  general: stages whose forward dwarfs their backward can put it below (p=3, m=2, (f, b) =
+  (1, 4), (4, 1), (1, 1): formula 17, true 18; 7.5% of 20,000 such skewed cases, up to 22%
+  below).  With sends on equal stages it is within one send time.
 - GPipe (Huang et al. 2019): all forwards, then all backwards; each phase is a flow shop of
   m identical jobs, whose makespan is exactly sum_s p_s + (m-1) max_s p_s:
   T = sum_s (f_s+sf_s) + (m-1) max_s (f_s+sf_s) + sum_s (b_s+sb_s) + (m-1) max_s (b_s+sb_s).
@@ -32,17 +36,21 @@ trip through the whole pipeline (fill) is F = sum_s (f_s + b_s + sf_s + sb_s).
   non-bottleneck stage's W leaves it; (b) the first q = min(m, p) - 1 deferred W's fill a gap
   of each stage's cool-down, each shrinking it by the smallest work item, mu = min over stages
   of min(f_s, b_s - w_s, w_s) (a W fills the gap only as far as the F or I it waits beside):
-  T = max(m c* + sum_{s != s*} (c_s - w_s) - q mu,  sum_s (c_s - w_s) + w_0),
+  T = max(max_k [m c_k + sum_{s != k} (c_s - w_s)] - q mu,  sum_s (c_s - w_s) + w_0),
   c_s = f_s + b_s + sf_s + sb_s as in 1F1B; the second term is one micro-batch's own path
-  (forwards down, input gradients back, stage 0's W last), which binds for small m.
+  (forwards down, input gradients back, stage 0's W last), which binds for small m.  Taken
+  at its least over paddings of the F's and I's up to the least W (a run may idle a fast
+  stage to a slower pace), so that no F, I or send made smaller raises it: read as is, a
+  smaller F lowered mu and raised T, and the largest cycle's stage alone paying its W
+  dropped T as a stage of less W overtook it (a review; ``_zb_h1_padded_s``).
   Equal stages without sends: T = m (F + I + W) + (p - 1)(F + I) - (min(m, p) - 1) min(F, I, W),
   which for m >= p and W <= F, I is the paper's m (F + I + W) + (p - 1)(F + I - W) (p=4, m=8,
   unit times: 27 against 1F1B's 33).  Exact (equal to the action-list executor,
   planner.simulate.actions) for equal stages without sends, every m and p, and for p = 1;
   with w_s = 0 it is 1F1B's formula; never above 1F1B's.  On unequal stages or with sends it
   is an estimate, not a bound: in randomised tests (tests/test_cost_schedule_sim.py)
-  near-balanced stages (+-20%, W 35-55% of the backward, small sends) came out within 3% below
-  to 13% above the executor; arbitrary stages (times 0.05-2 apart, extremes included) 43%
+  near-balanced stages (+-20%, W 35-55% of the backward, small sends) came out within 2% below
+  to 15% above the executor (three seeds of 600); arbitrary stages (times 0.05-2 apart, extremes included) 43%
   below to 93% above (an early bottleneck's warm-up overlap, as for 1F1B; a stage 0 whose W
   dominates, which the executor cannot hide and the formula drops).
 
@@ -133,16 +141,54 @@ def pipeline_time_s(stages: list[StageTiming], num_micro_batches: int, schedule:
 
 
 def _zb_h1_time_s(stages: list[StageTiming], m: int) -> float:
-    """ZB-H1's closed form (module docstring): m c* + sum_{s != s*} (c_s - w_s) - q mu."""
-    cycles = [s.cycle_s() for s in stages]
-    k = max(range(len(stages)), key=lambda i: (cycles[i], -i))
+    """ZB-H1's closed form (module docstring): m c* + sum_{s != s*} (c_s - w_s) - q mu, at the
+    least over paddings of the F's and I's (``_zb_h1_padded_s``)."""
     weights = [min(max(s.backward_weight_s, 0.0), s.backward_s) for s in stages]
-    fill = sum(c - w for i, (c, w) in enumerate(zip(cycles, weights)) if i != k)
-    q = min(m, len(stages)) - 1
-    mu = min(min(s.forward_s, s.backward_s - w, w) for s, w in zip(stages, weights)) if q > 0 else 0.0
-    # one micro-batch's own path: forwards down, input gradients back, stage 0's W last
-    path = sum(c - w for c, w in zip(cycles, weights)) + weights[0]
-    return max(m * cycles[k] + fill - q * mu, path)
+    return _zb_h1_padded_s(stages, weights, m, max(0, min(m, len(stages)) - 1))
+
+
+def _zb_h1_padded_s(stages: list[StageTiming], weights: list[float], m: int, q: int) -> float:
+    """The closed form at its least over paddings: every F and I below a level lam raised to
+    lam, for lam from mu (no padding) up to the least W.  mu, the least work item, is what the
+    deferred W's fill; with it alone a stage made faster (a smaller F or I) lowered mu and
+    raised the time (a review: 26.0 -> 26.8 as one F fell from 1 to 0.2), where a real run
+    can always idle to the slower stage's pace.  Padding only F's and I's, never a W, keeps the
+    search's ZB-H1 rows (planner.search.schedules, docs/search-space.md "ZB-H1's bound") below
+    every padded value, since those rows never decrease as an F or I grows.  The time is
+    convex in lam (each padded cycle is, and so their largest and their sum), so its least is
+    found exactly enough by the item values as a grid and a ternary search between the best
+    one's neighbours."""
+    import numpy as np
+
+    f = np.array([s.forward_s for s in stages], dtype=float)
+    w = np.array(weights, dtype=float)
+    i = np.array([s.backward_s for s in stages], dtype=float) - w
+    cycles = np.array([s.cycle_s() for s in stages], dtype=float)
+    items = np.concatenate([f, i])
+    mu, w_min = min(float(items.min()), float(w.min())), float(w.min())
+
+    def time_at(levels: np.ndarray) -> np.ndarray:
+        c = cycles + np.maximum(levels[:, None] - f, 0.0) + np.maximum(levels[:, None] - i, 0.0)
+        less_w = (c - w).sum(axis=1)
+        # m c_k + sum_{s != k} (c_s - w_s) = (m - 1) c_k + w_k + sum_s (c_s - w_s), largest over
+        # k (the stage of the largest cycle, taken alone, jumped down as a stage of less W
+        # overtook it); at a level lam the least work item is lam itself (every F and I at
+        # least lam, every W at least w_min >= lam); one micro-batch's own path binds for small m
+        busiest = ((m - 1) * c + w).max(axis=1)
+        return np.maximum(busiest + less_w - q * levels, less_w + w[0])
+
+    grid = np.unique(np.concatenate([[mu, w_min], items[(items > mu) & (items < w_min)]]))
+    times = time_at(grid)
+    g = int(np.argmin(times))
+    lo, hi = grid[max(g - 1, 0)], grid[min(g + 1, len(grid) - 1)]
+    for _ in range(TERNARY_STEPS if hi > lo else 0):
+        a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        ta, tb = time_at(np.array([a, b]))
+        lo, hi = (lo, b) if ta <= tb else (a, hi)
+    return float(min(times[g], time_at(np.array([(lo + hi) / 2]))[0]))
+
+
+TERNARY_STEPS = 60       # (2/3)^60 ~ 3e-11 of the bracketing interval
 
 
 def _chunks(schedule: str, virtual_stages: int) -> int:
