@@ -504,3 +504,16 @@ def test_timeline_files_named_by_the_path_given(tmp_path):
     with pytest.raises(InputError, match=f"cannot write {blocker / 'g.png'}"):
         write_timeline(run, blocker / "g.png", keep_staged=True)
     assert list(tmp_path.glob("**/*partial*")) == [staged]
+
+
+def test_rank_times_on_the_v_map_send_the_second_chunk_the_other_way():
+    # a review's find: the second chunk of a V rank took its rank's send times as they were,
+    # where the V runs it the other way (zero_bubble.v_stage_times swaps them)
+    from planner.simulate.zero_bubble import v_stage_times
+
+    stages = [SimpleNamespace(forward_s=1.0, backward_s=2.0, send_forward_s=0.1 * (r + 1),
+                              send_backward_s=0.01 * (r + 1), backward_weight_s=1.0) for r in range(3)]
+    ours = stage_times_from_ranks(stages, 2, "v")
+    theirs = v_stage_times(stages)
+    assert [(t.send_forward_s, t.send_backward_s) for t in ours] == \
+           [(t.send_forward_s, t.send_backward_s) for t in theirs]

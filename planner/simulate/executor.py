@@ -54,19 +54,24 @@ def stage_times_from_ranks(stages, chunks: int = 1, stage_map: str = "loop",
     ``planner.simulate.SimStage``: forward_s, backward_s, send_forward_s, send_backward_s for the
     whole rank and one micro-batch).  A chunk computes ``1/chunks`` of its rank's time and sends
     with its rank's send times (as ``planner.simulate.engine`` does); a backward splits into I
-    and W by ``weight_fraction`` (W's share; the profiles do not yet give the split)."""
+    and W by ``weight_fraction`` (W's share; the profiles do not yet give the split).  On the
+    ``v`` map a rank's second chunk runs the pipeline the other way, so its activation goes
+    over the link its rank's ``send_backward_s`` prices and its gradient over
+    ``send_forward_s``'s (as ``zero_bubble.v_stage_times``)."""
     p = len(stages)
     sched = Schedule("map", p, chunks, 1, stage_map, tuple(() for _ in range(p)))
     out = []
     for s in range(p * chunks):
-        rank, _ = sched.owner(s)
+        rank, chunk = sched.owner(s)
         st = stages[rank]
         b = float(st.backward_s) / chunks
+        sf = float(getattr(st, "send_forward_s", 0.0) or 0.0)
+        sb = float(getattr(st, "send_backward_s", 0.0) or 0.0)
+        if stage_map == "v" and chunk % 2:
+            sf, sb = sb, sf
         out.append(StageTimes(forward_s=float(st.forward_s) / chunks,
                               backward_input_s=b * (1 - weight_fraction), backward_weight_s=b * weight_fraction,
-                              backward_s=b,
-                              send_forward_s=float(getattr(st, "send_forward_s", 0.0) or 0.0),
-                              send_backward_s=float(getattr(st, "send_backward_s", 0.0) or 0.0)))
+                              backward_s=b, send_forward_s=sf, send_backward_s=sb))
     return out
 
 
