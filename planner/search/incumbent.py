@@ -257,9 +257,13 @@ def polish_into(pricer, knobs, ctx, keys, prob, assign, spec, launcher, best, de
         best.add(Candidate.of(full, found, t, knobs, spec))
 
 
-def add_twins(pricer, twins: dict, cand: Candidate | None, spec, launcher, best) -> None:
+def add_twins(pricer, twins: dict, cand: Candidate | None, spec, launcher, best,
+              deadline: float | None = None) -> None:
     """``cand`` 's layout as a plan of each twin tuple (twin_plans.py) where it fits there
-    (memory per position, capacity, budget), priced exactly under the twin's schedule."""
+    (memory per position, capacity, budget), priced exactly under the twin's schedule, then
+    polished (polish.py) on the layout's own options under the twin's rows until
+    ``deadline``: the same blocks are rarely the twin's best split (c + zb-h1: the interleaved
+    answer's layout is 1.966 s under ZB-H1, 1.866 s polished, 3% under the answer)."""
     if cand is None or cand.plan is not None:
         return
     keys = list(dict.fromkeys(k for k, _ in cand.layout))
@@ -268,6 +272,10 @@ def add_twins(pricer, twins: dict, cand: Candidate | None, spec, launcher, best)
         assign = None if qb is None else twin_assign(prob, cand.layout, tw.knobs.block_unit)
         if assign is not None and prob.feasible(assign):
             best.add(Candidate.of(prob, assign, prob.objective(assign), tw.knobs, spec))
+            if deadline is not None and clock.now() < deadline:
+                t, found = polish(prob, assign, deadline=deadline)
+                if found != assign:
+                    best.add(Candidate.of(prob, found, t, tw.knobs, spec))
 
 
 def best_of(best, knobs: Knobs) -> Candidate | None:

@@ -96,7 +96,10 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
         if knobs.num_stages > ENUM_STAGES and not late:
             # first on the options its position LPs (just run by _cannot_beat) weighed: e's
             # 12-stage tuple 2.278 s -> 2.144 s, where the MILP on warm_keys found none better
-            support_plan(on_support, knobs, ctx, keys)
+            if support_plan(on_support, knobs, ctx, keys):
+                # its twins on its layout, polished (c + zb-h1's plan comes from here)
+                add_twins(pricer, twins, best_of(best, knobs), spec, launcher, best,
+                          share_until(stop_milp, POLISH_SHARE, settings))
         prob, qb = priced(pricer, knobs, ctx, warm_keys(pricer, knobs, keys), spec, launcher)
         if qb is None:
             continue
@@ -120,7 +123,8 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
                             share_until(stop_milp, POLISH_SHARE, settings))
                 polished.add(knobs)
             # the polished plan where it leads, else the one found (its time exact either way)
-            add_twins(pricer, twins, best_of(best, knobs) or cand, spec, launcher, best)
+            add_twins(pricer, twins, best_of(best, knobs) or cand, spec, launcher, best,
+                      share_until(stop_milp, POLISH_SHARE, settings))
     # the incumbent was found on a few options of its tuple: local search on all of them
     top = best.items[0] if best.items else None
     if top is not None and top.knobs in found and top.knobs not in polished:
