@@ -93,13 +93,12 @@ def warm_start(pricer, knob_bound, ranked, spec, training, best, settings, deadl
         if math.isfinite(best.threshold()) and _cannot_beat(knob_bound, knobs, ctx, pricer.pure_part(keys),
                                                             best.threshold()):
             continue            # no MILP for it (b: its p >= 3 tuples)
-        if knobs.num_stages > ENUM_STAGES and not late:
-            # first on the options its position LPs (just run by _cannot_beat) weighed: e's
-            # 12-stage tuple 2.278 s -> 2.144 s, where the MILP on warm_keys found none better
-            if support_plan(on_support, knobs, ctx, keys):
-                # its twins on its layout, polished (c + zb-h1's plan comes from here)
-                add_twins(pricer, twins, best_of(best, knobs), spec, launcher, best,
-                          share_until(stop_milp, POLISH_SHARE, settings))
+        # first on the options its position LPs (just run by _cannot_beat) weighed: e's
+        # 12-stage tuple 2.278 s -> 2.144 s, where the MILP on warm_keys found none better;
+        # then its twins on its layout, polished (c + zb-h1's plan comes from there)
+        if knobs.num_stages > ENUM_STAGES and not late and support_plan(on_support, knobs, ctx, keys):
+            add_twins(pricer, twins, best_of(best, knobs), spec, launcher, best,
+                      share_until(stop_milp, POLISH_SHARE, settings))
         prob, qb = priced(pricer, knobs, ctx, warm_keys(pricer, knobs, keys), spec, launcher)
         if qb is None:
             continue
