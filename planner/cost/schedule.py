@@ -141,8 +141,9 @@ def pipeline_time_s(stages: list[StageTiming], num_micro_batches: int, schedule:
 
 
 def _zb_h1_time_s(stages: list[StageTiming], m: int) -> float:
-    """ZB-H1's closed form (module docstring): m c* + sum_{s != s*} (c_s - w_s) - q mu, at the
-    least over paddings of the F's and I's (``_zb_h1_padded_s``)."""
+    """ZB-H1's closed form (module docstring): max(max_k [m c_k + sum_{s != k} (c_s - w_s)]
+    - q mu, sum_s (c_s - w_s) + w_0), at its least over paddings of the F's and I's
+    (``_zb_h1_padded_s``)."""
     weights = [min(max(s.backward_weight_s, 0.0), s.backward_s) for s in stages]
     return _zb_h1_padded_s(stages, weights, m, max(0, min(m, len(stages)) - 1))
 
@@ -156,7 +157,7 @@ def _zb_h1_padded_s(stages: list[StageTiming], weights: list[float], m: int, q: 
     search's ZB-H1 rows (planner.search.schedules, docs/search-space.md "ZB-H1's bound") below
     every padded value, since those rows never decrease as an F or I grows.  The time is
     convex in lam (each padded cycle is, and so their largest and their sum), so its least is
-    found exactly enough by the item values as a grid and a ternary search between the best
+    found exactly enough by the item values as a grid and a k-section search between the best
     one's neighbours."""
     import numpy as np
 
@@ -180,15 +181,20 @@ def _zb_h1_padded_s(stages: list[StageTiming], weights: list[float], m: int, q: 
     grid = np.unique(np.concatenate([[mu, w_min], items[(items > mu) & (items < w_min)]]))
     times = time_at(grid)
     g = int(np.argmin(times))
+    best = float(times[g])
     lo, hi = grid[max(g - 1, 0)], grid[min(g + 1, len(grid) - 1)]
-    for _ in range(TERNARY_STEPS if hi > lo else 0):
-        a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
-        ta, tb = time_at(np.array([a, b]))
-        lo, hi = (lo, b) if ta <= tb else (a, hi)
-    return float(min(times[g], time_at(np.array([(lo + hi) / 2]))[0]))
+    # k-section: the least of SECTION_POINTS inside the bracket, whose neighbours bracket the
+    # least of a convex function; each step keeps 2 / (points + 1) of it
+    for _ in range(SECTION_STEPS if hi > lo else 0):
+        xs = np.linspace(lo, hi, SECTION_POINTS + 2)
+        ts = time_at(xs)
+        j = int(np.argmin(ts))
+        best = min(best, float(ts[j]))
+        lo, hi = xs[max(j - 1, 0)], xs[min(j + 1, len(xs) - 1)]
+    return best
 
 
-TERNARY_STEPS = 60       # (2/3)^60 ~ 3e-11 of the bracketing interval
+SECTION_POINTS, SECTION_STEPS = 32, 9    # (2/33)^9 ~ 1e-11 of the bracketing interval
 
 
 def _chunks(schedule: str, virtual_stages: int) -> int:
