@@ -439,12 +439,12 @@ def test_cli_trace_notes_shared_cores(tmp_path, capsys):
     assert "does not model shared CPU cores" in err and "trace written to" in err
 
 
-@pytest.mark.parametrize("schedule", ["zb-h1", "bitpipe"])
+@pytest.mark.parametrize("schedule", ["zb-h1", "bitpipe", "latency-aware"])
 def test_simulate_says_when_it_leaves_shared_cores_out(tmp_path, capsys, schedule):
-    # a review's find: on four processes over two cores (here two over one) the closed form holds 1F1B's sharing
-    # slowdown and the action-list run does not, so the simulation printed ~-50% as if the
-    # closed form were wrong; it now says why (text and --json), and a 1F1B plan, simulated
-    # shared, needs no such note
+    # a review's find: on four processes over two cores (here two over one) the closed form
+    # holds 1F1B's sharing slowdown and the action-list run does not, so the simulation
+    # printed ~-50% as if the closed form were wrong; it now says why (text and --json), and
+    # a 1F1B plan, simulated shared, needs no such note (a second review: latency-aware too)
     pytest.importorskip("planner.cost")
     import json as _json
     import sys
@@ -464,7 +464,11 @@ def test_simulate_says_when_it_leaves_shared_cores_out(tmp_path, capsys, schedul
     cluster.write_text(yaml.safe_dump(data))
     for name, noted in ((schedule, True), ("1f1b", False)):
         plan = tmp_path / f"{name}.json"
-        plan.write_text(_json.dumps({**pipeline_plan(2, cluster="cpu-test").to_json(), "schedule": name}))
+        plan.write_text(_json.dumps({**pipeline_plan(2, cluster="cpu-test").to_json(),
+                                     "schedule": "zb-h1" if name == "latency-aware" else name}))
+        if name == "latency-aware":     # the zb-h1 plan's lists rewritten by the scheduler
+            assert main(["schedule", str(cluster), str(plan), "--latency-aware", "-o", str(plan)]) == 0
+            capsys.readouterr()
         assert main(["simulate", str(cluster), str(plan)]) == 0
         assert ("does not model shared CPU cores: node" in capsys.readouterr().out) is noted
         assert main(["simulate", str(cluster), str(plan), "--json"]) == 0

@@ -97,11 +97,13 @@ def simulate_plan(cluster, plan, profiles=None, file: str = "<plan>") -> PlanSim
     ev = evaluate(cluster, plan, profiles=profiles, check=False)
     if plan.schedule == "latency-aware":
         # the plan's own action lists under the latency model (planner.simulate.latency): the
-        # same run the cost model prices it with, so closed form and simulation agree
+        # same run the cost model prices it with, so closed form and simulation agree, but
+        # for shared CPU cores, which the evaluation adds and the run leaves out (noted)
         run = latency_execution(cluster, plan, ev.stages)
         return PlanSimulation(evaluation=ev, result=execution_result(run, plan.schedule),
                               closed_form_pipeline_s=ev.pipeline_time_s,
-                              closed_form_iteration_s=ev.iteration_time_s, execution=run)
+                              closed_form_iteration_s=ev.iteration_time_s, execution=run,
+                              notes=_unshared_note(cluster, plan))
     if plan.schedule == "bitpipe" or plan.schedule in ACTION_SCHEDULES:
         # BitPipe has no closed form: the evaluation already priced it with the executor (plus
         # the exposed pair all-reduce), so both columns come from the same run.  ZB-H1, ZB-V and
