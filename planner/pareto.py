@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.errors import InfeasibleError, InputError
-from planner.output_files import save_figure
+from planner.output_files import file_suffix, save_figure
 
 MIN_FLOORS = 0
 MAX_FLOORS = 32
@@ -86,7 +86,7 @@ def pareto(cluster, model, training, floors: int = 4, time_limit_s: float = 60.0
 def check_plot_path(path) -> Path:
     """Before the searches, not after them: the picture's format comes from its suffix."""
     path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg"):
+    if file_suffix(path) not in (".png", ".svg"):
         raise InputError(f"--plot {path}: the file must end in .png or .svg")
     return path
 

@@ -351,8 +351,9 @@ def replica_memory(ctx: CostContext, gpu: GpuType, tp: int, share: int, blocks: 
     if deferred_w and blocks:
         # with recompute too: a checkpointed block's recomputed tensors are freed as its I uses
         # them, only these gradients wait (tests/test_zb_memory.py).  The head's are not added:
-        # its logits count p times at 4 bytes (above), at least the fp32 log-probabilities
-        # until I and the logits' gradient until W that the last rank holds.
+        # its logits count in flight at 4 bytes (above; ZB-H1 p times, the V schedules twice),
+        # at least the fp32 log-probabilities until I and the logits' gradient until W that
+        # the head's rank holds.
         act += blocks * w_input_grad_bytes(ctx, tp, share) * deferred_w
     s, h = ctx.local_seq_len, ctx.model.hidden_size
     if embedding:  # embedding dropout mask (Korthikanti: s b h p / t, 1 byte per element)

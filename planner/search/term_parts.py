@@ -114,9 +114,9 @@ class TermParts:
         hit = self._pieces.get((base, "limits"))
         if hit is not None:
             return hit
-        # with the fewest W-waiting micro-batches of any stage (ZB-H1: 1 on its first, ZB-V: half
-        # a stage on every one; the same for every p, which the key leaves out); that and
-        # f_min may come from different stages, which only loosens
+        # with the fewest W-waiting micro-batches of any stage (ZB-H1: 1 on its first, ZB-V and
+        # DualPipeV: half a stage on their first; the same for every p, which the key leaves
+        # out); that and f_min may come from different stages, which only loosens
         p, m = knobs.num_stages, knobs.num_micro_batches
         d_min = min(deferred_w_micro_batches(knobs.schedule, p, s, m) for s in range(p))
         U = block_limits(arrays.coef, arrays.exact, arrays.caps, [f_min], L, [d_min])[:, 0]
