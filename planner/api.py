@@ -61,6 +61,8 @@ _ELSEWHERE = {
     "TINY_SEQ_LEN": ("planner.launch.runner", "TINY_SEQ_LEN"),
     "plan_execution": ("planner.simulate.plan", "plan_execution"),
     "staged_path": ("planner.output_files", "staged_path"),
+    "missing_folders": ("planner.output_files", "missing_folders"),
+    "remove_empty": ("planner.output_files", "remove_empty"),
     "plan_chunks": ("planner.launch.common", "chunks"),
     "calibrate_file": ("planner.profile.calibrate", "calibrate_file"),
     "profile_file_name": ("planner.profile.from_run", "file_name"),

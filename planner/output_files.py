@@ -31,6 +31,7 @@ def write_staged(path: str | Path, write, keep_staged: bool = False) -> Path:
     outputs are written: ``planner simulate``'s timeline and trace, both or neither)."""
     path = Path(path)
     tmp = staged_path(path)
+    made = missing_folders(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
@@ -39,11 +40,33 @@ def write_staged(path: str | Path, write, keep_staged: bool = False) -> Path:
         os.replace(tmp, path)
     except OSError as e:
         _remove(tmp)
+        remove_empty(made)
         raise InputError(f"cannot write {path}: {e.strerror or e}") from None
     except BaseException:
         _remove(tmp)
+        remove_empty(made)
         raise
     return path
+
+
+def missing_folders(path: str | Path) -> list[Path]:
+    """The folders above ``path`` that do not exist yet, deepest first: what writing it
+    creates, and what a failed write takes away again (``remove_empty``)."""
+    out = []
+    folder = Path(path).parent
+    while not folder.exists() and folder != folder.parent:
+        out.append(folder)
+        folder = folder.parent
+    return out
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove each of ``folders`` (deepest first) that is empty; leave the rest."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
 
 
 def _remove(tmp: Path) -> None:

@@ -521,3 +521,37 @@ def test_rank_times_on_the_v_map_send_the_second_chunk_the_other_way():
     theirs = v_stage_times(stages)
     assert [(t.send_forward_s, t.send_backward_s) for t in ours] == \
            [(t.send_forward_s, t.send_backward_s) for t in theirs]
+
+
+def test_failed_drawing_takes_away_the_folders_it_made(tmp_path, capsys):
+    # a review's find: a trace that could not be written left the timeline's new folders
+    # (empty) behind; both files go, and so do the folders made for them
+    from planner.cli.main import main
+    from planner.output_files import staged_path
+
+    plan = _plan_file(tmp_path)
+    trace = tmp_path / "t.json"
+    staged_path(trace).mkdir()      # the trace's temporary file cannot be written; trace can
+    timeline = tmp_path / "new" / "sub" / "t.png"
+    assert main(["simulate", str(SPECS / "tiny-mixed.yaml"), str(plan), "--timeline", str(timeline),
+                 "--trace", str(trace)]) == 2
+    assert f"cannot write {trace}" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists() and not trace.exists()
+    assert main(["simulate", str(SPECS / "tiny-mixed.yaml"), str(plan), "--timeline", str(timeline)]) == 0
+    assert timeline.stat().st_size > 1000
+
+
+def test_a_failed_staged_write_leaves_no_file_and_no_new_folder(tmp_path):
+    from planner.errors import InputError
+    from planner.output_files import write_staged
+
+    def fail(tmp):
+        tmp.write_text("half")
+        raise OSError(28, "No space left on device")
+
+    target = tmp_path / "a" / "b" / "out.json"
+    with pytest.raises(InputError, match=f"cannot write {target}: No space left on device"):
+        write_staged(target, fail)
+    assert list(tmp_path.iterdir()) == []
+    assert write_staged(target, lambda tmp: tmp.write_text("whole")).read_text() == "whole"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["out.json"]

@@ -27,14 +27,23 @@ def _suffix(*allowed: str, what: str = ""):
 def _draw(sim, timeline_path: str | None, trace_path: str | None, quiet: bool) -> None:
     """The plan's schedule as generated action lists on the simulated stage times, drawn and/or
     traced (planner.simulate.plan.plan_execution, planner.simulate.render)."""
-    from planner.api import InputError, plan_execution, write_timeline, write_trace
+    from planner.api import (
+        InputError,
+        missing_folders,
+        plan_execution,
+        remove_empty,
+        write_timeline,
+        write_trace,
+    )
 
     run = plan_execution(sim)
     out = console(quiet=True)
     if abs(run.makespan_s - sim.simulated_pipeline_s) > 1e-9 * max(1.0, sim.simulated_pipeline_s):
         out.print(f"note: the drawing does not model shared CPU cores: {run.makespan_s:.4f} s there, "
                   f"{sim.simulated_pipeline_s:.4f} s simulated")
-    # both or neither: the timeline waits beside its target until the trace is written
+    # both or neither: the timeline waits beside its target until the trace is written; on a
+    # failure the folders made for either go too
+    made = [f for path in (timeline_path, trace_path) if path is not None for f in missing_folders(path)]
     staged = None
     if timeline_path is not None:
         staged = write_timeline(run, timeline_path, keep_staged=True)
@@ -44,6 +53,7 @@ def _draw(sim, timeline_path: str | None, trace_path: str | None, quiet: bool) -
     except BaseException:
         if staged is not None:
             staged.unlink(missing_ok=True)
+        remove_empty(sorted(made, key=lambda f: len(f.parts), reverse=True))
         raise
     if staged is not None:
         try:
@@ -52,6 +62,7 @@ def _draw(sim, timeline_path: str | None, trace_path: str | None, quiet: bool) -
             staged.unlink(missing_ok=True)
             if trace_path is not None:
                 Path(trace_path).unlink(missing_ok=True)
+            remove_empty(sorted(made, key=lambda f: len(f.parts), reverse=True))
             raise InputError(f"cannot write {timeline_path}: {e.strerror or e}") from None
         out.print(f"timeline written to {timeline_path}")
     if trace_path is not None:
