@@ -6,6 +6,7 @@ and the warm start's stage-count firsts leave out a ZB-H1 tuple with an exact tw
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 from test_search_baselines import MIXED, all_baselines
@@ -140,6 +141,13 @@ def test_warm_start_order_leaves_out_long_zb_h1_with_an_exact_twin():
     long_zb = [x for x in ranked if x.knobs.num_stages > 2 and x.knobs.schedule == "zb-h1"]
     assert long_zb and all(has_exact_twin(index, x.knobs) for x in long_zb)
     # every tuple is still in the order once (the rest of ranked follows the firsts)
+    assert sorted(x.index for x in order) == sorted(x.index for x in ranked)
+    # once a ZB-H1 plan holds the incumbent (its twin won: c + zb-h1, 1.866 s, and then its
+    # second pass's ZB-H1 firsts found 1.828 s), ZB-H1 tuples may be firsts again
+    zb_top = Best(1)
+    zb_top.add(SimpleNamespace(key=(1.0,), time_s=1.0, knobs=long_zb[0].knobs, signature=("zb",)))
+    order = list(_warm_order(ranked, no_bound, zb_top, pricer, index))
+    assert any(x.knobs.schedule == "zb-h1" for x in order[n_enum:n_enum + len(longer)])
     assert sorted(x.index for x in order) == sorted(x.index for x in ranked)
 
 

@@ -172,14 +172,22 @@ def _warm_order(ranked, knob_bound, best, pricer, twins: dict):
     A longer ZB-H1 tuple with an exact twin (twin_plans.py) is not among the stage counts'
     firsts: its rows only bound its time, so it ranks first and its capped MILP rarely finds
     a plan (c: none in 2-3 s each, and the interleaved tuple that finds the answer's layout
-    never ran); its plans come from the twins' layouts (``add_twins``).
+    never ran); its plans come from the twins' layouts (``add_twins``).  Once such a twin plan
+    holds the incumbent, the rule is lifted (the second pass, ``later_warm_start``): the
+    schedule has shown it wins here, and its tuples' support plans find its plans (c + zb-h1:
+    the interleaved answer's ZB-H1 twin, polished, 1.866 s; then the p = 10 ZB-H1 tuple's
+    support plan 1.828 s, where ZB-H1 alone finds 1.828 s and 300 s of the mixed space 1.826 s).
     """
     first: dict[tuple, tuple] = {}
+    # once a bound-only schedule holds the incumbent (its twin plan won), its tuples are where
+    # the next plans are: they may be firsts again
+    bound_only_won = bool(best.items) and best.items[0].knobs.schedule in BOUND_ONLY_TWINS
     # per stage count a tuple that reaches a steady state first, where one does (stable: in
     # the ranking's order otherwise)
     for item in sorted(ranked, key=lambda x: x.knobs.num_stages > ENUM_STAGES and not _steady(x.knobs)):
         p = item.knobs.num_stages
-        if p > ENUM_STAGES and item.knobs.schedule in BOUND_ONLY_TWINS and has_exact_twin(twins, item.knobs):
+        if (p > ENUM_STAGES and item.knobs.schedule in BOUND_ONLY_TWINS and has_exact_twin(twins, item.knobs)
+                and not bound_only_won):
             continue
         # an enumeration per schedule too: the memory-free ranking puts the interleaved twin
         # first, whose plans may not fit, and the 1F1B twin that holds the answer waited behind
