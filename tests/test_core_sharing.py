@@ -180,3 +180,25 @@ def test_cores_field_is_checked_with_its_location(tmp_path):
         assert "c.yaml:7:" in str(exc.value) and "nodes[0].cores" in str(exc.value) and why in str(exc.value)
     spec.write_text(spec.read_text().replace("cores: two", "cores: 2"))
     assert load_cluster(spec).nodes[0].cores == 2
+
+
+def test_the_baseline_is_compared_with_the_sharing_the_answer_is_evaluated_with():
+    """An unseen-cluster sweep's find: on two 4-GPU nodes with 2 cores each the search prices
+    without processor sharing (docs/profiles.md) and the answer's evaluation adds it, so the
+    best baseline, left at the search's price, read 0.54x of the answer ("as good as").  The
+    baseline is now evaluated too: its objective holds the sharing and the ratio is the two
+    evaluated times'."""
+    from planner.search import solve
+    from planner.spec import Training, load_model
+
+    def run(cores):
+        node = {"name": "c", "count": 2, "gpu": "A10G-24GB", "gpus_per_node": 4, "network_bandwidth": "50 Gbit/s"}
+        cluster = cluster_from_dict({"name": "shared", "nodes": [node | ({"cores": cores} if cores else {})]})
+        return solve(cluster, load_model("opt-350m"), Training(global_batch_size=64, seq_len=2048),
+                     time_limit_s=4).report
+
+    shared, alone = run(2), run(None)
+    theirs = shared.model_extra["baseline_objective"]
+    assert theirs > 1.5 * alone.model_extra["baseline_objective"]      # the sharing is in it
+    assert shared.model_extra["baseline_ratio"] == pytest.approx(theirs / shared.objective)
+    assert alone.model_extra["baseline_ratio"] >= 1.0     # priced alike, the answer is never worse
