@@ -410,28 +410,36 @@ def test_trace_and_timeline_of_zb_h1(tmp_path):
         write_timeline(run, tmp_path / "zb.pdf")
 
 
-def test_cli_trace_notes_shared_cores(tmp_path, capsys):
-    # cpu-local-4: four processes on two cores. The plan simulation slows ops that share a
-    # core; the action-list run does not model it, and the command says so.
-    pytest.importorskip("planner.cost")
-    import json as _json
+def _shared_cpu(tmp_path, cores: int, stages: int):
+    """cpu-local-4 with ``cores`` cores (its profiles left out) and a plan of ``stages``
+    one-process stages on it, as JSON data: (the cluster file, the plan's data)."""
     import sys
 
     import yaml
-
-    from planner.cli.main import main
 
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
     from test_profile_e2e import pipeline_plan
 
     data = yaml.safe_load((SPECS / "cpu-local-4.yaml").read_text())
     data.pop("profiles", None)
-    data["nodes"][0]["cores"] = 2
+    data["nodes"][0]["cores"] = cores
     data["name"] = "cpu-test"
     cluster = tmp_path / "cpu-test.yaml"
     cluster.write_text(yaml.safe_dump(data))
+    return cluster, pipeline_plan(stages, cluster="cpu-test").to_json()
+
+
+def test_cli_trace_notes_shared_cores(tmp_path, capsys):
+    # cpu-local-4: four processes on two cores. The plan simulation slows ops that share a
+    # core; the action-list run does not model it, and the command says so.
+    pytest.importorskip("planner.cost")
+    import json as _json
+
+    from planner.cli.main import main
+
+    cluster, data = _shared_cpu(tmp_path, 2, 4)
     plan = tmp_path / "plan.json"
-    plan.write_text(_json.dumps(pipeline_plan(4, cluster="cpu-test").to_json()))
+    plan.write_text(_json.dumps(data))
     trace = tmp_path / "t.json"
     assert main(["simulate", str(cluster), str(plan), "--trace", str(trace)]) == 0
     assert trace.exists()
@@ -447,25 +455,13 @@ def test_simulate_says_when_it_leaves_shared_cores_out(tmp_path, capsys, schedul
     # a 1F1B plan, simulated shared, needs no such note (a second review: latency-aware too)
     pytest.importorskip("planner.cost")
     import json as _json
-    import sys
-
-    import yaml
 
     from planner.cli.main import main
 
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-    from test_profile_e2e import pipeline_plan
-
-    data = yaml.safe_load((SPECS / "cpu-local-4.yaml").read_text())
-    data.pop("profiles", None)
-    data["nodes"][0]["cores"] = 1
-    data["name"] = "cpu-test"
-    cluster = tmp_path / "cpu-test.yaml"
-    cluster.write_text(yaml.safe_dump(data))
+    cluster, data = _shared_cpu(tmp_path, 1, 2)
     for name, noted in ((schedule, True), ("1f1b", False)):
         plan = tmp_path / f"{name}.json"
-        plan.write_text(_json.dumps({**pipeline_plan(2, cluster="cpu-test").to_json(),
-                                     "schedule": "zb-h1" if name == "latency-aware" else name}))
+        plan.write_text(_json.dumps({**data, "schedule": "zb-h1" if name == "latency-aware" else name}))
         if name == "latency-aware":     # the zb-h1 plan's lists rewritten by the scheduler
             assert main(["schedule", str(cluster), str(plan), "--latency-aware", "-o", str(plan)]) == 0
             capsys.readouterr()
