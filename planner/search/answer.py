@@ -52,8 +52,7 @@ def finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pro
     plans, evals = [], []
     objective = spec.to_plan_objective()
     for cand in best.items:
-        plan = (as_answer(cand, cluster, model, training, objective) if cand.plan is not None
-                else build_plan(cluster, model, training, classes, cand.knobs, cand.layout, objective))
+        plan = _plan_of(cand, cluster, model, training, classes, objective)
         ev = evaluate(cluster, plan, profiles=profiles, model=model)
         plans.append(plan)
         evals.append(ev)
@@ -72,8 +71,7 @@ def finish(cluster, model, training, spec, classes, best, bounds, stats, t0, pro
     # proved either way: every tuple solved or pruned, or the least bound of those left (each
     # unexplored or unproved one adds its own to ``bounds``) already at the answer's value (a
     # review found "feasible, gap 0%" with 990 tuples left, all bounded above the answer)
-    proved = complete or (bound is not None and gap is not None)
-    status = "optimal" if proved and (gap or 0.0) <= 1e-6 else "feasible"
+    status = "optimal" if gap is not None and gap <= 1e-6 else "feasible"
     wall = time.monotonic() - t0
     report_fields = {
         "method": "milp", "status": status, "objective": value, "bound": bound if bound is not None else (value if complete else None),
@@ -169,10 +167,14 @@ def _evaluated_baseline_s(cluster, model, training, classes, objective, profiles
     they agree, and the search's own price of the baseline stands."""
     if base is None or base.best is None or abs(value - top.time_s) <= PRICED_REL * value:
         return None
-    b = base.best
-    plan = (as_answer(b, cluster, model, training, objective) if b.plan is not None
-            else build_plan(cluster, model, training, classes, b.knobs, b.layout, objective))
+    plan = _plan_of(base.best, cluster, model, training, classes, objective)
     return evaluate(cluster, plan, profiles=profiles, model=model).iteration_time_s
+
+
+def _plan_of(cand, cluster, model, training, classes, objective) -> Plan:
+    """``cand`` as a named plan: a plan given whole as it was, else built from its layout."""
+    return (as_answer(cand, cluster, model, training, objective) if cand.plan is not None
+            else build_plan(cluster, model, training, classes, cand.knobs, cand.layout, objective))
 
 
 def _baseline_fields(base, value: float, top, time_like: bool, base_s: float | None = None) -> dict:
