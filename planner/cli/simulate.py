@@ -43,7 +43,8 @@ def _draw(sim, timeline_path: str | None, trace_path: str | None, quiet: bool) -
                   f"{sim.simulated_pipeline_s:.4f} s simulated")
     # both or neither: the timeline waits beside its target until the trace is written; on a
     # failure the folders made for either go too
-    made = [f for path in (timeline_path, trace_path) if path is not None for f in missing_folders(path)]
+    made = sorted((f for path in (timeline_path, trace_path) if path is not None for f in missing_folders(path)),
+                  key=lambda f: len(f.parts), reverse=True)      # deepest first
     staged = None
     if timeline_path is not None:
         staged = write_timeline(run, timeline_path, keep_staged=True)
@@ -53,7 +54,7 @@ def _draw(sim, timeline_path: str | None, trace_path: str | None, quiet: bool) -
     except BaseException:
         if staged is not None:
             staged.unlink(missing_ok=True)
-        remove_empty(sorted(made, key=lambda f: len(f.parts), reverse=True))
+        remove_empty(made)
         raise
     if staged is not None:
         try:
@@ -62,7 +63,7 @@ def _draw(sim, timeline_path: str | None, trace_path: str | None, quiet: bool) -
             staged.unlink(missing_ok=True)
             if trace_path is not None:
                 Path(trace_path).unlink(missing_ok=True)
-            remove_empty(sorted(made, key=lambda f: len(f.parts), reverse=True))
+            remove_empty(made)
             raise InputError(f"cannot write {timeline_path}: {e.strerror or e}") from None
         out.print(f"timeline written to {timeline_path}")
     if trace_path is not None:

@@ -233,6 +233,16 @@ def check_structure(plan: Plan, fmt: str) -> None:
     problems.raise_if_any()
 
 
+def odd_tp(stage, tp: int) -> str | None:
+    """One line per stage whose replicas do not all have ``tp`` (stage 0 replica 0's), naming
+    the first that differs and how many more do; None where they all do.  The caller adds why."""
+    odd = [j for j, replica in enumerate(stage.replicas) if replica.tp != tp]
+    if not odd:
+        return None
+    others = f" (and {len(odd) - 1} more of its replicas)" if len(odd) > 1 else ""
+    return f"stage {stage.index} replica {odd[0]}{others} has tp {stage.replicas[odd[0]].tp}, stage 0 replica 0 has tp {tp}"
+
+
 def check_uniform(plan: Plan, fmt: str, tool: str) -> None:
     """Megatron-LM and DeepSpeed: the same data-parallel size and TP everywhere, equal shares."""
     problems = Problems(fmt)
@@ -243,13 +253,9 @@ def check_uniform(plan: Plan, fmt: str, tool: str) -> None:
             problems.add(f"stage {stage.index} has {len(stage.replicas)} replicas, stage 0 has "
                          f"{len(ref.replicas)}: {tool} needs the same data-parallel size on every stage")
     for stage in plan.stages:
-        odd = [j for j, replica in enumerate(stage.replicas) if replica.tp != ref_tp]
-        if odd:  # one line per stage, naming the first replica that differs
-            j = odd[0]
-            others = f" (and {len(odd) - 1} more of its replicas)" if len(odd) > 1 else ""
-            problems.add(f"stage {stage.index} replica {j}{others} has tp {stage.replicas[j].tp}, stage 0 "
-                         f"replica 0 has tp {ref_tp}: {tool} needs the same tensor-parallel size on every "
-                         "replica of every stage")
+        odd = odd_tp(stage, ref_tp)
+        if odd:
+            problems.add(f"{odd}: {tool} needs the same tensor-parallel size on every replica of every stage")
         shares = [r.micro_batch_share for r in stage.replicas]
         if len(set(shares)) > 1:
             problems.add(f"stage {stage.index} splits each micro-batch unevenly between its replicas "

@@ -19,6 +19,7 @@ from planner.launch.common import (
     check_structure,
     chunks,
     dump_json,
+    odd_tp,
     precision,
     precision_comment,
     precision_env,
@@ -65,13 +66,10 @@ def check(plan: Plan, how: Route) -> None:
                              f"micro-batch, stage 0 replica {j} takes {r0.micro_batch_share}: a replica "
                              "chain is one pipeline and needs the same share on every stage")
     for stage in plan.stages:
-        odd = [j for j, r in enumerate(stage.replicas) if r.tp != tp]
-        if odd:  # one line per stage, naming the first replica that differs (as check_uniform)
-            j = odd[0]
-            others = f" (and {len(odd) - 1} more of its replicas)" if len(odd) > 1 else ""
-            problems.add(f"stage {stage.index} replica {j}{others} has tp {stage.replicas[j].tp}, stage 0 "
-                         f"replica 0 has tp {tp}: stages exchange activations one rank per tp position, "
-                         "so every replica needs the same tensor-parallel size")
+        odd = odd_tp(stage, tp)
+        if odd:
+            problems.add(f"{odd}: stages exchange activations one rank per tp position, so every "
+                         "replica needs the same tensor-parallel size")
     if plan.context_parallel > 1:
         problems.add(f"context_parallel {plan.context_parallel}: the generated pipelining script splits "
                      "no sequence (it builds pipeline, data and tensor-parallel groups only); use --format "
